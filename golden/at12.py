@@ -1,0 +1,37 @@
+"""AT-12, QK^T MatMul Scale: the first stage (C1) of attention on its own (SPEC §6).
+
+    scores = (Q @ K^T) in float32, then scores * scale,     scale = 1/sqrt(head_dim) at run time
+
+FP8 variant (``dequant_after``): Q and K hold E4M3 codes with per-token scales q_scale [q_tile, 1]
+and k_scale [k_tile, 1]; the float32 product is dequantized first (``* q_scale * k_scale^T``, the K
+scale transposed to [1, k_tile]) and scaled second, exactly as in SPEC §2.3's MM1.
+"""
+from __future__ import annotations
+
+import torch
+
+from .attention import dequantize_scores
+from .codec import Fp8Codec, get_codec
+from .matmul import exact_matmul
+from .validate import check_qk_matmul_scale_args
+
+__all__ = ["qk_matmul_scale"]
+
+
+def qk_matmul_scale(
+    q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
+    q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+    codec: Fp8Codec | str | None = None,
+) -> torch.Tensor:
+    """float32 [q_tile, k_tile]: ``Q @ K^T * scale`` (SPEC §6).
+
+    q [q_tile, D], k [k_tile, D]: both bfloat16 or float16, or both float8_e4m3fn with q_scale
+    [q_tile, 1] and k_scale [k_tile, 1] float32 (then dequantized before scaling). scale None means
+    1/sqrt(D). codec (FP8 only) says how codes are read; None is the spec's E4M3FN.
+    """
+    is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    if not is_fp8:
+        return exact_matmul(q.float(), k.float().T) * torch.tensor(scale, dtype=torch.float32)
+    codec = get_codec(codec)
+    raw = exact_matmul(codec.from_fp8(q), codec.from_fp8(k).T)
+    return dequantize_scores(raw, q_scale, k_scale.T, scale)

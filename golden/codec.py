@@ -1,0 +1,214 @@
+"""FP8 E4M3 codecs: how a float becomes one of 256 codes and back (SPEC §3).
+
+The spec codec is OCP E4M3FN: sign bit, 4 exponent bits with bias 7, 3 mantissa bits, no
+infinities, NaN only at 0x7F / 0xFF, largest normal 448 (code 0x7E), smallest subnormal 2^-9.
+
+It is implemented here, on purpose, instead of calling ``tensor.to(torch.float8_e4m3fn)``: torch's
+own cast gave NaN on overflow before 2.12 and saturates since 2.13, and the golden must not change
+with the installed torch. The only torch fp8 facility used is the bit view
+(``uint8 <-> float8_e4m3fn``), which copies no value and rounds nothing.
+
+Decisions recorded here (SPEC §3), each with its test in tests/golden/test_codec.py:
+
+- Rounding is to nearest, ties to even, on the E4M3 grid; overflow is checked after rounding, so
+  448 < |x| <= 464 rounds to 448 by the grid itself (``test_encode_rounding_midpoints``).
+- Overflow saturates: a rounded magnitude above 448 and +-inf encode to +-448 (0x7E / 0xFE), as the
+  950's saturating cast does (``test_encode_saturates``).
+- NaN stays NaN (code 0x7F, 0xFF when the sign bit is set): garbage that leaks must stay visible.
+  The 950's saturating cast writes 0 for NaN instead (``test_encode_keeps_nan``).
+- Signed zero keeps its sign (-0.0 -> 0x80), as every IEEE conversion does.
+
+A second codec, ``PYPTO_CALCULATOR_CODEC``, models the E4M3 of PyPTO 0.2.0's CPU calculator (the
+engine that executes a kernel's tensor graph without an NPU). It is not E4M3FN; the rules were
+measured through the calculator itself (tests/kernels/test_calculator_codec.py) and are listed
+on the class.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "Fp8Codec",
+    "E4M3FNSaturating",
+    "PyptoCalculatorE4M3",
+    "SPEC_CODEC",
+    "PYPTO_CALCULATOR_CODEC",
+    "CODECS",
+    "get_codec",
+]
+
+_EXPONENT_BIAS = 7
+_MANTISSA_BITS = 3
+_MIN_NORMAL_EXPONENT = 1 - _EXPONENT_BIAS  # 2^-6
+_NAN_CODE = 0x7F
+_SIGN_BIT = 0x80
+
+
+def _e4m3fn_decode_table() -> torch.Tensor:
+    """float32[256]: the E4M3FN value of every code, built from the bit fields."""
+    codes = torch.arange(256, dtype=torch.int64)
+    sign = torch.where(codes & _SIGN_BIT != 0, -1.0, 1.0).double()
+    exponent_field = (codes >> _MANTISSA_BITS) & 0xF
+    mantissa = (codes & 0x7).double()
+    subnormal = mantissa * 2.0 ** (_MIN_NORMAL_EXPONENT - _MANTISSA_BITS)
+    normal = (1.0 + mantissa / 8.0) * torch.pow(2.0, (exponent_field - _EXPONENT_BIAS).double())
+    value = sign * torch.where(exponent_field == 0, subnormal, normal)
+    value[(codes & 0x7F) == _NAN_CODE] = math.nan
+    return value.float()
+
+
+def _round_to_e4m3_grid(magnitude: torch.Tensor) -> torch.Tensor:
+    """Round |x| (float64, >= 0) to the E4M3 grid, nearest-even, with no upper bound.
+
+    The grid spacing in the binade [2^e, 2^(e+1)) is 2^(e-3); below 2^-6 (subnormals) it stays
+    2^-9. Dividing by a power of two and rounding a float64 are both exact here, so the only
+    rounding is the one ``torch.round`` (half to even) performs.
+    """
+    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2^exponent, m in [0.5, 1)
+    binade = torch.clamp(exponent.to(torch.int64) - 1, min=_MIN_NORMAL_EXPONENT)
+    quantum = torch.ldexp(torch.ones_like(magnitude), (binade - _MANTISSA_BITS).to(magnitude.dtype))
+    return torch.round(magnitude / quantum) * quantum
+
+
+def _e4m3_code_of(value: torch.Tensor) -> torch.Tensor:
+    """int64 code (0..0x7E) of a float64 magnitude that lies exactly on the E4M3FN grid."""
+    mantissa, exponent = torch.frexp(value)
+    exponent_field = exponent.to(torch.int64) - 1 + _EXPONENT_BIAS
+    normal_code = exponent_field * 8 + ((mantissa * 2.0 - 1.0) * 8.0).to(torch.int64)
+    subnormal_code = (value * 2.0 ** (_MANTISSA_BITS - _MIN_NORMAL_EXPONENT)).to(torch.int64)
+    # frexp(0) has exponent 0, which would land in the normal branch: zero is subnormal code 0.
+    return torch.where((exponent_field >= 1) & (value > 0), normal_code, subnormal_code)
+
+
+def _as_float32(x: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not (x.dtype.is_floating_point and x.element_size() >= 2):
+        raise TypeError(f"{name} must be a float16/bfloat16/float32/float64 tensor to encode, got {x.dtype}")
+    return x.float()
+
+
+class Fp8Codec:
+    """A float <-> E4M3 code conversion: ``encode`` rounds floats to codes, ``decode`` reads them.
+
+    Subclasses give a 256-entry decode table and the magnitude rounding rule. Everything the golden
+    does with FP8 goes through a codec: decoding the kernel's inputs, and the encode/decode round
+    trip of P inside the kernel (SPEC §2.3).
+    """
+
+    name: str = "abstract"
+    max_value: float = math.nan
+
+    def __init__(self) -> None:
+        self._decode_table = self._build_decode_table()
+
+    def _build_decode_table(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
+        """int64 codes 0..0x7F for float64 magnitudes >= 0 that are not NaN (inf allowed)."""
+        raise NotImplementedError
+
+    def _nan_code(self) -> int:
+        return _NAN_CODE
+
+    @property
+    def decode_table(self) -> torch.Tensor:
+        """float32[256]: the value this codec reads for each code (a copy)."""
+        return self._decode_table.clone()
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 codes of ``x`` (any float dtype; converted to float32 first, as the kernel does)."""
+        x = _as_float32(x, "x")
+        sign = torch.signbit(x).to(torch.int64) * _SIGN_BIT
+        magnitude = x.abs().double()
+        nan = torch.isnan(x)
+        codes = self._encode_magnitude(torch.where(nan, 0.0, magnitude))
+        codes = torch.where(nan, self._nan_code(), codes)
+        return (codes | sign).to(torch.uint8)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """float32 values of uint8 ``codes`` (or of a float8_e4m3fn tensor's bits)."""
+        if not isinstance(codes, torch.Tensor):
+            raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+        if codes.dtype == torch.float8_e4m3fn:
+            codes = codes.view(torch.uint8)
+        if codes.dtype != torch.uint8:
+            raise TypeError(f"codes must be uint8 or float8_e4m3fn, got {codes.dtype}")
+        return self._decode_table[codes.long()]
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``decode(encode(x))``: x as it reads back after one pass through FP8."""
+        return self.decode(self.encode(x))
+
+    def to_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        """``encode(x)`` as a torch.float8_e4m3fn tensor (a bit view: torch rounds nothing)."""
+        return self.encode(x).view(torch.float8_e4m3fn)
+
+    def from_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 values of a float8_e4m3fn tensor, read the way this codec reads codes."""
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float8_e4m3fn:
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x must be a torch.float8_e4m3fn tensor, got {got}")
+        return self.decode(x.view(torch.uint8))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, max_value={self.max_value})"
+
+
+class E4M3FNSaturating(Fp8Codec):
+    """OCP E4M3FN, round to nearest even, saturating overflow to +-448, NaN kept (SPEC §3)."""
+
+    name = "e4m3fn-sat"
+    max_value = 448.0
+
+    def _build_decode_table(self) -> torch.Tensor:
+        return _e4m3fn_decode_table()
+
+    def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
+        rounded = torch.clamp(_round_to_e4m3_grid(magnitude), max=self.max_value)
+        return _e4m3_code_of(rounded)
+
+
+class PyptoCalculatorE4M3(Fp8Codec):
+    """E4M3 as PyPTO 0.2.0's CPU calculator computes it (measured; not E4M3FN).
+
+    - decode: E4M3FN for every code except the 16 with exponent field 15 (0x78-0x7F and
+      0xF8-0xFF), which read as +-240: the calculator treats the top binade as saturated.
+    - encode: the value is first rounded to an integer (half to even; the calculator's cast treats
+      FP8 as a non-float target), then to the E4M3 grid (nearest even); a result of 240 or more
+      saturates to code 0x7E / 0xFE, which this same codec reads back as 240.
+    """
+
+    name = "pypto-0.2.0-calculator"
+    max_value = 240.0
+
+    def _build_decode_table(self) -> torch.Tensor:
+        table = _e4m3fn_decode_table()
+        codes = torch.arange(256)
+        top_binade = ((codes >> _MANTISSA_BITS) & 0xF) == 0xF
+        table[top_binade] = torch.where(codes[top_binade] & _SIGN_BIT != 0, -240.0, 240.0)
+        return table
+
+    def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
+        rounded = _round_to_e4m3_grid(torch.round(magnitude))
+        saturated = rounded >= self.max_value
+        return torch.where(saturated, 0x7E, _e4m3_code_of(torch.where(saturated, 0.0, rounded)))
+
+
+SPEC_CODEC = E4M3FNSaturating()
+PYPTO_CALCULATOR_CODEC = PyptoCalculatorE4M3()
+CODECS: dict[str, Fp8Codec] = {c.name: c for c in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC)}
+
+
+def get_codec(codec: Fp8Codec | str | None) -> Fp8Codec:
+    """The codec named by ``codec`` (None: the spec codec)."""
+    if codec is None:
+        return SPEC_CODEC
+    if isinstance(codec, Fp8Codec):
+        return codec
+    if isinstance(codec, str) and codec in CODECS:
+        return CODECS[codec]
+    raise ValueError(f"codec={codec!r} is not a known codec; expected an Fp8Codec or one of {sorted(CODECS)}")

@@ -1,0 +1,157 @@
+"""Block tables and the paged <-> contiguous KV layouts (SPEC §1, §2 item 2).
+
+Token t of batch b is row ``t % BS`` of physical block ``block_table[b, t // BS]``. Entries past a
+row's valid blocks are -1; the kernel clamps them to block 0 when it gathers, so whatever block 0
+holds there must never reach the result (the golden masks by length, never by table value).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "blocks_needed",
+    "gen_block_table",
+    "contiguous_to_paged",
+    "paged_to_contiguous",
+    "token_slots",
+]
+
+
+def _check_lengths(kv_act_seqs: torch.Tensor | list[int] | tuple[int, ...], name: str = "kv_act_seqs") -> torch.Tensor:
+    if isinstance(kv_act_seqs, (list, tuple)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in kv_act_seqs):
+            raise TypeError(f"{name} must hold ints, got {kv_act_seqs!r}")
+        kv_act_seqs = torch.tensor(kv_act_seqs, dtype=torch.int64)
+    if not isinstance(kv_act_seqs, torch.Tensor):
+        raise TypeError(f"{name} must be a 1-D int tensor or a list of ints, got {type(kv_act_seqs).__name__}")
+    if kv_act_seqs.dtype not in (torch.int32, torch.int64) or kv_act_seqs.ndim != 1:
+        raise TypeError(f"{name} must be a 1-D int32/int64 tensor, got {kv_act_seqs.dtype} of shape {tuple(kv_act_seqs.shape)}")
+    if kv_act_seqs.numel() and int(kv_act_seqs.min()) < 0:
+        raise ValueError(f"{name} must be >= 0, got {kv_act_seqs.tolist()}")
+    return kv_act_seqs.to(torch.int64)
+
+
+def _check_positive(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+    return value
+
+
+def blocks_needed(kv_act_seqs: torch.Tensor, block_size: int) -> torch.Tensor:
+    """int64 [B]: ``ceil(kv_act_seqs[b] / block_size)``, the table entries each batch uses."""
+    return (kv_act_seqs.to(torch.int64) + block_size - 1) // block_size
+
+
+def gen_block_table(
+    kv_act_seqs: torch.Tensor | list[int], block_size: int, max_blocks_per_query: int, *,
+    num_blocks: int | None = None, generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """int32 [B, max_blocks_per_query]: a shuffled block table with -1 padding.
+
+    Each batch b gets ``ceil(kv_act_seqs[b] / block_size)`` distinct physical blocks, drawn
+    without replacement from a random permutation of ``range(num_blocks)``; the rest of its row is
+    -1. ``num_blocks`` defaults to the total needed (at least 1, since the kernel clamps -1 to
+    block 0); a larger value leaves spare blocks nobody owns. Same generator state, same table.
+    """
+    lengths = _check_lengths(kv_act_seqs)
+    block_size = _check_positive(block_size, "block_size")
+    max_blocks_per_query = _check_positive(max_blocks_per_query, "max_blocks_per_query")
+    needed = blocks_needed(lengths, block_size)
+    if needed.numel() and int(needed.max()) > max_blocks_per_query:
+        b = int(needed.argmax())
+        raise ValueError(
+            f"max_blocks_per_query={max_blocks_per_query} is too small: kv_act_seqs[{b}]={int(lengths[b])} "
+            f"needs {int(needed[b])} blocks of block_size={block_size}"
+        )
+    total = int(needed.sum())
+    if num_blocks is None:
+        num_blocks = max(total, 1)
+    num_blocks = _check_positive(num_blocks, "num_blocks")
+    if num_blocks < total:
+        raise ValueError(f"num_blocks={num_blocks} is too small: the lengths {lengths.tolist()} need {total} blocks")
+    physical = torch.randperm(num_blocks, generator=generator)[:total]
+    table = torch.full((lengths.numel(), max_blocks_per_query), -1, dtype=torch.int32)
+    column = torch.arange(max_blocks_per_query)
+    table[column < needed[:, None]] = physical.to(torch.int32)
+    return table
+
+
+def token_slots(block_table: torch.Tensor, kv_act_seqs: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(batch, token, block, row) int64 vectors: where every valid token lives in the paged layout."""
+    lengths = kv_act_seqs.to(torch.int64)
+    token = torch.arange(int(lengths.max()) if lengths.numel() else 0)
+    batch_idx, token_idx = torch.nonzero(token[None, :] < lengths[:, None], as_tuple=True)
+    block = block_table.to(torch.int64)[batch_idx, token_idx // block_size]
+    return batch_idx, token_idx, block, token_idx % block_size
+
+
+def _check_table(block_table: torch.Tensor, lengths: torch.Tensor, block_size: int, num_blocks: int) -> None:
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype not in (torch.int32, torch.int64) or block_table.ndim != 2:
+        raise TypeError("block_table must be a 2-D int32 tensor [B, MAXB]")
+    if block_table.shape[0] != lengths.numel():
+        raise ValueError(f"block_table has {block_table.shape[0]} rows but kv_act_seqs has {lengths.numel()} entries")
+    needed = blocks_needed(lengths, block_size)
+    if needed.numel() and int(needed.max()) > block_table.shape[1]:
+        raise ValueError(f"block_table has {block_table.shape[1]} columns but kv_act_seqs needs up to {int(needed.max())} blocks")
+    used = torch.arange(block_table.shape[1])[None, :] < needed[:, None]
+    ids = block_table[used]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        raise ValueError(f"block_table's valid entries must lie in [0, {num_blocks}), got {ids.min().item()}..{ids.max().item()}")
+
+
+def _fill_value(fill: float, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float8_e4m3fn:
+        from .codec import SPEC_CODEC
+        return SPEC_CODEC.to_fp8(torch.tensor([fill], dtype=torch.float32))[0]
+    return torch.tensor(fill, dtype=dtype)
+
+
+def contiguous_to_paged(
+    x: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor | list[int], *,
+    block_size: int, num_blocks: int, fill: float = 0.0,
+) -> torch.Tensor:
+    """[num_blocks, block_size, N, X]: ``x`` ([B, S, N, X], BSND) scattered through ``block_table``.
+
+    Only each batch's first ``kv_act_seqs[b]`` tokens are written; every other cell (spare
+    blocks, the tail of a last block) holds ``fill`` (e.g. NaN, to prove the kernel never reads it).
+    Works for any dtype, float8_e4m3fn included (``fill`` is then encoded with the spec codec).
+    """
+    lengths = _check_lengths(kv_act_seqs)
+    block_size = _check_positive(block_size, "block_size")
+    num_blocks = _check_positive(num_blocks, "num_blocks")
+    if not isinstance(x, torch.Tensor) or x.ndim != 4:
+        raise ValueError(f"x must be a 4-D tensor [B, S, N, X], got {getattr(x, 'shape', type(x).__name__)}")
+    if x.shape[0] != lengths.numel():
+        raise ValueError(f"x has batch {x.shape[0]} but kv_act_seqs has {lengths.numel()} entries")
+    if lengths.numel() and int(lengths.max()) > x.shape[1]:
+        raise ValueError(f"kv_act_seqs max {int(lengths.max())} exceeds x's sequence length {x.shape[1]}")
+    _check_table(block_table, lengths, block_size, num_blocks)
+    paged = torch.empty((num_blocks, block_size, *x.shape[2:]), dtype=x.dtype)
+    paged_bits = paged.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else paged
+    paged_bits.fill_(_fill_value(fill, x.dtype).view(torch.uint8) if x.dtype == torch.float8_e4m3fn else fill)
+    b, t, block, row = token_slots(block_table, lengths, block_size)
+    paged[block, row] = x[b, t]
+    return paged
+
+
+def paged_to_contiguous(
+    paged: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor | list[int], *,
+    seq_len: int, fill: float = 0.0,
+) -> torch.Tensor:
+    """[B, seq_len, N, X]: the inverse of ``contiguous_to_paged``; tokens past each length get ``fill``."""
+    lengths = _check_lengths(kv_act_seqs)
+    if not isinstance(paged, torch.Tensor) or paged.ndim != 4:
+        raise ValueError(f"paged must be a 4-D tensor [NB, BS, N, X], got {getattr(paged, 'shape', type(paged).__name__)}")
+    seq_len = _check_positive(seq_len, "seq_len")
+    if lengths.numel() and int(lengths.max()) > seq_len:
+        raise ValueError(f"seq_len={seq_len} is shorter than kv_act_seqs max {int(lengths.max())}")
+    num_blocks, block_size = paged.shape[:2]
+    _check_table(block_table, lengths, block_size, num_blocks)
+    out = torch.empty((lengths.numel(), seq_len, *paged.shape[2:]), dtype=paged.dtype)
+    if paged.dtype == torch.float8_e4m3fn:
+        out.view(torch.uint8).fill_(_fill_value(fill, paged.dtype).view(torch.uint8))
+    else:
+        out.fill_(fill)
+    b, t, block, row = token_slots(block_table, lengths, block_size)
+    out[b, t] = paged[block, row]
+    return out

@@ -1,0 +1,124 @@
+"""Symmetric FP8 quantization along one axis (SPEC §3).
+
+    scale = 448 / max|x|   (over the quantization axis, float32)
+    x8    = e4m3(x * scale)
+    dequant_scale = 1 / scale
+
+| tensor | axis of the max | function |
+| --- | --- | --- |
+| Q | D, per (token, head) | ``quantize_per_token`` |
+| K | D, per (block row, kv head) | ``quantize_per_token`` |
+| V | sequence, per (batch, kv head, channel), valid tokens only | ``quantize_per_channel(valid=...)`` |
+| P | tile columns, per row (inside the kernel) | ``quantize_rows`` |
+
+Decision (SPEC §3 leaves it open): an all-zero row would give ``scale = inf``. By default it is
+rejected with a ValueError naming the tensor and the row (``zero_rows="raise"``). The opt-in policy
+``zero_rows="unit_scale"`` encodes such a row as zeros with dequant scale 1.0, so it dequantizes
+to exact zeros. Tests: tests/golden/test_quant.py::test_zero_row_*.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from .codec import SPEC_CODEC, Fp8Codec
+
+__all__ = ["FP8_MAX", "ZeroRowPolicy", "quantize_per_token", "quantize_per_channel", "quantize_rows"]
+
+FP8_MAX = 448.0
+ZeroRowPolicy = Literal["raise", "unit_scale"]
+_ZERO_ROW_POLICIES = ("raise", "unit_scale")
+
+
+def _check_source(x: torch.Tensor, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise TypeError(f"{name} must be a float32/bfloat16/float16/float64 tensor, got {x.dtype}")
+    if x.ndim < 1 or x.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty tensor with at least one dimension, got shape {tuple(x.shape)}")
+
+
+def _scales_from_amax(amax: torch.Tensor, *, zero_rows: str, name: str, axis_desc: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, dequant_scale) in float32 from the per-row max |x|, applying the zero-row policy."""
+    if zero_rows not in _ZERO_ROW_POLICIES:
+        raise ValueError(f"zero_rows={zero_rows!r} is not a policy; expected one of {_ZERO_ROW_POLICIES}")
+    if torch.isnan(amax).any():
+        row = tuple(torch.nonzero(torch.isnan(amax))[0].tolist())
+        raise ValueError(f"{name} has NaN in row {row} (max over {axis_desc}); quantization needs finite values")
+    if torch.isinf(amax).any():
+        row = tuple(torch.nonzero(torch.isinf(amax))[0].tolist())
+        raise ValueError(f"{name} has an infinite value in row {row} (max over {axis_desc}); quantization needs finite values")
+    zero = amax == 0
+    if zero.any() and zero_rows == "raise":
+        row = tuple(torch.nonzero(zero)[0].tolist())
+        raise ValueError(
+            f"{name} row {row} is all zeros over {axis_desc}, so scale = 448 / 0 is infinite (SPEC §3); "
+            f"pass zero_rows='unit_scale' to encode such rows as zeros with dequant scale 1"
+        )
+    scale = torch.where(zero, 1.0, FP8_MAX / torch.where(zero, 1.0, amax))
+    return scale, torch.reciprocal(scale)
+
+
+def quantize_rows(
+    x: torch.Tensor, *, valid: torch.Tensor | None = None, codec: Fp8Codec = SPEC_CODEC,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize-dequantize along the last axis: ``(codec.round(x * scale), dequant_scale)``, float32.
+
+    This is the in-kernel form (the P quantization of SPEC §2.3): the FP8 values come back already
+    decoded by ``codec``, so the caller multiplies them by the dequant scale after the next matmul.
+    ``valid`` (bool, x's shape) marks the columns that count; others give 0 and do not enter the max.
+    Unlike the host-side quantizers this never raises: a row without a valid column gets scale 1
+    (it is all zeros), and NaN propagates, so garbage that reaches P stays visible in the output.
+    """
+    x = x.float()
+    if valid is not None:
+        x = torch.where(valid, x, 0.0)
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    empty = amax == 0
+    scale = torch.where(empty, 1.0, FP8_MAX / torch.where(empty, 1.0, amax))
+    return codec.round(x * scale), torch.reciprocal(scale)
+
+
+def quantize_per_token(
+    x: torch.Tensor, *, zero_rows: ZeroRowPolicy = "raise", name: str = "x",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_fp8, dequant_scale)``: E4M3FN codes scaled per row of the last axis (Q and K, SPEC §3).
+
+    x: [..., D] float. Returns x_fp8 [..., D] torch.float8_e4m3fn (spec codec) and dequant_scale
+    [..., 1] float32, so that ``x ~= x_fp8.float() * dequant_scale``.
+    """
+    _check_source(x, name)
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale, dequant = _scales_from_amax(amax, zero_rows=zero_rows, name=name, axis_desc=f"dim {x.ndim - 1}")
+    return SPEC_CODEC.to_fp8(xf * scale), dequant
+
+
+def quantize_per_channel(
+    x: torch.Tensor, dim: int, *, valid: torch.Tensor | None = None,
+    zero_rows: ZeroRowPolicy = "raise", name: str = "x",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_fp8, dequant_scale)``: E4M3FN codes scaled per channel, the max taken along ``dim`` (V).
+
+    x: e.g. V as [B, S, NKV, D] with dim=1 (sequence). valid: optional bool tensor broadcastable
+    to x marking the tokens that count (SPEC §3: V's max is over each batch's valid tokens);
+    invalid entries are encoded as 0 and do not change the max. Returns x_fp8 (x's shape,
+    float8_e4m3fn) and dequant_scale float32 with ``dim`` kept as size 1.
+    """
+    _check_source(x, name)
+    if not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"dim={dim!r} must be an int in [{-x.ndim}, {x.ndim}) for {name} of shape {tuple(x.shape)}")
+    xf = x.float()
+    if valid is not None:
+        if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
+            raise TypeError(f"valid must be a bool tensor, got {type(valid).__name__ if not isinstance(valid, torch.Tensor) else valid.dtype}")
+        try:
+            valid = valid.expand_as(xf)
+        except RuntimeError:
+            raise ValueError(f"valid of shape {tuple(valid.shape)} does not broadcast to {name} of shape {tuple(x.shape)}") from None
+        xf = torch.where(valid, xf, 0.0)
+    amax = xf.abs().amax(dim=dim, keepdim=True)
+    scale, dequant = _scales_from_amax(amax, zero_rows=zero_rows, name=name, axis_desc=f"dim {dim % x.ndim}")
+    return SPEC_CODEC.to_fp8(xf * scale), dequant

@@ -1,0 +1,101 @@
+"""The tile-by-tile online softmax: local softmax of one tile and the running (m, l, O) state (SPEC §2.3-2.5).
+
+Per tile j, with the dequantized and scaled scores S of the tile's valid columns:
+
+    m_j = rowmax(S)      P = exp(S - m_j)      l_j = rowsum(P)
+
+First tile: ``(m, l, O) = (m_j, l_j, O_j)``. Later tiles:
+
+    m' = max(m, m_j);  a = exp(m - m');  c = exp(m_j - m')
+    l  = a*l + c*l_j;  O = a*O + c*O_j;  m = m'
+
+Finally ``out = O / l`` (rows that saw no token give 0, SPEC §2.5). Everything is float32.
+
+Decision: ``exp`` is the float32 rounding of the float64 exp (``exp_f32``). torch's float32 exp
+uses a vector routine for full SIMD lanes and the C library for the tail, which can differ by one ulp,
+so the same element could come out differently in the loop and vectorized goldens. Through float64
+it is the correctly rounded value (but for ties, which float32 inputs essentially never produce).
+
+Decision: ``l_j`` is the float32 rounding of the row sum taken in float64. The kernel adds in float32
+in an order of its own; this sum is the one every order approximates, it is the same in the loop and
+vectorized goldens, and the difference stays far inside SPEC §4's tolerance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["exp_f32", "local_softmax", "OnlineSoftmaxState"]
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """float32 exp of float32 ``x``, computed in float64 and rounded once (see the module docstring)."""
+    return torch.exp(x.double()).float()
+
+
+def local_softmax(scores: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m_j [..., 1], P [..., T], l_j [..., 1]) of one tile's float32 scores [..., T].
+
+    ``valid`` (bool, scores' shape) marks the columns that exist; others give P = 0 and never reach
+    the max, even when they hold NaN. A row with no valid column gets m_j = -inf, l_j = 0, P = 0.
+    """
+    if valid is not None:
+        scores = torch.where(valid, scores, -torch.inf)
+    m_j = scores.amax(dim=-1, keepdim=True)
+    shifted = scores - m_j
+    if valid is not None:
+        # A row without a valid column has -inf - -inf = NaN here; it is zeroed like any invalid column.
+        shifted = torch.where(valid, shifted, -torch.inf)
+    p = exp_f32(shifted)
+    l_j = p.double().sum(dim=-1, keepdim=True).float()
+    return m_j, p, l_j
+
+
+@dataclass
+class OnlineSoftmaxState:
+    """The running float32 state of SPEC §2.3: row max ``m`` [..., 1], row sum ``l`` [..., 1], ``o`` [..., D].
+
+    ``started`` [..., 1] marks rows that have seen a tile with at least one valid token.
+    """
+
+    m: torch.Tensor
+    l: torch.Tensor
+    o: torch.Tensor
+    started: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: tuple[int, ...], head_dim: int) -> "OnlineSoftmaxState":
+        """A state for ``rows`` that has seen no tile yet."""
+        return cls(
+            m=torch.full((*rows, 1), -torch.inf),
+            l=torch.zeros((*rows, 1)),
+            o=torch.zeros((*rows, head_dim)),
+            started=torch.zeros((*rows, 1), dtype=torch.bool),
+        )
+
+    def update(self, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, valid: torch.Tensor | None = None) -> "OnlineSoftmaxState":
+        """Fold one tile's (m_j, l_j, O_j) into the state, in place; returns self.
+
+        ``valid`` [..., 1] marks the rows for which this tile has tokens; other rows keep their
+        state untouched (None: every row).
+        """
+        m_new = torch.maximum(self.m, m_j)
+        a = exp_f32(self.m - m_new)
+        c = exp_f32(m_j - m_new)
+        l_next = torch.where(self.started, a * self.l + c * l_j, l_j)
+        o_next = torch.where(self.started, a * self.o + c * o_j, o_j)
+        m_next = torch.where(self.started, m_new, m_j)
+        if valid is None:
+            self.m, self.l, self.o = m_next, l_next, o_next
+            self.started = torch.ones_like(self.started)
+        else:
+            self.m = torch.where(valid, m_next, self.m)
+            self.l = torch.where(valid, l_next, self.l)
+            self.o = torch.where(valid, o_next, self.o)
+            self.started = self.started | valid
+        return self
+
+    def finalize(self) -> torch.Tensor:
+        """float32 ``O / l`` [..., D]; rows that never saw a token are 0 (SPEC §2.5)."""
+        return torch.where(self.started, self.o / torch.where(self.started, self.l, 1.0), 0.0)

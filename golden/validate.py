@@ -1,0 +1,198 @@
+"""Argument checks shared by the golden and every kernel wrapper (SPEC §1).
+
+Anything the kernel does not accept is rejected here with a ValueError (wrong value or shape) or a
+TypeError (wrong type or dtype) whose message names the argument, what it got and what was expected.
+The golden and the backends call the same functions, so they accept exactly the same inputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .paging import blocks_needed
+
+__all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile"]
+
+FP8 = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class PagedAttentionDims:
+    """The sizes of one paged-attention call, derived from its arguments (SPEC §1 names)."""
+
+    batch: int
+    s1: int
+    nq: int
+    nkv: int
+    head_dim: int
+    group: int
+    num_blocks: int
+    block_size: int
+    max_blocks: int
+    s2_tile: int
+    g_tile: int
+    softmax_scale: float
+
+
+def _tensor(x: object, name: str, dtype: torch.dtype | tuple[torch.dtype, ...], ndim: int, layout: str) -> torch.Tensor:
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    wanted = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor ({wanted} {layout}), got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {wanted}, got {str(x.dtype).replace('torch.', '')}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (ND layout, SPEC §1); call .contiguous() first")
+    return x
+
+
+def _shape(x: torch.Tensor, name: str, expected: tuple[int, ...], layout: str) -> None:
+    if tuple(x.shape) != expected:
+        raise ValueError(f"{name} must have shape {layout} = {expected}, got {tuple(x.shape)}")
+
+
+def _positive_int(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be positive")
+    return value
+
+
+def check_tile(s2_tile: object, g_tile: object, *, block_size: int, group: int) -> tuple[int, int]:
+    """(s2_tile, g_tile) after checking s2_tile % block_size == 0 and g_tile | group (None: group)."""
+    s2_tile = _positive_int(s2_tile, "s2_tile")
+    if s2_tile % block_size:
+        raise ValueError(f"s2_tile={s2_tile} must be a multiple of block_size={block_size}")
+    g_tile = group if g_tile is None else _positive_int(g_tile, "g_tile")
+    if group % g_tile:
+        raise ValueError(f"g_tile={g_tile} must divide the group size NQ/NKV={group}")
+    return s2_tile, g_tile
+
+
+def _softmax_scale(value: object, head_dim: int) -> float:
+    if value is None:
+        return head_dim ** -0.5
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"softmax_scale={value} must be a finite positive number")
+    return float(value)
+
+
+def check_paged_attention_args(
+    q: torch.Tensor, q_scale: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor,
+    v_cache: torch.Tensor, v_scale: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
+    softmax_scale: float | None = None, s2_tile: int = 128, g_tile: int | None = None,
+) -> PagedAttentionDims:
+    """The call's dims, after checking every argument against the SPEC §1 table.
+
+    Checks dtypes, ranks, contiguity, shape relations, NQ % NKV, g_tile | group,
+    s2_tile % block_size, 0 <= kv_act_seqs[b] <= capacity of the row's leading valid entries,
+    valid table entries in [0, NB) with no -1 among them, other entries in [-1, NB).
+    """
+    _tensor(q, "q", FP8, 3, "[B*S1, NQ, D]")
+    _tensor(q_scale, "q_scale", torch.float32, 3, "[B*S1, NQ, 1]")
+    _tensor(k_cache, "k_cache", FP8, 4, "[NB, BS, NKV, D]")
+    _tensor(k_scale, "k_scale", torch.float32, 4, "[NB, BS, NKV, 1]")
+    _tensor(v_cache, "v_cache", FP8, 4, "[NB, BS, NKV, D]")
+    _tensor(v_scale, "v_scale", torch.float32, 3, "[B, NKV, D]")
+    _tensor(block_table, "block_table", torch.int32, 2, "[B, MAXB]")
+    _tensor(kv_act_seqs, "kv_act_seqs", torch.int32, 1, "[B]")
+
+    rows, nq, head_dim = q.shape
+    num_blocks, block_size, nkv, kd = k_cache.shape
+    batch, max_blocks = block_table.shape
+    for name, size in (("q's NQ", nq), ("q's D", head_dim), ("k_cache's NB", num_blocks),
+                       ("k_cache's BS", block_size), ("k_cache's NKV", nkv), ("block_table's B", batch),
+                       ("block_table's MAXB", max_blocks)):
+        if size == 0:
+            raise ValueError(f"{name} must be positive, got 0")
+    if kd != head_dim:
+        raise ValueError(f"k_cache's last dim D={kd} must equal q's D={head_dim}")
+    if rows % batch:
+        raise ValueError(f"q's first dim B*S1={rows} must be a multiple of B={batch} (block_table's rows)")
+    s1 = rows // batch
+    if nq % nkv:
+        raise ValueError(f"NQ={nq} (q's heads) must be a multiple of NKV={nkv} (k_cache's heads)")
+    group = nq // nkv
+    _shape(q_scale, "q_scale", (rows, nq, 1), "[B*S1, NQ, 1]")
+    _shape(k_scale, "k_scale", (num_blocks, block_size, nkv, 1), "[NB, BS, NKV, 1]")
+    _shape(v_cache, "v_cache", tuple(k_cache.shape), "k_cache's [NB, BS, NKV, D]")
+    _shape(v_scale, "v_scale", (batch, nkv, head_dim), "[B, NKV, D]")
+    _shape(kv_act_seqs, "kv_act_seqs", (batch,), "[B]")
+    s2_tile, g_tile = check_tile(s2_tile, g_tile, block_size=block_size, group=group)
+    scale = _softmax_scale(softmax_scale, head_dim)
+
+    lengths = kv_act_seqs.to(torch.int64)
+    if int(lengths.min()) < 0:
+        b = int(lengths.argmin())
+        raise ValueError(f"kv_act_seqs[{b}]={int(lengths[b])} must be >= 0")
+    table = block_table.to(torch.int64)
+    if int(table.min()) < -1 or int(table.max()) >= num_blocks:
+        bad = torch.nonzero((table < -1) | (table >= num_blocks))[0].tolist()
+        raise ValueError(
+            f"block_table[{bad[0]}, {bad[1]}]={int(table[bad[0], bad[1]])} must be a physical block in "
+            f"[0, NB={num_blocks}) or -1 (unused)"
+        )
+    # Capacity: the leading run of non-(-1) entries of each row, in tokens.
+    leading_valid = torch.cumprod((table >= 0).to(torch.int64), dim=1).sum(dim=1)
+    needed = blocks_needed(lengths, block_size)
+    over = needed > leading_valid
+    if over.any():
+        b = int(torch.nonzero(over)[0])
+        capacity = int(leading_valid[b]) * block_size
+        if int(needed[b]) > max_blocks:
+            raise ValueError(
+                f"kv_act_seqs[{b}]={int(lengths[b])} exceeds the table's capacity MAXB*BS={max_blocks * block_size}"
+            )
+        raise ValueError(
+            f"kv_act_seqs[{b}]={int(lengths[b])} needs {int(needed[b])} blocks, but block_table[{b}] has -1 at "
+            f"column {int(leading_valid[b])} (its valid entries hold {capacity} tokens)"
+        )
+    return PagedAttentionDims(
+        batch=batch, s1=s1, nq=nq, nkv=nkv, head_dim=head_dim, group=group, num_blocks=num_blocks,
+        block_size=block_size, max_blocks=max_blocks, s2_tile=s2_tile, g_tile=g_tile, softmax_scale=scale,
+    )
+
+
+def check_qk_matmul_scale_args(
+    q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
+    q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+) -> tuple[bool, float]:
+    """(is_fp8, scale) after checking the AT-12 arguments (SPEC §6).
+
+    q [q_tile, D], k [k_tile, D]: both bfloat16, both float16, or both float8_e4m3fn. FP8 inputs
+    need q_scale [q_tile, 1] and k_scale [k_tile, 1] in float32; other inputs take neither.
+    scale None means 1/sqrt(D).
+    """
+    dtypes = (torch.bfloat16, torch.float16, FP8)
+    _tensor(q, "q", dtypes, 2, "[q_tile, head_dim]")
+    _tensor(k, "k", dtypes, 2, "[k_tile, head_dim]")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    if q.shape[1] != k.shape[1] or q.shape[1] == 0:
+        raise ValueError(f"q and k must share a positive head_dim, got {q.shape[1]} and {k.shape[1]}")
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        raise ValueError(f"q_tile and k_tile must be positive, got {q.shape[0]} and {k.shape[0]}")
+    is_fp8 = q.dtype == FP8
+    if is_fp8:
+        if q_scale is None or k_scale is None:
+            raise ValueError("FP8 q and k need both q_scale [q_tile, 1] and k_scale [k_tile, 1] (dequant_after)")
+        _tensor(q_scale, "q_scale", torch.float32, 2, "[q_tile, 1]")
+        _tensor(k_scale, "k_scale", torch.float32, 2, "[k_tile, 1]")
+        _shape(q_scale, "q_scale", (q.shape[0], 1), "[q_tile, 1]")
+        _shape(k_scale, "k_scale", (k.shape[0], 1), "[k_tile, 1]")
+    elif q_scale is not None or k_scale is not None:
+        raise ValueError(f"q_scale and k_scale apply to FP8 inputs only; q and k are {q.dtype}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[1])
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    elif not math.isfinite(scale):
+        raise ValueError(f"scale={scale} must be finite")
+    return is_fp8, float(scale)
