@@ -1,0 +1,167 @@
+"""The backend interface and `get_backend` (one entry point; configuration in one place).
+
+A backend has
+  name      str, as given to get_backend
+  codec     the golden.codec.Fp8Codec its FP8 conversions follow (the spec codec on hardware and in
+            the golden, golden.codec.PYPTO_CALCULATOR_CODEC in pypto's CPU calculator)
+  paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, *,
+                      softmax_scale=None, s2_tile=128, g_tile=None, codec=None) -> bf16 CPU tensor
+  qk_matmul_scale(q, k, *, scale=None, q_scale=None, k_scale=None, codec=None) -> fp32 CPU tensor
+with exactly the golden's arguments, validated by golden.validate (the same checks, not a copy).
+`codec`, if given, must be the backend's own codec: a kernel cannot change how its hardware rounds.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import Any, Callable
+
+__all__ = ["Backend", "BackendUnavailable", "get_backend", "resolve_device_index", "BUILTIN_BACKENDS"]
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine; `reason` says what is missing."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Backend:
+    """Base class: argument handling shared by every backend. Subclasses implement `_paged_attention`
+    and `_qk_matmul_scale`, which receive validated arguments."""
+
+    name: str = "abstract"
+    codec: Any = None
+
+    def _check_codec(self, codec) -> None:
+        if codec is None:
+            return
+        from golden.codec import get_codec
+
+        if get_codec(codec) is not self.codec:
+            raise ValueError(f"codec={codec!r}: the {self.name} backend computes with {self.codec!r}; "
+                             "pass codec=None or that codec")
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
+                            kv_act_seqs, *, softmax_scale=None, s2_tile=128, g_tile=None, codec=None):
+        """bf16 [B*S1, NQ, D] on the CPU: the kernel's output for SPEC §2 (arguments as in §1)."""
+        from golden.validate import check_paged_attention_args
+
+        self._check_codec(codec)
+        dims = check_paged_attention_args(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
+                                          kv_act_seqs, softmax_scale=softmax_scale, s2_tile=s2_tile,
+                                          g_tile=g_tile)
+        return self._paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale,
+                                     block_table, kv_act_seqs)
+
+    def qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None, codec=None):
+        """fp32 [q_tile, k_tile] on the CPU: AT-12 scores (SPEC §6)."""
+        from golden.validate import check_qk_matmul_scale_args
+
+        self._check_codec(codec)
+        check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+        if scale is None:
+            scale = float(q.shape[1]) ** -0.5
+        return self._qk_matmul_scale(q, k, float(scale), q_scale, k_scale)
+
+    def _paged_attention(self, dims, *tensors):
+        raise NotImplementedError
+
+    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} codec={getattr(self.codec, 'name', None)!r}>"
+
+
+_WORKER = re.compile(r"^gw(\d+)$")
+
+
+def resolve_device_index(device: int | str | None = None, environ=None) -> tuple[int, str]:
+    """(device index, where it came from) for the npu backend.
+
+    Order: the explicit `device` argument (an int, "3" or "npu:3"), the TILE_FWK_DEVICE_ID
+    environment variable, the pytest-xdist worker index (PYTEST_XDIST_WORKER=gwN -> N), else 0.
+    A value that is not a non-negative integer is a ValueError naming where it came from.
+    """
+    env = os.environ if environ is None else environ
+
+    def parse(value, source: str) -> int:
+        text = str(value).strip()
+        if text.startswith("npu:"):
+            text = text[4:]
+        if isinstance(value, bool) or not text.isdigit():
+            raise ValueError(f"{source}={value!r} must be a non-negative device index such as 0 or 'npu:0'")
+        return int(text)
+
+    if device is not None:
+        return parse(device, "device"), "device argument"
+    if env.get("TILE_FWK_DEVICE_ID", "").strip():
+        return parse(env["TILE_FWK_DEVICE_ID"], "TILE_FWK_DEVICE_ID"), "TILE_FWK_DEVICE_ID"
+    match = _WORKER.match(env.get("PYTEST_XDIST_WORKER", ""))
+    if match:
+        return int(match.group(1)), "PYTEST_XDIST_WORKER"
+    return 0, "default"
+
+
+def _golden(**options):
+    from kernels.backends.golden_backend import GoldenBackend
+    return GoldenBackend(**options)
+
+
+def _sim(**options):
+    from kernels.backends.sim import SimBackend
+    return SimBackend(**options)
+
+
+def _npu(device=None, **options):
+    from kernels.backends.npu import NpuBackend
+    return NpuBackend(device=device, **options)
+
+
+def _auto(device=None, **options):
+    """The NPU when there is one, else the simulator; never the golden (that would test nothing)."""
+    reasons = []
+    for label, factory in (("npu", lambda: _npu(device=device, **options)), ("sim", lambda: _sim(**options))):
+        try:
+            return factory()
+        except BackendUnavailable as exc:
+            reasons.append(f"{label}: {exc.reason}")
+    raise BackendUnavailable("auto found no kernel backend (" + "; ".join(reasons) + ")")
+
+
+BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim": _sim, "npu": _npu, "auto": _auto}
+
+
+def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
+    """The backend called `name`: golden, sim, npu, auto, or an import path 'package.module:factory'.
+
+    - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
+    - options: passed to the backend (sim: level="execute" or "compile").
+    Raises BackendUnavailable(reason) when the backend cannot run here, ValueError for a bad name.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={name!r} must be golden, sim, npu, auto or 'package.module:factory'")
+    if name in BUILTIN_BACKENDS:
+        if device is not None and name in ("golden", "sim"):
+            raise ValueError(f"device={device!r} applies to the npu backend only, not {name!r}")
+        factory = BUILTIN_BACKENDS[name]
+        return factory(device=device, **options) if name in ("npu", "auto") else factory(**options)
+    if ":" not in name:
+        raise ValueError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
+                         "or an import path 'package.module:factory'")
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"name={name!r}: {module_name} has no callable {attr!r}")
+    backend = factory(device=device, **options) if device is not None else factory(**options)
+    missing = [a for a in ("name", "codec", "paged_attention_fp8", "qk_matmul_scale") if not hasattr(backend, a)]
+    if missing:
+        raise TypeError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
+    return backend

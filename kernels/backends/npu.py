@@ -1,0 +1,88 @@
+"""pypto on an Ascend 950 (run mode NPU) through torch_npu, imported only when this backend is made.
+
+Device: the explicit argument, else TILE_FWK_DEVICE_ID, else the pytest-xdist worker index
+(PYTEST_XDIST_WORKER=gwN -> N), else 0 (kernels.backends.resolve_device_index). Creating the backend
+checks everything it needs and raises BackendUnavailable with the missing piece: torch_npu, an NPU,
+the device index, pypto, a DAV_3510 chip.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import torch
+
+from kernels.backends import Backend, BackendUnavailable, resolve_device_index
+from kernels.config import PagedAttentionKernelConfig
+
+__all__ = ["NpuBackend"]
+
+
+class NpuBackend(Backend):
+    name = "npu"
+
+    def __init__(self, *, device=None, tiles: dict | None = None, pass_options: dict | None = None,
+                 environ=None) -> None:
+        from golden.codec import SPEC_CODEC
+
+        self.device_index, self.device_source = resolve_device_index(device, environ)
+        self.codec = SPEC_CODEC
+        self.tiles = dict(tiles or {})
+        self.pass_options = pass_options
+        self._check_available()
+        self._kernels: dict = {}
+
+    def _check_available(self) -> None:
+        if importlib.util.find_spec("torch_npu") is None:
+            raise BackendUnavailable("npu backend: torch_npu is not installed (it needs an Ascend host "
+                                     "with CANN)")
+        try:
+            importlib.import_module("torch_npu")
+        except Exception as exc:  # noqa: BLE001 - any import failure means no NPU here
+            raise BackendUnavailable(f"npu backend: importing torch_npu failed: {exc}") from None
+        npu = getattr(torch, "npu", None)
+        if npu is None or not npu.is_available():
+            raise BackendUnavailable("npu backend: torch_npu is installed but no NPU is available")
+        count = npu.device_count()
+        if self.device_index >= count:
+            raise BackendUnavailable(f"npu backend: device {self.device_index} (from {self.device_source}) "
+                                     f"does not exist; this host has {count} NPU(s)")
+        if importlib.util.find_spec("pypto") is None:
+            raise BackendUnavailable("npu backend: pypto is not installed")
+        self._pypto = importlib.import_module("pypto")
+        arch = str(self._pypto.platform.npuarch)
+        if "3510" not in arch:
+            raise BackendUnavailable(f"npu backend: the NPU reports {arch}; the FP8 kernel needs an "
+                                     "Ascend 950 (DAV_3510)")
+        self.device = torch.device(f"npu:{self.device_index}")
+
+    def _to(self, x):
+        return x.contiguous().to(self.device) if isinstance(x, torch.Tensor) else x
+
+    def _paged_attention(self, dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
+                         kv_act_seqs):
+        from kernels.pfa_fp8 import make_kernel
+
+        if "pfa" not in self._kernels:
+            self._kernels["pfa"] = make_kernel(run_mode=self._pypto.RunMode.NPU, pass_verify=False,
+                                               pass_options=self.pass_options)
+        cfg = PagedAttentionKernelConfig.from_dims(dims, **self.tiles)
+        out = torch.zeros(q.shape, dtype=torch.bfloat16, device=self.device)
+        tensors = [self._to(t) for t in (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
+                                         kv_act_seqs)]
+        self._kernels["pfa"](*tensors, out, cfg)
+        torch.npu.synchronize(self.device)
+        return out.cpu()
+
+    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
+        from kernels.at12 import At12KernelConfig, make_at12_kernel
+
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}[q.dtype]
+        cfg = At12KernelConfig(q_tile=q.shape[0], k_len=k.shape[0], head_dim=q.shape[1], dtype=dtype,
+                               scale=scale)
+        kernel = make_at12_kernel(cfg, run_mode=self._pypto.RunMode.NPU, pass_verify=False)
+        out = torch.zeros(q.shape[0], k.shape[0], dtype=torch.float32, device=self.device)
+        tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else [])
+        kernel(*[self._to(t) for t in tensors], out)
+        torch.npu.synchronize(self.device)
+        return out.cpu()

@@ -1,0 +1,45 @@
+"""Two one-operation kernels that run pypto's FP8 casts through the calculator (SIM + pass verify).
+
+tests/kernels/test_calculator_codec.py uses them to measure the calculator's E4M3 decode (FP8 ->
+FP32) and encode (FP32 -> FP8) on every code and every FP32 value class, so that
+golden.codec.PYPTO_CALCULATOR_CODEC is a measured model rather than a guess.
+Import only after kernels.pypto_workarounds.load_pypto().
+"""
+# No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
+import pypto
+
+__all__ = ["make_decode_probe", "make_encode_probe"]
+
+_OPTIONS = dict(
+    runtime_options={"run_mode": pypto.RunMode.SIM},
+    verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []},
+)
+
+
+def make_decode_probe(rows: int, cols: int):
+    """Kernel (codes: fp8 [rows, cols], out: fp32 [rows, cols]) computing out = float32(codes)."""
+
+    @pypto.frontend.jit(**_OPTIONS)
+    def decode_probe(
+        codes: pypto.Tensor((rows, cols), pypto.DT_FP8E4M3),
+        out: pypto.Tensor((rows, cols), pypto.DT_FP32),
+    ):
+        pypto.set_vec_tile_shapes(rows, cols)
+        out[:] = pypto.cast(codes, pypto.DT_FP32)
+
+    return decode_probe
+
+
+def make_encode_probe(rows: int, cols: int):
+    """Kernel (x: fp32 [rows, cols], out: fp8 [rows, cols]) computing out = e4m3(x), the cast the
+    paged-attention kernel uses to quantize P."""
+
+    @pypto.frontend.jit(**_OPTIONS)
+    def encode_probe(
+        x: pypto.Tensor((rows, cols), pypto.DT_FP32),
+        out: pypto.Tensor((rows, cols), pypto.DT_FP8E4M3),
+    ):
+        pypto.set_vec_tile_shapes(rows, cols)
+        out[:] = pypto.cast(x, pypto.DT_FP8E4M3)
+
+    return encode_probe
