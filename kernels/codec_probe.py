@@ -24,7 +24,7 @@ def make_decode_probe(rows: int, cols: int):
         codes: pypto.Tensor((rows, cols), pypto.DT_FP8E4M3),
         out: pypto.Tensor((rows, cols), pypto.DT_FP32),
     ):
-        pypto.set_vec_tile_shapes(rows, cols)
+        pypto.set_vec_tile_shapes(min(rows, 16), cols)
         out[:] = pypto.cast(codes, pypto.DT_FP32)
 
     return decode_probe
@@ -39,7 +39,7 @@ def make_encode_probe(rows: int, cols: int):
         x: pypto.Tensor((rows, cols), pypto.DT_FP32),
         out: pypto.Tensor((rows, cols), pypto.DT_FP8E4M3),
     ):
-        pypto.set_vec_tile_shapes(rows, cols)
+        pypto.set_vec_tile_shapes(min(rows, 16), cols)
         out[:] = pypto.cast(x, pypto.DT_FP8E4M3)
 
     return encode_probe

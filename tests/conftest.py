@@ -25,3 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "npu: needs an Ascend 950 and torch_npu")
     config.addinivalue_line("markers", "sim: needs pypto 0.2.0 (SIM mode on the CPU)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest):
+    """The backend named by --backend (kernels.get_backend); a BackendUnavailable becomes a skip
+    whose reason says what is missing (no torch_npu, no 950, pypto not installed...)."""
+    import kernels
+
+    name = request.config.getoption("--backend")
+    device = request.config.getoption("--device")
+    try:
+        return kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+    except kernels.BackendUnavailable as exc:
+        pytest.skip(f"backend {name!r} unavailable: {exc.reason}")

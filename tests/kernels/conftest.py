@@ -1,0 +1,42 @@
+"""Fixtures of the kernel tests: a shared SIM backend and the calculator's codec probes.
+
+Everything that needs pypto goes through `sim_backend` / `pypto_module`, which skip (with the reason)
+when pypto 0.2.0, cmake or a compiler is missing. kernels.pypto_workarounds must import pypto before
+anything else does, so no test module here imports pypto at module level.
+"""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def pypto_module():
+    """pypto imported from the 950PR overlay, with every workaround applied (or a skip)."""
+    from kernels import pypto_workarounds as pw
+
+    try:
+        return pw.load_pypto()
+    except pw.PyptoUnavailable as exc:
+        pytest.skip(f"pypto unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def sim_backend(pypto_module):
+    """The sim backend at level 'execute', shared by the session (one calculator load)."""
+    import kernels
+
+    try:
+        return kernels.get_backend("sim")
+    except kernels.BackendUnavailable as exc:
+        pytest.skip(exc.reason)
+
+
+@pytest.fixture(scope="session")
+def sim_compiler(pypto_module):
+    """The sim backend at level 'compile'."""
+    import kernels
+
+    try:
+        return kernels.get_backend("sim", level="compile")
+    except kernels.BackendUnavailable as exc:
+        pytest.skip(exc.reason)

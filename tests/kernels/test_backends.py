@@ -1,0 +1,247 @@
+"""The backend interface without a device: get_backend, argument checks, device choice, skip reasons.
+
+Nothing here needs pypto or an NPU. Argument checks run through a recording backend whose kernel
+part only records that it was reached, so each bad call must be stopped by golden.validate first.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import golden
+import kernels
+from kernels.backends import Backend, BackendUnavailable, resolve_device_index
+
+
+class RecordingBackend(Backend):
+    """Validates like every backend, then records the call instead of running a kernel."""
+
+    name = "recording"
+
+    def __init__(self, **options) -> None:
+        self.codec = golden.SPEC_CODEC
+        self.options = options
+        self.calls = []
+
+    def _paged_attention(self, dims, *tensors):
+        self.calls.append(("paged_attention_fp8", dims))
+        return torch.zeros(tensors[0].shape, dtype=torch.bfloat16)
+
+    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
+        self.calls.append(("qk_matmul_scale", scale))
+        return torch.zeros(q.shape[0], k.shape[0])
+
+
+def make_recording_backend(**options):
+    return RecordingBackend(**options)
+
+
+def e(func_name: str, **kwargs) -> str:
+    """A test id that reads as the call: paged_attention_fp8(s2_tile=200)."""
+    return f"{func_name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
+
+@pytest.fixture(scope="module")
+def small_bundle():
+    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=256, nq=4, nkv=2, kv_act_seqs=(256, 100))
+    return golden.make_inputs(config, seed=0)
+
+
+def _replace(kw: dict, **changes) -> dict:
+    out = dict(kw)
+    for key, fn in changes.items():
+        out[key] = fn(out[key]) if callable(fn) else fn
+    return out
+
+
+BAD_PAGED_ATTENTION_CALLS = [
+    (dict(s2_tile=200), ValueError),
+    (dict(s2_tile=0), ValueError),
+    (dict(g_tile=3), ValueError),
+    (dict(q=lambda t: t.float()), TypeError),
+    (dict(k_cache=lambda t: t.float()), TypeError),
+    (dict(v_cache=lambda t: t[:, :, :, :64].contiguous()), ValueError),
+    (dict(block_table=lambda t: t.long()), TypeError),
+    (dict(kv_act_seqs=lambda t: t.long()), TypeError),
+    (dict(kv_act_seqs=lambda t: t - 1000), ValueError),
+    (dict(kv_act_seqs=lambda t: t + 1000), ValueError),
+    (dict(q_scale=lambda t: t[:, :, :0]), ValueError),
+    (dict(v_scale=lambda t: t[:1]), ValueError),
+    (dict(block_table=lambda t: t[:1]), ValueError),
+]
+
+
+def _id(case) -> str:
+    changes, _ = case
+    return e("paged_attention_fp8", **{k: ("<changed>" if callable(v) else v) for k, v in changes.items()}) \
+        .replace("'<changed>'", "...")
+
+
+@pytest.mark.parametrize("changes,error", BAD_PAGED_ATTENTION_CALLS, ids=[_id(c) for c in BAD_PAGED_ATTENTION_CALLS])
+def test_paged_attention_rejects_bad_arguments_before_the_kernel(small_bundle, changes, error):
+    backend = RecordingBackend()
+    kw = _replace(small_bundle.kwargs(), **changes)
+    with pytest.raises(error) as info:
+        backend.paged_attention_fp8(**kw)
+    assert backend.calls == [], "the kernel was reached with arguments the golden rejects"
+    assert str(info.value), "the error must say what is wrong"
+    # Same inputs, same verdict from the golden itself: one validation, not a copy.
+    with pytest.raises(error):
+        golden.paged_attention_fp8(**kw)
+
+
+def test_paged_attention_passes_validated_dims(small_bundle):
+    backend = RecordingBackend()
+    backend.paged_attention_fp8(**small_bundle.kwargs())
+    (name, dims), = backend.calls
+    assert name == "paged_attention_fp8"
+    assert (dims.batch, dims.s1, dims.nq, dims.nkv, dims.s2_tile, dims.g_tile) == (2, 1, 4, 2, 128, 2)
+
+
+BAD_QK_CALLS = [
+    (dict(q=torch.zeros(4, 64, dtype=torch.bfloat16), k=torch.zeros(8, 32, dtype=torch.bfloat16)), ValueError),
+    (dict(q=torch.zeros(4, 64, dtype=torch.bfloat16), k=torch.zeros(8, 64, dtype=torch.float16)), TypeError),
+    (dict(q=torch.zeros(4, 64, dtype=torch.float8_e4m3fn), k=torch.zeros(8, 64, dtype=torch.float8_e4m3fn)), ValueError),
+    (dict(q=torch.zeros(4, 64, dtype=torch.bfloat16), k=torch.zeros(8, 64, dtype=torch.bfloat16),
+          q_scale=torch.ones(4, 1), k_scale=torch.ones(8, 1)), ValueError),
+    (dict(q=torch.zeros(4, 64, dtype=torch.bfloat16), k=torch.zeros(8, 64, dtype=torch.bfloat16), scale=float("inf")), ValueError),
+]
+
+
+def _qk_id(case) -> str:
+    kw, _ = case
+    return e("qk_matmul_scale", **{k: (f"{v.dtype}{list(v.shape)}".replace("torch.", "") if isinstance(v, torch.Tensor) else v)
+                                   for k, v in kw.items()}).replace("'", "")
+
+
+@pytest.mark.parametrize("kw,error", BAD_QK_CALLS, ids=[_qk_id(c) for c in BAD_QK_CALLS])
+def test_qk_matmul_scale_rejects_bad_arguments_before_the_kernel(kw, error):
+    backend = RecordingBackend()
+    with pytest.raises(error):
+        backend.qk_matmul_scale(**kw)
+    assert backend.calls == []
+
+
+def test_qk_matmul_scale_default_scale_is_inverse_sqrt_head_dim():
+    backend = RecordingBackend()
+    backend.qk_matmul_scale(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16))
+    assert backend.calls == [("qk_matmul_scale", 64 ** -0.5)]
+
+
+def test_codec_argument_must_be_the_backends_own(small_bundle):
+    backend = RecordingBackend()
+    backend.paged_attention_fp8(**small_bundle.kwargs(), codec=golden.SPEC_CODEC)
+    with pytest.raises(ValueError, match="codec="):
+        backend.paged_attention_fp8(**small_bundle.kwargs(), codec=golden.PYPTO_CALCULATOR_CODEC)
+
+
+# --- get_backend --------------------------------------------------------------------------------
+
+def test_golden_backend_is_the_golden_with_the_spec_codec(small_bundle):
+    backend = kernels.get_backend("golden")
+    assert backend.name == "golden" and backend.codec is golden.SPEC_CODEC
+    before = small_bundle.clone()
+    out = backend.paged_attention_fp8(**small_bundle.kwargs())
+    assert torch.equal(out.float(), golden.paged_attention_fp8(**before.kwargs()).float())
+
+
+def test_import_path_backend():
+    backend = kernels.get_backend("tests.kernels.test_backends:make_recording_backend", flag=1)
+    # The module may be imported twice (as a test file and by import path): compare by name.
+    assert type(backend).__name__ == "RecordingBackend" and backend.options == {"flag": 1}
+
+
+@pytest.mark.parametrize("name", ["", "gpu", "tests.kernels.test_backends:nothing_here",
+                                  "no_such_module_xyz:factory"],
+                         ids=lambda n: e("get_backend", name=n))
+def test_get_backend_rejects_unknown_names(name):
+    with pytest.raises(ValueError, match="name="):
+        kernels.get_backend(name)
+
+
+def test_get_backend_rejects_a_factory_that_returns_no_backend():
+    with pytest.raises(TypeError, match="lacks"):
+        kernels.get_backend("builtins:object")
+
+
+@pytest.mark.parametrize("name", ["golden", "sim"], ids=lambda n: e("get_backend", name=n, device=1))
+def test_device_applies_to_npu_only(name):
+    with pytest.raises(ValueError, match="device=1"):
+        kernels.get_backend(name, device=1)
+
+
+# --- device choice ------------------------------------------------------------------------------
+
+DEVICE_CASES = [
+    (3, {}, (3, "device argument")),
+    ("npu:2", {"TILE_FWK_DEVICE_ID": "5"}, (2, "device argument")),
+    (None, {"TILE_FWK_DEVICE_ID": "5", "PYTEST_XDIST_WORKER": "gw1"}, (5, "TILE_FWK_DEVICE_ID")),
+    (None, {"PYTEST_XDIST_WORKER": "gw7"}, (7, "PYTEST_XDIST_WORKER")),
+    (None, {"PYTEST_XDIST_WORKER": "master"}, (0, "default")),
+    (None, {"TILE_FWK_DEVICE_ID": " "}, (0, "default")),
+    (None, {}, (0, "default")),
+]
+
+
+@pytest.mark.parametrize("device,environ,expected", DEVICE_CASES,
+                         ids=[f"device={d!r}, env={env}" for d, env, _ in DEVICE_CASES])
+def test_device_choice(device, environ, expected):
+    assert resolve_device_index(device, environ) == expected
+
+
+@pytest.mark.parametrize("device,environ", [(-1, {}), ("npu:x", {}), (True, {}), (None, {"TILE_FWK_DEVICE_ID": "one"})],
+                         ids=["device=-1", "device='npu:x'", "device=True", "TILE_FWK_DEVICE_ID='one'"])
+def test_bad_device_is_a_value_error_naming_its_source(device, environ):
+    with pytest.raises(ValueError, match="device|TILE_FWK_DEVICE_ID"):
+        resolve_device_index(device, environ)
+
+
+# --- skip reasons -------------------------------------------------------------------------------
+
+def test_npu_unavailable_says_what_is_missing():
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here; this checks the reason given without it")
+    with pytest.raises(BackendUnavailable) as info:
+        kernels.get_backend("npu", device=0)
+    assert "torch_npu is not installed" in info.value.reason
+
+
+def test_auto_lists_every_reason_when_nothing_runs(monkeypatch):
+    from kernels import backends
+
+    def no_sim(**options):
+        raise BackendUnavailable("pypto is not installed")
+
+    monkeypatch.setitem(backends.BUILTIN_BACKENDS, "sim", no_sim)
+    monkeypatch.setattr(backends, "_sim", no_sim)
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    with pytest.raises(BackendUnavailable) as info:
+        kernels.get_backend("auto")
+    assert "npu: " in info.value.reason and "sim: pypto is not installed" in info.value.reason
+
+
+def test_backend_fixture_turns_unavailable_into_a_skip(tmp_path):
+    """tests/conftest.py's `backend` fixture: --backend npu on a machine without one is a skip with
+    the reason, never a pass or an error."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
+    (tmp_path / "test_it.py").write_text("def test_it(backend):\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "--backend", "npu", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    if "torch_npu is not installed" not in proc.stdout and proc.returncode == 0:
+        pytest.skip("an NPU backend is available here")
+    assert "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+    assert "backend 'npu' unavailable" in proc.stdout
