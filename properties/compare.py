@@ -1,0 +1,269 @@
+"""The one comparison core: what "close" means for pfa-verify (SPEC §4), and the failure text.
+
+Every comparison in the project goes through :func:`compare` (structured result) or its front door
+:func:`assert_close` (raises). Checks run in order and stop at the first kind of finding:
+
+1. attributes: shape, then dtype, then contiguity (a contiguous expected needs a contiguous actual,
+   SPEC §1: all tensors are contiguous ND);
+2. non-finite placement: NaN or inf in ``actual`` where ``expected`` is finite (garbage that leaked),
+   or a finite value where ``expected`` is NaN / inf, is its own finding, counted per kind;
+3. values, on float32 views (float64 for integer dtypes, so int32 ids compare exactly):
+   ``|actual - expected| <= atol + rtol * |expected|`` elementwise.
+
+Tolerances come from one table keyed by *what* is compared, not by dtype:
+
+=============  ==========  ========  ===========================================================
+kind           rtol        atol      used for
+=============  ==========  ========  ===========================================================
+attention      1/128       1e-4      kernel output vs golden (SPEC §4; 1/128 is one bf16 ulp)
+at12           1/128       1e-4      AT-12 QK^T scores vs golden (SPEC §6, same rule as §4)
+exact          0           0         codec / layout round trips, inputs unchanged by a call
+=============  ==========  ========  ===========================================================
+
+Overrides are both-or-neither: giving only ``rtol`` would silently keep the table's ``atol`` for a
+comparison whose author believed they had set the whole rule. ``atol`` may be a tensor broadcastable
+to the compared shape, for laws whose bound is derived per element (tile invariance, AT-12 FP8 vs BF16).
+Equality is this same path with both tolerances zero; there is no second implementation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["TOLERANCES", "Tolerance", "NonFinite", "Comparison", "get_tolerance", "compare",
+           "make_mismatch_message", "assert_close"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+    cite: str  # the clause the numbers come from, shown in the header
+
+    @property
+    def exact(self) -> bool:
+        return self.rtol == 0 and self.atol == 0
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "attention": Tolerance(1 / 128, 1e-4, "SPEC §4"),
+    "at12": Tolerance(1 / 128, 1e-4, "SPEC §6"),
+    "exact": Tolerance(0.0, 0.0, "exact"),
+}
+
+
+def get_tolerance(kind: str = "attention", rtol: float | None = None,
+                  atol: float | torch.Tensor | None = None) -> tuple[float, float | torch.Tensor]:
+    """Return ``(rtol, atol)`` for ``kind``, or the override when both are given."""
+    if kind not in TOLERANCES:
+        raise ValueError(f"kind={kind!r} is not a known comparison; expected one of {sorted(TOLERANCES)}")
+    if (rtol is None) != (atol is None):
+        # Half an override is almost always a mistake: the other half would silently come from
+        # the table, and the author would believe they had set the whole rule.
+        raise ValueError(f"rtol and atol must both be given or both omitted; got rtol={rtol!r}, "
+                         f"atol={'<tensor>' if isinstance(atol, torch.Tensor) else atol!r}")
+    if rtol is None:
+        t = TOLERANCES[kind]
+        return t.rtol, t.atol
+    if not rtol >= 0:
+        raise ValueError(f"rtol={rtol!r} must be >= 0")
+    if isinstance(atol, torch.Tensor):
+        if bool((atol < 0).any()) or bool(torch.isnan(atol).any()):
+            raise ValueError("atol tensor must be >= 0 everywhere")
+    elif not atol >= 0:
+        raise ValueError(f"atol={atol!r} must be >= 0")
+    return float(rtol), atol
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """Elements whose finiteness differs from the expected tensor's."""
+    what: str            # e.g. "NaN where expected is finite"
+    count: int
+    first_index: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The structured outcome of one comparison; :func:`make_mismatch_message` renders it."""
+    passed: bool
+    kind: str
+    rtol: float
+    atol: float | None          # None when atol was given per element
+    total: int = 0
+    mismatched: int = 0
+    max_abs_err: float = 0.0
+    max_abs_index: tuple[int, ...] | None = None
+    max_abs_allowed: float = 0.0
+    max_rel_err: float = 0.0
+    max_rel_index: tuple[int, ...] | None = None
+    max_rel_allowed: float = 0.0
+    nonfinite: tuple[NonFinite, ...] = ()
+    attribute: str | None = None   # "shape: (2, 3) vs expected (2, 4)" when attributes differ
+    index_names: tuple[str, ...] | None = None
+    s1: int | None = None
+    mismatch_mask: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def format_index(self, index: tuple[int, ...] | None) -> str:
+        """Render an index, as (b, i, h, d) for attention outputs when ``s1`` was given."""
+        if index is None:
+            return "-"
+        if self.s1 is not None and len(index) == 3:
+            row, h, d = index
+            return f"(b={row // self.s1}, i={row % self.s1}, h={h}, d={d})"
+        if self.index_names and len(self.index_names) == len(index):
+            return "(" + ", ".join(f"{n}={v}" for n, v in zip(self.index_names, index)) + ")"
+        return str(tuple(index))
+
+
+def _view(t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point():
+        return t.detach().to(torch.float32)
+    return t.detach().to(torch.float64)
+
+
+def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    out = []
+    for side in reversed(shape):
+        out.append(flat % side if side else 0)
+        flat = flat // side if side else 0
+    return tuple(reversed(out))
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
+            rtol: float | None = None, atol: float | torch.Tensor | None = None,
+            s1: int | None = None, index_names: Sequence[str] | None = None) -> Comparison:
+    """Compare ``actual`` with ``expected`` and return a :class:`Comparison` (never raises on mismatch).
+
+    Equivalent to ``(actual.float() - expected.float()).abs() <= atol + rtol * expected.float().abs()``
+    on finite elements, with shape, dtype, contiguity and non-finite placement checked first.
+    ``s1`` renders indices of an attention output ``[B*S1, NQ, D]`` as ``(b, i, h, d)``.
+    """
+    rtol, atol = get_tolerance(kind, rtol, atol)
+    if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        raise TypeError(f"compare takes tensors; got {type(actual).__name__} and {type(expected).__name__}")
+    atol_scalar = None if isinstance(atol, torch.Tensor) else atol
+    base = dict(kind=kind, rtol=rtol, atol=atol_scalar, s1=s1,
+                index_names=tuple(index_names) if index_names else None)
+    if tuple(actual.shape) != tuple(expected.shape):
+        return Comparison(False, attribute=f"shape: {tuple(actual.shape)} vs expected {tuple(expected.shape)}", **base)
+    if actual.dtype != expected.dtype:
+        return Comparison(False, attribute=f"dtype: {actual.dtype} vs expected {expected.dtype}", **base)
+    if expected.is_contiguous() and not actual.is_contiguous():
+        return Comparison(False, attribute=f"contiguity: strides {actual.stride()} vs expected "
+                                           f"{expected.stride()} (contiguous)", **base)
+    a, e = _view(actual), _view(expected)
+    total = a.numel()
+    a_fin, e_fin = torch.isfinite(a), torch.isfinite(e)
+    findings: list[NonFinite] = []
+    bad_nonfinite = torch.zeros_like(a_fin)
+    checks = [
+        ("NaN where expected is finite", e_fin & torch.isnan(a)),
+        ("inf where expected is finite", e_fin & torch.isinf(a)),
+        ("finite where expected is NaN", torch.isnan(e) & a_fin),
+        ("inf where expected is NaN", torch.isnan(e) & torch.isinf(a)),
+        ("not the expected inf", torch.isinf(e) & (a != e)),
+    ]
+    for what, mask in checks:
+        n = int(mask.sum())
+        if n:
+            first = _unravel(int(mask.reshape(-1).nonzero()[0]), a.shape)
+            findings.append(NonFinite(what, n, first))
+            bad_nonfinite |= mask
+    both = a_fin & e_fin
+    diff = torch.where(both, (a - e).abs(), torch.zeros((), dtype=a.dtype))
+    allowed = atol + rtol * e.abs()
+    if isinstance(allowed, torch.Tensor):
+        allowed = torch.broadcast_to(allowed.to(a.dtype), a.shape)
+    bad_value = both & (diff > allowed)
+    bad = bad_value | bad_nonfinite
+    mismatched = int(bad.sum())
+    result = dict(total=total, mismatched=mismatched, nonfinite=tuple(findings), mismatch_mask=bad)
+    if int(bad_value.sum()):
+        masked_abs = torch.where(bad_value, diff, torch.full((), -1.0, dtype=a.dtype))
+        i_abs = int(masked_abs.reshape(-1).argmax())
+        with torch.no_grad():
+            rel = torch.where(bad_value, diff / e.abs(), torch.full((), -1.0, dtype=a.dtype))
+        rel = torch.nan_to_num(rel, nan=-1.0, posinf=math.inf)
+        i_rel = int(rel.reshape(-1).argmax())
+        result.update(
+            max_abs_err=float(diff.reshape(-1)[i_abs]), max_abs_index=_unravel(i_abs, a.shape),
+            max_abs_allowed=float(allowed.reshape(-1)[i_abs]) if isinstance(allowed, torch.Tensor) else float(allowed),
+            max_rel_err=float(rel.reshape(-1)[i_rel]), max_rel_index=_unravel(i_rel, a.shape),
+            max_rel_allowed=rtol)
+    return Comparison(passed=mismatched == 0, **result, **base)
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{100.0 * n / total:.1f}%" if total else "-"
+
+
+def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], str],
+                          tags: dict[str, object] | None = None, context: Sequence[str] = ()) -> str:
+    """Render a failed :class:`Comparison` as the suite's failure text.
+
+    ``identifier`` names what was compared ("Kernel output vs golden"); ``tags`` go in brackets on
+    the header (case, backend); ``context`` lines (attribution, replay command) come last, in order.
+    """
+    name = identifier() if callable(identifier) else identifier
+    tol = TOLERANCES[result.kind]
+    exact = result.rtol == 0 and result.atol == 0
+    header = f"{name} {'not equal' if exact else 'not close'}"
+    if not exact:
+        header += f" ({tol.cite})" if result.rtol == tol.rtol and result.atol == tol.atol else \
+            f" (rtol={result.rtol:.3g}, atol={'per element' if result.atol is None else format(result.atol, '.3g')})"
+    if tags:
+        header += " [" + ", ".join(f"{k} {v}" for k, v in tags.items()) + "]"
+    lines = [header]
+    if result.attribute is not None:
+        lines.append(f"Attributes differ: {result.attribute}")
+    else:
+        lines.append(f"Mismatched elements: {result.mismatched} / {result.total} "
+                     f"({_pct(result.mismatched, result.total)})")
+        for f in result.nonfinite:
+            lines.append(f"Non-finite: {f.count} {f.what}, first at {result.format_index(f.first_index)}")
+        if result.max_abs_index is not None:
+            lines.append(f"Greatest absolute difference: {result.max_abs_err:.1e} at "
+                         f"{result.format_index(result.max_abs_index)} "
+                         f"({result.max_abs_allowed:.1e} allowed there)")
+            lines.append(f"Greatest relative difference: {result.max_rel_err:.1e} at "
+                         f"{result.format_index(result.max_rel_index)} "
+                         f"({result.max_rel_allowed:.1e} allowed)")
+    lines.extend(context)
+    return "\n".join(lines)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
+                 rtol: float | None = None, atol: float | torch.Tensor | None = None,
+                 identifier: str | Callable[[], str] = "Tensors", tags: dict[str, object] | None = None,
+                 context: Sequence[str] | Callable[[Comparison], Sequence[str]] = (),
+                 s1: int | None = None) -> Comparison:
+    """Raise AssertionError with the suite's message unless ``actual`` is close to ``expected``.
+
+    The plain assert it stands for::
+
+        assert ((actual.float() - expected.float()).abs()
+                <= atol + rtol * expected.float().abs()).all()
+
+    plus the attribute and non-finite checks of :func:`compare`. ``context`` may be a callable
+    taking the failed :class:`Comparison`, so attribution is only computed on failure. Returns the
+    passing :class:`Comparison` (its maxima are zero).
+
+    >>> assert_close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]), kind="exact", identifier="x")
+    Traceback (most recent call last):
+    ...
+    AssertionError: x not equal
+    Mismatched elements: 1 / 2 (50.0%)
+    Greatest absolute difference: 5.0e-01 at (1,) (0.0e+00 allowed there)
+    Greatest relative difference: 2.0e-01 at (1,) (0.0e+00 allowed)
+    """
+    __tracebackhide__ = True
+    result = compare(actual, expected, kind=kind, rtol=rtol, atol=atol, s1=s1)
+    if not result.passed:
+        lines = context(result) if callable(context) else context
+        raise AssertionError(make_mismatch_message(result, identifier=identifier, tags=tags,
+                                                   context=lines)) from None
+    return result
