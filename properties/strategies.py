@@ -1,0 +1,291 @@
+"""Hypothesis strategies for FP8 paged attention (SPEC §1-§3) and AT-12 (SPEC §6).
+
+They compose bottom-up, each taking values or strategies for what it builds on:
+
+    dims()  ->  kv_act_seqs(batch, ...)  ->  block_tables(lengths, ...)  ->  configs()  ->  cases()
+                                                                     kernel_configs() = configs() narrowed
+
+Every public function validates its arguments when called (not on every draw) and raises a
+ValueError naming the argument, the value and what was expected. Multi-value draws are frozen
+dataclasses with readable reprs. One size knob bounds every example so one stays cheap on a CPU:
+``PFA_VERIFY_MAX_LEN`` (default 640 tokens), the largest ``kv_act_seqs`` entry drawn.
+
+Shrinking: lengths shrink towards 0 and then towards the special values below, dimensions towards
+their smallest allowed value, the distribution towards ``uniform``, garbage towards none, seeds to 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from hypothesis import strategies as st
+
+__all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "KERNEL_HEAD_DIMS", "KERNEL_BLOCK_SIZES", "Dims",
+           "BlockTable", "dims", "kv_act_seqs", "special_lengths", "block_tables", "configs",
+           "kernel_configs", "kernel_supports", "cases", "seeds", "quant_rows", "At12Case", "at12_cases"]
+
+MAX_LEN = int(os.environ.get("PFA_VERIFY_MAX_LEN", "640"))
+# Value distributions asked of golden.make_inputs (uniform first: it is the shrink target).
+DISTRIBUTIONS = ("uniform", "normal", "outliers", "constant_rows", "tiny", "wide")
+GARBAGE = (None, "nan", "huge")
+# What the PyPTO kernel is built for (SPEC §5: D = 128, BS = 128 upstream).
+KERNEL_HEAD_DIMS = (128,)
+KERNEL_BLOCK_SIZES = (128,)
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _strategy(value, name: str, *, kind=int, minimum=None) -> st.SearchStrategy:
+    """A value or a strategy, resolved once: concrete values are validated and wrapped in just()."""
+    if isinstance(value, st.SearchStrategy):
+        return value
+    _check(isinstance(value, kind) and not isinstance(value, bool),
+           f"{name}={value!r} must be a {kind.__name__} or a strategy")
+    if minimum is not None:
+        _check(value >= minimum, f"{name}={value!r} must be >= {minimum}")
+    return st.just(value)
+
+
+def _choices(value, name: str, allowed=None) -> st.SearchStrategy:
+    """A strategy, or a non-empty sequence to sample from (in order: the first is the shrink target)."""
+    if isinstance(value, st.SearchStrategy):
+        return value
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    _check(len(values) > 0, f"{name}={value!r} must not be empty")
+    if allowed is not None:
+        bad = [v for v in values if v not in allowed]
+        _check(not bad, f"{name}={value!r}: {bad} not in {allowed}")
+    return st.sampled_from(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """Static shape and tile choices of one call (SPEC §1)."""
+    batch: int
+    s1: int
+    nq: int
+    nkv: int
+    head_dim: int
+    block_size: int
+    s2_tile: int
+    g_tile: int | None  # None: the whole group, as upstream
+
+    @property
+    def group(self) -> int:
+        return self.nq // self.nkv
+
+
+def dims(*, batch=st.integers(1, 4), s1=st.integers(1, 3), nkv=st.integers(1, 2),
+         group=st.sampled_from((1, 2, 4, 3)), head_dim=(16, 32, 64, 128),
+         block_size=(16, 32, 64, 128), s2_tile_blocks=st.integers(1, 4),
+         split_group: bool = True) -> st.SearchStrategy[Dims]:
+    """Shapes and tiles: ``nq = nkv * group``, ``s2_tile = block_size * s2_tile_blocks``,
+    ``g_tile`` None (whole group) or, when ``split_group``, a proper divisor of the group.
+
+    ``head_dim`` and ``block_size`` are a strategy or a sequence of choices (first = shrink target);
+    the others are an int or a strategy. Defaults keep one example to a few thousand tokens at most.
+    """
+    b, s, n, g = (_strategy(v, k, minimum=1) for k, v in
+                  (("batch", batch), ("s1", s1), ("nkv", nkv), ("group", group)))
+    d = _choices(head_dim, "head_dim")
+    bs = _choices(block_size, "block_size")
+    tb = _strategy(s2_tile_blocks, "s2_tile_blocks", minimum=1)
+
+    def build(t):
+        batch_, s1_, nkv_, group_, d_, bs_, tb_ = t
+        divisors = [x for x in range(1, group_) if group_ % x == 0]
+        g_tiles = st.sampled_from([None] + divisors) if split_group else st.just(None)
+        return g_tiles.map(lambda gt: Dims(batch_, s1_, nkv_ * group_, nkv_, d_, bs_, bs_ * tb_, gt))
+
+    return st.tuples(b, s, n, g, d, bs, tb).flatmap(build)
+
+
+def special_lengths(*, block_size: int, s2_tile: int, capacity: int) -> tuple[int, ...]:
+    """The lengths paged kernels get wrong: 0, 1, block and tile boundaries +-1, the row capacity."""
+    points = {0, 1, block_size - 1, block_size, block_size + 1, s2_tile - 1, s2_tile, s2_tile + 1,
+              2 * s2_tile, 2 * s2_tile + 1, capacity - 1, capacity}
+    return tuple(sorted(p for p in points if 0 <= p <= capacity))
+
+
+def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = None) -> st.SearchStrategy:
+    """Ragged per-batch lengths ``0 <= kv_act_seqs[b] <= capacity`` (a tuple of ``batch`` ints).
+
+    Each length is either one of :func:`special_lengths` or uniform in [0, capacity]; capacity
+    defaults to ``MAX_LEN`` rounded down to whole blocks (the row capacity of the table).
+    """
+    _check(isinstance(block_size, int) and block_size >= 1, f"block_size={block_size!r} must be an int >= 1")
+    _check(isinstance(s2_tile, int) and s2_tile % block_size == 0 and s2_tile > 0,
+           f"s2_tile={s2_tile!r} must be a positive multiple of block_size={block_size}")
+    if capacity is None:
+        capacity = max(block_size, MAX_LEN // block_size * block_size)
+    _check(isinstance(capacity, int) and capacity >= 0, f"capacity={capacity!r} must be an int >= 0")
+    one = st.one_of(st.integers(0, capacity),
+                    st.sampled_from(special_lengths(block_size=block_size, s2_tile=s2_tile, capacity=capacity)))
+    return _strategy(batch, "batch", minimum=1).flatmap(
+        lambda n: st.lists(one, min_size=n, max_size=n).map(tuple))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockTable:
+    """A paged layout: ``table[b][j]`` is the physical block of logical block j, -1 when unused."""
+    kv_act_seqs: tuple[int, ...]
+    block_size: int
+    num_blocks: int
+    table: tuple[tuple[int, ...], ...]
+
+    @property
+    def max_blocks(self) -> int:
+        return len(self.table[0]) if self.table else 0
+
+    def tensor(self):
+        import torch
+        return torch.tensor(self.table, dtype=torch.int32).reshape(len(self.table), self.max_blocks)
+
+
+def blocks_needed(lengths, block_size: int) -> list[int]:
+    return [math.ceil(n / block_size) for n in lengths]
+
+
+def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
+                 spare_blocks=st.integers(0, 3)) -> st.SearchStrategy[BlockTable]:
+    """Shuffled block tables for ``lengths``: unique physical blocks for every valid logical block,
+    -1 in the ``extra_columns`` past the widest row and after each row's valid blocks, and
+    ``spare_blocks`` physical blocks that no row owns. Shrinks towards the identity layout."""
+    lens = _strategy(lengths, "lengths", kind=tuple) if not isinstance(lengths, st.SearchStrategy) else lengths
+    _check(isinstance(block_size, int) and block_size >= 1, f"block_size={block_size!r} must be an int >= 1")
+    extra = _strategy(extra_columns, "extra_columns", minimum=0)
+    spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
+
+    def build(t):
+        lens_, extra_, spare_ = t
+        need = blocks_needed(lens_, block_size)
+        width = max(need + [1]) + extra_
+        nb = max(1, sum(need) + spare_)
+
+        def lay(perm):
+            rows, k = [], 0
+            for n in need:
+                rows.append(tuple(perm[k:k + n]) + (-1,) * (width - n))
+                k += n
+            return BlockTable(tuple(lens_), block_size, nb, tuple(rows))
+        return st.permutations(range(nb)).map(lay)
+
+    return st.tuples(lens, extra, spare).flatmap(build)
+
+
+def seeds() -> st.SearchStrategy[int]:
+    return st.integers(0, 2**31 - 1)
+
+
+def _known_distributions() -> tuple | None:
+    try:
+        from golden.inputs import DISTRIBUTIONS as known
+    except ImportError:
+        return None
+    return tuple(known)
+
+
+def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_columns=st.integers(0, 2),
+            spare_blocks=st.integers(0, 3), capacity: int | None = None) -> st.SearchStrategy:
+    """``golden.PagedAttentionConfig`` drawn from :func:`dims`, :func:`kv_act_seqs` and the table
+    shape of :func:`block_tables` (``max_blocks`` = widest row + extra columns, ``num_blocks`` = blocks
+    needed + spare blocks), a value ``distribution`` and a ``garbage`` fill for every unread cell.
+
+    ``distribution`` values must be listed in ``golden.inputs.DISTRIBUTIONS``.
+    """
+    import golden
+    dims_s = globals()["dims"]() if dims is None else dims
+    dist = _choices(distribution, "distribution", allowed=_known_distributions())
+    garb = _choices(garbage, "garbage", allowed=GARBAGE) if not isinstance(garbage, st.SearchStrategy) else garbage
+    extra = _strategy(extra_columns, "extra_columns", minimum=0)
+    spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
+
+    def build(dm: Dims):
+        def make(t):
+            lens, extra_, spare_, dist_, garb_ = t
+            need = blocks_needed(lens, dm.block_size)
+            return golden.PagedAttentionConfig(
+                batch=dm.batch, s1=dm.s1, s2=max(lens + (1,)), nq=dm.nq, nkv=dm.nkv,
+                head_dim=dm.head_dim, block_size=dm.block_size, s2_tile=dm.s2_tile, g_tile=dm.g_tile,
+                kv_act_seqs=lens, max_blocks=max(need + [1]) + extra_, num_blocks=max(1, sum(need) + spare_),
+                distribution=dist_, garbage=garb_)
+        lens_s = kv_act_seqs(dm.batch, block_size=dm.block_size, s2_tile=dm.s2_tile, capacity=capacity)
+        return st.tuples(lens_s, extra, spare, dist, garb).map(make)
+
+    return dims_s.flatmap(build)
+
+
+def kernel_supports(config) -> bool:
+    """Whether the PyPTO kernel is built for this config (head_dim and block_size, SPEC §5)."""
+    return config.head_dim in KERNEL_HEAD_DIMS and config.block_size in KERNEL_BLOCK_SIZES
+
+
+def kernel_configs(**kwargs) -> st.SearchStrategy:
+    """:func:`configs` narrowed to what the kernel supports: the same strategy, with its head_dim and
+    block_size choices restricted (so nothing is rejected) and :func:`kernel_supports` as a guard."""
+    d = kwargs.pop("dims", None) or dims(head_dim=KERNEL_HEAD_DIMS, block_size=KERNEL_BLOCK_SIZES,
+                                         s2_tile_blocks=st.integers(1, 2))
+    return configs(dims=d, **kwargs).filter(kernel_supports)
+
+
+def cases(config_strategy=None, *, seed=None) -> st.SearchStrategy:
+    """:class:`~properties.case.Case` values: a config and a seed for ``golden.make_inputs``."""
+    from properties.case import Case
+    cfg = configs() if config_strategy is None else config_strategy
+    sd = seeds() if seed is None else _strategy(seed, "seed", minimum=0)
+    return st.tuples(cfg, sd).map(lambda t: Case(*t))  # map, not builds: failures print Case's repr
+
+
+def quant_rows(*, rows=st.integers(1, 4), cols=st.integers(1, 32), magnitude=st.integers(-30, 30)):
+    """float32 numpy arrays ``[rows, cols]`` with no all-zero row, values ``u * 2**magnitude`` for u
+    in [-1, 1] (one magnitude per row, so tiny and huge rows both occur)."""
+    import numpy as np
+    from hypothesis.extra import numpy as hnp
+    r = _strategy(rows, "rows", minimum=1)
+    c = _strategy(cols, "cols", minimum=1)
+    mag = _strategy(magnitude, "magnitude")
+
+    def build(t):
+        r_, c_ = t
+        base = hnp.arrays(np.float32, (r_, c_), elements=st.floats(-1, 1, width=32))
+        exps = st.lists(mag, min_size=r_, max_size=r_)
+        return st.tuples(base, exps).map(
+            lambda be: (be[0] * np.exp2(np.array(be[1], dtype=np.float32))[:, None]).astype(np.float32)
+        ).filter(lambda x: bool((np.abs(x).max(axis=1) > 0).all()))
+
+    return st.tuples(r, c).flatmap(build)
+
+
+@dataclasses.dataclass(frozen=True)
+class At12Case:
+    """An AT-12 call (SPEC §6): tile shapes, head_dim, input distribution and a seed."""
+    q_tile: int
+    k_tile: int
+    head_dim: int
+    distribution: str
+    seed: int
+
+    def operands(self):
+        """(q, k) as bf16 tensors ``[q_tile, head_dim]``, ``[k_tile, head_dim]``."""
+        import torch
+        g = torch.Generator().manual_seed(self.seed)
+        shape_q, shape_k = (self.q_tile, self.head_dim), (self.k_tile, self.head_dim)
+        if self.distribution == "normal":
+            q, k = torch.randn(shape_q, generator=g), torch.randn(shape_k, generator=g)
+        else:
+            q, k = torch.rand(shape_q, generator=g) * 2 - 1, torch.rand(shape_k, generator=g) * 2 - 1
+            if self.distribution == "wide":
+                q = q * torch.exp2(torch.randint(-12, 12, (self.q_tile, 1), generator=g).float())
+                k = k * torch.exp2(torch.randint(-12, 12, (self.k_tile, 1), generator=g).float())
+        return q.to(torch.bfloat16), k.to(torch.bfloat16)
+
+
+def at12_cases(*, q_tile=st.integers(1, 64), k_tile=st.integers(1, 300), head_dim=(16, 64, 128),
+               distribution=("uniform", "normal", "wide")) -> st.SearchStrategy[At12Case]:
+    """AT-12 calls, including tail tiles whose length is not a multiple of anything (k_tile 1..300)."""
+    return st.builds(At12Case, _strategy(q_tile, "q_tile", minimum=1), _strategy(k_tile, "k_tile", minimum=1),
+                     _choices(head_dim, "head_dim"), _choices(distribution, "distribution"), seeds())
