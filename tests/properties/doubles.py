@@ -1,0 +1,34 @@
+"""Deliberately wrong backends (test doubles): the suite must catch them, capture and replay them.
+
+Each is importable by file path, which is how a captured regression names it, so a fresh process
+(``pfa-verify cases replay ID``) rebuilds the same double: ``tests/properties/doubles.py:DropLastS2Tile``.
+"""
+from __future__ import annotations
+
+import torch
+
+from properties.case import GoldenBackend
+
+
+class DropLastS2Tile(GoldenBackend):
+    """The golden, except that the KV walk stops before the last s2 tile of any length longer
+    than one tile (an off-by-one in the tile count)."""
+    name = "tests/properties/doubles.py:DropLastS2Tile"
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                            *, s2_tile=128, **kwargs):
+        lens = kv_act_seqs.clone()
+        long = lens > s2_tile
+        lens[long] = ((lens[long] - 1) // s2_tile) * s2_tile
+        return super().paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, lens,
+                                           s2_tile=s2_tile, **kwargs)
+
+
+class WritesToInputs(GoldenBackend):
+    """The golden, but it scribbles on q_scale (inputs must never be modified)."""
+    name = "tests/properties/doubles.py:WritesToInputs"
+
+    def paged_attention_fp8(self, q, q_scale, *args, **kwargs):
+        out = super().paged_attention_fp8(q, q_scale, *args, **kwargs)
+        q_scale.mul_(2.0)
+        return out

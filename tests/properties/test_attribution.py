@@ -1,0 +1,38 @@
+"""properties/attribution.py: grouping of mismatches and the E4M3 rounding-boundary test."""
+from __future__ import annotations
+
+import torch
+
+import golden
+from properties.attribution import attribute, near_midpoint, rounding_midpoints
+
+
+def test_midpoints_of_the_spec_codec():
+    mids = rounding_midpoints()
+    assert float(mids[0]) == 2.0 ** -10          # between 0 and the smallest subnormal 2^-9
+    assert float(mids[-1]) == (416.0 + 448.0) / 2
+    assert len(mids) == 126
+
+
+def test_near_midpoint_counts_float32_ulps():
+    mids = rounding_midpoints()
+    m = torch.tensor([1.0625], dtype=torch.float32)   # midpoint of 1.0 and 1.125
+    assert bool(near_midpoint(m, mids))
+    assert bool(near_midpoint(torch.nextafter(m, torch.tensor(2.0)), mids))
+    assert not bool(near_midpoint(torch.tensor([1.03]), mids))
+
+
+def test_mismatches_are_grouped_by_batch_head_and_tile_walk():
+    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=40, nq=4, nkv=2, head_dim=16, block_size=16,
+                                         s2_tile=16, kv_act_seqs=(0, 35))
+    bundle = golden.make_inputs(config, 0)
+    mask = torch.zeros(2, 4, 16, dtype=torch.bool)
+    mask[1, 2:4, :3] = True      # batch 1, query heads 2 and 3 = kv head 1
+    mask[0, 0, 0] = True         # a row with cur == 0
+    a = attribute(mask, bundle.kwargs(), s2_tile=16)
+    assert a.mismatched == 7 and dict(a.by_batch) == {1: 6, 0: 1} and dict(a.by_kv_head) == {1: 6, 0: 1}
+    assert dict(a.by_tile_walk) == {(3, 3): 6, (0, 0): 1} and a.in_cur_zero_rows == 1
+    assert a.on_boundary is not None and 0 <= a.on_boundary <= 6
+    text = a.render()
+    assert text.startswith("7 in batches 1: 6, 0: 1; kv heads 1: 6, 0: 1; rows spanning 3 tiles (last has 3)")
+    assert "1 in rows with cur == 0 (must be 0)" in text and "on E4M3 rounding boundaries of P" in text

@@ -1,0 +1,121 @@
+"""properties/compare.py: the tolerance table, both-or-neither overrides, check order, NaN and
+signed zero, and the failure text (snapshots)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from properties import compare as cmp
+
+
+def test_tolerance_table_follows_spec_section_4():
+    assert cmp.get_tolerance("attention") == (1 / 128, 1e-4)
+    assert cmp.get_tolerance("at12") == (1 / 128, 1e-4)
+    assert cmp.get_tolerance("exact") == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(rtol=0.1), dict(atol=0.1), dict(rtol=None, atol=1e-3)],
+                         ids=lambda kw: "get_tolerance(" + ", ".join(f"{k}={v}" for k, v in kw.items()) + ")")
+def test_overrides_are_both_or_neither(kwargs):
+    with pytest.raises(ValueError, match="both be given or both omitted"):
+        cmp.get_tolerance("attention", **kwargs)
+    with pytest.raises(ValueError, match="both be given or both omitted"):
+        cmp.assert_close(torch.zeros(2), torch.zeros(2), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(kind="loose"), "not a known comparison"),
+    (dict(rtol=-1.0, atol=0.0), "rtol=-1.0 must be >= 0"),
+    (dict(rtol=0.0, atol=-1.0), "atol=-1.0 must be >= 0"),
+    (dict(rtol=0.0, atol=torch.tensor([-1.0])), "atol tensor must be >= 0"),
+], ids=["kind='loose'", "rtol=-1", "atol=-1", "atol=tensor(-1)"])
+def test_bad_tolerance_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cmp.compare(torch.zeros(1), torch.zeros(1), **kwargs)
+
+
+def test_the_rule_is_atol_plus_rtol_times_expected():
+    e = torch.tensor([1.0, 64.0, 0.0])
+    a = e + torch.tensor([2**-13 + 2**-7, 0.5, 2**-14])  # on or under atol + rtol * |e|
+    assert cmp.compare(a, e, rtol=2**-7, atol=2**-13).passed
+    assert not cmp.compare(a + torch.tensor([2**-10, 0, 0]), e, rtol=2**-7, atol=2**-13).passed
+
+
+def test_attributes_come_before_values():
+    r = cmp.compare(torch.zeros(2, 3), torch.ones(2, 4))
+    assert not r.passed and r.attribute == "shape: (2, 3) vs expected (2, 4)"
+    r = cmp.compare(torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2))
+    assert r.attribute == "dtype: torch.bfloat16 vs expected torch.float32"
+    r = cmp.compare(torch.zeros(3, 2).T, torch.zeros(2, 3))
+    assert r.attribute.startswith("contiguity")
+
+
+def test_nonfinite_placement_is_its_own_finding():
+    e = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+    a = torch.tensor([float("nan"), float("nan"), float("inf"), float("-inf")])
+    r = cmp.compare(a, e)
+    assert [(f.what, f.count) for f in r.nonfinite] == [("NaN where expected is finite", 1),
+                                                       ("inf where expected is finite", 1)]
+    assert r.mismatched == 2 and r.max_abs_index is None
+    assert cmp.compare(torch.tensor([float("nan")]), torch.tensor([float("nan")]), kind="exact").passed
+    assert not cmp.compare(torch.tensor([1.0]), torch.tensor([float("nan")])).passed
+    assert not cmp.compare(torch.tensor([-math.inf]), torch.tensor([math.inf])).passed
+
+
+def test_signed_zero_is_equal():
+    assert cmp.compare(torch.tensor([-0.0]), torch.tensor([0.0]), kind="exact").passed
+
+
+def test_integer_tensors_compare_exactly():
+    big = torch.tensor([2**24 + 1], dtype=torch.int32)
+    assert not cmp.compare(big, big - 1, kind="exact").passed
+
+
+def test_maxima_count_only_mismatches_and_index_renders_as_b_i_h_d():
+    e = torch.zeros(4, 2, 3, dtype=torch.bfloat16)
+    a = e.clone()
+    a[3, 1, 2] = 0.5    # batch 1, position 1 with s1=2
+    a[0, 0, 0] = 5e-5   # within atol: not a mismatch
+    r = cmp.compare(a, e, s1=2)
+    assert r.mismatched == 1 and r.max_abs_index == (3, 1, 2)
+    assert r.format_index(r.max_abs_index) == "(b=1, i=1, h=1, d=2)"
+
+
+def test_message_snapshot_close():
+    e = torch.ones(2, 2, 4, dtype=torch.bfloat16)
+    a = e.clone()
+    a[1, 1, 3] = 1.5
+    a[0, 0, 0] = float("nan")
+    with pytest.raises(AssertionError) as info:
+        cmp.assert_close(a, e, identifier="Kernel output vs golden", tags={"case": "c1", "backend": "sim"},
+                         s1=1, context=["Attribution: all 2 in batch 1", "Replay: pfa-verify cases replay abc"])
+    assert str(info.value) == (
+        "Kernel output vs golden not close (SPEC §4) [case c1, backend sim]\n"
+        "Mismatched elements: 2 / 16 (12.5%)\n"
+        "Non-finite: 1 NaN where expected is finite, first at (b=0, i=0, h=0, d=0)\n"
+        "Greatest absolute difference: 5.0e-01 at (b=1, i=0, h=1, d=3) (7.9e-03 allowed there)\n"
+        "Greatest relative difference: 5.0e-01 at (b=1, i=0, h=1, d=3) (7.8e-03 allowed)\n"
+        "Attribution: all 2 in batch 1\n"
+        "Replay: pfa-verify cases replay abc")
+
+
+def test_message_snapshot_exact_and_attributes():
+    with pytest.raises(AssertionError) as info:
+        cmp.assert_close(torch.zeros(3), torch.zeros(2), kind="exact", identifier="Input q after the call vs before")
+    assert str(info.value) == ("Input q after the call vs before not equal\n"
+                               "Attributes differ: shape: (3,) vs expected (2,)")
+
+
+def test_context_callable_only_runs_on_failure():
+    calls = []
+    cmp.assert_close(torch.ones(2), torch.ones(2), context=lambda r: calls.append(r) or [])
+    assert calls == []
+
+
+def test_per_element_atol_reports_the_allowance_at_the_index():
+    r = cmp.compare(torch.tensor([0.0, 0.3]), torch.zeros(2), rtol=0.0, atol=torch.tensor([1.0, 0.25]))
+    assert r.mismatched == 1 and r.max_abs_allowed == 0.25
+    text = cmp.make_mismatch_message(r, identifier="x")
+    assert text.splitlines()[0] == "x not close (rtol=0, atol=per element)"
