@@ -9,8 +9,28 @@ Options
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+# Hypothesis profiles, chosen by --hypothesis-profile NAME (Hypothesis's own option), else the
+# HYPOTHESIS_PROFILE environment variable, else "ci" when CI is set and "dev" otherwise.
+#   ci       derandomized (the same examples on every run), bounded, no deadline, no database
+#   dev      random, a few examples per law, the local database
+#   nightly  thousands of examples per law, random
+#   npu      kernel-sized examples (D = 128, BS = 128), few per law: a 950 is slow to launch
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None, database=None,
+                          print_blob=True, suppress_health_check=_SLOW_OK)
+settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True,
+                          suppress_health_check=_SLOW_OK)
+settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+                          suppress_health_check=_SLOW_OK)
+DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(DEFAULT_PROFILE)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,6 +45,39 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "npu: needs an Ascend 950 and torch_npu")
     config.addinivalue_line("markers", "sim: needs pypto 0.2.0 (SIM mode on the CPU)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "regression: replays a captured case from cases/regressions (runs first)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    # Every run replays the captured regressions before anything else (stable sort keeps the rest).
+    items.sort(key=lambda item: item.get_closest_marker("regression") is None)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    import torch
+    try:
+        import pypto
+        pypto_version = getattr(pypto, "__version__", "installed")
+    except Exception:
+        pypto_version = "not installed"
+    seed = config.getoption("hypothesis_seed", None)
+    profile = settings.get_current_profile_name()
+    return [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
+            f"pfa-verify: hypothesis profile={profile} "
+            f"seed={seed if seed is not None else ('derandomized' if settings.default.derandomize else 'random')}"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    # Skips are "cannot run here", never a pass: count them by reason so nobody mistakes them.
+    reasons: Counter = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.section("pfa-verify: skipped (cannot run here)")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")
 
 
 @pytest.fixture(scope="session")
