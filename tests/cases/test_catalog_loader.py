@@ -1,0 +1,67 @@
+"""cases/catalog.py and catalog.json: SPEC §5 names verbatim, defaults as data, bad input rejected."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from cases import catalog
+
+
+def test_catalog_holds_the_six_spec_cases_by_name():
+    cases = catalog.load_catalog()
+    assert [n for n in cases if n.startswith("pfa_fp8_")] == list(catalog.SPEC_CASE_NAMES)
+    for name in catalog.SPEC_CASE_NAMES:
+        c = cases[name].config
+        assert c.head_dim == 128 and c.block_size == 128 and c.g_tile is None and c.kv_act_seqs is None
+        assert c.physical_blocks == c.batch * math.ceil(c.s2 / 128)  # NB = B * ceil(S2 / BS)
+    assert cases["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config.s2_tile == 1024
+
+
+def test_catalog_entries_list_only_differences_from_defaults():
+    data = json.loads(catalog.CATALOG_PATH.read_text())
+    for section in ("upstream", "edge"):
+        for name, entry in data[section].items():
+            same = [k for k, v in entry.items() if k in data["defaults"] and data["defaults"][k] == v]
+            assert not same, f"{name} repeats defaults {same}"
+
+
+def test_edge_cases_build_inputs():
+    for name, case in catalog.load_catalog().items():
+        if name.startswith("edge_"):
+            case.inputs()
+
+
+GOOD = {"batch": 1, "s1": 1, "s2": 16, "nq": 2, "nkv": 1, "block_size": 16, "s2_tile": 16}
+
+
+def doc(**entry):
+    return json.dumps({"defaults": {"head_dim": 16}, "edge": {"x": {**GOOD, **entry}}})
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"edge": {"x": {}, "x": {}}}', "duplicate key 'x'"),
+    ('{"defaults": {}, "defaults": {}}', "duplicate key 'defaults'"),
+    (doc(batchs=2), r"case 'x': unknown key\(s\) \['batchs'\]"),
+    (doc(batch=0), "case 'x', key 'batch': 0 must be >= 1"),
+    (doc(batch=True), "case 'x', key 'batch': True must be an integer"),
+    (doc(s2_tile=24), "case 'x': s2_tile=24 must be a multiple of block_size=16"),
+    (doc(nq=3, nkv=2), "case 'x': nq=3 must be a multiple of nkv=2"),
+    (doc(kv_act_seqs=[17]), r"case 'x': kv_act_seqs\[0\]=17 must be <= s2=16"),
+    (doc(kv_act_seqs=[-1]), "case 'x', key 'kv_act_seqs'"),
+    (doc(distribution="zipf"), "case 'x': distribution='zipf'"),
+    (doc(seed=None), "case 'x', key 'seed': null is not allowed"),
+    (json.dumps({"cases": {}}), r"unknown catalog section\(s\) \['cases'\]"),
+    (json.dumps({"edge": {"Bad-Name": GOOD}}), "case name 'Bad-Name'"),
+    (json.dumps({"upstream": {"x": GOOD}, "edge": {"x": GOOD}}), "case 'x' appears in more than one section"),
+    (json.dumps({"edge": {"x": {"batch": 1}}}), r"case 'x': missing key\(s\) \['s1', 's2', 'nq', 'nkv'\]"),
+    ("{", "not valid JSON"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 60 else None)
+def test_loader_rejects_bad_input_naming_the_key(text, match):
+    with pytest.raises(ValueError, match=match):
+        catalog.parse_catalog(text)
+
+
+def test_loader_accepts_a_minimal_entry():
+    assert catalog.parse_catalog(doc())["x"].config.head_dim == 16
