@@ -1,8 +1,10 @@
 """pypto 0.2.0 in SIM mode on the CPU, platform DAV_3510 (through kernels.pypto_workarounds).
 
 Two levels:
-  compile  parse + the full pass pipeline + pypto's cost model; no numbers come out. The report
-           (seconds, "AICore End-to-End Time" where pypto prints it) is in `last_report`.
+  compile  parse + the full pass pipeline; no numbers come out. With cost_model=True pypto's cost
+           model runs afterwards and the report (`last_report`: seconds, "AICore End-to-End Time"
+           where pypto prints it) carries its figures; it is off by default because it crashes the
+           process on large grids (kernels/pypto_workarounds.py, W8).
   execute  the same, plus pass verify: pypto's CPU calculator runs the kernel's tensor graph on the
            caller's tensors and writes the kernel's own numbers into `out` (the default).
 
@@ -24,7 +26,7 @@ LEVELS = ("execute", "compile")
 
 class SimBackend(Backend):
     def __init__(self, *, level: str = "execute", pass_options: dict | None = None,
-                 tiles: dict | None = None) -> None:
+                 tiles: dict | None = None, cost_model: bool | None = None) -> None:
         if level not in LEVELS:
             raise ValueError(f"level={level!r} must be one of {LEVELS}")
         from golden.codec import PYPTO_CALCULATOR_CODEC
@@ -40,6 +42,11 @@ class SimBackend(Backend):
         self.codec = PYPTO_CALCULATOR_CODEC
         self.pass_options = pass_options
         self.tiles = dict(tiles or {})
+        # W8: the cost model can crash on large grids; execute needs it (the output arrives there),
+        # compile skips it unless asked.
+        self.cost_model = (level == "execute") if cost_model is None else bool(cost_model)
+        if level == "execute" and not self.cost_model:
+            raise ValueError("cost_model=False: the execute level needs the cost-model run (W8)")
         self.last_report = None
         self._kernels: dict = {}
 
@@ -57,7 +64,7 @@ class SimBackend(Backend):
         return self._kernels[key]
 
     def _run(self, kernel, args):
-        with self._pw.sim_session() as report:
+        with self._pw.sim_session(cost_model=self.cost_model) as report:
             kernel(*args)
         self.last_report = report
         return report

@@ -90,7 +90,7 @@ def test_run_leaves_no_output_folder(pypto_module, tmp_path, monkeypatch):
 def test_compile_captures_cost_model_text(pypto_module, capfd):
     """W6: pypto's prints go to the capture, not to the terminal; cost figures are parsed."""
     x = torch.ones(8, 32)
-    with pw.sim_session() as run:
+    with pw.sim_session(cost_model=True) as run:
         _axpy_kernel(pypto_module, 32)(x, x.clone(), torch.zeros(8, 32))
     printed = capfd.readouterr()
     assert "AICore" not in printed.out + printed.err
@@ -122,3 +122,14 @@ def test_load_pypto_refuses_a_pypto_imported_elsewhere(monkeypatch):
     monkeypatch.setattr(pw, "_STATE", {})
     with pytest.raises(pw.PyptoUnavailable, match="before the 950PR overlay"):
         pw.load_pypto()
+
+
+def test_cost_model_is_optional(pypto_module):
+    """W8: a compile-only run can skip the cost model; it then prints no cost figures and, as
+    measured, the calculator's output does not reach `out` (so execute runs keep the cost model)."""
+    x = torch.randn(8, 32)
+    out = torch.zeros(8, 32)
+    with pw.sim_session(cost_model=False) as run:
+        _axpy_kernel(pypto_module, 32)(x, x.clone(), out)
+    assert "AICore End-to-End Time" not in run.text
+    assert torch.count_nonzero(out) == 0

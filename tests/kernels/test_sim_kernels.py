@@ -1,0 +1,134 @@
+"""Our kernels in pypto's SIM mode on the CPU (DAV_3510 via the overlay).
+
+- compile sweep: the six upstream cases of SPEC §5 and s2_tile in {128, 256, 512, 1024} (compile only)
+- execute: small cases run by the calculator, compared with the golden under the calculator codec
+  (must pass: the kernel's only difference from the spec is the platform's E4M3) and under the spec
+  codec (reported as a test of its own that documents the gap)
+- AT-12 variants (bf16, fp16, fp8 + dequant_after, a tail tile)
+- every call leaves its inputs unchanged (clones taken before the call)
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import golden
+from kernels.upstream import UPSTREAM_CASES, compile_inputs, upstream_config
+
+pytestmark = pytest.mark.sim
+
+
+def _assert_close(actual, expected, *, identifier: str, kind: str = "attention"):
+    try:
+        from properties.compare import assert_close
+    except ImportError:  # until properties/compare.py lands
+        a, g = actual.float(), expected.float()
+        bad = (a - g).abs() > 1e-4 + g.abs() / 128
+        assert not bad.any(), f"{identifier}: {int(bad.sum())} / {bad.numel()} elements not close"
+        return
+    assert_close(actual, expected, kind=kind, identifier=identifier)
+
+
+def _assert_unchanged(before: dict, after: dict, call: str):
+    for name, value in before.items():
+        if isinstance(value, torch.Tensor):
+            same = torch.equal(value.view(torch.uint8) if value.dtype == torch.float8_e4m3fn else value,
+                               after[name].view(torch.uint8) if value.dtype == torch.float8_e4m3fn else after[name])
+            assert same, f"{call} changed its input {name}"
+
+
+def test_small_upstream_case_reports_cost_model_figures(pypto_module):
+    import kernels
+
+    backend = kernels.get_backend("sim", level="compile", cost_model=True)
+    report = backend.compile_paged_attention(**compile_inputs(upstream_config("pfa_fp8_b2_s1_1_s2_1k")))
+    assert report.figures.get("aicore_end_to_end", 0) > 0, report.text[-2000:]
+
+
+@pytest.mark.parametrize("name", list(UPSTREAM_CASES))
+def test_upstream_case_compiles(sim_compiler, name):
+    config = upstream_config(name)
+    kwargs = compile_inputs(config)
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    report = sim_compiler.compile_paged_attention(**kwargs)
+    print(f"{name}: compiled in {report.seconds:.1f} s, figures {report.figures}")
+    _assert_unchanged(before, kwargs, name)
+
+
+@pytest.mark.parametrize("s2_tile", [128, 256, 512, 1024])
+def test_any_s2_tile_multiple_of_block_size_compiles(sim_compiler, s2_tile):
+    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=1024, nq=8, nkv=1, s2_tile=s2_tile)
+    sim_compiler.compile_paged_attention(**compile_inputs(config))
+
+
+EXECUTE_CASES = {
+    "b2_s1_1_s2_256_nq12_nkv1": dict(batch=2, s1=1, s2=256, nq=12, nkv=1),
+    "ragged_causal_s1_2_tail_and_short": dict(batch=2, s1=2, s2=300, nq=8, nkv=2, kv_act_seqs=(300, 5)),
+    "s2_tile_256_two_tiles_and_zero_row": dict(batch=3, s1=1, s2=512, nq=4, nkv=2, s2_tile=256,
+                                               kv_act_seqs=(400, 0, 129)),
+}
+
+
+@pytest.fixture(scope="module", params=list(EXECUTE_CASES))
+def executed(request, sim_backend):
+    config = golden.PagedAttentionConfig(**EXECUTE_CASES[request.param])
+    bundle = golden.make_inputs(config, seed=1)
+    before = bundle.clone()
+    out = sim_backend.paged_attention_fp8(**bundle.kwargs())
+    return request.param, before, bundle, out
+
+
+def test_execute_matches_golden_under_the_calculator_codec(executed):
+    name, before, _, out = executed
+    expected = golden.paged_attention_fp8(**before.kwargs(), codec=golden.PYPTO_CALCULATOR_CODEC)
+    _assert_close(out, expected, identifier=f"sim execute vs golden (calculator codec) [{name}]")
+
+
+def test_execute_vs_spec_codec_is_reported(executed, record_property):
+    """The spec-codec comparison, not hidden: on the calculator it is expected to fail SPEC §4,
+    because the calculator's E4M3 (top binade read as 240, integer rounding) is not E4M3FN."""
+    name, before, _, out = executed
+    expected = golden.paged_attention_fp8(**before.kwargs(), codec=golden.SPEC_CODEC).float()
+    diff = (out.float() - expected).abs()
+    mismatched = int((diff > 1e-4 + expected.abs() / 128).sum())
+    record_property("spec_codec_max_abs", float(diff.max()))
+    record_property("spec_codec_mismatched", mismatched)
+    print(f"{name}: vs spec codec max abs {float(diff.max()):.3e}, {mismatched}/{diff.numel()} mismatched")
+    assert mismatched > 0, "the calculator now agrees with the spec codec: revisit PYPTO_CALCULATOR_CODEC"
+
+
+def test_execute_leaves_inputs_unchanged(executed):
+    name, before, after, _ = executed
+    _assert_unchanged(before.kwargs(), after.kwargs(), f"sim paged_attention_fp8 [{name}]")
+
+
+def test_rows_with_nothing_visible_are_zero(sim_backend):
+    config = golden.PagedAttentionConfig(batch=2, s1=2, s2=128, nq=4, nkv=1, kv_act_seqs=(1, 0))
+    bundle = golden.make_inputs(config, seed=2)
+    out = sim_backend.paged_attention_fp8(**bundle.kwargs()).float().reshape(2, 2, 4, 128)
+    assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[0, 0]) == 0  # cur == 0 rows
+    assert torch.count_nonzero(out[0, 1]) > 0
+
+
+def _at12_inputs(kind: str, k_len: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(16, 128, generator=g) * 2 - 1
+    k = torch.rand(k_len, 128, generator=g) * 2 - 1
+    if kind == "fp8":
+        codec = golden.PYPTO_CALCULATOR_CODEC
+        q_scale = q.abs().amax(-1, keepdim=True) / 448
+        k_scale = k.abs().amax(-1, keepdim=True) / 448
+        return dict(q=codec.to_fp8(q / q_scale), k=codec.to_fp8(k / k_scale), q_scale=q_scale, k_scale=k_scale)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind]
+    return dict(q=q.to(dtype), k=k.to(dtype))
+
+
+@pytest.mark.parametrize("kind,k_len", [("bf16", 128), ("bf16", 200), ("fp16", 256), ("fp8", 128), ("fp8", 200)],
+                         ids=lambda v: str(v))
+def test_at12_matches_golden(sim_backend, kind, k_len):
+    kwargs = _at12_inputs(kind, k_len)
+    before = {k: v.clone() for k, v in kwargs.items()}
+    out = sim_backend.qk_matmul_scale(**kwargs)
+    expected = golden.qk_matmul_scale(**before, codec=golden.PYPTO_CALCULATOR_CODEC)
+    _assert_close(out, expected, identifier=f"sim AT-12 {kind} k_len={k_len}", kind="at12")
+    _assert_unchanged(before, kwargs, f"sim qk_matmul_scale {kind}")
