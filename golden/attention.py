@@ -60,57 +60,66 @@ def tile_values(p: torch.Tensor, v: torch.Tensor, v_scale: torch.Tensor, codec: 
     return exact_matmul(p8, v) * p_scale * v_scale
 
 
-def _gather_tokens(cache: torch.Tensor, block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """cache[..] rows of tokens 0..length-1 of every batch: [B, length, ...], -1 entries read block 0.
+# Tiles are evaluated in chunks of about this many K elements, so that K and V stay in cache while
+# they are used (one pass over all of K in float64 costs more than the whole loop golden).
+_CHUNK_ELEMENTS = 1 << 20
 
-    Positions past a table row's columns read its last column; like the kernel's clamp of -1 to
-    block 0, what they read is masked away by the caller.
+
+def _gather_by_head(cache: torch.Tensor, block_table: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """[N, B, len(token), X]: the rows of the given token positions of every batch, kv head first.
+
+    ``cache`` is [NB, BS, N, X]. Entries of -1 read block 0 and positions past a table row's last
+    column read that column, as the kernel's clamp does; the caller masks what they read.
     """
-    token = torch.arange(length)
+    block_size = cache.shape[1]
     column = torch.clamp(token // block_size, max=block_table.shape[1] - 1)
     physical = torch.clamp(block_table.to(torch.int64)[:, column], min=0)
-    return cache[physical, (token % block_size)[None, :]]
+    return cache.permute(2, 0, 1, 3)[:, physical, (token % block_size)[None, :]]
 
 
 def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, codec: Fp8Codec) -> torch.Tensor:
     batch, s1, nkv, group, d = dims.batch, dims.s1, dims.nkv, dims.group, dims.head_dim
-    rows = s1 * group
+    rows = s1 * group  # the rows of one (kv head, batch): query positions i x heads g of the group
     tile = dims.s2_tile
     cur = visible_lengths(kv_act_seqs, s1)  # [B, S1]
     longest = int(cur.max())
-    out = torch.zeros((batch, s1, nkv, group, d))
     if longest == 0:
-        return out.reshape(q.shape).bfloat16()
+        return torch.zeros(q.shape, dtype=torch.bfloat16)
     tiles = -(-longest // tile)
-    length = tiles * tile
+    chunk = max(1, _CHUNK_ELEMENTS // (nkv * batch * tile * d))
 
-    # Rows are (i, g) pairs of one (b, n): [B, NKV, 1, R, D] against tiles [B, NKV, T, D, tile].
-    q_rows = codec.from_fp8(q).view(batch, s1, nkv, group, d).permute(0, 2, 1, 3, 4).reshape(batch, nkv, 1, rows, d)
-    q_scale_rows = q_scale.view(batch, s1, nkv, group, 1).permute(0, 2, 1, 3, 4).reshape(batch, nkv, 1, rows, 1)
-    token_valid = torch.arange(length)[None, :] < kv_act_seqs.to(torch.int64)[:, None]  # [B, L]
+    # Kv head leads, so that every (n, b) block of K and V is one contiguous matrix for the matmuls.
+    q_rows = codec.from_fp8(q, torch.float64).view(batch, s1, nkv, group, d).permute(2, 0, 1, 3, 4).reshape(nkv, batch, rows, d)
+    q_scale_rows = q_scale.view(batch, s1, nkv, group).permute(2, 0, 1, 3).reshape(nkv, batch, rows, 1)
+    v_scale_rows = v_scale.permute(1, 0, 2).reshape(nkv, batch, 1, 1, d)
+    lengths = kv_act_seqs.to(torch.int64)
+    row_cur = cur[:, :, None].expand(batch, s1, group).reshape(1, batch, rows, 1, 1)
+    state = OnlineSoftmaxState.empty((nkv, batch, rows), d)
+    for first in range(0, tiles, chunk):
+        count = min(chunk, tiles - first)
+        # Read only the tokens some row can see; the padding of the last tile is added as code 0.
+        token = torch.arange(first * tile, min((first + count) * tile, longest))
+        padding = (0, 0, 0, count * tile - token.numel())
+        k_codes = torch.nn.functional.pad(_gather_by_head(k_cache.view(torch.uint8), block_table, token), padding)
+        k = codec.decode(k_codes, torch.float64)  # [N, B, L, D]
+        k_scale_cols = torch.nn.functional.pad(_gather_by_head(k_scale, block_table, token), padding).view(nkv, batch, 1, count * tile)
+        v_codes = _gather_by_head(v_cache.view(torch.uint8), block_table, token)
+        # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
+        v_codes.masked_fill_((token[None, :] >= lengths[:, None])[None, :, :, None], 0)
+        v = codec.decode(torch.nn.functional.pad(v_codes, padding), torch.float64).view(nkv, batch, count, tile, d)
+        token = torch.arange(first * tile, (first + count) * tile)
 
-    k = codec.decode(_gather_tokens(k_cache.view(torch.uint8), block_table, length, dims.block_size))
-    k = k.view(batch, tiles, tile, nkv, d).permute(0, 3, 1, 4, 2)  # [B, NKV, T, D, tile]
-    k_scale_cols = _gather_tokens(k_scale, block_table, length, dims.block_size)
-    k_scale_cols = k_scale_cols.view(batch, tiles, tile, nkv).permute(0, 3, 1, 2).unsqueeze(3)  # [B, NKV, T, 1, tile]
-    v = codec.decode(_gather_tokens(v_cache.view(torch.uint8), block_table, length, dims.block_size))
-    v = torch.where(token_valid[:, :, None, None], v, 0.0)  # 0 * NaN garbage would still be NaN
-    v = v.view(batch, tiles, tile, nkv, d).permute(0, 3, 1, 2, 4)  # [B, NKV, T, tile, D]
-
-    # Column t of row (i, g) is visible when t < cur[b, i].
-    row_cur = cur[:, :, None].expand(batch, s1, group).reshape(batch, 1, 1, rows, 1)
-    column = torch.arange(length).view(1, 1, tiles, 1, tile)
-    visible = column < row_cur  # [B, 1, T, R, tile]
-
-    scores = dequantize_scores(exact_matmul(q_rows, k), q_scale_rows, k_scale_cols, dims.softmax_scale)
-    m_j, p, l_j = local_softmax(scores, visible)
-    o_j = tile_values(p, v, v_scale.view(batch, nkv, 1, 1, d), codec, valid=visible)
-
-    tile_has_tokens = visible.any(dim=-1, keepdim=True).expand(batch, nkv, tiles, rows, 1)
-    state = OnlineSoftmaxState.empty((batch, nkv, rows), d)
-    for j in range(tiles):
-        state.update(m_j[:, :, j], l_j[:, :, j], o_j[:, :, j], valid=tile_has_tokens[:, :, j])
-    result = state.finalize().view(batch, nkv, s1, group, d).permute(0, 2, 1, 3, 4)
+        # Column t of row (i, g) is visible when t < cur[b, i]; scores as [N, B, R, tiles, tile].
+        visible = token.view(1, 1, 1, count, tile) < row_cur
+        raw = exact_matmul(q_rows, k.transpose(-1, -2))
+        scores = dequantize_scores(raw, q_scale_rows, k_scale_cols, dims.softmax_scale).view(nkv, batch, rows, count, tile)
+        m_j, p, l_j = local_softmax(scores, visible)
+        by_tile = (0, 1, 3, 2, 4)  # [N, B, tiles, R, tile]: each tile's rows against its tokens
+        o_j = tile_values(p.permute(by_tile), v, v_scale_rows, codec, valid=visible.expand(p.shape).permute(by_tile))
+        has_tokens = visible.any(dim=-1, keepdim=True).expand(nkv, batch, rows, count, 1)
+        for j in range(count):
+            state.update(m_j[:, :, :, j], l_j[:, :, :, j], o_j[:, :, j], valid=has_tokens[:, :, :, j])
+    result = state.finalize().view(nkv, batch, s1, group, d).permute(1, 2, 0, 3, 4)
     return result.reshape(q.shape).bfloat16()
 
 

@@ -1,0 +1,166 @@
+"""Benchmark: the vectorized golden against the loop golden, in one process (``pfa-verify bench``).
+
+Two workloads: every upstream case of SPEC §5, and a property-testing-shaped one (about 200 small
+ragged cases: B <= 6, S1 <= 3, lengths up to ~600 including 0, 1 and block boundaries, block sizes
+16-128, several s2_tile values). For each it reports both goldens' time, the speed-up, cases per
+second, and whether the two agree (count of outputs that are not bit-identical).
+
+Run: ``python -m golden.bench [--repeat N] [--workload upstream|small|all] [--small-cases N] [--json PATH]``.
+Speed goals live here, not in tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .attention import paged_attention_fp8
+from .attention_loop import paged_attention_fp8_loop
+from .inputs import InputBundle, PagedAttentionConfig, make_inputs
+
+__all__ = ["UPSTREAM_CASES", "small_workload", "BenchRow", "run_bench", "main"]
+
+# SPEC §5: name -> (B, S1, S2, NQ, NKV, s2_tile); D = BS = 128.
+UPSTREAM_CASES: dict[str, tuple[int, int, int, int, int, int]] = {
+    "pfa_fp8_b1_s1_2_s2_2048_nkv_8": (1, 2, 2048, 48, 8, 128),
+    "pfa_fp8_b16_s1_1_s2_8195_nkv_2": (16, 1, 8195, 12, 2, 128),
+    "pfa_fp8_b16_s1_1_s2_8k_nkv_1": (16, 1, 8192, 12, 1, 1024),
+    "pfa_fp8_b16_s1_1_s2_8k_nkv_2": (16, 1, 8192, 12, 2, 1024),
+    "pfa_fp8_b2_s1_1_s2_1k": (2, 1, 1024, 12, 1, 128),
+    "pfa_fp8_b16_s1_1_s2_256_nkv_4": (16, 1, 256, 16, 4, 128),
+}
+
+
+def upstream_config(name: str) -> PagedAttentionConfig:
+    """The PagedAttentionConfig of an upstream case (the catalog in cases/ holds the same data)."""
+    b, s1, s2, nq, nkv, s2_tile = UPSTREAM_CASES[name]
+    return PagedAttentionConfig(batch=b, s1=s1, s2=s2, nq=nq, nkv=nkv, s2_tile=s2_tile)
+
+
+def small_workload(count: int = 200, seed: int = 0) -> list[PagedAttentionConfig]:
+    """``count`` small ragged configs shaped like a property-testing run (deterministic in ``seed``)."""
+    rng = random.Random(seed)
+    configs = []
+    for _ in range(count):
+        block_size = rng.choice((16, 32, 64, 128))
+        s2_tile = block_size * rng.choice((1, 2, 4))
+        batch = rng.randint(1, 6)
+        s2 = rng.randint(1, 600)
+        special = (0, 1, block_size - 1, block_size, block_size + 1, s2_tile, s2_tile + 1, s2)
+        lengths = tuple(min(s2, rng.choice(special) if rng.random() < 0.5 else rng.randint(0, s2)) for _ in range(batch))
+        nkv = rng.choice((1, 2))
+        configs.append(PagedAttentionConfig(
+            batch=batch, s1=rng.randint(1, 3), s2=s2, nq=nkv * rng.choice((1, 2, 4)), nkv=nkv,
+            head_dim=rng.choice((64, 128)), block_size=block_size, s2_tile=s2_tile, kv_act_seqs=lengths,
+            garbage=rng.choice((None, "nan")),
+        ))
+    return configs
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One benchmark line: median seconds of each golden over ``cases`` inputs, and their agreement."""
+
+    name: str
+    cases: int
+    loop_s: float
+    vectorized_s: float
+    non_identical: int
+    outputs: int
+
+    @property
+    def speedup(self) -> float:
+        return self.loop_s / self.vectorized_s
+
+    @property
+    def cases_per_s(self) -> float:
+        return self.cases / self.vectorized_s
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {"name": self.name, "cases": self.cases, "loop_s": self.loop_s, "vectorized_s": self.vectorized_s,
+                "speedup": self.speedup, "cases_per_s": self.cases_per_s, "non_identical": self.non_identical,
+                "outputs": self.outputs}
+
+
+def _time(fn: Callable[[], list[torch.Tensor]], repeat: int) -> tuple[float, list[torch.Tensor]]:
+    times, result = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def _bench(name: str, bundles: Sequence[InputBundle], repeat: int) -> BenchRow:
+    calls = [b.kwargs() for b in bundles]
+    # Alternate the two so a drift in machine speed hits both alike.
+    vec_s, vec = _time(lambda: [paged_attention_fp8(**kw) for kw in calls], 1)
+    loop_s, loop = _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls], 1)
+    for _ in range(repeat - 1):
+        vec_s = min(vec_s, _time(lambda: [paged_attention_fp8(**kw) for kw in calls], 1)[0])
+        loop_s = min(loop_s, _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls], 1)[0])
+    non_identical = sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(vec, loop))
+    return BenchRow(name, len(bundles), loop_s, vec_s, non_identical, sum(a.numel() for a in vec))
+
+
+def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
+              report: Callable[[str], None] = print) -> list[BenchRow]:
+    """Benchmark rows for the chosen workload (``upstream``, ``small`` or ``all``); prints as it goes."""
+    if workload not in ("upstream", "small", "all"):
+        raise ValueError(f"workload={workload!r} must be 'upstream', 'small' or 'all'")
+    rows = []
+    if workload in ("upstream", "all"):
+        for name in UPSTREAM_CASES:
+            rows.append(_bench(name, [make_inputs(upstream_config(name), seed=0)], repeat))
+            report(_format_row(rows[-1]))
+    if workload in ("small", "all"):
+        bundles = [make_inputs(c, seed=i) for i, c in enumerate(small_workload(small_cases))]
+        rows.append(_bench(f"small ragged workload ({small_cases} cases)", bundles, repeat))
+        report(_format_row(rows[-1]))
+    return rows
+
+
+_HEADER = f"{'workload':<44} {'cases':>5} {'loop s':>8} {'vector s':>9} {'speed-up':>8} {'cases/s':>8} {'non-identical':>16}"
+
+
+def _format_row(row: BenchRow) -> str:
+    return (f"{row.name:<44} {row.cases:>5} {row.loop_s:>8.3f} {row.vectorized_s:>9.3f} {row.speedup:>7.1f}x "
+            f"{row.cases_per_s:>8.1f} {row.non_identical:>7} / {row.outputs:<8}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pfa-verify bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=("upstream", "small", "all"), default="all")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
+    parser.add_argument("--small-cases", type=int, default=200, help="size of the small ragged workload")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeat < 1 or args.small_cases < 1:
+        raise SystemExit("pfa-verify bench: --repeat and --small-cases must be >= 1")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}")
+    print(_HEADER)
+    rows = run_bench(args.workload, repeat=args.repeat, small_cases=args.small_cases)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([r.to_dict() for r in rows], f, indent=2)
+    disagree = sum(r.non_identical for r in rows)
+    print(f"{len(rows)} rows; {disagree} non-identical outputs between the two goldens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
