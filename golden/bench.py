@@ -25,23 +25,14 @@ from .attention import paged_attention_fp8
 from .attention_loop import paged_attention_fp8_loop
 from .inputs import InputBundle, PagedAttentionConfig, make_inputs
 
-__all__ = ["UPSTREAM_CASES", "small_workload", "BenchRow", "run_bench", "main"]
+__all__ = ["upstream_cases", "small_workload", "BenchRow", "run_bench", "main"]
 
-# SPEC §5: name -> (B, S1, S2, NQ, NKV, s2_tile); D = BS = 128.
-UPSTREAM_CASES: dict[str, tuple[int, int, int, int, int, int]] = {
-    "pfa_fp8_b1_s1_2_s2_2048_nkv_8": (1, 2, 2048, 48, 8, 128),
-    "pfa_fp8_b16_s1_1_s2_8195_nkv_2": (16, 1, 8195, 12, 2, 128),
-    "pfa_fp8_b16_s1_1_s2_8k_nkv_1": (16, 1, 8192, 12, 1, 1024),
-    "pfa_fp8_b16_s1_1_s2_8k_nkv_2": (16, 1, 8192, 12, 2, 1024),
-    "pfa_fp8_b2_s1_1_s2_1k": (2, 1, 1024, 12, 1, 128),
-    "pfa_fp8_b16_s1_1_s2_256_nkv_4": (16, 1, 256, 16, 4, 128),
-}
+def upstream_cases() -> dict[str, InputBundle]:
+    """The six upstream cases of SPEC §5, by name, from the case catalog (cases/catalog.json)."""
+    from cases.catalog import SPEC_CASE_NAMES, load_catalog  # cases builds on golden, not the reverse
 
-
-def upstream_config(name: str) -> PagedAttentionConfig:
-    """The PagedAttentionConfig of an upstream case (the catalog in cases/ holds the same data)."""
-    b, s1, s2, nq, nkv, s2_tile = UPSTREAM_CASES[name]
-    return PagedAttentionConfig(batch=b, s1=s1, s2=s2, nq=nq, nkv=nkv, s2_tile=s2_tile)
+    catalog = load_catalog()
+    return {name: catalog[name].inputs() for name in SPEC_CASE_NAMES}
 
 
 def small_workload(count: int = 200, seed: int = 0) -> list[PagedAttentionConfig]:
@@ -117,8 +108,8 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
         raise ValueError(f"workload={workload!r} must be 'upstream', 'small' or 'all'")
     rows = []
     if workload in ("upstream", "all"):
-        for name in UPSTREAM_CASES:
-            rows.append(_bench(name, [make_inputs(upstream_config(name), seed=0)], repeat))
+        for name, bundle in upstream_cases().items():
+            rows.append(_bench(name, [bundle], repeat))
             report(_format_row(rows[-1]))
     if workload in ("small", "all"):
         bundles = [make_inputs(c, seed=i) for i, c in enumerate(small_workload(small_cases))]
