@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, settings
 #   nightly  thousands of examples per law, random
 #   npu      kernel-sized examples (D = 128, BS = 128), few per law: a 950 is slow to launch
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None, database=None,
+settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_SLOW_OK)
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True,
