@@ -1,6 +1,7 @@
 """Our kernels in pypto's SIM mode on the CPU (DAV_3510 via the overlay).
 
-- compile sweep: the six upstream cases of SPEC §5 and s2_tile in {128, 256, 512, 1024} (compile only)
+- compile sweep: the six upstream cases of SPEC §5 (s2_tile 128 and 1024) plus s2_tile 256 (the tile
+  that once failed with "different OpCoreType") and 512 (slow), compile only
 - execute: small cases run by the calculator, compared with the golden under the calculator codec
   (must pass: the kernel's only difference from the spec is the platform's E4M3) and under the spec
   codec (reported as a test of its own that documents the gap)
@@ -55,7 +56,7 @@ def test_upstream_case_compiles(sim_compiler, name):
     _assert_unchanged(before, kwargs, name)
 
 
-@pytest.mark.parametrize("s2_tile", [128, 256, 512, 1024])
+@pytest.mark.parametrize("s2_tile", [256, pytest.param(512, marks=pytest.mark.slow)])
 def test_any_s2_tile_multiple_of_block_size_compiles(sim_compiler, s2_tile):
     config = golden.PagedAttentionConfig(batch=2, s1=1, s2=1024, nq=8, nkv=1, s2_tile=s2_tile)
     sim_compiler.compile_paged_attention(**compile_inputs(config))
