@@ -40,12 +40,7 @@ class Finding:
         return regression_id in self.ids and (not self.backends or backend in self.backends)
 
 
-LEDGER: tuple[Finding, ...] = (
-    Finding(("2ede113f2a", "cd32bdc037"),
-            "golden returns a non-contiguous output when NQ == NKV > 1 (strides (D, B*S1*D, 1)); "
-            "SPEC §1 says all tensors are contiguous ND. Reported to the golden owner, issue 2.",
-            backends=("golden",)),
-)
+LEDGER: tuple[Finding, ...] = ()
 
 
 def lookup(regression_id: str, backend: str, ledger=None) -> Finding | None:

@@ -120,7 +120,8 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         for j in range(count):
             state.update(m_j[:, :, :, j], l_j[:, :, :, j], o_j[:, :, j], valid=has_tokens[:, :, :, j])
     result = state.finalize().view(nkv, batch, s1, group, d).permute(1, 2, 0, 3, 4)
-    return result.reshape(q.shape).bfloat16()
+    # reshape returns a strided view when group == 1; the output must be contiguous (SPEC §1).
+    return result.reshape(q.shape).contiguous().bfloat16()
 
 
 def paged_attention_fp8(
