@@ -1,0 +1,54 @@
+"""cases/html_report.py: one self-contained file, one table, one heat map and histogram per failure."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cases import cli, html_report
+from cases import run as runner
+
+
+def _run(tmp, backend, examples=0):
+    args = cli.build_parser().parse_args(["run", "--backend", backend, "--cases",
+                                          "edge_causal_s1_3_short,edge_tail_tile_3_tokens",
+                                          "--examples", str(examples), "--regressions", str(tmp / "regs")])
+    return runner.execute(args)
+
+
+@pytest.fixture(scope="module")
+def failing_html(tmp_path_factory):
+    run = _run(tmp_path_factory.mktemp("h"), "tests/cases/run_doubles.py:PerturbOne", examples=1)
+    path = html_report.write_html(run, tmp_path_factory.mktemp("out") / "r.html")
+    return run, path.read_text(encoding="utf-8")
+
+
+def test_one_table_and_a_picture_per_failure(failing_html):
+    run, text = failing_html
+    failing = [o for r in run.results for o in r.outcomes if o.verdict == "fail"]
+    assert failing
+    assert text.count("<table") == 1
+    assert text.count('<svg class="heatmap"') == len(failing) == text.count('<svg class="histogram"')
+    assert text.count('<section class="failure') == len(failing)
+    rows = re.findall(r"<tr class=\"", text)
+    assert len(rows) == sum(len(r.outcomes) for r in run.results)
+    assert "kernel logic" in text and "pfa-verify cases replay" in text
+
+
+def test_self_contained(failing_html):
+    _, text = failing_html
+    assert text.startswith("<!DOCTYPE html>")
+    assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/|<script|<link|@import|src=", text, re.I)
+
+
+def test_codec_attribution_badge(tmp_path):
+    run = _run(tmp_path, "tests/cases/run_doubles.py:CalculatorCodec")
+    text = html_report.render_html(run)
+    assert 'badge backend-codec' in text and "not counted" in text
+    assert text.count('<section class="failure uncounted"') == 2
+
+
+def test_colours_split_at_the_tolerance():
+    within, over = html_report.ratio_colour(0.9), html_report.ratio_colour(1.1)
+    assert within[1:3] == within[3:5]          # grey
+    assert over.startswith("#ff") and html_report.ratio_colour(None) == "#000000"
