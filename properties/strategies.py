@@ -242,7 +242,9 @@ def cases(config_strategy=None, *, seed=None) -> st.SearchStrategy:
 
 def quant_rows(*, rows=st.integers(1, 4), cols=st.integers(1, 32), magnitude=st.integers(-30, 30)):
     """float32 numpy arrays ``[rows, cols]`` with no all-zero row, values ``u * 2**magnitude`` for u
-    in [-1, 1] (one magnitude per row, so tiny and huge rows both occur)."""
+    in [-1, 1] (one magnitude per row, so tiny and huge rows both occur). Rows whose max|x| is below
+    2**-110 are left out: 448 / max|x| overflows float32 there, a case SPEC §3 does not decide
+    (open question for the golden: today it yields a dequant scale of 0)."""
     import numpy as np
     from hypothesis.extra import numpy as hnp
     r = _strategy(rows, "rows", minimum=1)
@@ -255,7 +257,7 @@ def quant_rows(*, rows=st.integers(1, 4), cols=st.integers(1, 32), magnitude=st.
         exps = st.lists(mag, min_size=r_, max_size=r_)
         return st.tuples(base, exps).map(
             lambda be: (be[0] * np.exp2(np.array(be[1], dtype=np.float32))[:, None]).astype(np.float32)
-        ).filter(lambda x: bool((np.abs(x).max(axis=1) > 0).all()))
+        ).filter(lambda x: bool((np.abs(x).max(axis=1) >= 2.0 ** -110).all()))
 
     return st.tuples(r, c).flatmap(build)
 
