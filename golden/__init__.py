@@ -15,7 +15,7 @@ from .at12 import qk_matmul_scale
 from .attention import paged_attention_fp8
 from .attention_loop import paged_attention_fp8_loop
 from .codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
-from .inputs import InputBundle, PagedAttentionConfig, make_inputs
+from .inputs import DISTRIBUTIONS, GARBAGE, InputBundle, PagedAttentionConfig, make_inputs
 from .paging import contiguous_to_paged, gen_block_table, paged_to_contiguous
 from .quant import FP8_MAX, quantize_per_channel, quantize_per_token
 from .softmax_state import OnlineSoftmaxState
@@ -25,5 +25,5 @@ __all__ = [
     "Fp8Codec", "SPEC_CODEC", "PYPTO_CALCULATOR_CODEC", "get_codec",
     "quantize_per_token", "quantize_per_channel", "FP8_MAX",
     "gen_block_table", "contiguous_to_paged", "paged_to_contiguous",
-    "OnlineSoftmaxState", "PagedAttentionConfig", "InputBundle", "make_inputs",
+    "OnlineSoftmaxState", "PagedAttentionConfig", "InputBundle", "make_inputs", "DISTRIBUTIONS", "GARBAGE",
 ]

@@ -11,6 +11,10 @@
 | V | sequence, per (batch, kv head, channel), valid tokens only | ``quantize_per_channel(valid=...)`` |
 | P | tile columns, per row (inside the kernel) | ``quantize_rows`` |
 
+Decision (SPEC §3 leaves it open): a row so small that 448 / max|x| overflows float32 (max|x| below
+about 1.3e-36) is rejected with a ValueError naming the tensor and row; it has no finite scale.
+Test: tests/golden/test_quant.py::test_scale_overflow_row_raises.
+
 Decision (SPEC §3 leaves it open): an all-zero row would give ``scale = inf``. By default it is
 rejected with a ValueError naming the tensor and the row (``zero_rows="raise"``). The opt-in policy
 ``zero_rows="unit_scale"`` encodes such a row as zeros with dequant scale 1.0, so it dequantizes
@@ -40,6 +44,15 @@ def _check_source(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be a non-empty tensor with at least one dimension, got shape {tuple(x.shape)}")
 
 
+def _fp8_max_over(amax: torch.Tensor) -> torch.Tensor:
+    """float32 ``448 / amax``, one IEEE division (the kernel divides a 448-filled tile by the max).
+
+    Not ``FP8_MAX / amax``: for a Python scalar numerator torch computes ``amax.reciprocal() * 448``,
+    two roundings (149.33334 instead of 149.33333 for amax = 3).
+    """
+    return torch.full_like(amax, FP8_MAX).div(amax)
+
+
 def _scales_from_amax(amax: torch.Tensor, *, zero_rows: str, name: str, axis_desc: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, dequant_scale) in float32 from the per-row max |x|, applying the zero-row policy."""
     if zero_rows not in _ZERO_ROW_POLICIES:
@@ -57,7 +70,15 @@ def _scales_from_amax(amax: torch.Tensor, *, zero_rows: str, name: str, axis_des
             f"{name} row {row} is all zeros over {axis_desc}, so scale = 448 / 0 is infinite (SPEC §3); "
             f"pass zero_rows='unit_scale' to encode such rows as zeros with dequant scale 1"
         )
-    scale = torch.where(zero, 1.0, FP8_MAX / torch.where(zero, 1.0, amax))
+    scale = torch.where(zero, 1.0, _fp8_max_over(torch.where(zero, 1.0, amax)))
+    overflow = torch.isinf(scale)
+    if overflow.any():
+        row = tuple(torch.nonzero(overflow)[0].tolist())
+        raise ValueError(
+            f"{name} row {row} has max|x| = {float(amax[row]):.3g} over {axis_desc}, so scale = 448 / max "
+            f"overflows float32 (rows need max|x| >= {FP8_MAX / torch.finfo(torch.float32).max:.3g}); "
+            f"rescale the input"
+        )
     return scale, torch.reciprocal(scale)
 
 
@@ -77,7 +98,7 @@ def quantize_rows(
         x = torch.where(valid, x, 0.0)
     amax = x.abs().amax(dim=-1, keepdim=True)
     empty = amax == 0
-    scale = torch.where(empty, 1.0, FP8_MAX / torch.where(empty, 1.0, amax))
+    scale = torch.where(empty, 1.0, _fp8_max_over(torch.where(empty, 1.0, amax)))
     return codec.round(x * scale), torch.reciprocal(scale)
 
 

@@ -82,11 +82,6 @@ def test_max_element_maps_to_448(seed):
     cmp.assert_close(dequant * FP8_MAX, amax, rtol=2.0 ** -22, atol=0.0, identifier="dequant_scale * 448 vs row max")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "design question: SPEC §3 says scale = 448 / max|x| and golden/quant.py says 'float32', but "
-    "`FP8_MAX / amax` in torch is `amax.reciprocal() * 448` (torch's __rtruediv__), two roundings: "
-    "for amax = 3 it gives 149.33334 where the float32 quotient is 149.33333. Which float32 formula "
-    "does the 950 kernel use for p_scale? Host-side Q/K/V are self-consistent either way."))
 def test_scale_is_the_float32_quotient():
     amax = torch.tensor([3.0, 5.0, 7.0, 0.1, 123.456])
     quotient = (FP8_MAX / amax.double()).float()  # one rounding: float64 division is exact enough here
@@ -232,3 +227,15 @@ def test_quantize_rows_uses_the_codec():
 
     p8, _ = quantize_rows(torch.tensor([[1.0, 0.5]]), codec=PYPTO_CALCULATOR_CODEC)
     assert p8.tolist() == [[240.0, 224.0]]  # 448 saturates to 240 there
+
+
+@pytest.mark.parametrize("quantize", [
+    lambda x: quantize_per_token(x, name="q"),
+    lambda x: quantize_per_channel(x, 1, name="q"),
+], ids=["quantize_per_token(q)", "quantize_per_channel(q, 1)"])
+def test_scale_overflow_row_raises(quantize):
+    """A row whose 448 / max|x| overflows float32 has no finite scale: rejected, row named."""
+    x = torch.ones(2, 3)
+    x[1] = 1e-37
+    with pytest.raises(ValueError, match=r"q row \(1, 0\).*overflows float32"):
+        quantize(x)
