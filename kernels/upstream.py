@@ -1,35 +1,22 @@
-"""The six upstream cases of SPEC §5 as golden configs, plus cheap inputs for compile-only runs.
-
-Kept here until cases/catalog.json exists; the names are the interface (SPEC §5), the numbers are
-the §5 table (D = BS = 128, g_tile = NQ / NKV, kv_act_seqs = S2, NB = B * ceil(S2 / BS)).
-"""
+"""The six upstream cases of SPEC §5 (from the case catalog), plus cheap inputs for compile-only runs."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-__all__ = ["UPSTREAM_CASES", "upstream_config", "compile_inputs"]
+from cases.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES  # the names are the interface (SPEC §5)
 
-#: name -> (B, S1, S2, NQ, NKV, s2_tile), SPEC §5.
-UPSTREAM_CASES: dict[str, tuple[int, int, int, int, int, int]] = {
-    "pfa_fp8_b1_s1_2_s2_2048_nkv_8": (1, 2, 2048, 48, 8, 128),
-    "pfa_fp8_b16_s1_1_s2_8195_nkv_2": (16, 1, 8195, 12, 2, 128),
-    "pfa_fp8_b16_s1_1_s2_8k_nkv_1": (16, 1, 8192, 12, 1, 1024),
-    "pfa_fp8_b16_s1_1_s2_8k_nkv_2": (16, 1, 8192, 12, 2, 1024),
-    "pfa_fp8_b2_s1_1_s2_1k": (2, 1, 1024, 12, 1, 128),
-    "pfa_fp8_b16_s1_1_s2_256_nkv_4": (16, 1, 256, 16, 4, 128),
-}
+__all__ = ["UPSTREAM_CASES", "upstream_config", "compile_inputs"]
 
 
 def upstream_config(name: str):
-    """golden.PagedAttentionConfig of an upstream case (ValueError for an unknown name)."""
-    import golden
+    """golden.PagedAttentionConfig of an upstream case, from cases/catalog.json (ValueError if unknown)."""
+    from cases.catalog import load_catalog
 
     if name not in UPSTREAM_CASES:
         raise ValueError(f"name={name!r} is not an upstream case; expected one of {sorted(UPSTREAM_CASES)}")
-    b, s1, s2, nq, nkv, s2_tile = UPSTREAM_CASES[name]
-    return golden.PagedAttentionConfig(batch=b, s1=s1, s2=s2, nq=nq, nkv=nkv, s2_tile=s2_tile)
+    return load_catalog()[name].config
 
 
 def compile_inputs(config, seed: int = 0) -> dict:
