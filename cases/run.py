@@ -505,3 +505,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from cases import report
     return report.run_and_report(args)
+
+
+@register("bench", help="benchmark the vectorized golden against the loop golden (golden/bench.py)")
+def _add_bench(parser: argparse.ArgumentParser) -> None:
+    # golden/ does not import cases/; its bench subcommand is registered from here.
+    from golden import bench
+    bench.add_arguments(parser)
+    parser.set_defaults(func=bench.run)
