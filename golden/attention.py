@@ -10,7 +10,7 @@ For batch b, query position i, kv head n and the query heads h of its group:
 
 ``paged_attention_fp8`` evaluates every tile of every (b, i, n) at once: scores for all tokens,
 masked by each row's ``cur``, viewed as ``[..., tiles, s2_tile]``. Only the online update loops,
-over tiles, because the semantics do. ``golden.attention_loop`` is the same math written as the
+over tiles (``OnlineSoftmaxState.update_tiles``), because the semantics do. ``golden.attention_loop`` is the same math written as the
 plain five-level loop; tests hold the two to bit-identical outputs.
 
 Decisions (SPEC leaves them open), with their tests in tests/golden/test_attention.py:
@@ -97,17 +97,16 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     state = OnlineSoftmaxState.empty((nkv, batch, rows), d)
     for first in range(0, tiles, chunk):
         count = min(chunk, tiles - first)
-        # Read only the tokens some row can see; the padding of the last tile is added as code 0.
-        token = torch.arange(first * tile, min((first + count) * tile, longest))
-        padding = (0, 0, 0, count * tile - token.numel())
-        k_codes = torch.nn.functional.pad(_gather_by_head(k_cache.view(torch.uint8), block_table, token), padding)
-        k = codec.decode(k_codes, torch.float64)  # [N, B, L, D]
-        k_scale_cols = torch.nn.functional.pad(_gather_by_head(k_scale, block_table, token), padding).view(nkv, batch, 1, count * tile)
-        v_codes = _gather_by_head(v_cache.view(torch.uint8), block_table, token)
+        token = torch.arange(first * tile, (first + count) * tile)
+        # Positions past the longest visible length (the last tile's padding) re-read the last one:
+        # they are masked below like every position past a row's length.
+        read = torch.clamp(token, max=longest - 1)
+        k = codec.decode(_gather_by_head(k_cache.view(torch.uint8), block_table, read), torch.float64)  # [N, B, L, D]
+        k_scale_cols = _gather_by_head(k_scale, block_table, read).view(nkv, batch, 1, token.numel())
+        v_codes = _gather_by_head(v_cache.view(torch.uint8), block_table, read)
         # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
         v_codes.masked_fill_((token[None, :] >= lengths[:, None])[None, :, :, None], 0)
-        v = codec.decode(torch.nn.functional.pad(v_codes, padding), torch.float64).view(nkv, batch, count, tile, d)
-        token = torch.arange(first * tile, (first + count) * tile)
+        v = codec.decode(v_codes, torch.float64).view(nkv, batch, count, tile, d)
 
         # Column t of row (i, g) is visible when t < cur[b, i]; scores as [N, B, R, tiles, tile].
         visible = token.view(1, 1, 1, count, tile) < row_cur
@@ -116,9 +115,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         m_j, p, l_j = local_softmax(scores, visible)
         by_tile = (0, 1, 3, 2, 4)  # [N, B, tiles, R, tile]: each tile's rows against its tokens
         o_j = tile_values(p.permute(by_tile), v, v_scale_rows, codec, valid=visible.expand(p.shape).permute(by_tile))
-        has_tokens = visible.any(dim=-1, keepdim=True).expand(nkv, batch, rows, count, 1)
-        for j in range(count):
-            state.update(m_j[:, :, :, j], l_j[:, :, :, j], o_j[:, :, j], valid=has_tokens[:, :, :, j])
+        state.update_tiles(m_j, l_j, o_j.transpose(2, 3), valid=visible.any(dim=-1, keepdim=True))
     result = state.finalize().view(nkv, batch, s1, group, d).permute(1, 2, 0, 3, 4)
     # reshape returns a strided view when group == 1; the output must be contiguous (SPEC §1).
     return result.reshape(q.shape).contiguous().bfloat16()

@@ -96,6 +96,34 @@ class OnlineSoftmaxState:
             self.started = self.started | valid
         return self
 
+    def update_tiles(self, m_t: torch.Tensor, l_t: torch.Tensor, o_t: torch.Tensor, valid: torch.Tensor | None = None) -> "OnlineSoftmaxState":
+        """Fold tiles 0..T-1 in order, in place: the same bits as T calls of ``update``; returns self.
+
+        The tile axis is dim -2: m_t, l_t, valid [..., T, 1] and o_t [..., T, D]. The running max
+        and the factors a, c depend on the m's alone, so they are computed for all tiles at once
+        (a running maximum is exact); only the two float32 recurrences ``l = a*l + c*l_j`` and
+        ``O = a*O + c*O_j`` step through the tiles, as their rounding requires.
+        """
+        tiles = m_t.shape[-2]
+        if valid is None:
+            valid = torch.ones(m_t.shape, dtype=torch.bool)
+        valid = valid.expand(m_t.shape)
+        seen_before = self.started.unsqueeze(-2) | ((torch.cumsum(valid.to(torch.int32), dim=-2) - valid.to(torch.int32)) > 0)
+        first = valid & ~seen_before  # this tile sets the state
+        carry = valid & seen_before  # this tile is folded in
+        # m after each tile: the running max over the state's m and the valid tiles' m_j.
+        running = torch.cummax(torch.cat([self.m.unsqueeze(-2), torch.where(valid, m_t, -torch.inf)], dim=-2), dim=-2).values
+        a = exp_f32(running[..., :-1, :] - running[..., 1:, :])
+        c = exp_f32(m_t - running[..., 1:, :])
+        c_l, c_o = c * l_t, c * o_t
+        l, o = self.l, self.o
+        for j in range(tiles):
+            l = torch.where(carry[..., j, :], a[..., j, :] * l + c_l[..., j, :], torch.where(first[..., j, :], l_t[..., j, :], l))
+            o = torch.where(carry[..., j, :], a[..., j, :] * o + c_o[..., j, :], torch.where(first[..., j, :], o_t[..., j, :], o))
+        self.m, self.l, self.o = running[..., -1, :], l, o
+        self.started = self.started | valid.any(dim=-2)
+        return self
+
     def finalize(self) -> torch.Tensor:
         """float32 ``O / l`` [..., D]; rows that never saw a token are 0 (SPEC §2.5)."""
         return torch.where(self.started, self.o / torch.where(self.started, self.l, 1.0), 0.0)
