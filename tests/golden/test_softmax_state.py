@@ -121,3 +121,29 @@ def test_exp_f32_is_the_rounded_float64_exp_in_any_layout():
     gh.assert_identical(whole, torch.exp(x.double()).float(), "exp_f32")
     one_by_one = torch.cat([exp_f32(x[i:i + 1]) for i in range(0, 1001, 97)])
     gh.assert_identical(one_by_one, whole[::97], "exp_f32 element by element")
+
+
+@pytest.mark.parametrize("prefix_valid", [True, False], ids=["valid tiles a prefix", "valid tiles scattered"])
+@pytest.mark.parametrize("pre_started", [False, True], ids=["empty state", "started state"])
+def test_update_tiles_is_sequential_update(prefix_valid, pre_started):
+    """update_tiles over T tiles gives the same bits as T calls of update, signed zeros included."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        rows, tiles, d = 5, 1 + trial % 6, 3
+        m_t = torch.randn(rows, tiles, 1, generator=g) * 3
+        l_t = torch.rand(rows, tiles, 1, generator=g) * 5
+        o_t = torch.randn(rows, tiles, d, generator=g)
+        o_t[o_t.abs() < 0.3] = -0.0
+        valid = torch.rand(rows, tiles, 1, generator=g) < 0.7
+        if prefix_valid:
+            valid = torch.cumprod(valid.int(), dim=1).bool()
+        one, many = OnlineSoftmaxState.empty((rows,), d), OnlineSoftmaxState.empty((rows,), d)
+        if pre_started:
+            for state in (one, many):
+                state.update(torch.full((rows, 1), 0.5), torch.ones(rows, 1), torch.full((rows, d), -0.0))
+        for j in range(tiles):
+            one.update(m_t[:, j], l_t[:, j], o_t[:, j], valid=valid[:, j])
+        many.update_tiles(m_t, l_t, o_t, valid)
+        for name in ("m", "l", "o"):
+            assert torch.equal(getattr(one, name).view(torch.int32), getattr(many, name).view(torch.int32)), (trial, name)
+        assert torch.equal(one.started, many.started), trial
