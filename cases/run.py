@@ -40,10 +40,11 @@ __all__ = ["Item", "Outcome", "CaseResult", "RunResult", "choose_backend", "coll
            "skip_reason", "run_item", "run_items", "execute", "SIM_MAX_SCORES", "SIM_BUDGET_S",
            "RATIO_BINS"]
 
-# The sim backend executes the kernel in pypto's CPU calculator: about 2 s for a small case, growing
-# with the score matrix. Above this many scores (B * S1 * NQ * max kv length) a case is skipped with
-# the reason rather than left running for many minutes; the upstream 8k cases are 25x over it.
-SIM_MAX_SCORES = 1 << 16
+# The sim backend executes the kernel in pypto's CPU calculator: 10-30 s for a small case on 2 busy
+# cores, growing with the score matrix (pfa_fp8_b16_s1_1_s2_256_nkv_4, 65536 scores: about 130 s).
+# Above this many scores (B * S1 * NQ * max kv length) a case is skipped with the reason unless
+# --max-scores says otherwise; pfa_fp8_b2_s1_1_s2_1k (24576) runs, the upstream 8k cases are 48x over.
+SIM_MAX_SCORES = 1 << 15
 
 # Wall-clock budget of a sim run unless --budget says otherwise: regressions and catalog cases run
 # first, so what a spent budget skips is the tail of the generated examples (each one is reported).
@@ -155,10 +156,10 @@ def _codec_name(codec) -> str | None:
     return getattr(codec, "name", None) if codec is not None else None
 
 
-def skip_reason(backend, case) -> str | None:
+def skip_reason(backend, case, *, max_scores: int | None = None) -> str | None:
     """Why ``backend`` should not run ``case`` here, or None. A backend may answer for itself with a
     ``skip_reason(config)`` method; otherwise the sim backend is limited to kernel-supported shapes
-    and to :data:`SIM_MAX_SCORES` scores."""
+    and to ``max_scores`` scores (default :data:`SIM_MAX_SCORES`; 0 = no limit)."""
     cfg = case.config
     own = getattr(backend, "skip_reason", None)
     if callable(own):
@@ -170,9 +171,10 @@ def skip_reason(backend, case) -> str | None:
         return (f"the kernel is built for head_dim in {KERNEL_HEAD_DIMS} and block_size in "
                 f"{KERNEL_BLOCK_SIZES}; this case has head_dim={cfg.head_dim}, block_size={cfg.block_size}")
     scores = cfg.batch * cfg.s1 * cfg.nq * max(cfg.lengths + (1,))
-    if scores > SIM_MAX_SCORES:
-        return (f"{scores} scores (B*S1*NQ*S2) is over the sim execute limit of {SIM_MAX_SCORES} on a CPU; "
-                f"run it with --backend npu")
+    limit = SIM_MAX_SCORES if max_scores is None else max_scores
+    if limit and scores > limit:
+        return (f"{scores} scores (B*S1*NQ*S2) is over the sim execute limit of {limit} on a CPU "
+                f"(--max-scores; 0 = no limit); run it with --backend npu")
     return None
 
 
@@ -358,7 +360,7 @@ def _run_regression_law(backend, item: Item, regressions_dir) -> list:
 
 
 def run_item(backend, backend_spec: str, item: Item, *, capture: bool = True, regressions_dir=None,
-             deadline: float | None = None) -> CaseResult:
+             deadline: float | None = None, max_scores: int | None = None) -> CaseResult:
     """Run one item and return its result; never raises for a backend failure (verdict ``error``).
     ``deadline`` (``time.time()`` value): past it, the item is skipped with the reason."""
     start = time.perf_counter()
@@ -370,7 +372,7 @@ def run_item(backend, backend_spec: str, item: Item, *, capture: bool = True, re
                             message="skipped: the run's time budget is spent (--budget; 0 = no limit)")]
     elif known is not None and known.quarantined:
         outcomes = [Outcome("spec", "skipped", counts=False, message=f"quarantined: {known.reason}")]
-    elif item.case is not None and (why := skip_reason(backend, item.case)):
+    elif item.case is not None and (why := skip_reason(backend, item.case, max_scores=max_scores)):
         outcomes = [Outcome("spec", "skipped", counts=False, message=f"skipped: {why}")]
     else:
         try:
@@ -400,7 +402,7 @@ def run_item(backend, backend_spec: str, item: Item, *, capture: bool = True, re
 _WORKER: dict = {}
 
 
-def _worker_init(backend_spec: str, device, slots, capture: bool, regressions_dir, deadline) -> None:
+def _worker_init(backend_spec: str, device, slots, capture: bool, regressions_dir, deadline, max_scores) -> None:
     torch.set_num_threads(1)
     index = slots.get() if slots is not None else 0
     dev = (device or 0) + index if backend_spec == "npu" else None   # one NPU per worker
@@ -409,7 +411,8 @@ def _worker_init(backend_spec: str, device, slots, capture: bool, regressions_di
         _WORKER.update(backend=backend, error=None)
     except Exception as exc:  # noqa: BLE001 - reported per case
         _WORKER.update(backend=None, error=f"{type(exc).__name__}: {exc}")
-    _WORKER.update(spec=backend_spec, capture=capture, regressions_dir=regressions_dir, deadline=deadline)
+    _WORKER.update(spec=backend_spec, capture=capture, regressions_dir=regressions_dir, deadline=deadline,
+                   max_scores=max_scores)
 
 
 def _worker_run(item: Item) -> CaseResult:
@@ -417,11 +420,13 @@ def _worker_run(item: Item) -> CaseResult:
         return CaseResult(item.name, item.source, item.config, item.seed, _WORKER["spec"], 0.0,
                           [Outcome("spec", "skipped", counts=False, message=f"skipped: {_WORKER['error']}")])
     return run_item(_WORKER["backend"], _WORKER["spec"], item, capture=_WORKER["capture"],
-                    regressions_dir=_WORKER["regressions_dir"], deadline=_WORKER["deadline"])
+                    regressions_dir=_WORKER["regressions_dir"], deadline=_WORKER["deadline"],
+                    max_scores=_WORKER["max_scores"])
 
 
 def run_items(backend, backend_spec: str, items: list, *, workers: int = 1, device=None, capture: bool = True,
-              regressions_dir=None, progress=None, deadline: float | None = None) -> list:
+              regressions_dir=None, progress=None, deadline: float | None = None,
+              max_scores: int | None = None) -> list:
     """Results in ``items`` order. ``progress(event, item, result)`` sees ``start`` and ``done``."""
     note = progress or (lambda *a: None)
     if workers <= 1 or len(items) <= 1:
@@ -429,7 +434,7 @@ def run_items(backend, backend_spec: str, items: list, *, workers: int = 1, devi
         for item in items:
             note("start", item, None)
             r = run_item(backend, backend_spec, item, capture=capture, regressions_dir=regressions_dir,
-                         deadline=deadline)
+                         deadline=deadline, max_scores=max_scores)
             note("done", item, r)
             results.append(r)
         return results
@@ -439,7 +444,8 @@ def run_items(backend, backend_spec: str, items: list, *, workers: int = 1, devi
         slots.put(k)
     results: dict = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                             initargs=(backend_spec, device, slots, capture, regressions_dir, deadline)) as pool:
+                             initargs=(backend_spec, device, slots, capture, regressions_dir, deadline,
+                                       max_scores)) as pool:
         futures = {}
         for k, item in enumerate(items):
             futures[pool.submit(_worker_run, item)] = k
@@ -470,7 +476,7 @@ def execute(args: argparse.Namespace, *, progress=None, on_items=None) -> RunRes
     deadline = time.time() + budget if budget else None
     results = run_items(backend, spec, items, workers=args.workers, device=args.device,
                         capture=not args.no_capture, regressions_dir=args.regressions, progress=progress,
-                        deadline=deadline)
+                        deadline=deadline, max_scores=args.max_scores)
     return RunResult(getattr(backend, "name", spec), why, _codec_name(getattr(backend, "codec", None)), args.seed,
                      results, time.perf_counter() - start, "pfa-verify run " + " ".join(sys.argv[2:]))
 
@@ -496,6 +502,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=_positive, default=None, metavar="SECONDS",
                         help=f"skip the cases that would start after this many seconds (0: no limit; "
                              f"default {SIM_BUDGET_S} on sim, else no limit)")
+    parser.add_argument("--max-scores", type=_positive, default=None, metavar="N",
+                        help=f"sim: skip cases with more than N scores B*S1*NQ*S2 (0: no limit; "
+                             f"default {SIM_MAX_SCORES})")
     parser.add_argument("--regressions", metavar="DIR", default=None,
                         help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")

@@ -93,6 +93,8 @@ def test_sim_skips_what_it_cannot_run_here_with_the_reason():
     assert "over the sim execute limit" in runner.skip_reason(sim, cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"])
     assert "head_dim" in runner.skip_reason(sim, cat["edge_small_blocks_ragged"])
     assert runner.skip_reason(sim, cat["pfa_fp8_b2_s1_1_s2_1k"]) is None
+    assert runner.skip_reason(sim, cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"], max_scores=0) is None   # 0: no limit
+    assert "limit of 100" in runner.skip_reason(sim, cat["pfa_fp8_b2_s1_1_s2_1k"], max_scores=100)
     assert runner.skip_reason(SimpleNamespace(name="golden"), cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"]) is None
     own = SimpleNamespace(name="sim", skip_reason=lambda cfg: "mine")
     assert runner.skip_reason(own, cat["pfa_fp8_b2_s1_1_s2_1k"]) == "mine"
