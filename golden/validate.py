@@ -107,7 +107,7 @@ def check_paged_attention_args(
     rows, nq, head_dim = q.shape
     num_blocks, block_size, nkv, kd = k_cache.shape
     batch, max_blocks = block_table.shape
-    for name, size in (("q's NQ", nq), ("q's D", head_dim), ("k_cache's NB", num_blocks),
+    for name, size in (("q's B*S1", rows), ("q's NQ", nq), ("q's D", head_dim), ("k_cache's NB", num_blocks),
                        ("k_cache's BS", block_size), ("k_cache's NKV", nkv), ("block_table's B", batch),
                        ("block_table's MAXB", max_blocks)):
         if size == 0:
