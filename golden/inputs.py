@@ -86,8 +86,11 @@ class PagedAttentionConfig:
             total = sum(-(-n // self.block_size) for n in self.lengths)
             if _int(self.num_blocks, "num_blocks", minimum=1) < total:
                 raise ValueError(f"num_blocks={self.num_blocks} must be >= the {total} blocks kv_act_seqs needs")
-        if self.softmax_scale is not None and not (isinstance(self.softmax_scale, (int, float)) and self.softmax_scale > 0):
-            raise ValueError(f"softmax_scale={self.softmax_scale!r} must be a positive float or None")
+        if self.softmax_scale is not None and (
+            isinstance(self.softmax_scale, bool) or not isinstance(self.softmax_scale, (int, float))
+            or not math.isfinite(self.softmax_scale) or self.softmax_scale <= 0
+        ):  # the same values paged_attention_fp8 accepts
+            raise ValueError(f"softmax_scale={self.softmax_scale!r} must be a finite positive float or None")
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution={self.distribution!r} must be one of {DISTRIBUTIONS}")
         if self.garbage not in GARBAGE:
