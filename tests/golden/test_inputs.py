@@ -1,0 +1,130 @@
+"""golden/inputs.py, SPEC §5 recipe: make_inputs is deterministic per (config, seed), seeds differ,
+the config round-trips through to_dict / from_dict, defaults follow §5, every distribution builds,
+and the garbage fill lands only in cells the kernel never reads. Bad arguments:
+tests/golden/test_validate.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import golden_helpers as gh
+from golden import SPEC_CODEC, InputBundle, PagedAttentionConfig, make_inputs, paged_to_contiguous
+from golden.inputs import DISTRIBUTIONS
+
+C = PagedAttentionConfig
+RAGGED = C(batch=3, s1=2, s2=19, nq=4, nkv=2, head_dim=8, block_size=4, s2_tile=8,
+           kv_act_seqs=(19, 0, 6), max_blocks=7, num_blocks=20, garbage="nan")
+
+
+def test_same_config_and_seed_give_the_same_bundle():
+    a, b = make_inputs(RAGGED, 3), make_inputs(RAGGED, 3)
+    assert isinstance(a, InputBundle) and a.config == RAGGED and a.seed == 3
+    for name in InputBundle.TENSORS:
+        gh.assert_identical(getattr(a, name), getattr(b, name), name)
+
+
+def test_different_seeds_differ():
+    a, b = make_inputs(RAGGED, 3), make_inputs(RAGGED, 4)
+    for name in ("q", "k_cache", "v_cache", "q_scale", "block_table"):
+        assert not torch.equal(gh.bits(getattr(a, name)), gh.bits(getattr(b, name))), f"{name} same for seeds 3 and 4"
+
+
+def test_bundle_shapes_and_dtypes_follow_spec_section_1():
+    bundle = make_inputs(RAGGED, 0)
+    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    expected = {
+        "q": ((6, 4, 8), fp8), "q_scale": ((6, 4, 1), f32),
+        "k_cache": ((20, 4, 2, 8), fp8), "k_scale": ((20, 4, 2, 1), f32),
+        "v_cache": ((20, 4, 2, 8), fp8), "v_scale": ((3, 2, 8), f32),
+        "block_table": ((3, 7), torch.int32), "kv_act_seqs": ((3,), torch.int32),
+    }
+    for name, (shape, dtype) in expected.items():
+        t = getattr(bundle, name)
+        assert (tuple(t.shape), t.dtype, t.is_contiguous()) == (shape, dtype, True), name
+    assert bundle.kv_act_seqs.tolist() == [19, 0, 6]
+
+
+def test_defaults_follow_spec_section_5():
+    config = C(batch=2, s1=1, s2=300, nq=4, nkv=1)
+    assert (config.head_dim, config.block_size, config.s2_tile, config.g_tile) == (128, 128, 128, None)
+    assert config.lengths == (300, 300)
+    assert config.table_columns == 3 and config.physical_blocks == 6  # MAXB = ceil(S2 / BS), NB = B * MAXB
+
+
+@pytest.mark.parametrize("config", [RAGGED, C(batch=1, s1=1, s2=5, nq=1, nkv=1, head_dim=4, block_size=1, s2_tile=2,
+                                               softmax_scale=0.25, distribution="wide", g_tile=1)],
+                         ids=["ragged", "scalars"])
+def test_to_dict_from_dict_round_trip(config):
+    data = config.to_dict()
+    assert json.loads(json.dumps(data)) == data  # JSON-ready
+    assert C.from_dict(data) == config
+    assert C.from_dict(json.loads(json.dumps(data))) == config
+    assert make_inputs(C.from_dict(data), 1).q.view(torch.uint8).equal(make_inputs(config, 1).q.view(torch.uint8))
+
+
+def test_kv_act_seqs_list_becomes_a_tuple():
+    config = C(batch=2, s1=1, s2=8, nq=2, nkv=1, head_dim=4, block_size=4, s2_tile=4, kv_act_seqs=[3, 8])
+    assert config.kv_act_seqs == (3, 8) and hash(config) == hash(config.replace())
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_every_distribution_builds_finite_inputs(distribution):
+    bundle = make_inputs(RAGGED.replace(distribution=distribution, garbage=None), 5)
+    for name in ("q", "k_cache", "v_cache"):
+        assert torch.isfinite(SPEC_CODEC.from_fp8(getattr(bundle, name))).all(), name
+    for name in ("q_scale", "k_scale", "v_scale"):
+        t = getattr(bundle, name)
+        assert torch.isfinite(t).all() and (t >= 0).all(), name
+
+
+def read_cells(bundle) -> torch.Tensor:
+    """bool [NB, BS]: the cache cells some token lives in."""
+    bs = bundle.k_cache.shape[1]
+    read = torch.zeros(bundle.k_cache.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(bundle.kv_act_seqs.tolist()):
+        for t in range(n):
+            read[int(bundle.block_table[b, t // bs]), t % bs] = True
+    return read
+
+
+@pytest.mark.parametrize("garbage", ["nan", "huge"])
+def test_garbage_lands_only_in_unread_cells(garbage):
+    clean, dirty = make_inputs(RAGGED.replace(garbage=None), 7), make_inputs(RAGGED.replace(garbage=garbage), 7)
+    read = read_cells(dirty)
+    assert (~read).any() and read.any()
+    for name in ("k_cache", "v_cache", "k_scale"):
+        gh.assert_identical(getattr(dirty, name)[read], getattr(clean, name)[read], f"{name} in read cells")
+        assert not torch.equal(gh.bits(getattr(dirty, name)[~read]), gh.bits(getattr(clean, name)[~read]))
+    for name in ("q", "q_scale", "v_scale", "block_table", "kv_act_seqs"):
+        gh.assert_identical(getattr(dirty, name), getattr(clean, name), name)
+    if garbage == "nan":
+        assert (dirty.k_cache.view(torch.uint8)[~read] == 0x7F).all()
+        assert (dirty.v_cache.view(torch.uint8)[~read] == 0x7F).all()
+        assert torch.isnan(dirty.k_scale[~read]).all()
+    else:
+        assert (SPEC_CODEC.from_fp8(dirty.k_cache)[~read] == 448).all()
+        assert (dirty.k_scale[~read] == 3.0e38).all()
+
+
+def test_quantized_inputs_put_each_max_on_448():
+    """Q, K per token and V per channel over valid tokens (SPEC §3): each row's max reads back as 448."""
+    bundle = make_inputs(RAGGED.replace(garbage=None), 9)
+    assert SPEC_CODEC.from_fp8(bundle.q).abs().amax(dim=-1).eq(448).all()
+    page = dict(block_table=bundle.block_table, kv_act_seqs=bundle.kv_act_seqs, seq_len=19)
+    k = SPEC_CODEC.from_fp8(paged_to_contiguous(bundle.k_cache, **page))
+    v = SPEC_CODEC.from_fp8(paged_to_contiguous(bundle.v_cache, **page))
+    for b, n in enumerate(bundle.kv_act_seqs.tolist()):
+        if n:
+            assert k[b, :n].abs().amax(dim=-1).eq(448).all(), f"K rows of batch {b}"
+            assert v[b, :n].abs().amax(dim=0).eq(448).all(), f"V channels of batch {b}"
+    assert (bundle.v_scale[1] == 1.0).all()  # batch 1 has no token: unit scale, never read
+
+
+def test_clone_is_deep():
+    bundle = make_inputs(RAGGED, 1)
+    copy = bundle.clone()
+    copy.q_scale.fill_(0)
+    assert (bundle.q_scale != 0).all()
+    assert set(bundle.kwargs()) == set(InputBundle.TENSORS) | {"softmax_scale", "s2_tile", "g_tile"}
