@@ -32,7 +32,9 @@ def _check_lengths(kv_act_seqs: torch.Tensor | list[int] | tuple[int, ...], name
 
 
 def _check_positive(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
     return value
 

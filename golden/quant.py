@@ -53,19 +53,29 @@ def _fp8_max_over(amax: torch.Tensor) -> torch.Tensor:
     return torch.full_like(amax, FP8_MAX).div(amax)
 
 
-def _scales_from_amax(amax: torch.Tensor, *, zero_rows: str, name: str, axis_desc: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, dequant_scale) in float32 from the per-row max |x|, applying the zero-row policy."""
+def _scales_from_amax(amax: torch.Tensor, *, dim: int, zero_rows: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, dequant_scale) in float32 from the per-row max |x| (``dim`` kept as size 1).
+
+    Applies the zero-row policy; a bad row is named by its index without the reduced axis.
+    """
+    axis_desc = f"dim {dim}"
+
+    def first(mask: torch.Tensor) -> tuple[int, ...]:
+        index = torch.nonzero(mask)[0].tolist()
+        del index[dim]
+        return tuple(index)
+
     if zero_rows not in _ZERO_ROW_POLICIES:
         raise ValueError(f"zero_rows={zero_rows!r} is not a policy; expected one of {_ZERO_ROW_POLICIES}")
     if torch.isnan(amax).any():
-        row = tuple(torch.nonzero(torch.isnan(amax))[0].tolist())
+        row = first(torch.isnan(amax))
         raise ValueError(f"{name} has NaN in row {row} (max over {axis_desc}); quantization needs finite values")
     if torch.isinf(amax).any():
-        row = tuple(torch.nonzero(torch.isinf(amax))[0].tolist())
+        row = first(torch.isinf(amax))
         raise ValueError(f"{name} has an infinite value in row {row} (max over {axis_desc}); quantization needs finite values")
     zero = amax == 0
     if zero.any() and zero_rows == "raise":
-        row = tuple(torch.nonzero(zero)[0].tolist())
+        row = first(zero)
         raise ValueError(
             f"{name} row {row} is all zeros over {axis_desc}, so scale = 448 / 0 is infinite (SPEC §3); "
             f"pass zero_rows='unit_scale' to encode such rows as zeros with dequant scale 1"
@@ -73,9 +83,9 @@ def _scales_from_amax(amax: torch.Tensor, *, zero_rows: str, name: str, axis_des
     scale = torch.where(zero, 1.0, _fp8_max_over(torch.where(zero, 1.0, amax)))
     overflow = torch.isinf(scale)
     if overflow.any():
-        row = tuple(torch.nonzero(overflow)[0].tolist())
+        row = first(overflow)
         raise ValueError(
-            f"{name} row {row} has max|x| = {float(amax[row]):.3g} over {axis_desc}, so scale = 448 / max "
+            f"{name} row {row} has max|x| = {float(amax[overflow].flatten()[0]):.3g} over {axis_desc}, so scale = 448 / max "
             f"overflows float32 (rows need max|x| >= {FP8_MAX / torch.finfo(torch.float32).max:.3g}); "
             f"rescale the input"
         )
@@ -113,7 +123,7 @@ def quantize_per_token(
     _check_source(x, name)
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True)
-    scale, dequant = _scales_from_amax(amax, zero_rows=zero_rows, name=name, axis_desc=f"dim {x.ndim - 1}")
+    scale, dequant = _scales_from_amax(amax, dim=x.ndim - 1, zero_rows=zero_rows, name=name)
     return SPEC_CODEC.to_fp8(xf * scale), dequant
 
 
@@ -129,7 +139,9 @@ def quantize_per_channel(
     float8_e4m3fn) and dequant_scale float32 with ``dim`` kept as size 1.
     """
     _check_source(x, name)
-    if not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not -x.ndim <= dim < x.ndim:
         raise ValueError(f"dim={dim!r} must be an int in [{-x.ndim}, {x.ndim}) for {name} of shape {tuple(x.shape)}")
     xf = x.float()
     if valid is not None:
@@ -141,5 +153,5 @@ def quantize_per_channel(
             raise ValueError(f"valid of shape {tuple(valid.shape)} does not broadcast to {name} of shape {tuple(x.shape)}") from None
         xf = torch.where(valid, xf, 0.0)
     amax = xf.abs().amax(dim=dim, keepdim=True)
-    scale, dequant = _scales_from_amax(amax, zero_rows=zero_rows, name=name, axis_desc=f"dim {dim % x.ndim}")
+    scale, dequant = _scales_from_amax(amax, dim=dim % x.ndim, zero_rows=zero_rows, name=name)
     return SPEC_CODEC.to_fp8(xf * scale), dequant

@@ -193,6 +193,6 @@ def check_qk_matmul_scale_args(
         scale = 1.0 / math.sqrt(q.shape[1])
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    elif not math.isfinite(scale):
-        raise ValueError(f"scale={scale} must be finite")
+    elif not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale={scale} must be a finite positive number (SPEC §6: 1/sqrt(head_dim) by default)")
     return is_fp8, float(scale)
