@@ -158,7 +158,7 @@ def render_html(run) -> str:
     verdict = '<span class="bad">FAILED</span>' if s["exit_status"] else '<span class="ok">OK</span>'
     out.append(f"<h1>pfa-verify run: {verdict}</h1>")
     out.append(f'<p class="meta">{s["cases"]} cases, {s["comparisons"]} comparisons: {s["passed"]} passed, '
-               f'{s["failed"]} failed ({s["not_counted"]} not counted), {s["errors"]} errors, {s["skipped"]} skipped '
+               f'{s["failed"]} failed{f" ({n} not counted)" if (n := s["not_counted"]) else ""}, {s["errors"]} errors, {s["skipped"]} skipped '
                f'in {s["seconds"]:.1f} s. Backend <b>{_e(run.backend)}</b> (codec {_e(run.codec)}): '
                f'{_e(run.backend_note)}. Seed {run.seed}.</p>')
     out.append('<p class="meta">' + ", ".join(f"{_e(k)} {_e(val)}" for k, val in v.items()) + "</p>")
