@@ -52,3 +52,12 @@ def test_colours_split_at_the_tolerance():
     within, over = html_report.ratio_colour(0.9), html_report.ratio_colour(1.1)
     assert within[1:3] == within[3:5]          # grey
     assert over.startswith("#ff") and html_report.ratio_colour(None) == "#000000"
+
+
+def test_skips_are_listed_with_their_reason(tmp_path):
+    args = cli.build_parser().parse_args(["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short",
+                                          "--examples", "0", "--regressions", str(tmp_path)])
+    run = runner.execute(args)
+    run.results[0].outcomes[0] = runner.Outcome("spec", "skipped", counts=False, message="skipped: too big here")
+    text = html_report.render_html(run)
+    assert "<h2>Skipped (1)</h2>" in text and "edge_causal_s1_3_short: too big here" in text
