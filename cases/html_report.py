@@ -37,9 +37,9 @@ table.results th,table.results td{border-bottom:1px solid #e3e3e8;padding:4px 8p
 table.results td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.v a{color:inherit}tr.pass td.v{color:#1a7f37}tr.fail td.v{color:#c62828;font-weight:600}tr.error td.v{color:#8e24aa;font-weight:600}
 tr.skipped td{color:#888}tr.uncounted td.v{color:#b26a00;font-weight:600}
-table.results td.why{white-space:normal;color:#888;font-size:12px;min-width:220px;max-width:520px}
+span.why{display:block;white-space:normal;color:#888;font-size:11px;font-weight:normal;max-width:240px}
 ul.skips{font-size:13px;color:#555}
-table.results td.be{white-space:normal;word-break:break-all;min-width:140px;max-width:240px}
+table.results td.be{white-space:normal;word-break:break-all;max-width:240px}
 section.failure{border:1px solid #e3e3e8;border-left:4px solid #c62828;border-radius:6px;padding:12px 16px;margin:16px 0}
 section.failure.uncounted{border-left-color:#e0a100}
 .badge{display:inline-block;border-radius:10px;padding:1px 10px;font-size:12px;font-weight:600;color:#fff}
@@ -168,7 +168,7 @@ def render_html(run) -> str:
     out.append("<h2>Cases</h2>")
     out.append('<table class="results"><thead><tr><th>case</th><th>source</th><th>backend</th><th>reference</th>'
                "<th>max abs</th><th>max rel</th><th>mismatched/total</th><th>worst (row, head, d)</th><th>s</th>"
-               "<th>verdict</th><th>note</th></tr></thead><tbody>")
+               "<th>verdict</th></tr></thead><tbody>")
     failures = []
     for r in run.results:
         for k, o in enumerate(r.outcomes):
@@ -184,12 +184,16 @@ def render_html(run) -> str:
             worst = "-" if not w else f"({w['row']}, {w['head']}, {w['d']})"
             note = o.attribution if o.verdict == "fail" else (o.message.splitlines()[0].removeprefix("skipped: ")
                                                               if o.message and o.verdict != "pass" else "")
+            full = note or ""
+            if o.verdict == "skipped" and len(full) > 60:   # the whole reason is in the Skipped list
+                note = full[:58].rstrip() + "\u2026"
+            why = f'<span class="why" title="{_e(full)}">{_e(note)}</span>' if note else ""
             out.append(f'<tr class="{cls}"><td>{_e(r.name) if k == 0 else ""}</td><td>{_e(r.source) if k == 0 else ""}'
                        f'</td><td class="be">{_e(r.backend) if k == 0 else ""}</td><td>{_e(o.reference)}</td>'
                        f'<td class="num">{_fmt(o.max_abs_err)}</td><td class="num">{_fmt(o.max_rel_err)}</td>'
                        f'<td class="num">{"-" if o.total is None else f"{o.mismatched}/{o.total}"}</td>'
                        f'<td>{worst}</td><td class="num">{f"{r.seconds:.2f}" if k == 0 else ""}</td>'
-                       f'<td class="v">{text}</td><td class="why">{_e(note or "")}</td></tr>')
+                       f'<td class="v">{text}{why}</td></tr>')
     out.append("</tbody></table>")
     skipped: dict = {}
     for r in run.results:
