@@ -73,10 +73,10 @@ def _cmd_show(args) -> int:
 
 def _cmd_replay(args) -> int:
     from cases import regressions
-    from properties.case import resolve_backend
+    from kernels import get_backend
     reg = regressions.load(args.id, directory=args.dir)
     name = args.backend or reg.backend
-    backend = resolve_backend(name)
+    backend = get_backend(name)
     print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
     try:
         regressions.replay(reg, backend)
@@ -89,7 +89,7 @@ def _cmd_replay(args) -> int:
 
 def _cmd_prune(args) -> int:
     from cases import ledger, regressions
-    from properties.case import resolve_backend
+    from kernels import get_backend
     folder = regressions.directory(args.dir)
     removed = 0
     for rid in regressions.list_ids(directory=args.dir):
@@ -98,7 +98,7 @@ def _cmd_prune(args) -> int:
         if ledger.lookup(rid, name):
             continue
         try:
-            regressions.replay(reg, resolve_backend(name))
+            regressions.replay(reg, get_backend(name))
         except AssertionError:
             continue
         print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {name})")

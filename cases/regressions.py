@@ -199,7 +199,7 @@ def should_capture() -> bool:
 
 def replay(reg: Regression, backend=None) -> None:
     """Run the captured law again (raises AssertionError with the replay line when it still fails)."""
-    from properties.case import resolve_backend
+    from kernels import get_backend
     from properties.laws import check
-    be = resolve_backend(reg.backend) if backend is None else backend
+    be = get_backend(reg.backend) if backend is None else backend
     check(reg.law, be, reg.to_case(), capture=False, **reg.params)

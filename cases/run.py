@@ -121,35 +121,14 @@ class RunResult:
 def choose_backend(name: str, *, device=None):
     """``(backend, name to replay it by, one line saying what was chosen and why)``.
 
-    ``auto`` tries npu, then sim (:func:`kernels.get_backend`), and falls back to the golden with the
-    reasons: a golden-vs-golden run checks the pipeline and the cases, not a kernel.
+    ``auto`` is :func:`kernels.get_backend`'s: npu, else sim, else the golden, with the reasons.
     """
-    from properties.case import resolve_backend
-    if name != "auto":
-        if device is not None and ".py:" not in name:
-            import kernels
-            backend = kernels.get_backend(name, device=device)
-        else:
-            backend = resolve_backend(name)
-        return backend, name, f"backend {backend.name} (as asked)"
-    reasons = []
-    try:
-        import kernels
-    except ImportError as exc:
-        kernels = None
-        reasons.append(f"kernels not importable ({exc})")
-    if kernels is not None:
-        for label in ("npu", "sim"):
-            try:
-                backend = kernels.get_backend(label, device=device) if label == "npu" else kernels.get_backend(label)
-            except kernels.BackendUnavailable as exc:
-                reasons.append(exc.reason)
-                continue
-            why = f"; not npu: {reasons[0]}" if reasons else ""
-            return backend, label, f"auto chose {label}{why}"
-    backend = resolve_backend("golden")
-    return backend, "golden", ("auto fell back to the golden (this checks the cases and the pipeline, "
-                               "not a kernel): " + "; ".join(reasons))
+    import kernels
+
+    backend = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+    note = getattr(backend, "selection", None) or f"backend {backend.name} (as asked)"
+    replay_name = backend.name if name == "auto" else name
+    return backend, replay_name, note
 
 
 def _codec_name(codec) -> str | None:
@@ -306,9 +285,9 @@ def _compare_one(out, ref, *, reference: str, case, tensors, scalars, codec, tag
 
 def _run_paged(backend, backend_spec: str, item: Item, *, capture: bool, regressions_dir) -> list:
     import golden
-    from properties.laws import _split, call
+    from properties.laws import call, split_bundle
     case = item.case
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     tags = {"case": item.name, "backend": backend.name}
     try:
         out = call(backend, tensors, tags=tags, **scalars)

@@ -19,7 +19,8 @@ import torch
 
 from properties import compare as cmp
 from properties.attribution import attribute
-from properties.case import Case, GoldenBackend
+from kernels.backends.golden_backend import GoldenBackend
+from properties.case import Case
 
 __all__ = ["LAWS", "law", "call", "check", "poison_unread", "permute_blocks", "repeat_kv_heads",
            "select_batch", "tile_bound"]
@@ -37,7 +38,7 @@ def law(name: str, *, tolerance: str = "attention"):
     return register
 
 
-def _split(bundle) -> tuple[dict, dict]:
+def split_bundle(bundle) -> tuple[dict, dict]:
     """(tensor kwargs, scalar kwargs) of a bundle, scalars taken from its config."""
     kw = bundle.kwargs()
     tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}
@@ -208,7 +209,7 @@ def tile_bound(tensors: dict, s2_tiles, *, softmax_scale: float | None = None) -
 def acceptance(backend, case: Case) -> None:
     """SPEC §4: the backend's output is within rtol 1/128, atol 1e-4 of the golden's, elementwise."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     tags = _tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     ref = call(_GOLDEN, tensors, tags=tags, **scalars)
@@ -220,7 +221,7 @@ def acceptance(backend, case: Case) -> None:
 def outputs_finite(backend, case: Case) -> None:
     """Finite inputs in every cell the kernel reads give a finite output (SPEC §2-§3)."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     out = call(backend, tensors, tags=_tags(backend, case), **scalars).float()
     bad = ~torch.isfinite(out)
     if bool(bad.any()):
@@ -235,7 +236,7 @@ def outputs_finite(backend, case: Case) -> None:
 def block_permutation(backend, case: Case, perm_seed: int = 0) -> None:
     """SPEC §2 item 2: moving physical blocks (and renumbering the table) leaves the output bit-identical."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     nb = tensors["k_cache"].shape[0]
     perm = torch.randperm(nb, generator=torch.Generator().manual_seed(perm_seed))
     tags = _tags(backend, case)
@@ -250,7 +251,7 @@ def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
     """SPEC §2 items 2 and 5: NaN or huge values in every cell that must not be read (unowned
     blocks, rows past each length, q of rows with cur == 0) never change the output, bit for bit."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     tags = _tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     dirty = call(backend, poison_unread(tensors, fill), tags=tags, **scalars)
@@ -263,7 +264,7 @@ def gqa_repetition(backend, case: Case) -> None:
     """SPEC §2 item 2: query head h reads KV head h // group, so repeating each KV head group times
     (NKV = NQ) gives the grouped call's output (within SPEC §4)."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     group = case.config.nq // case.config.nkv
     tags = _tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
@@ -277,7 +278,7 @@ def tile_invariance(backend, case: Case, s2_tile: int | None = None, g_tile: int
     """SPEC §2 item 3: another g_tile gives the same output (within SPEC §4); another s2_tile moves
     it by no more than the P quantization of both tile walks allows (:func:`tile_bound`)."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     tags = _tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     other = dict(scalars, g_tile=g_tile, s2_tile=scalars["s2_tile"] if s2_tile is None else s2_tile)
@@ -298,7 +299,7 @@ def batch_independence(backend, case: Case, batch_index: int = 0) -> None:
     """SPEC §2: each batch is computed from its own rows, table row and length, so batch b alone
     equals its rows of the batched call (within SPEC §4)."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     b, s1 = batch_index % case.config.batch, case.config.s1
     tags = _tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
@@ -313,7 +314,7 @@ def causal_prefix(backend, case: Case) -> None:
     """SPEC §2 item 1: query position i of an S1 > 1 call equals an S1 = 1 call with the length
     shortened to ``cur = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (within SPEC §4)."""
     __tracebackhide__ = True
-    tensors, scalars = _split(case.inputs())
+    tensors, scalars = split_bundle(case.inputs())
     c = case.config
     tags = _tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)

@@ -122,21 +122,54 @@ def _npu(device=None, **options):
 
 
 def _auto(device=None, **options):
-    """The NPU when there is one, else the simulator; never the golden (that would test nothing)."""
+    """The NPU when there is one, else the simulator, else the golden; ``selection`` says which and why.
+
+    Falling back to the golden keeps the pipeline and the cases runnable anywhere; the selection
+    line says plainly that such a run checks no kernel.
+    """
     reasons = []
     for label, factory in (("npu", lambda: _npu(device=device, **options)), ("sim", lambda: _sim(**options))):
         try:
-            return factory()
+            backend = factory()
         except BackendUnavailable as exc:
-            reasons.append(f"{label}: {exc.reason}")
-    raise BackendUnavailable("auto found no kernel backend (" + "; ".join(reasons) + ")")
+            reasons.append(f"not {label}: {exc.reason}")
+            continue
+        backend.selection = f"auto chose {label}" + (f" ({'; '.join(reasons)})" if reasons else "")
+        return backend
+    backend = _golden()
+    backend.selection = ("auto fell back to the golden, so this run checks the cases and the pipeline, "
+                         "not a kernel (" + "; ".join(reasons) + ")")
+    return backend
+
+
+def _load_file_factory(name: str):
+    """The object named by 'path/to/file.py:factory' (a test double kept outside any package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path, _, attr = name.rpartition(":")
+    candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
+    file = next((c for c in candidates if c.is_file()), None)
+    if file is None:
+        raise ValueError(f"name={name!r}: no file {path!r} here or in the project root")
+    module_name = "_pfa_backend_" + re.sub(r"\W", "_", str(file.resolve()))
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return module, attr
 
 
 BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim": _sim, "npu": _npu, "auto": _auto}
 
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
-    """The backend called `name`: golden, sim, npu, auto, or an import path 'package.module:factory'.
+    """The backend called `name`: golden, sim, npu, auto, an import path 'package.module:factory',
+    or a file path 'path/to/file.py:factory' (test doubles; relative to the working directory or the
+    project root).
 
     - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
     - options: passed to the backend (sim: level="execute" or "compile").
@@ -152,11 +185,15 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if ":" not in name:
         raise ValueError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
                          "or an import path 'package.module:factory'")
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
+    if ".py:" in name:
+        module, attr = _load_file_factory(name)
+        module_name = module.__file__
+    else:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"name={name!r}: {module_name} has no callable {attr!r}")

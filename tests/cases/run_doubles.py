@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from properties.case import GoldenBackend
+from kernels.backends.golden_backend import GoldenBackend
 
 
 class PerturbOne(GoldenBackend):
@@ -28,11 +28,6 @@ class CalculatorCodec(GoldenBackend):
     """The golden under golden.codec.PYPTO_CALCULATOR_CODEC, declaring that codec."""
     name = "tests/cases/run_doubles.py:CalculatorCodec"
 
-    @property
-    def codec(self):
+    def __init__(self) -> None:
         from golden.codec import PYPTO_CALCULATOR_CODEC
-        return PYPTO_CALCULATOR_CODEC
-
-    def paged_attention_fp8(self, *args, codec=None, **kwargs):
-        import golden
-        return golden.paged_attention_fp8(*args, codec=self.codec, **kwargs)
+        super().__init__(codec=PYPTO_CALCULATOR_CODEC)

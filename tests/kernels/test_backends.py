@@ -208,7 +208,7 @@ def test_npu_unavailable_says_what_is_missing():
     assert "torch_npu is not installed" in info.value.reason
 
 
-def test_auto_lists_every_reason_when_nothing_runs(monkeypatch):
+def test_auto_falls_back_to_the_golden_with_every_reason(monkeypatch):
     from kernels import backends
 
     def no_sim(**options):
@@ -220,9 +220,23 @@ def test_auto_lists_every_reason_when_nothing_runs(monkeypatch):
 
     if importlib.util.find_spec("torch_npu") is not None:
         pytest.skip("torch_npu is installed here")
-    with pytest.raises(BackendUnavailable) as info:
-        kernels.get_backend("auto")
-    assert "npu: " in info.value.reason and "sim: pypto is not installed" in info.value.reason
+    backend = kernels.get_backend("auto")
+    assert backend.name == "golden"
+    assert "fell back to the golden" in backend.selection and "checks the cases and the pipeline, not a kernel" in backend.selection
+    assert "not npu: " in backend.selection and "not sim: pypto is not installed" in backend.selection
+
+
+def test_auto_says_what_it_chose(monkeypatch):
+    from kernels import backends
+
+    chosen = kernels.get_backend("golden")
+    monkeypatch.setattr(backends, "_sim", lambda **options: chosen)
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    backend = kernels.get_backend("auto")
+    assert backend is chosen and backend.selection.startswith("auto chose sim (not npu: ")
 
 
 def test_backend_fixture_turns_unavailable_into_a_skip(tmp_path):

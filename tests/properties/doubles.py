@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from properties.case import GoldenBackend
+from kernels.backends.golden_backend import GoldenBackend
 
 
 class DropLastS2Tile(GoldenBackend):
