@@ -8,10 +8,11 @@ For batch b, query position i, kv head n and the query heads h of its group:
    ``tile_values`` (P quantization, MM2, dequant), then the online update.
 4. ``out = bf16(O / l)``, round to nearest even; 5. rows with ``cur == 0`` are 0.
 
-``paged_attention_fp8`` evaluates every tile of every (b, i, n) at once: scores for all tokens,
-masked by each row's ``cur``, viewed as ``[..., tiles, s2_tile]``. Only the online update loops,
-over tiles (``OnlineSoftmaxState.update_tiles``), because the semantics do. ``golden.attention_loop`` is the same math written as the
-plain five-level loop; tests hold the two to bit-identical outputs.
+``paged_attention_fp8`` evaluates the tiles of every (b, i, n) together: the (batch, tile) pairs
+that hold tokens are packed (a short batch costs only its own tiles), and each row's ``cur`` masks
+its columns. Only the online update loops over tiles (``OnlineSoftmaxState.update_tiles``),
+because the semantics do. ``golden.attention_loop`` is the same math written as the plain
+five-level loop; tests hold the two to bit-identical outputs.
 
 Decisions (SPEC leaves them open), with their tests in tests/golden/test_attention.py:
 - ``g_tile`` only partitions heads for the kernel; rows are independent, so it never changes the
@@ -65,57 +66,68 @@ def tile_values(p: torch.Tensor, v: torch.Tensor, v_scale: torch.Tensor, codec: 
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def _gather_by_head(cache: torch.Tensor, block_table: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """[N, B, len(token), X]: the rows of the given token positions of every batch, kv head first.
+def _gather_tiles(cache: torch.Tensor, block_table: torch.Tensor, batch: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """[N, P, T, X]: cache rows of token positions ``token`` [P, T] of batches ``batch`` [P], kv head first.
 
-    ``cache`` is [NB, BS, N, X]. Entries of -1 read block 0 and positions past a table row's last
-    column read that column, as the kernel's clamp does; the caller masks what they read.
+    ``cache`` is [NB, BS, N, X]; every position must lie inside its batch's valid length (SPEC §2.2).
     """
     block_size = cache.shape[1]
-    column = torch.clamp(token // block_size, max=block_table.shape[1] - 1)
-    physical = torch.clamp(block_table.to(torch.int64)[:, column], min=0)
-    return cache.permute(2, 0, 1, 3)[:, physical, (token % block_size)[None, :]]
+    physical = block_table.to(torch.int64)[batch[:, None], token // block_size]
+    return cache.permute(2, 0, 1, 3)[:, physical, token % block_size]
 
 
 def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, codec: Fp8Codec) -> torch.Tensor:
     batch, s1, nkv, group, d = dims.batch, dims.s1, dims.nkv, dims.group, dims.head_dim
     rows = s1 * group  # the rows of one (kv head, batch): query positions i x heads g of the group
     tile = dims.s2_tile
-    cur = visible_lengths(kv_act_seqs, s1)  # [B, S1]
-    longest = int(cur.max())
-    if longest == 0:
+    lengths = kv_act_seqs.to(torch.int64)
+    tiles_of = (lengths + tile - 1) // tile  # the last query position sees every valid token
+    most_tiles = int(tiles_of.max())
+    if most_tiles == 0:
         return torch.zeros(q.shape, dtype=torch.bfloat16)
-    tiles = -(-longest // tile)
-    chunk = max(1, _CHUNK_ELEMENTS // (nkv * batch * tile * d))
+    # The (batch, tile) pairs that hold tokens, packed: a short batch costs only its own tiles.
+    pair_batch, pair_tile = torch.nonzero(torch.arange(most_tiles)[None, :] < tiles_of[:, None], as_tuple=True)
 
-    # Kv head leads, so that every (n, b) block of K and V is one contiguous matrix for the matmuls.
+    # Kv head leads, so that every (n, pair) block of K and V is one contiguous matrix for the matmuls.
     q_rows = codec.from_fp8(q, torch.float64).view(batch, s1, nkv, group, d).permute(2, 0, 1, 3, 4).reshape(nkv, batch, rows, d)
     q_scale_rows = q_scale.view(batch, s1, nkv, group).permute(2, 0, 1, 3).reshape(nkv, batch, rows, 1)
-    v_scale_rows = v_scale.permute(1, 0, 2).reshape(nkv, batch, 1, 1, d)
-    lengths = kv_act_seqs.to(torch.int64)
-    row_cur = cur[:, :, None].expand(batch, s1, group).reshape(1, batch, rows, 1, 1)
-    state = OnlineSoftmaxState.empty((nkv, batch, rows), d)
-    for first in range(0, tiles, chunk):
-        count = min(chunk, tiles - first)
-        token = torch.arange(first * tile, (first + count) * tile)
-        # Positions past the longest visible length (the last tile's padding) re-read the last one:
-        # they are masked below like every position past a row's length.
-        read = torch.clamp(token, max=longest - 1)
-        k = codec.decode(_gather_by_head(k_cache.view(torch.uint8), block_table, read), torch.float64)  # [N, B, L, D]
-        k_scale_cols = _gather_by_head(k_scale, block_table, read).view(nkv, batch, 1, token.numel())
-        v_codes = _gather_by_head(v_cache.view(torch.uint8), block_table, read)
-        # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
-        v_codes.masked_fill_((token[None, :] >= lengths[:, None])[None, :, :, None], 0)
-        v = codec.decode(v_codes, torch.float64).view(nkv, batch, count, tile, d)
+    v_scale_rows = v_scale.permute(1, 0, 2).reshape(nkv, batch, 1, d)
+    # Column t of row (i, g) is visible when t < cur[b, i] (SPEC §2.1).
+    row_cur = visible_lengths(kv_act_seqs, s1)[:, :, None].expand(batch, s1, group).reshape(batch, rows, 1)
 
-        # Column t of row (i, g) is visible when t < cur[b, i]; scores as [N, B, R, tiles, tile].
-        visible = token.view(1, 1, 1, count, tile) < row_cur
-        raw = exact_matmul(q_rows, k.transpose(-1, -2))
-        scores = dequantize_scores(raw, q_scale_rows, k_scale_cols, dims.softmax_scale).view(nkv, batch, rows, count, tile)
+    # Each tile's (m_j, l_j, O_j, has tokens), laid out [B, tiles, N, R, .] for the fold below.
+    m_t = torch.full((batch, most_tiles, nkv, rows, 1), -torch.inf)
+    l_t = torch.zeros((batch, most_tiles, nkv, rows, 1))
+    o_t = torch.zeros((batch, most_tiles, nkv, rows, d))
+    has_tokens = torch.zeros((batch, most_tiles, rows, 1), dtype=torch.bool)
+    chunk = max(1, _CHUNK_ELEMENTS // (nkv * tile * d))
+    for first in range(0, pair_batch.numel(), chunk):
+        pb, pt = pair_batch[first:first + chunk], pair_tile[first:first + chunk]
+        token = pt[:, None] * tile + torch.arange(tile)[None, :]  # [P, tile]
+        # The padding of a batch's last tile re-reads its last token; it is masked like any
+        # position past a row's length.
+        read = torch.minimum(token, lengths[pb, None] - 1)
+        k = codec.decode(_gather_tiles(k_cache.view(torch.uint8), block_table, pb, read), torch.float64)  # [N, P, tile, D]
+        k_scale_cols = _gather_tiles(k_scale, block_table, pb, read).view(nkv, -1, 1, tile)
+        v_codes = _gather_tiles(v_cache.view(torch.uint8), block_table, pb, read)
+        # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
+        v_codes.masked_fill_((token >= lengths[pb, None])[None, :, :, None], 0)
+        v = codec.decode(v_codes, torch.float64)
+
+        visible = (token[:, None, :] < row_cur[pb]).unsqueeze(0)  # [1, P, R, tile]
+        raw = exact_matmul(q_rows[:, pb], k.transpose(-1, -2))
+        scores = dequantize_scores(raw, q_scale_rows[:, pb], k_scale_cols, dims.softmax_scale)
         m_j, p, l_j = local_softmax(scores, visible)
-        by_tile = (0, 1, 3, 2, 4)  # [N, B, tiles, R, tile]: each tile's rows against its tokens
-        o_j = tile_values(p.permute(by_tile), v, v_scale_rows, codec, valid=visible.expand(p.shape).permute(by_tile))
-        state.update_tiles(m_j, l_j, o_j.transpose(2, 3), valid=visible.any(dim=-1, keepdim=True))
+        o_j = tile_values(p, v, v_scale_rows[:, pb], codec, valid=visible.expand(p.shape))
+        m_t[pb, pt] = m_j.transpose(0, 1)
+        l_t[pb, pt] = l_j.transpose(0, 1)
+        o_t[pb, pt] = o_j.transpose(0, 1)
+        has_tokens[pb, pt] = visible[0].any(dim=-1, keepdim=True)
+
+    by_row = (2, 0, 3, 1, 4)  # [N, B, R, tiles, .]: update_tiles folds the tiles of each row in order
+    state = OnlineSoftmaxState.empty((nkv, batch, rows), d)
+    state.update_tiles(m_t.permute(by_row), l_t.permute(by_row), o_t.permute(by_row),
+                       valid=has_tokens.permute(0, 2, 1, 3).unsqueeze(0))
     result = state.finalize().view(nkv, batch, s1, group, d).permute(1, 2, 0, 3, 4)
     # reshape returns a strided view when group == 1; the output must be contiguous (SPEC §1).
     return result.reshape(q.shape).contiguous().bfloat16()
