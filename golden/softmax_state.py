@@ -115,12 +115,14 @@ class OnlineSoftmaxState:
         running = torch.cummax(torch.cat([self.m.unsqueeze(-2), torch.where(valid, m_t, -torch.inf)], dim=-2), dim=-2).values
         a = exp_f32(running[..., :-1, :] - running[..., 1:, :])
         c = exp_f32(m_t - running[..., 1:, :])
-        c_l, c_o = c * l_t, c * o_t
-        l, o = self.l, self.o
+        # l and O follow the same recurrence with the same a and c: fold them as one tensor [..., D + 1].
+        lo_t = torch.cat([o_t, l_t], dim=-1)
+        c_lo = c * lo_t
+        lo = torch.cat([self.o, self.l], dim=-1)
         for j in range(tiles):
-            l = torch.where(carry[..., j, :], a[..., j, :] * l + c_l[..., j, :], torch.where(first[..., j, :], l_t[..., j, :], l))
-            o = torch.where(carry[..., j, :], a[..., j, :] * o + c_o[..., j, :], torch.where(first[..., j, :], o_t[..., j, :], o))
-        self.m, self.l, self.o = running[..., -1, :], l, o
+            folded = a[..., j, :] * lo + c_lo[..., j, :]
+            lo = torch.where(carry[..., j, :], folded, torch.where(first[..., j, :], lo_t[..., j, :], lo))
+        self.m, self.l, self.o = running[..., -1, :], lo[..., -1:], lo[..., :-1]
         self.started = self.started | valid.any(dim=-2)
         return self
 
