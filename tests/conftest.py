@@ -55,11 +55,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     import torch
-    try:
-        import pypto
-        pypto_version = getattr(pypto, "__version__", "installed")
-    except Exception:
-        pypto_version = "not installed"
+
+    from cases.report import versions
+
+    # From its metadata, never imported: pypto must first be imported by kernels.pypto_workarounds.
+    pypto_version = versions()["pypto"] or "not installed"
     seed = config.getoption("hypothesis_seed", None)
     profile = settings.get_current_profile_name()
     return [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
