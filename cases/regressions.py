@@ -17,7 +17,6 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -40,18 +39,11 @@ def directory(path=None) -> Path:
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
-    for name in ("hypothesis", "pypto", "torch_npu"):
-        try:
-            out[name] = __import__(name).__version__
-        except Exception:  # not installed, or no __version__
-            out[name] = None
-    try:
-        from importlib.metadata import version
-        out["pfa-verify"] = version("pfa-verify")
-    except Exception:
-        out["pfa-verify"] = None
-    return out
+    """Package versions for a capture: the run report's (pypto read from metadata, never imported,
+    since importing it here would stop kernels.pypto_workarounds from loading its 950 overlay)."""
+    from cases.report import versions as report_versions
+
+    return report_versions()
 
 
 def _case_to_dict(case) -> dict:
