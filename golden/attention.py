@@ -66,14 +66,17 @@ def tile_values(p: torch.Tensor, v: torch.Tensor, v_scale: torch.Tensor, codec: 
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def _gather_tiles(cache: torch.Tensor, block_table: torch.Tensor, batch: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """[N, P, T, X]: cache rows of token positions ``token`` [P, T] of batches ``batch`` [P], kv head first.
+def _token_slots(block_table: torch.Tensor, batch: torch.Tensor, token: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(physical block, row in block) of token positions ``token`` [P, T] of batches ``batch`` [P].
 
-    ``cache`` is [NB, BS, N, X]; every position must lie inside its batch's valid length (SPEC §2.2).
+    Every position must lie inside its batch's valid length (SPEC §2.2), so no entry is -1.
     """
-    block_size = cache.shape[1]
-    physical = block_table.to(torch.int64)[batch[:, None], token // block_size]
-    return cache.permute(2, 0, 1, 3)[:, physical, token % block_size]
+    return block_table.to(torch.int64)[batch[:, None], token // block_size], token % block_size
+
+
+def _gather_tiles(cache: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """[N, P, T, X]: the cache ([NB, BS, N, X]) rows at ``slots``, kv head first."""
+    return cache.permute(2, 0, 1, 3)[(slice(None), *slots)]
 
 
 def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, codec: Fp8Codec) -> torch.Tensor:
@@ -107,9 +110,10 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         # The padding of a batch's last tile re-reads its last token; it is masked like any
         # position past a row's length.
         read = torch.minimum(token, lengths[pb, None] - 1)
-        k = codec.decode(_gather_tiles(k_cache.view(torch.uint8), block_table, pb, read), torch.float64)  # [N, P, tile, D]
-        k_scale_cols = _gather_tiles(k_scale, block_table, pb, read).view(nkv, -1, 1, tile)
-        v_codes = _gather_tiles(v_cache.view(torch.uint8), block_table, pb, read)
+        slots = _token_slots(block_table, pb, read, dims.block_size)
+        k = codec.decode(_gather_tiles(k_cache.view(torch.uint8), slots), torch.float64)  # [N, P, tile, D]
+        k_scale_cols = _gather_tiles(k_scale, slots).view(nkv, -1, 1, tile)
+        v_codes = _gather_tiles(v_cache.view(torch.uint8), slots)
         # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
         v_codes.masked_fill_((token >= lengths[pb, None])[None, :, :, None], 0)
         v = codec.decode(v_codes, torch.float64)
