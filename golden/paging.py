@@ -31,7 +31,8 @@ def _check_lengths(kv_act_seqs: torch.Tensor | list[int] | tuple[int, ...], name
     return kv_act_seqs.to(torch.int64)
 
 
-def _check_positive(value: object, name: str) -> int:
+def positive_int(value: object, name: str) -> int:
+    """``value`` if it is a positive int; TypeError (not an int) or ValueError (not positive) naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value <= 0:
@@ -56,8 +57,8 @@ def gen_block_table(
     block 0); a larger value leaves spare blocks nobody owns. Same generator state, same table.
     """
     lengths = _check_lengths(kv_act_seqs)
-    block_size = _check_positive(block_size, "block_size")
-    max_blocks_per_query = _check_positive(max_blocks_per_query, "max_blocks_per_query")
+    block_size = positive_int(block_size, "block_size")
+    max_blocks_per_query = positive_int(max_blocks_per_query, "max_blocks_per_query")
     needed = blocks_needed(lengths, block_size)
     if needed.numel() and int(needed.max()) > max_blocks_per_query:
         b = int(needed.argmax())
@@ -68,7 +69,7 @@ def gen_block_table(
     total = int(needed.sum())
     if num_blocks is None:
         num_blocks = max(total, 1)
-    num_blocks = _check_positive(num_blocks, "num_blocks")
+    num_blocks = positive_int(num_blocks, "num_blocks")
     if num_blocks < total:
         raise ValueError(f"num_blocks={num_blocks} is too small: the lengths {lengths.tolist()} need {total} blocks")
     physical = torch.randperm(num_blocks, generator=generator)[:total]
@@ -119,8 +120,8 @@ def contiguous_to_paged(
     Works for any dtype, float8_e4m3fn included (``fill`` is then encoded with the spec codec).
     """
     lengths = _check_lengths(kv_act_seqs)
-    block_size = _check_positive(block_size, "block_size")
-    num_blocks = _check_positive(num_blocks, "num_blocks")
+    block_size = positive_int(block_size, "block_size")
+    num_blocks = positive_int(num_blocks, "num_blocks")
     if not isinstance(x, torch.Tensor) or x.ndim != 4:
         raise ValueError(f"x must be a 4-D tensor [B, S, N, X], got {getattr(x, 'shape', type(x).__name__)}")
     if x.shape[0] != lengths.numel():
@@ -144,7 +145,7 @@ def paged_to_contiguous(
     lengths = _check_lengths(kv_act_seqs)
     if not isinstance(paged, torch.Tensor) or paged.ndim != 4:
         raise ValueError(f"paged must be a 4-D tensor [NB, BS, N, X], got {getattr(paged, 'shape', type(paged).__name__)}")
-    seq_len = _check_positive(seq_len, "seq_len")
+    seq_len = positive_int(seq_len, "seq_len")
     if lengths.numel() and int(lengths.max()) > seq_len:
         raise ValueError(f"seq_len={seq_len} is shorter than kv_act_seqs max {int(lengths.max())}")
     num_blocks, block_size = paged.shape[:2]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .paging import blocks_needed
+from .paging import blocks_needed, positive_int
 
 __all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile"]
 
@@ -55,20 +55,12 @@ def _shape(x: torch.Tensor, name: str, expected: tuple[int, ...], layout: str) -
         raise ValueError(f"{name} must have shape {layout} = {expected}, got {tuple(x.shape)}")
 
 
-def _positive_int(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name}={value} must be positive")
-    return value
-
-
 def check_tile(s2_tile: object, g_tile: object, *, block_size: int, group: int) -> tuple[int, int]:
     """(s2_tile, g_tile) after checking s2_tile % block_size == 0 and g_tile | group (None: group)."""
-    s2_tile = _positive_int(s2_tile, "s2_tile")
+    s2_tile = positive_int(s2_tile, "s2_tile")
     if s2_tile % block_size:
         raise ValueError(f"s2_tile={s2_tile} must be a multiple of block_size={block_size}")
-    g_tile = group if g_tile is None else _positive_int(g_tile, "g_tile")
+    g_tile = group if g_tile is None else positive_int(g_tile, "g_tile")
     if group % g_tile:
         raise ValueError(f"g_tile={g_tile} must divide the group size NQ/NKV={group}")
     return s2_tile, g_tile
