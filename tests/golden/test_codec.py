@@ -272,3 +272,14 @@ def test_get_codec():
     assert get_codec("pypto-0.2.0-calculator") is PYPTO_CALCULATOR_CODEC
     assert isinstance(get_codec(PYPTO_CALCULATOR_CODEC), Fp8Codec)
     assert SPEC_CODEC.max_value == 448.0 and PYPTO_CALCULATOR_CODEC.max_value == 240.0
+
+
+@pytest.mark.parametrize("codec", [SPEC_CODEC, PYPTO_CALCULATOR_CODEC], ids=lambda c: c.name)
+def test_round_is_decode_of_encode_on_a_dense_grid(codec):
+    """round() takes a shortcut for the spec codec; it must give decode(encode(x)) bit for bit."""
+    grid = torch.linspace(-500.0, 500.0, 400_001)
+    x = torch.cat([grid, grid * 2.0 ** -8, grid * 2.0 ** -14,
+                   torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 3e38, -3e38])])
+    rounded, via_codes = codec.round(x), codec.decode(codec.encode(x))
+    assert torch.equal(rounded.view(torch.int32)[~rounded.isnan()], via_codes.view(torch.int32)[~via_codes.isnan()])
+    assert torch.equal(rounded.isnan(), via_codes.isnan())
