@@ -32,7 +32,7 @@ from .quant import quantize_rows
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_paged_attention_args
 
-__all__ = ["paged_attention_fp8", "visible_lengths", "dequantize_scores", "tile_values"]
+__all__ = ["paged_attention_fp8", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
 def visible_lengths(kv_act_seqs: torch.Tensor, s1: int) -> torch.Tensor:
@@ -58,7 +58,12 @@ def tile_values(p: torch.Tensor, v: torch.Tensor, v_scale: torch.Tensor, codec: 
     the ``valid`` columns and read back through ``codec``.
     """
     p8, p_scale = quantize_rows(p, valid=valid, codec=codec)
-    return exact_matmul(p8, v) * p_scale * v_scale
+    return dequantize_values(exact_matmul(p8, v), p_scale, v_scale)
+
+
+def dequantize_values(raw: torch.Tensor, p_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+    """float32 ``raw * p_scale[row] * v_scale[channel]``, in that order (SPEC §2.3, after MM2)."""
+    return raw * p_scale * v_scale
 
 
 # Tiles are evaluated in chunks of about this many K elements, so that K and V stay in cache while
@@ -104,25 +109,42 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     o_t = torch.zeros((batch, most_tiles, nkv, rows, d))
     has_tokens = torch.zeros((batch, most_tiles, rows, 1), dtype=torch.bool)
     chunk = max(1, _CHUNK_ELEMENTS // (nkv * tile * d))
+    block_size = dims.block_size
+    per_tile = tile // block_size  # blocks per s2 tile
+    blocks_of = (lengths + block_size - 1) // block_size
     for first in range(0, pair_batch.numel(), chunk):
         pb, pt = pair_batch[first:first + chunk], pair_tile[first:first + chunk]
+        pairs = pb.numel()
         token = pt[:, None] * tile + torch.arange(tile)[None, :]  # [P, tile]
-        # The padding of a batch's last tile re-reads its last token; it is masked like any
+        # K and V are read by blocks: the blocks of each pair's tile that the batch owns, so a short
+        # last tile costs only its blocks. Block q_pair[k] holds tokens q_token[k] of its pair's tile.
+        q_pair, q_block = torch.nonzero(pt[:, None] * per_tile + torch.arange(per_tile)[None, :] < blocks_of[pb, None], as_tuple=True)
+        q_batch = pb[q_pair]
+        q_token = (pt[q_pair] * per_tile + q_block)[:, None] * block_size + torch.arange(block_size)[None, :]
+        # The padding of a batch's last block re-reads its last token; it is masked like any
         # position past a row's length.
-        read = torch.minimum(token, lengths[pb, None] - 1)
-        slots = _token_slots(block_table, pb, read, dims.block_size)
-        k = codec.decode(_gather_tiles(k_cache.view(torch.uint8), slots), torch.float64)  # [N, P, tile, D]
-        k_scale_cols = _gather_tiles(k_scale, slots).view(nkv, -1, 1, tile)
+        slots = _token_slots(block_table, q_batch, torch.minimum(q_token, lengths[q_batch, None] - 1), block_size)
+        k = codec.decode(_gather_tiles(k_cache.view(torch.uint8), slots), torch.float64)  # [N, Q, BS, D]
         v_codes = _gather_tiles(v_cache.view(torch.uint8), slots)
         # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
-        v_codes.masked_fill_((token >= lengths[pb, None])[None, :, :, None], 0)
+        v_codes.masked_fill_((q_token >= lengths[q_batch, None])[None, :, :, None], 0)
         v = codec.decode(v_codes, torch.float64)
 
+        # MM1 per block, laid into the tiles; blocks a tile lacks stay 0 and are masked below.
+        raw = torch.zeros((nkv, pairs, per_tile, rows, block_size))
+        raw[:, q_pair, q_block] = exact_matmul(q_rows[:, q_batch], k.transpose(-1, -2))
+        k_scale_cols = torch.zeros((nkv, pairs, per_tile, block_size))
+        k_scale_cols[:, q_pair, q_block] = _gather_tiles(k_scale, slots)[..., 0]
+        raw = raw.permute(0, 1, 3, 2, 4).reshape(nkv, pairs, rows, tile)
         visible = (token[:, None, :] < row_cur[pb]).unsqueeze(0)  # [1, P, R, tile]
-        raw = exact_matmul(q_rows[:, pb], k.transpose(-1, -2))
-        scores = dequantize_scores(raw, q_scale_rows[:, pb], k_scale_cols, dims.softmax_scale)
+        scores = dequantize_scores(raw, q_scale_rows[:, pb], k_scale_cols.view(nkv, pairs, 1, tile), dims.softmax_scale)
         m_j, p, l_j = local_softmax(scores, visible)
-        o_j = tile_values(p, v, v_scale_rows[:, pb], codec, valid=visible.expand(p.shape))
+        p8, p_scale = quantize_rows(p, valid=visible.expand(p.shape), codec=codec)
+        # MM2 per block, summed per tile in float64: every partial sum is exact (golden.matmul), so
+        # this is the tile's exact product, rounded once.
+        p8_blocks = p8.view(nkv, pairs, rows, per_tile, block_size).permute(0, 1, 3, 2, 4)[:, q_pair, q_block]
+        mm2 = torch.zeros((nkv, pairs, rows, d), dtype=torch.float64).index_add_(1, q_pair, torch.matmul(p8_blocks.double(), v))
+        o_j = dequantize_values(mm2.float(), p_scale, v_scale_rows[:, pb])
         m_t[pb, pt] = m_j.transpose(0, 1)
         l_t[pb, pt] = l_j.transpose(0, 1)
         o_t[pb, pt] = o_j.transpose(0, 1)
