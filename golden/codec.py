@@ -61,11 +61,11 @@ def _e4m3fn_decode_table() -> torch.Tensor:
 
 
 def _round_to_e4m3_grid(magnitude: torch.Tensor) -> torch.Tensor:
-    """Round |x| (float64, >= 0) to the E4M3 grid, nearest-even, with no upper bound.
+    """Round |x| (float32 or float64, >= 0) to the E4M3 grid, nearest-even, with no upper bound.
 
     The grid spacing in the binade [2^e, 2^(e+1)) is 2^(e-3); below 2^-6 (subnormals) it stays
-    2^-9. Dividing by a power of two and rounding a float64 are both exact here, so the only
-    rounding is the one ``torch.round`` (half to even) performs.
+    2^-9. Dividing by a power of two and rounding to an integer are both exact in either dtype, so
+    the only rounding is the one ``torch.round`` (half to even) performs.
     """
     _, exponent = torch.frexp(magnitude)  # magnitude = m * 2^exponent, m in [0.5, 1)
     binade = torch.clamp(exponent.to(torch.int64) - 1, min=_MIN_NORMAL_EXPONENT)
@@ -118,7 +118,8 @@ class Fp8Codec:
         return _NAN_CODE
 
     def _round_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor | None:
-        """float64 value of ``decode(encode(m))`` for magnitudes m >= 0, or None to go through codes.
+        """``decode(encode(m))`` for magnitudes m >= 0 (float32, or float64 from ``encode``), in m's
+        dtype, or None to go through codes.
 
         A shortcut for ``round``, which the golden calls on every P tile; tests hold it equal to
         the code path on dense grids (tests/golden/test_codec.py).
@@ -168,11 +169,11 @@ class Fp8Codec:
     def round(self, x: torch.Tensor) -> torch.Tensor:
         """float32 ``decode(encode(x))``: x as it reads back after one pass through FP8."""
         x = _as_float32(x, "x")
-        magnitude = self._round_magnitude(x.abs().double())
+        magnitude = self._round_magnitude(x.abs())
         if magnitude is None:
             return self.decode(self.encode(x))
         # NaN stays NaN through copysign; the sign of zero is kept like encode's sign bit.
-        return torch.copysign(magnitude.float(), x)
+        return torch.copysign(magnitude, x)
 
     def to_fp8(self, x: torch.Tensor) -> torch.Tensor:
         """``encode(x)`` as a torch.float8_e4m3fn tensor (a bit view: torch rounds nothing)."""
