@@ -1,7 +1,10 @@
-"""The golden as a backend: golden.paged_attention_fp8 / golden.qk_matmul_scale with the spec codec.
+"""The golden as a backend: the loop golden (the executable spec) and golden.qk_matmul_scale.
 
-Useful as the reference run of the suite's own laws (`--backend golden`) and as the example of the
-interface; it is never what `auto` picks.
+Its paged attention is ``golden.paged_attention_fp8_loop``, the plain five-level loop, while every
+law and report compares against the vectorized ``golden.paged_attention_fp8``. So `--backend golden`
+is not the golden compared with itself: it cross-checks the two implementations on every generated
+case (they must agree bit for bit; SPEC §4's tolerance is what the laws hold them to). It is also the
+example of the interface, and what `auto` falls back to where no kernel can run.
 """
 from __future__ import annotations
 
@@ -13,19 +16,21 @@ __all__ = ["GoldenBackend"]
 class GoldenBackend(Backend):
     name = "golden"
 
-    def __init__(self, *, codec=None) -> None:
+    def __init__(self, *, codec=None, loop: bool = True) -> None:
+        """``loop=False`` runs the vectorized golden instead: the reference the laws compare with."""
         from golden.codec import get_codec
 
         self.codec = get_codec(codec)
+        self.loop = loop
 
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                             kv_act_seqs, *, softmax_scale=None, s2_tile=128, g_tile=None, codec=None):
         import golden
 
         self._check_codec(codec)
-        return golden.paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
-                                          kv_act_seqs, softmax_scale=softmax_scale, s2_tile=s2_tile,
-                                          g_tile=g_tile, codec=self.codec)
+        implementation = golden.paged_attention_fp8_loop if self.loop else golden.paged_attention_fp8
+        return implementation(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                              softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile, codec=self.codec)
 
     def qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None, codec=None):
         import golden
