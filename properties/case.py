@@ -2,10 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
 __all__ = ["Case", "REPO_ROOT"]

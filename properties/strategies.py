@@ -21,14 +21,16 @@ import os
 
 from hypothesis import strategies as st
 
+import golden
+
 __all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "KERNEL_HEAD_DIMS", "KERNEL_BLOCK_SIZES", "Dims",
            "BlockTable", "dims", "kv_act_seqs", "special_lengths", "block_tables", "configs",
            "kernel_configs", "kernel_supports", "cases", "seeds", "quant_rows", "At12Case", "at12_cases"]
 
 MAX_LEN = int(os.environ.get("PFA_VERIFY_MAX_LEN", "640"))
-# Value distributions asked of golden.make_inputs (uniform first: it is the shrink target).
-DISTRIBUTIONS = ("uniform", "normal", "outliers", "constant_rows", "tiny", "wide")
-GARBAGE = (None, "nan", "huge")
+# Value distributions and garbage fills of golden.make_inputs; the first of each is the shrink target.
+DISTRIBUTIONS = golden.DISTRIBUTIONS
+GARBAGE = tuple(golden.GARBAGE)  # None first: the shrink target
 # What the PyPTO kernel is built for (SPEC §5: D = 128, BS = 128 upstream).
 KERNEL_HEAD_DIMS = (128,)
 KERNEL_BLOCK_SIZES = (128,)
@@ -181,14 +183,6 @@ def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**31 - 1)
 
 
-def _known_distributions() -> tuple | None:
-    try:
-        from golden.inputs import DISTRIBUTIONS as known
-    except ImportError:
-        return None
-    return tuple(known)
-
-
 def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_columns=st.integers(0, 2),
             spare_blocks=st.integers(0, 3), capacity: int | None = None) -> st.SearchStrategy:
     """``golden.PagedAttentionConfig`` drawn from :func:`dims`, :func:`kv_act_seqs` and the table
@@ -199,7 +193,7 @@ def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_col
     """
     import golden
     dims_s = globals()["dims"]() if dims is None else dims
-    dist = _choices(distribution, "distribution", allowed=_known_distributions())
+    dist = _choices(distribution, "distribution", allowed=DISTRIBUTIONS)
     garb = _choices(garbage, "garbage", allowed=GARBAGE) if not isinstance(garbage, st.SearchStrategy) else garbage
     extra = _strategy(extra_columns, "extra_columns", minimum=0)
     spare = _strategy(spare_blocks, "spare_blocks", minimum=0)

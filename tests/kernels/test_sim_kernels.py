@@ -14,28 +14,16 @@ import pytest
 import torch
 
 import golden
+from properties import compare as cmp
 from kernels.upstream import UPSTREAM_CASES, compile_inputs, upstream_config
 
 pytestmark = pytest.mark.sim
 
 
-def _assert_close(actual, expected, *, identifier: str, kind: str = "attention"):
-    try:
-        from properties.compare import assert_close
-    except ImportError:  # until properties/compare.py lands
-        a, g = actual.float(), expected.float()
-        bad = (a - g).abs() > 1e-4 + g.abs() / 128
-        assert not bad.any(), f"{identifier}: {int(bad.sum())} / {bad.numel()} elements not close"
-        return
-    assert_close(actual, expected, kind=kind, identifier=identifier)
-
-
 def _assert_unchanged(before: dict, after: dict, call: str):
     for name, value in before.items():
         if isinstance(value, torch.Tensor):
-            same = torch.equal(value.view(torch.uint8) if value.dtype == torch.float8_e4m3fn else value,
-                               after[name].view(torch.uint8) if value.dtype == torch.float8_e4m3fn else after[name])
-            assert same, f"{call} changed its input {name}"
+            cmp.assert_close(after[name], value, kind="exact", identifier=f"Input {name} after {call} vs before")
 
 
 def test_small_upstream_case_reports_cost_model_figures(pypto_module):
@@ -82,20 +70,19 @@ def executed(request, sim_backend):
 def test_execute_matches_golden_under_the_calculator_codec(executed):
     name, before, _, out = executed
     expected = golden.paged_attention_fp8(**before.kwargs(), codec=golden.PYPTO_CALCULATOR_CODEC)
-    _assert_close(out, expected, identifier=f"sim execute vs golden (calculator codec) [{name}]")
+    cmp.assert_close(out, expected, identifier=f"sim execute vs golden (calculator codec) [{name}]")
 
 
 def test_execute_vs_spec_codec_is_reported(executed, record_property):
     """The spec-codec comparison, not hidden: on the calculator it is expected to fail SPEC §4,
     because the calculator's E4M3 (top binade read as 240, integer rounding) is not E4M3FN."""
     name, before, _, out = executed
-    expected = golden.paged_attention_fp8(**before.kwargs(), codec=golden.SPEC_CODEC).float()
-    diff = (out.float() - expected).abs()
-    mismatched = int((diff > 1e-4 + expected.abs() / 128).sum())
-    record_property("spec_codec_max_abs", float(diff.max()))
-    record_property("spec_codec_mismatched", mismatched)
-    print(f"{name}: vs spec codec max abs {float(diff.max()):.3e}, {mismatched}/{diff.numel()} mismatched")
-    assert mismatched > 0, "the calculator now agrees with the spec codec: revisit PYPTO_CALCULATOR_CODEC"
+    expected = golden.paged_attention_fp8(**before.kwargs(), codec=golden.SPEC_CODEC)
+    result = cmp.compare(out, expected)
+    record_property("spec_codec_max_abs", result.max_abs_err)
+    record_property("spec_codec_mismatched", result.mismatched)
+    print(f"{name}: vs spec codec max abs {result.max_abs_err:.3e}, {result.mismatched}/{result.total} mismatched")
+    assert not result.passed, "the calculator now agrees with the spec codec: revisit PYPTO_CALCULATOR_CODEC"
 
 
 def test_execute_leaves_inputs_unchanged(executed):
