@@ -1,7 +1,6 @@
 """kernels/pypto_workarounds.py: each pypto 0.2.0 workaround, proved on the CPU (W1-W7 there)."""
 # No `from __future__ import annotations`: pypto.frontend.jit reads tensor annotations as objects.
 
-import os
 from pathlib import Path
 
 import pytest

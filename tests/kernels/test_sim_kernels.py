@@ -118,5 +118,5 @@ def test_at12_matches_golden(sim_backend, kind, k_len):
     before = {k: v.clone() for k, v in kwargs.items()}
     out = sim_backend.qk_matmul_scale(**kwargs)
     expected = golden.qk_matmul_scale(**before, codec=golden.PYPTO_CALCULATOR_CODEC)
-    _assert_close(out, expected, identifier=f"sim AT-12 {kind} k_len={k_len}", kind="at12")
+    cmp.assert_close(out, expected, identifier=f"sim AT-12 {kind} k_len={k_len}", kind="at12")
     _assert_unchanged(before, kwargs, f"sim qk_matmul_scale {kind}")

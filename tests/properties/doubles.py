@@ -5,8 +5,6 @@ Each is importable by file path, which is how a captured regression names it, so
 """
 from __future__ import annotations
 
-import torch
-
 from kernels.backends.golden_backend import GoldenBackend
 
 
