@@ -13,7 +13,7 @@ import torch
 from .attention import dequantize_scores
 from .codec import Fp8Codec, get_codec
 from .matmul import exact_matmul
-from .validate import check_qk_matmul_scale_args
+from .validate import check_on_cpu, check_qk_matmul_scale_args
 
 __all__ = ["qk_matmul_scale"]
 
@@ -29,6 +29,7 @@ def qk_matmul_scale(
     [q_tile, 1] and k_scale [k_tile, 1] float32 (then dequantized before scaling). scale None means
     1/sqrt(D). codec (FP8 only) says how codes are read; None is the spec's E4M3FN.
     """
+    check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
     is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
     if not is_fp8:
         return exact_matmul(q.float(), k.float().T) * torch.tensor(scale, dtype=torch.float32)

@@ -10,9 +10,16 @@ For batch b, query position i, kv head n and the query heads h of its group:
 
 ``paged_attention_fp8`` evaluates the tiles of every (b, i, n) together: the (batch, tile) pairs
 that hold tokens are packed (a short batch costs only its own tiles), and each row's ``cur`` masks
-its columns. Only the online update loops over tiles (``OnlineSoftmaxState.update_tiles``),
-because the semantics do. ``golden.attention_loop`` is the same math written as the plain
-five-level loop; tests hold the two to bit-identical outputs.
+its columns. K and V are read by blocks, and only the blocks a batch owns (MM1 and MM2 run per
+block; MM2's exact float64 block sums add up to the tile's). Only the online update loops over
+tiles (``OnlineSoftmaxState.from_tiles``), because the semantics do. ``golden.attention_loop`` is
+the same math written as the plain five-level loop; tests hold the two to bit-identical outputs.
+
+Why it looks the way it does: a small case is a few hundred tensor operations, each with a fixed
+cost of microseconds, so the integer bookkeeping (which blocks, which rows) and the cache gathers
+run in numpy, cache rows are decoded straight into reused per-thread buffers (a fresh
+multi-megabyte array costs a page fault per 4 KiB), and the whole evaluation runs in inference
+mode. ``pfa-verify bench`` measures it against the loop.
 
 Decisions (SPEC leaves them open), with their tests in tests/golden/test_attention.py:
 - ``g_tile`` only partitions heads for the kernel; rows are independent, so it never changes the
@@ -21,24 +28,32 @@ Decisions (SPEC leaves them open), with their tests in tests/golden/test_attenti
   are masked with ``where`` (not multiplied), so NaN garbage cannot leak (``test_garbage_*``).
 - Inputs are decoded with ``codec`` (default: the spec's E4M3FN), and P is encoded and decoded with
   it: a backend whose hardware reads E4M3 differently is compared against its own codec too.
+- A NaN in V reaches exactly the rows that see its token: with S1 > 1 an earlier query position does
+  not, although it shares the tile (``test_nan_in_v_past_an_earlier_position_*``).
+- The golden runs on the CPU; a tensor on another device is rejected, naming the argument
+  (tests/golden/test_validate.py).
 """
 from __future__ import annotations
 
+import math
+import threading
+
+import numpy as np
 import torch
 
 from .codec import Fp8Codec, get_codec
 from .matmul import exact_matmul
 from .quant import quantize_rows
 from .softmax_state import OnlineSoftmaxState, local_softmax
-from .validate import PagedAttentionDims, check_paged_attention_args
+from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args
 
 __all__ = ["paged_attention_fp8", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
 def visible_lengths(kv_act_seqs: torch.Tensor, s1: int) -> torch.Tensor:
     """int64 [B, S1]: ``cur[b, i] = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2.1)."""
-    behind_last = torch.arange(s1 - 1, -1, -1)
-    return torch.clamp(kv_act_seqs.to(torch.int64)[:, None] - behind_last[None, :], min=0)
+    behind_last = np.arange(s1 - 1, -1, -1)
+    return torch.from_numpy(np.maximum(kv_act_seqs.numpy().astype(np.int64)[:, None] - behind_last, 0))
 
 
 def dequantize_scores(raw: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor, softmax_scale: float) -> torch.Tensor:
@@ -71,92 +86,136 @@ def dequantize_values(raw: torch.Tensor, p_scale: torch.Tensor, v_scale: torch.T
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def _token_slots(block_table: torch.Tensor, batch: torch.Tensor, token: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(physical block, row in block) of token positions ``token`` [P, T] of batches ``batch`` [P].
+class _Scratch(threading.local):
+    """Per-thread buffers reused across calls: a fresh multi-megabyte array costs a page fault per
+    4 KiB on first touch, which on a small case costs more than decoding into it."""
 
-    Every position must lie inside its batch's valid length (SPEC §2.2), so no entry is -1.
-    """
-    return block_table.to(torch.int64)[batch[:, None], token // block_size], token % block_size
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        size = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.size < size or buffer.dtype != dtype:
+            buffer = self.buffers[name] = np.empty(size, dtype)
+        return buffer[:size].reshape(shape)
 
 
-def _gather_tiles(cache: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """[N, P, T, X]: the cache ([NB, BS, N, X]) rows at ``slots``, kv head first."""
-    return cache.permute(2, 0, 1, 3)[(slice(None), *slots)]
+_SCRATCH = _Scratch()
+
+
+class _PagedCache:
+    """One call's caches as numpy views with one row per (block, row in block): the gathers are
+    numpy fancy indexing, which costs a fraction of torch's per-call overhead on small cases."""
+
+    def __init__(self, k_cache: torch.Tensor, k_scale: torch.Tensor, v_cache: torch.Tensor, dims: PagedAttentionDims):
+        slots = dims.num_blocks * dims.block_size
+        self.k_codes = k_cache.view(torch.uint8).numpy().reshape(slots, dims.nkv, dims.head_dim)
+        self.v_codes = v_cache.view(torch.uint8).numpy().reshape(slots, dims.nkv, dims.head_dim)
+        self.k_scale = k_scale.detach().numpy().reshape(slots, dims.nkv)
 
 
 def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, codec: Fp8Codec) -> torch.Tensor:
+    """float32 ``O / l`` [B*S1, NQ, D], contiguous (the caller rounds it to bfloat16)."""
     batch, s1, nkv, group, d = dims.batch, dims.s1, dims.nkv, dims.group, dims.head_dim
-    rows = s1 * group  # the rows of one (kv head, batch): query positions i x heads g of the group
-    tile = dims.s2_tile
-    lengths = kv_act_seqs.to(torch.int64)
-    tiles_of = (lengths + tile - 1) // tile  # the last query position sees every valid token
+    rows = s1 * group  # the rows of one (batch, kv head): query positions i x heads g of the group
+    tile, block_size = dims.s2_tile, dims.block_size
+    per_tile = tile // block_size  # blocks per s2 tile
+    lengths = kv_act_seqs.numpy().astype(np.int64)
+    tiles_of = -(-lengths // tile)  # the last query position sees every valid token
+    blocks_of = -(-lengths // block_size)
     most_tiles = int(tiles_of.max())
     if most_tiles == 0:
-        return torch.zeros(q.shape, dtype=torch.bfloat16)
+        return torch.zeros(q.shape)
+    cur = visible_lengths(kv_act_seqs, s1).numpy()  # [B, S1]
+    row_cur = np.repeat(cur, group, axis=1)[:, :, None]  # [B, R, 1]: row (i, g) sees cur[b, i] tokens
     # The (batch, tile) pairs that hold tokens, packed: a short batch costs only its own tiles.
-    pair_batch, pair_tile = torch.nonzero(torch.arange(most_tiles)[None, :] < tiles_of[:, None], as_tuple=True)
+    pair_batch, pair_tile = np.nonzero(np.arange(most_tiles) < tiles_of[:, None])
+    cache = _PagedCache(k_cache, k_scale, v_cache, dims)
+    table = block_table.numpy()
 
-    # Kv head leads, so that every (n, pair) block of K and V is one contiguous matrix for the matmuls.
-    q_rows = codec.from_fp8(q, torch.float64).view(batch, s1, nkv, group, d).permute(2, 0, 1, 3, 4).reshape(nkv, batch, rows, d)
-    q_scale_rows = q_scale.view(batch, s1, nkv, group).permute(2, 0, 1, 3).reshape(nkv, batch, rows, 1)
-    v_scale_rows = v_scale.permute(1, 0, 2).reshape(nkv, batch, 1, d)
-    # Column t of row (i, g) is visible when t < cur[b, i] (SPEC §2.1).
-    row_cur = visible_lengths(kv_act_seqs, s1)[:, :, None].expand(batch, s1, group).reshape(batch, rows, 1)
-
-    # Each tile's (m_j, l_j, O_j, has tokens), laid out [B, tiles, N, R, .] for the fold below.
-    m_t = torch.full((batch, most_tiles, nkv, rows, 1), -torch.inf)
-    l_t = torch.zeros((batch, most_tiles, nkv, rows, 1))
-    o_t = torch.zeros((batch, most_tiles, nkv, rows, d))
-    has_tokens = torch.zeros((batch, most_tiles, rows, 1), dtype=torch.bool)
+    # Rows of one (batch, kv head) lead: [B, N, R, .], gathered per block or pair below.
+    q_codes = q.view(torch.uint8).numpy().reshape(batch, s1, nkv, group, d).transpose(0, 2, 1, 3, 4)
+    q_rows = codec.decode_array(np.ascontiguousarray(q_codes), double=True).reshape(batch, nkv, rows, d)
+    q_scale_rows = q_scale.detach().numpy().reshape(batch, s1, nkv, group).transpose(0, 2, 1, 3).reshape(batch, nkv, rows, 1)
+    v_scale_rows = v_scale.detach().numpy().reshape(batch, nkv, 1, d)
+    # Each (batch, tile)'s O_j, l_j and m_j, side by side: [B * tiles, N, R, D + 2]. Tiles a batch
+    # does not have stay 0 and are not folded (``tiles_per_row`` below).
+    tile_states = torch.zeros((batch * most_tiles, nkv, rows, d + 2))
     chunk = max(1, _CHUNK_ELEMENTS // (nkv * tile * d))
-    block_size = dims.block_size
-    per_tile = tile // block_size  # blocks per s2 tile
-    blocks_of = (lengths + block_size - 1) // block_size
-    for first in range(0, pair_batch.numel(), chunk):
+    for first in range(0, pair_batch.size, chunk):
         pb, pt = pair_batch[first:first + chunk], pair_tile[first:first + chunk]
-        pairs = pb.numel()
-        token = pt[:, None] * tile + torch.arange(tile)[None, :]  # [P, tile]
+        pairs = pb.size
         # K and V are read by blocks: the blocks of each pair's tile that the batch owns, so a short
-        # last tile costs only its blocks. Block q_pair[k] holds tokens q_token[k] of its pair's tile.
-        q_pair, q_block = torch.nonzero(pt[:, None] * per_tile + torch.arange(per_tile)[None, :] < blocks_of[pb, None], as_tuple=True)
-        q_batch = pb[q_pair]
-        q_token = (pt[q_pair] * per_tile + q_block)[:, None] * block_size + torch.arange(block_size)[None, :]
-        # The padding of a batch's last block re-reads its last token; it is masked like any
-        # position past a row's length.
-        slots = _token_slots(block_table, q_batch, torch.minimum(q_token, lengths[q_batch, None] - 1), block_size)
-        k = codec.decode(_gather_tiles(k_cache.view(torch.uint8), slots), torch.float64)  # [N, Q, BS, D]
-        v_codes = _gather_tiles(v_cache.view(torch.uint8), slots)
-        # Unread V rows become code 0 (value 0): P8 is 0 there, but 0 * NaN garbage would still be NaN.
-        v_codes.masked_fill_((q_token >= lengths[q_batch, None])[None, :, :, None], 0)
-        v = codec.decode(v_codes, torch.float64)
+        # last tile costs only its blocks. Block k is block ``in_tile[k]`` of pair ``owner[k]``.
+        owner, in_tile = np.nonzero(pt[:, None] * per_tile + np.arange(per_tile) < blocks_of[pb, None])
+        block_batch = pb[owner]
+        logical = pt[owner] * per_tile + in_tile
+        slot = (table[block_batch, logical].astype(np.int64) * block_size)[:, None] + np.arange(block_size)  # [Q, BS]
+        token = logical[:, None] * block_size + np.arange(block_size)  # [Q, BS] (SPEC §2.2)
+        # K transposed for MM1. The codes are transposed first (1 byte each): a lookup through a
+        # strided index is up to 3x slower.
+        k_codes = _SCRATCH.array("k codes", (slot.shape[0], nkv, d, block_size), np.uint8)
+        np.copyto(k_codes, cache.k_codes[slot].transpose(0, 2, 3, 1))
+        k_t = codec.decode_array(k_codes, double=True, out=_SCRATCH.array("k", k_codes.shape, np.float64))  # [Q, N, D, BS]
+        v_codes = cache.v_codes[slot]  # [Q, BS, N, D]
+        # Past a batch's length its last block holds garbage: P8 is 0 there, but 0 * NaN is NaN.
+        # Code 0 reads as +0 in every codec.
+        v_codes[token >= lengths[block_batch, None]] = 0
+        v_codes = v_codes.transpose(0, 2, 1, 3)
+        v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=_SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
+        k_scale_cols = torch.from_numpy(cache.k_scale[slot].transpose(0, 2, 1)[:, :, None, :])  # [Q, N, 1, BS]
+        owner_t = torch.from_numpy(owner)
 
-        # MM1 per block, laid into the tiles; blocks a tile lacks stay 0 and are masked below.
-        raw = torch.zeros((nkv, pairs, per_tile, rows, block_size))
-        raw[:, q_pair, q_block] = exact_matmul(q_rows[:, q_batch], k.transpose(-1, -2))
-        k_scale_cols = torch.zeros((nkv, pairs, per_tile, block_size))
-        k_scale_cols[:, q_pair, q_block] = _gather_tiles(k_scale, slots)[..., 0]
-        raw = raw.permute(0, 1, 3, 2, 4).reshape(nkv, pairs, rows, tile)
-        visible = (token[:, None, :] < row_cur[pb]).unsqueeze(0)  # [1, P, R, tile]
-        scores = dequantize_scores(raw, q_scale_rows[:, pb], k_scale_cols.view(nkv, pairs, 1, tile), dims.softmax_scale)
+        raw = exact_matmul(torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t))  # MM1 per block: [Q, N, R, BS]
+        scores = dequantize_scores(raw, torch.from_numpy(q_scale_rows[block_batch]), k_scale_cols, dims.softmax_scale)
+        if per_tile > 1:  # lay the blocks into their tiles; blocks a tile lacks are masked below
+            tiled = torch.zeros((pairs, nkv, rows, per_tile, block_size))
+            tiled[owner_t, :, :, torch.from_numpy(in_tile)] = scores
+            scores = tiled.view(pairs, nkv, rows, tile)
+        tile_token = (pt[:, None] * tile + np.arange(tile))[:, None, None, :]  # [P, 1, 1, tile]
+        visible = torch.from_numpy(tile_token < row_cur[pb][:, None])  # [P, 1, R, tile] (SPEC §2.1)
         m_j, p, l_j = local_softmax(scores, visible)
-        p8, p_scale = quantize_rows(p, valid=visible.expand(p.shape), codec=codec)
-        # MM2 per block, summed per tile in float64: every partial sum is exact (golden.matmul), so
-        # this is the tile's exact product, rounded once.
-        p8_blocks = p8.view(nkv, pairs, rows, per_tile, block_size).permute(0, 1, 3, 2, 4)[:, q_pair, q_block]
-        mm2 = torch.zeros((nkv, pairs, rows, d), dtype=torch.float64).index_add_(1, q_pair, torch.matmul(p8_blocks.double(), v))
-        o_j = dequantize_values(mm2.float(), p_scale, v_scale_rows[:, pb])
-        m_t[pb, pt] = m_j.transpose(0, 1)
-        l_t[pb, pt] = l_j.transpose(0, 1)
-        o_t[pb, pt] = o_j.transpose(0, 1)
-        has_tokens[pb, pt] = visible[0].any(dim=-1, keepdim=True)
+        # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
+        p8, p_scale = quantize_rows(p, codec=codec)
+        if per_tile > 1:
+            p8 = p8.view(pairs, nkv, rows, per_tile, block_size)[owner_t, :, :, torch.from_numpy(in_tile)]
+        mm2 = torch.matmul(p8.double(), v)  # MM2 per block: [Q, N, R, D], exact
+        if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
+            mm2 = _causal_values(p8, v, token, cur[block_batch])
+        if per_tile > 1:
+            # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
+            # tile's exact product, rounded once below.
+            mm2 = torch.zeros((pairs, nkv, rows, d), dtype=torch.float64).index_add_(0, owner_t, mm2)
+        o_j = dequantize_values(mm2.float(), p_scale, torch.from_numpy(v_scale_rows[pb]))
+        states = torch.cat([o_j, l_j, m_j], dim=-1)
+        if pair_batch.size == tile_states.shape[0]:  # every batch has every tile: pairs are in place
+            tile_states[first:first + pairs] = states
+        else:
+            tile_states.index_copy_(0, torch.from_numpy(pb * most_tiles + pt), states)
 
-    by_row = (2, 0, 3, 1, 4)  # [N, B, R, tiles, .]: update_tiles folds the tiles of each row in order
-    state = OnlineSoftmaxState.empty((nkv, batch, rows), d)
-    state.update_tiles(m_t.permute(by_row), l_t.permute(by_row), o_t.permute(by_row),
-                       valid=has_tokens.permute(0, 2, 1, 3).unsqueeze(0))
-    result = state.finalize().view(nkv, batch, s1, group, d).permute(1, 2, 0, 3, 4)
-    # reshape returns a strided view when group == 1; the output must be contiguous (SPEC §1).
-    return result.reshape(q.shape).contiguous().bfloat16()
+    # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
+    by_row = tile_states.view(batch, most_tiles, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
+    tiles_per_row = -(-row_cur[:, None, :, 0] // tile)  # [B, 1, R]: ceil(cur / s2_tile)
+    state = OnlineSoftmaxState.from_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], tiles_per_row)
+    result = state.finalize().view(batch, nkv, s1, group, d).transpose(1, 2)
+    return result.reshape(q.shape).contiguous()
+
+
+def _causal_values(p8: torch.Tensor, v: torch.Tensor, token: np.ndarray, cur: np.ndarray) -> torch.Tensor:
+    """MM2 per block when V holds NaN and S1 > 1: each query position multiplies only the V rows it sees.
+
+    p8 [Q, N, S1 * G, BS], v [Q, N, BS, D], token [Q, BS], cur [Q, S1]. A row's P8 is 0 on the
+    columns past its causal length, but a later query position of the same block may see them;
+    0 * NaN there would put NaN in a row whose visible tokens hold none.
+    """
+    s1 = cur.shape[1]
+    group = p8.shape[2] // s1
+    parts = []
+    for i in range(s1):
+        unseen = torch.from_numpy(token >= cur[:, i, None])[:, None, :, None]  # [Q, 1, BS, 1]
+        parts.append(torch.matmul(p8[:, :, i * group:(i + 1) * group].double(), torch.where(unseen, 0.0, v)))
+    return torch.cat(parts, dim=2)
 
 
 def paged_attention_fp8(
@@ -174,8 +233,14 @@ def paged_attention_fp8(
     block size; g_tile (None: the whole group) must divide NQ/NKV; codec None means the spec's
     E4M3FN. Inputs are never modified. Invalid arguments raise ValueError / TypeError.
     """
+    check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
+                 block_table=block_table, kv_act_seqs=kv_act_seqs)
     dims = check_paged_attention_args(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
-    return _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, get_codec(codec))
+    # Inference mode spares every torch call its autograd bookkeeping (about 10% here); the result
+    # becomes an ordinary tensor again in the bfloat16 conversion, outside it.
+    with torch.inference_mode():
+        result = _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, get_codec(codec))
+    return result.to(torch.bfloat16)  # round to nearest even (SPEC §2.4)

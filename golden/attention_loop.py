@@ -13,7 +13,7 @@ from .attention import dequantize_scores, tile_values
 from .codec import Fp8Codec, get_codec
 from .matmul import exact_matmul
 from .softmax_state import OnlineSoftmaxState, local_softmax
-from .validate import check_paged_attention_args
+from .validate import check_on_cpu, check_paged_attention_args
 
 __all__ = ["paged_attention_fp8_loop"]
 
@@ -25,6 +25,8 @@ def paged_attention_fp8_loop(
     codec: Fp8Codec | str | None = None,
 ) -> torch.Tensor:
     """bfloat16 [B*S1, NQ, D]: the same result as ``golden.paged_attention_fp8``, one tile at a time."""
+    check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
+                 block_table=block_table, kv_act_seqs=kv_act_seqs)
     dims = check_paged_attention_args(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,

@@ -1,9 +1,10 @@
 """Benchmark: the vectorized golden against the loop golden, in one process (``pfa-verify bench``).
 
-Two workloads: every upstream case of SPEC §5, and a property-testing-shaped one (about 200 small
-ragged cases: B <= 6, S1 <= 3, lengths up to ~600 including 0, 1 and block boundaries, block sizes
-16-128, several s2_tile values). For each it reports both goldens' time, the speed-up, cases per
-second, and whether the two agree (count of outputs that are not bit-identical).
+Two workloads: every upstream case of SPEC §5, and a property-testing-shaped one (200 small ragged
+cases drawn from the parameter space of the property suite's strategies: B <= 6, S1 <= 3, lengths up
+to 600 including 0, 1 and block and tile boundaries, block sizes 16-128, several s2_tile values).
+For each it reports both goldens' time, the speed-up, cases per second, and whether the two agree
+(count of outputs that are not bit-identical).
 
 Run: ``python -m golden.bench [--repeat N] [--workload upstream|small|all] [--small-cases N] [--json PATH]``.
 Speed goals live here, not in tests.
@@ -23,7 +24,7 @@ import torch
 
 from .attention import paged_attention_fp8
 from .attention_loop import paged_attention_fp8_loop
-from .inputs import InputBundle, PagedAttentionConfig, make_inputs
+from .inputs import DISTRIBUTIONS, InputBundle, PagedAttentionConfig, make_inputs
 
 __all__ = ["upstream_cases", "small_workload", "BenchRow", "run_bench", "main"]
 
@@ -35,22 +36,40 @@ def upstream_cases() -> dict[str, InputBundle]:
     return {name: catalog[name].inputs() for name in SPEC_CASE_NAMES}
 
 
+# The parameter space of the property suite's default strategies (properties/strategies.py:
+# ``dims``, ``special_lengths``, ``configs``), with B <= 6 and lengths up to about 600, so that the
+# small workload is shaped like the examples hypothesis runs.
+_HEAD_DIMS = (16, 32, 64, 128)
+_BLOCK_SIZES = (16, 32, 64, 128)
+_GROUPS = (1, 2, 3, 4)
+_GARBAGE = (None, "nan", "huge")
+_MAX_LEN = 600
+
+
 def small_workload(count: int = 200, seed: int = 0) -> list[PagedAttentionConfig]:
-    """``count`` small ragged configs shaped like a property-testing run (deterministic in ``seed``)."""
+    """``count`` small ragged configs shaped like a property-testing run (deterministic in ``seed``).
+
+    B <= 6, S1 <= 3, NKV <= 2, group 1-4 (g_tile the whole group or a proper divisor), D 16-128,
+    block sizes 16-128, s2_tile 1-4 blocks, lengths up to 600 with half of them on the special
+    points the property suite favours (0, 1, block and tile boundaries, the table's capacity), every
+    value distribution, and unread cells left 0, NaN or huge.
+    """
     rng = random.Random(seed)
     configs = []
     for _ in range(count):
-        block_size = rng.choice((16, 32, 64, 128))
-        s2_tile = block_size * rng.choice((1, 2, 4))
+        block_size = rng.choice(_BLOCK_SIZES)
+        s2_tile = block_size * rng.randint(1, 4)
         batch = rng.randint(1, 6)
-        s2 = rng.randint(1, 600)
-        special = (0, 1, block_size - 1, block_size, block_size + 1, s2_tile, s2_tile + 1, s2)
-        lengths = tuple(min(s2, rng.choice(special) if rng.random() < 0.5 else rng.randint(0, s2)) for _ in range(batch))
-        nkv = rng.choice((1, 2))
+        s2 = rng.randint(1, _MAX_LEN)
+        special = (0, 1, block_size - 1, block_size, block_size + 1, s2_tile - 1, s2_tile, s2_tile + 1,
+                   2 * s2_tile, 2 * s2_tile + 1, s2 - 1, s2)
+        lengths = tuple(max(0, min(s2, rng.choice(special) if rng.random() < 0.5 else rng.randint(0, s2))) for _ in range(batch))
+        nkv, group = rng.randint(1, 2), rng.choice(_GROUPS)
+        g_tile = rng.choice([None] + [g for g in range(1, group) if group % g == 0])
         configs.append(PagedAttentionConfig(
-            batch=batch, s1=rng.randint(1, 3), s2=s2, nq=nkv * rng.choice((1, 2, 4)), nkv=nkv,
-            head_dim=rng.choice((64, 128)), block_size=block_size, s2_tile=s2_tile, kv_act_seqs=lengths,
-            garbage=rng.choice((None, "nan")),
+            batch=batch, s1=rng.randint(1, 3), s2=s2, nq=nkv * group, nkv=nkv, head_dim=rng.choice(_HEAD_DIMS),
+            block_size=block_size, s2_tile=s2_tile, g_tile=g_tile, kv_act_seqs=lengths,
+            distribution=rng.choice(DISTRIBUTIONS), garbage=rng.choice(_GARBAGE),
         ))
     return configs
 

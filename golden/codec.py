@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -60,16 +61,24 @@ def _e4m3fn_decode_table() -> torch.Tensor:
     return value.float()
 
 
+# The exponent field of each float dtype: masking everything else off leaves the power of two of x's binade.
+_EXPONENT_MASK = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
+# Above 2^10 the grid is only kept as far as every codec needs: values stay above their saturation point.
+_MAX_QUANTUM = 2.0 ** (10 - 1 - _MANTISSA_BITS)
+
+
 def _round_to_e4m3_grid(magnitude: torch.Tensor) -> torch.Tensor:
-    """Round |x| (float32 or float64, >= 0) to the E4M3 grid, nearest-even, with no upper bound.
+    """Round |x| (float32 or float64, >= 0) to the E4M3 grid, nearest-even, exact up to 2^10.
 
     The grid spacing in the binade [2^e, 2^(e+1)) is 2^(e-3); below 2^-6 (subnormals) it stays
-    2^-9. Dividing by a power of two and rounding to an integer are both exact in either dtype, so
-    the only rounding is the one ``torch.round`` (half to even) performs.
+    2^-9. The binade's 2^e is x's float bits with the significand cleared. Dividing by a power of two
+    and rounding to an integer are both exact in either dtype, so the only rounding is the one
+    ``torch.round`` (half to even) performs. Above 2^10 the spacing stays 2^6, so large values (and
+    inf) stay large: every codec saturates them.
     """
-    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2^exponent, m in [0.5, 1)
-    binade = torch.clamp(exponent.to(torch.int64) - 1, min=_MIN_NORMAL_EXPONENT)
-    quantum = torch.ldexp(torch.ones_like(magnitude), (binade - _MANTISSA_BITS).to(magnitude.dtype))
+    int_dtype, mask = _EXPONENT_MASK[magnitude.dtype]
+    binade = (magnitude.view(int_dtype) & mask).view(magnitude.dtype)
+    quantum = torch.clamp(binade * 2.0 ** -_MANTISSA_BITS, min=2.0 ** (_MIN_NORMAL_EXPONENT - _MANTISSA_BITS), max=_MAX_QUANTUM)
     return torch.round(magnitude / quantum) * quantum
 
 
@@ -104,6 +113,9 @@ class Fp8Codec:
 
     def __init__(self) -> None:
         self._decode_table = self._build_decode_table()
+        if self._decode_table[0].item() != 0 or math.copysign(1.0, self._decode_table[0].item()) < 0:
+            # The golden zeroes unread cache rows through their codes; every E4M3 variant reads 0x00 as +0.
+            raise ValueError(f"{type(self).__name__}: code 0x00 must decode to +0.0, got {self._decode_table[0].item()}")
         self._decode_table_np = self._decode_table.numpy()
         self._decode_table_np64 = self._decode_table.double().numpy()
 
@@ -158,13 +170,19 @@ class Fp8Codec:
             codes = codes.view(torch.uint8)
         if codes.dtype != torch.uint8:
             raise TypeError(f"codes must be uint8 or float8_e4m3fn, got {codes.dtype}")
-        if dtype == torch.float32:
-            table = self._decode_table_np
-        elif dtype == torch.float64:
-            table = self._decode_table_np64
-        else:
+        if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-        return torch.from_numpy(table[codes.numpy()])
+        return torch.from_numpy(self.decode_array(codes.numpy(), dtype == torch.float64))
+
+    def decode_array(self, codes: np.ndarray, double: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+        """``decode`` for a uint8 numpy array: float32 values, or float64 with ``double``, into ``out``
+        (codes' shape, that dtype) when given.
+
+        The golden gathers cache rows with numpy and decodes them here, in one lookup per call.
+        """
+        # np.take is about 1.5x faster than fancy indexing (table[codes]) for uint8 codes; with
+        # ``out`` it is buffered unless the mode is 'clip' (a uint8 code never leaves the table).
+        return np.take(self._decode_table_np64 if double else self._decode_table_np, codes, out=out, mode="clip")
 
     def round(self, x: torch.Tensor) -> torch.Tensor:
         """float32 ``decode(encode(x))``: x as it reads back after one pass through FP8."""

@@ -107,8 +107,8 @@ def quantize_rows(
     if valid is not None:
         x = torch.where(valid, x, 0.0)
     amax = x.abs().amax(dim=-1, keepdim=True)
-    empty = amax == 0
-    scale = torch.where(empty, 1.0, _fp8_max_over(torch.where(empty, 1.0, amax)))
+    # An empty row divides 448 by 448: scale 1, exactly.
+    scale = _fp8_max_over(torch.where(amax == 0, FP8_MAX, amax))
     return codec.round(x * scale), torch.reciprocal(scale)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["exp_f32", "local_softmax", "OnlineSoftmaxState"]
@@ -96,36 +97,61 @@ class OnlineSoftmaxState:
             self.started = self.started | valid
         return self
 
-    def update_tiles(self, m_t: torch.Tensor, l_t: torch.Tensor, o_t: torch.Tensor, valid: torch.Tensor | None = None) -> "OnlineSoftmaxState":
-        """Fold tiles 0..T-1 in order, in place: the same bits as T calls of ``update``; returns self.
+    @classmethod
+    def from_tiles(cls, m_t: torch.Tensor, l_t: torch.Tensor, o_t: torch.Tensor,
+                   tiles_per_row: torch.Tensor | np.ndarray) -> "OnlineSoftmaxState":
+        """The state after folding tiles 0..n-1 of each row into an empty state, n = ``tiles_per_row``:
+        the same bits as n calls of ``update``.
 
-        The tile axis is dim -2: m_t, l_t, valid [..., T, 1] and o_t [..., T, D]. The running max
-        and the factors a, c depend on the m's alone, so they are computed for all tiles at once
-        (a running maximum is exact); only the two float32 recurrences ``l = a*l + c*l_j`` and
-        ``O = a*O + c*O_j`` step through the tiles, as their rounding requires.
+        The tile axis is dim -2: m_t, l_t [..., T, 1] and o_t [..., T, D]; tiles_per_row is an
+        integer tensor or array broadcastable to [...], with values in [0, T]. Tiles past a row's
+        count are never used, whatever they hold. The running max and the factors a, c depend on
+        the m's alone, so they are computed for all tiles at once (a running maximum is exact);
+        only the float32 recurrences ``l = a*l + c*l_j`` and ``O = a*O + c*O_j`` step through the
+        tiles, as their rounding requires.
         """
-        tiles = m_t.shape[-2]
-        if valid is None:
-            valid = torch.ones(m_t.shape, dtype=torch.bool)
-        valid = valid.expand(m_t.shape)
-        seen_before = self.started.unsqueeze(-2) | ((torch.cumsum(valid.to(torch.int32), dim=-2) - valid.to(torch.int32)) > 0)
-        first = valid & ~seen_before  # this tile sets the state
-        carry = valid & seen_before  # this tile is folded in
-        # m after each tile: the running max over the state's m and the valid tiles' m_j.
-        running = torch.cummax(torch.cat([self.m.unsqueeze(-2), torch.where(valid, m_t, -torch.inf)], dim=-2), dim=-2).values
-        a = exp_f32(running[..., :-1, :] - running[..., 1:, :])
-        c = exp_f32(m_t - running[..., 1:, :])
-        # l and O follow the same recurrence with the same a and c: fold them as one tensor [..., D + 1].
-        lo_t = torch.cat([o_t, l_t], dim=-1)
-        c_lo = c * lo_t
-        lo = torch.cat([self.o, self.l], dim=-1)
-        for j in range(tiles):
-            folded = a[..., j, :] * lo + c_lo[..., j, :]
-            lo = torch.where(carry[..., j, :], folded, torch.where(first[..., j, :], lo_t[..., j, :], lo))
-        self.m, self.l, self.o = running[..., -1, :], lo[..., -1:], lo[..., :-1]
-        self.started = self.started | valid.any(dim=-2)
-        return self
+        tiles, rows, head_dim = m_t.shape[-2], tuple(m_t.shape[:-2]), o_t.shape[-1]
+        counts, low, high = _tile_counts(tiles_per_row, rows, tiles)
+        if high == 0:
+            return cls.empty(rows, head_dim)
+        # Tile-major [T, ..., X], so that each step of the fold reads contiguous slabs. l and O follow
+        # the same recurrence with the same a and c: they are folded as one tensor [..., D + 1].
+        m_t = m_t[..., :high, :].movedim(-2, 0)
+        lo_t = torch.cat([o_t[..., :high, :].movedim(-2, 0), l_t[..., :high, :].movedim(-2, 0)], dim=-1)
+        valid = torch.from_numpy(np.arange(high).reshape((-1,) + (1,) * (len(rows) + 1)) < counts[..., None])  # [T, ..., 1]
+        running = torch.cummax(m_t if low == high else torch.where(valid, m_t, -torch.inf), dim=0).values  # m after each tile
+        # The factors of tiles 1..T-1 (tile 0 sets the state), in one exp: a = exp(m - m') rescales
+        # the state, c = exp(m_j - m') the tile.
+        factors = exp_f32(torch.cat([running[:-1], m_t[1:]], dim=-1) - running[1:])
+        a, c_lo = factors[..., :1], factors[..., 1:] * lo_t[1:]
+        lo = lo_t[0]
+        for j in range(1, high):
+            folded = a[j - 1] * lo + c_lo[j - 1]
+            # Rows with fewer tiles keep their state; when every row has tile j, no select is needed.
+            lo = folded if j < low else torch.where(valid[j], folded, lo)
+        started = torch.from_numpy(counts > 0)[..., None]
+        if low == 0:
+            lo = torch.where(started, lo, 0.0)  # rows without a tile stay empty
+        return cls(m=running[-1], l=lo[..., -1:], o=lo[..., :-1], started=started)
 
     def finalize(self) -> torch.Tensor:
         """float32 ``O / l`` [..., D]; rows that never saw a token are 0 (SPEC §2.5)."""
         return torch.where(self.started, self.o / torch.where(self.started, self.l, 1.0), 0.0)
+
+
+def _tile_counts(tiles_per_row: torch.Tensor | np.ndarray, rows: tuple[int, ...], tiles: int) -> tuple[np.ndarray, int, int]:
+    """(counts, min, max): ``tiles_per_row`` as an int64 numpy array of shape ``rows``, checked to
+    lie in [0, tiles]."""
+    if isinstance(tiles_per_row, torch.Tensor):
+        tiles_per_row = tiles_per_row.detach().cpu().numpy()
+    if not isinstance(tiles_per_row, np.ndarray) or tiles_per_row.dtype.kind not in "iu":
+        raise TypeError(f"tiles_per_row must be an integer tensor, got {getattr(tiles_per_row, 'dtype', type(tiles_per_row).__name__)}")
+    counts = np.empty(rows, dtype=np.int64)
+    try:
+        counts[...] = tiles_per_row  # broadcasts, or raises
+    except ValueError:
+        raise ValueError(f"tiles_per_row of shape {tiles_per_row.shape} does not broadcast to the rows {rows}") from None
+    low, high = (int(counts.min()), int(counts.max())) if counts.size else (0, 0)
+    if low < 0 or high > tiles:
+        raise ValueError(f"tiles_per_row must lie in [0, {tiles}] (the tiles given), got values in [{low}, {high}]")
+    return counts, low, high

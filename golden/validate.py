@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from .paging import blocks_needed, positive_int
+from .paging import positive_int
 
-__all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile"]
+__all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu"]
 
 FP8 = torch.float8_e4m3fn
 
@@ -38,10 +39,10 @@ class PagedAttentionDims:
 
 def _tensor(x: object, name: str, dtype: torch.dtype | tuple[torch.dtype, ...], ndim: int, layout: str) -> torch.Tensor:
     dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
-    wanted = " or ".join(str(d).replace("torch.", "") for d in dtypes)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor ({wanted} {layout}), got {type(x).__name__}")
-    if x.dtype not in dtypes:
+    if not isinstance(x, torch.Tensor) or x.dtype not in dtypes:
+        wanted = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor ({wanted} {layout}), got {type(x).__name__}")
         raise TypeError(f"{name} must have dtype {wanted}, got {str(x.dtype).replace('torch.', '')}")
     if x.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
@@ -120,23 +121,25 @@ def check_paged_attention_args(
     s2_tile, g_tile = check_tile(s2_tile, g_tile, block_size=block_size, group=group)
     scale = _softmax_scale(softmax_scale, head_dim)
 
-    lengths = kv_act_seqs.to(torch.int64)
-    if int(lengths.min()) < 0:
+    # The value checks run in numpy on host copies: a dozen checks on a few integers cost a fraction
+    # of the same torch calls, and the kernel wrappers may pass device tensors.
+    lengths = kv_act_seqs.detach().cpu().numpy().astype(np.int64)
+    if lengths.min() < 0:
         b = int(lengths.argmin())
         raise ValueError(f"kv_act_seqs[{b}]={int(lengths[b])} must be >= 0")
-    table = block_table.to(torch.int64)
-    if int(table.min()) < -1 or int(table.max()) >= num_blocks:
-        bad = torch.nonzero((table < -1) | (table >= num_blocks))[0].tolist()
+    table = block_table.detach().cpu().numpy()
+    if table.min() < -1 or table.max() >= num_blocks:
+        bad = np.argwhere((table < -1) | (table >= num_blocks))[0].tolist()
         raise ValueError(
             f"block_table[{bad[0]}, {bad[1]}]={int(table[bad[0], bad[1]])} must be a physical block in "
             f"[0, NB={num_blocks}) or -1 (unused)"
         )
     # Capacity: the leading run of non-(-1) entries of each row, in tokens.
-    leading_valid = torch.cumprod((table >= 0).to(torch.int64), dim=1).sum(dim=1)
-    needed = blocks_needed(lengths, block_size)
+    leading_valid = np.cumprod(table >= 0, axis=1).sum(axis=1)
+    needed = -(-lengths // block_size)  # ceil(len / BS): the table entries each batch uses
     over = needed > leading_valid
     if over.any():
-        b = int(torch.nonzero(over)[0])
+        b = int(np.argmax(over))
         capacity = int(leading_valid[b]) * block_size
         if int(needed[b]) > max_blocks:
             raise ValueError(
@@ -188,3 +191,12 @@ def check_qk_matmul_scale_args(
     elif not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale={scale} must be a finite positive number (SPEC §6: 1/sqrt(head_dim) by default)")
     return is_fp8, float(scale)
+
+
+def check_on_cpu(**tensors: object) -> None:
+    """The golden computes on the CPU: every tensor argument must live there (kernel wrappers,
+    which share the checks above, take device tensors and do not call this). Call it first: the
+    other checks copy a few integers to the host, which a meta tensor cannot do."""
+    for name, x in tensors.items():
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}; the golden runs on the CPU, pass {name}.cpu()")

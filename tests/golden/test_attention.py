@@ -142,6 +142,45 @@ def test_causal_s1_equals_shortened_calls(golden):
         gh.assert_identical(out[:, i], one, f"query position {i} vs S1 = 1 with kv_act_seqs {shorter.tolist()}")
 
 
+@pytest.mark.parametrize("golden", GOLDENS, ids=GOLDEN_IDS)
+def test_nan_in_v_past_an_earlier_position_reaches_only_the_rows_that_see_it(golden):
+    """A NaN V code at the last valid token of a batch is visible to the last query position only:
+    earlier positions of S1 > 1 (shorter causal lengths) stay finite. The vectorized golden shares
+    one V block between the positions, where P8 = 0 times NaN would leak (a bug it once had)."""
+    config = C(batch=2, s1=3, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
+               kv_act_seqs=(40, 23), garbage="nan")
+    bundle = make_inputs(config, seed=5)
+    v_cache = bundle.v_cache.clone()
+    for b, length in enumerate((40, 23)):
+        last = length - 1
+        v_cache.view(torch.uint8)[bundle.block_table[b, last // 16], last % 16, 1, 3] = 0x7F  # kv head 1, channel 3
+    out = golden(**{**bundle.kwargs(), "v_cache": v_cache}).float().view(2, 3, 4, 16)
+    nan = torch.isnan(out)
+    assert nan[:, 2, 2:, 3].all(), "the last position's heads of kv head 1 see the NaN in channel 3"
+    assert nan.sum() == 2 * 2, "and nothing else does"
+    clean = golden(**bundle.kwargs()).float().view(2, 3, 4, 16)
+    gh.assert_identical(out[:, :2], clean[:, :2], "earlier positions, NaN past their causal length")
+
+
+def test_result_is_an_ordinary_tensor():
+    """The vectorized golden runs in inference mode; its result must not be an inference tensor
+    (those refuse in-place updates outside inference mode)."""
+    bundle = make_inputs(CONFIGS["ragged_causal_nan"], seed=1)
+    out = paged_attention_fp8(**bundle.kwargs())
+    assert not out.is_inference()
+    out.add_(1)
+
+
+def test_repeated_calls_of_changing_shapes_agree_with_the_loop():
+    """The vectorized golden reuses scratch buffers between calls: a small call after a large one
+    (and the reverse) must not see the other's data."""
+    names = ["mqa_long", "block_size_1_tiny", "big_tile_huge_garbage", "mqa_long", "ragged_causal_nan"]
+    for name in names:
+        bundle = make_inputs(CONFIGS[name], seed=3)
+        gh.assert_identical(paged_attention_fp8(**bundle.kwargs()), paged_attention_fp8_loop(**bundle.kwargs()),
+                            f"vectorized vs loop [{name}] in a sequence of calls")
+
+
 def test_visible_lengths():
     assert visible_lengths(torch.tensor([5, 1, 0]), 3).tolist() == [[3, 4, 5], [0, 0, 1], [0, 0, 0]]
 

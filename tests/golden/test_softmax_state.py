@@ -123,10 +123,10 @@ def test_exp_f32_is_the_rounded_float64_exp_in_any_layout():
     gh.assert_identical(one_by_one, whole[::97], "exp_f32 element by element")
 
 
-@pytest.mark.parametrize("prefix_valid", [True, False], ids=["valid tiles a prefix", "valid tiles scattered"])
-@pytest.mark.parametrize("pre_started", [False, True], ids=["empty state", "started state"])
-def test_update_tiles_is_sequential_update(prefix_valid, pre_started):
-    """update_tiles over T tiles gives the same bits as T calls of update, signed zeros included."""
+@pytest.mark.parametrize("some_rows_empty", [False, True], ids=["every row has tiles", "some rows have none"])
+def test_from_tiles_is_sequential_update(some_rows_empty):
+    """from_tiles over n tiles gives the same bits as n calls of update, signed zeros included, and
+    never reads a tile past a row's count (those hold NaN here)."""
     g = torch.Generator().manual_seed(3)
     for trial in range(40):
         rows, tiles, d = 5, 1 + trial % 6, 3
@@ -134,16 +134,27 @@ def test_update_tiles_is_sequential_update(prefix_valid, pre_started):
         l_t = torch.rand(rows, tiles, 1, generator=g) * 5
         o_t = torch.randn(rows, tiles, d, generator=g)
         o_t[o_t.abs() < 0.3] = -0.0
-        valid = torch.rand(rows, tiles, 1, generator=g) < 0.7
-        if prefix_valid:
-            valid = torch.cumprod(valid.int(), dim=1).bool()
-        one, many = OnlineSoftmaxState.empty((rows,), d), OnlineSoftmaxState.empty((rows,), d)
-        if pre_started:
-            for state in (one, many):
-                state.update(torch.full((rows, 1), 0.5), torch.ones(rows, 1), torch.full((rows, d), -0.0))
+        counts = torch.randint(0 if some_rows_empty else 1, tiles + 1, (rows,), generator=g)
+        past = torch.arange(tiles)[None, :, None] >= counts[:, None, None]
+        one = OnlineSoftmaxState.empty((rows,), d)
         for j in range(tiles):
-            one.update(m_t[:, j], l_t[:, j], o_t[:, j], valid=valid[:, j])
-        many.update_tiles(m_t, l_t, o_t, valid)
+            one.update(m_t[:, j], l_t[:, j], o_t[:, j], valid=(j < counts)[:, None])
+        many = OnlineSoftmaxState.from_tiles(m_t.masked_fill(past, math.nan), l_t.masked_fill(past, math.nan),
+                                             o_t.masked_fill(past, math.nan), counts)
         for name in ("m", "l", "o"):
             assert torch.equal(getattr(one, name).view(torch.int32), getattr(many, name).view(torch.int32)), (trial, name)
         assert torch.equal(one.started, many.started), trial
+
+
+def test_from_tiles_broadcasts_counts_and_rejects_out_of_range():
+    m_t, l_t, o_t = torch.zeros(2, 3, 4, 1), torch.ones(2, 3, 4, 1), torch.ones(2, 3, 4, 2)
+    state = OnlineSoftmaxState.from_tiles(m_t, l_t, o_t, torch.tensor([4, 0, 2]))  # [3] -> [2, 3]
+    assert state.started[..., 0].tolist() == [[True, False, True]] * 2
+    gh.assert_identical(state.finalize()[:, 1], torch.zeros(2, 2), "rows without a tile")
+    for bad in (torch.tensor([5]), torch.tensor([-1])):
+        with pytest.raises(ValueError, match=r"tiles_per_row must lie in \[0, 4\]"):
+            OnlineSoftmaxState.from_tiles(m_t, l_t, o_t, bad)
+    with pytest.raises(ValueError, match=r"tiles_per_row of shape \(2,\) does not broadcast to the rows \(2, 3\)"):
+        OnlineSoftmaxState.from_tiles(m_t, l_t, o_t, torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="tiles_per_row must be an integer tensor"):
+        OnlineSoftmaxState.from_tiles(m_t, l_t, o_t, torch.tensor([1.0]))

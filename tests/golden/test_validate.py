@@ -58,6 +58,10 @@ PAGED_ATTENTION_CASES = [
     expect("f(q=NQ 3)", lambda kw: {**kw, "q": kw["q"][:, :3].contiguous(), "q_scale": kw["q_scale"][:, :3].contiguous()},
            ValueError, r"NQ=3 \(q's heads\) must be a multiple of NKV=2"),
     expect("f(q_scale=bfloat16)", edit("q_scale", lambda t: t.bfloat16()), TypeError, r"^q_scale must have dtype float32"),
+    expect("f(k_cache=meta device)", edit("k_cache", lambda t: t.to("meta")), ValueError,
+           r"^k_cache is on meta; the golden runs on the CPU"),
+    expect("f(kv_act_seqs=meta device)", edit("kv_act_seqs", lambda t: t.to("meta")), ValueError,
+           r"^kv_act_seqs is on meta; the golden runs on the CPU"),
     expect("f(q_scale=[B*S1, NQ])", edit("q_scale", lambda t: t[..., 0].contiguous()), ValueError, r"^q_scale must be 3-D"),
     expect("f(q_scale=[B*S1, 1, 1])", edit("q_scale", lambda t: t[:, :1].contiguous()), ValueError, r"^q_scale must have shape"),
     expect("f(k_cache=uint8)", edit("k_cache", lambda t: t.view(torch.uint8)), TypeError, r"^k_cache must have dtype"),
@@ -159,6 +163,8 @@ AT12_CASES = [
     expect("qk_matmul_scale(scale=0.0)", with_(scale=0.0), ValueError, r"^scale=0.0 must be a finite positive"),
     expect("qk_matmul_scale(scale=-1.0)", with_(scale=-1.0), ValueError, r"^scale=-1.0 must be a finite positive"),
     expect("qk_matmul_scale(codec='fp8')", with_(codec="fp8"), ValueError, r"codec='fp8'"),
+    expect("qk_matmul_scale(k_scale=meta device)", lambda kw: {**kw, "k_scale": kw["k_scale"].to("meta")}, ValueError,
+           r"^k_scale is on meta; the golden runs on the CPU"),
 ]
 
 
