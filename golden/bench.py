@@ -84,6 +84,8 @@ class BenchRow:
     vectorized_s: float
     non_identical: int
     outputs: int
+    shape: str = ""
+    finite: bool = True
 
     @property
     def speedup(self) -> float:
@@ -96,7 +98,7 @@ class BenchRow:
     def to_dict(self) -> dict[str, float | int | str]:
         return {"name": self.name, "cases": self.cases, "loop_s": self.loop_s, "vectorized_s": self.vectorized_s,
                 "speedup": self.speedup, "cases_per_s": self.cases_per_s, "non_identical": self.non_identical,
-                "outputs": self.outputs}
+                "outputs": self.outputs, "shape": self.shape, "finite": self.finite}
 
 
 def _time(fn: Callable[[], list[torch.Tensor]], repeat: int) -> tuple[float, list[torch.Tensor]]:
@@ -117,7 +119,13 @@ def _bench(name: str, bundles: Sequence[InputBundle], repeat: int) -> BenchRow:
         vec_s = min(vec_s, _time(lambda: [paged_attention_fp8(**kw) for kw in calls], 1)[0])
         loop_s = min(loop_s, _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls], 1)[0])
     non_identical = sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(vec, loop))
-    return BenchRow(name, len(bundles), loop_s, vec_s, non_identical, sum(a.numel() for a in vec))
+    finite = all(bool(torch.isfinite(a.float()).all()) for a in vec)
+    return BenchRow(name, len(bundles), loop_s, vec_s, non_identical, sum(a.numel() for a in vec),
+                    _shape(bundles[0].config) if len(bundles) == 1 else f"{len(bundles)} configs", finite)
+
+
+def _shape(c: PagedAttentionConfig) -> str:
+    return f"B={c.batch} S1={c.s1} S2={c.s2} NQ={c.nq} NKV={c.nkv} D={c.head_dim} s2_tile={c.s2_tile}"
 
 
 def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
@@ -137,12 +145,14 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
     return rows
 
 
-_HEADER = f"{'workload':<44} {'cases':>5} {'loop s':>8} {'vector s':>9} {'speed-up':>8} {'cases/s':>8} {'non-identical':>16}"
+_HEADER = (f"{'workload':<44} {'shape':<50} {'cases':>5} {'loop s':>8} {'vector s':>9} {'speed-up':>8} "
+           f"{'cases/s':>8} {'finite':>6} {'non-identical':>16}")
 
 
 def _format_row(row: BenchRow) -> str:
-    return (f"{row.name:<44} {row.cases:>5} {row.loop_s:>8.3f} {row.vectorized_s:>9.3f} {row.speedup:>7.1f}x "
-            f"{row.cases_per_s:>8.1f} {row.non_identical:>7} / {row.outputs:<8}")
+    return (f"{row.name:<44} {row.shape:<50} {row.cases:>5} {row.loop_s:>8.3f} {row.vectorized_s:>9.3f} "
+            f"{row.speedup:>7.1f}x {row.cases_per_s:>8.1f} {'yes' if row.finite else 'NO':>6} "
+            f"{row.non_identical:>7} / {row.outputs:<8}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,8 +178,12 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump([r.to_dict() for r in rows], f, indent=2)
     disagree = sum(r.non_identical for r in rows)
-    print(f"{len(rows)} rows; {disagree} non-identical outputs between the two goldens")
-    return 0
+    not_finite = [r.name for r in rows if not r.finite]
+    print(f"{len(rows)} rows; {disagree} non-identical outputs between the two goldens; "
+          f"{len(not_finite)} rows with non-finite outputs")
+    # The two goldens must agree bit for bit and stay finite on these inputs: anything else is a
+    # golden defect, and the job says so in its exit status.
+    return 1 if disagree or not_finite else 0
 
 
 if __name__ == "__main__":

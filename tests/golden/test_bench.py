@@ -28,6 +28,6 @@ def test_run_bench_reports_agreement_of_the_two_goldens():
     assert len(rows) == 1 and len(lines) == 1
     row = rows[0]
     assert isinstance(row, BenchRow) and row.cases == 4
-    assert row.non_identical == 0 and row.outputs > 0
+    assert row.non_identical == 0 and row.outputs > 0 and row.finite and row.shape == "4 configs"
     assert row.loop_s > 0 and row.vectorized_s > 0
     assert "0 / " in lines[0]
