@@ -119,16 +119,17 @@ class OnlineSoftmaxState:
         m_t = m_t[..., :high, :].movedim(-2, 0)
         lo_t = torch.cat([o_t[..., :high, :].movedim(-2, 0), l_t[..., :high, :].movedim(-2, 0)], dim=-1)
         valid = torch.from_numpy(np.arange(high).reshape((-1,) + (1,) * (len(rows) + 1)) < counts[..., None])  # [T, ..., 1]
-        running = torch.cummax(m_t if low == high else torch.where(valid, m_t, -torch.inf), dim=0).values  # m after each tile
-        # The factors of tiles 1..T-1 (tile 0 sets the state), in one exp: a = exp(m - m') rescales
-        # the state, c = exp(m_j - m') the tile.
-        factors = exp_f32(torch.cat([running[:-1], m_t[1:]], dim=-1) - running[1:])
-        a, c_lo = factors[..., :1], factors[..., 1:] * lo_t[1:]
-        lo = lo_t[0]
-        for j in range(1, high):
-            folded = a[j - 1] * lo + c_lo[j - 1]
-            # Rows with fewer tiles keep their state; when every row has tile j, no select is needed.
-            lo = folded if j < low else torch.where(valid[j], folded, lo)
+        running = m_t if low == high else torch.where(valid, m_t, -torch.inf)
+        lo = lo_t[0]  # tile 0 sets the state
+        if high > 1:
+            running = torch.cummax(running, dim=0).values  # m after each tile
+            # The factors of tiles 1..T-1 in one exp: a = exp(m - m') rescales the state, c = exp(m_j - m') the tile.
+            factors = exp_f32(torch.cat([running[:-1], m_t[1:]], dim=-1) - running[1:])
+            a, c_lo = factors[..., :1], factors[..., 1:] * lo_t[1:]
+            for j in range(1, high):
+                folded = a[j - 1] * lo + c_lo[j - 1]
+                # Rows with fewer tiles keep their state; when every row has tile j, no select is needed.
+                lo = folded if j < low else torch.where(valid[j], folded, lo)
         started = torch.from_numpy(counts > 0)[..., None]
         if low == 0:
             lo = torch.where(started, lo, 0.0)  # rows without a tile stay empty
