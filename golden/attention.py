@@ -43,6 +43,7 @@ import torch
 
 from .codec import Fp8Codec, get_codec
 from .matmul import exact_matmul
+from .paging import blocks_needed
 from .quant import quantize_rows
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args
@@ -125,7 +126,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     per_tile = tile // block_size  # blocks per s2 tile
     lengths = kv_act_seqs.numpy().astype(np.int64)
     tiles_of = -(-lengths // tile)  # the last query position sees every valid token
-    blocks_of = -(-lengths // block_size)
+    blocks_of = blocks_needed(lengths, block_size)
     most_tiles = int(tiles_of.max())
     if most_tiles == 0:
         return torch.zeros(q.shape)

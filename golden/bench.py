@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ def small_workload(count: int = 200, seed: int = 0) -> list[PagedAttentionConfig
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One benchmark line: median seconds of each golden over ``cases`` inputs, and their agreement."""
+    """One benchmark line: best-of-repeats seconds of each golden over ``cases`` inputs, and their agreement."""
 
     name: str
     cases: int
@@ -101,23 +100,20 @@ class BenchRow:
                 "outputs": self.outputs, "shape": self.shape, "finite": self.finite}
 
 
-def _time(fn: Callable[[], list[torch.Tensor]], repeat: int) -> tuple[float, list[torch.Tensor]]:
-    times, result = [], []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+def _time(fn: Callable[[], list[torch.Tensor]]) -> tuple[float, list[torch.Tensor]]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
 
 
 def _bench(name: str, bundles: Sequence[InputBundle], repeat: int) -> BenchRow:
     calls = [b.kwargs() for b in bundles]
     # Alternate the two so a drift in machine speed hits both alike.
-    vec_s, vec = _time(lambda: [paged_attention_fp8(**kw) for kw in calls], 1)
-    loop_s, loop = _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls], 1)
+    vec_s, vec = _time(lambda: [paged_attention_fp8(**kw) for kw in calls])
+    loop_s, loop = _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls])
     for _ in range(repeat - 1):
-        vec_s = min(vec_s, _time(lambda: [paged_attention_fp8(**kw) for kw in calls], 1)[0])
-        loop_s = min(loop_s, _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls], 1)[0])
+        vec_s = min(vec_s, _time(lambda: [paged_attention_fp8(**kw) for kw in calls])[0])
+        loop_s = min(loop_s, _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls])[0])
     non_identical = sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(vec, loop))
     finite = all(bool(torch.isfinite(a.float()).all()) for a in vec)
     return BenchRow(name, len(bundles), loop_s, vec_s, non_identical, sum(a.numel() for a in vec),

@@ -6,6 +6,7 @@ holds there must never reach the result (the golden masks by length, never by ta
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -40,9 +41,11 @@ def positive_int(value: object, name: str) -> int:
     return value
 
 
-def blocks_needed(kv_act_seqs: torch.Tensor, block_size: int) -> torch.Tensor:
-    """int64 [B]: ``ceil(kv_act_seqs[b] / block_size)``, the table entries each batch uses."""
-    return (kv_act_seqs.to(torch.int64) + block_size - 1) // block_size
+def blocks_needed(kv_act_seqs: torch.Tensor | np.ndarray, block_size: int) -> torch.Tensor | np.ndarray:
+    """int64 [B]: ``ceil(kv_act_seqs[b] / block_size)``, the table entries each batch uses (a torch
+    tensor for a tensor, a numpy array for an array: the golden's hot path counts in numpy)."""
+    lengths = kv_act_seqs.to(torch.int64) if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs, dtype=np.int64)
+    return (lengths + block_size - 1) // block_size
 
 
 def gen_block_table(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .paging import positive_int
+from .paging import blocks_needed, positive_int
 
 __all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu"]
 
@@ -136,7 +136,7 @@ def check_paged_attention_args(
         )
     # Capacity: the leading run of non-(-1) entries of each row, in tokens.
     leading_valid = np.cumprod(table >= 0, axis=1).sum(axis=1)
-    needed = -(-lengths // block_size)  # ceil(len / BS): the table entries each batch uses
+    needed = blocks_needed(lengths, block_size)
     over = needed > leading_valid
     if over.any():
         b = int(np.argmax(over))

@@ -68,6 +68,7 @@ def test_gen_block_table_accepts_tensors():
 def test_blocks_needed_and_token_slots():
     lengths = torch.tensor([3, 0, 5])
     assert blocks_needed(lengths, 2).tolist() == [2, 0, 3]
+    assert blocks_needed(lengths.numpy(), 2).tolist() == [2, 0, 3]  # the golden's numpy path
     table = torch.tensor([[4, 1, -1], [-1, -1, -1], [0, 2, 3]], dtype=torch.int32)
     b, t, block, row = token_slots(table, lengths, 2)
     assert list(zip(b.tolist(), t.tolist(), block.tolist(), row.tolist())) == [
