@@ -1,51 +1,155 @@
-"""``pfa-verify``: the command line. Subcommands live in a registry so others can add theirs.
+"""``pfa-verify``: the command line, the last stage of the cases/ pipeline
+(collect -> run -> report -> html_report -> cli). Nothing imports it, so ``python -m cases.cli`` and
+the ``pfa-verify`` script are the same program.
 
+    pfa-verify run [options]              regressions, catalog and generated cases on a backend
+    pfa-verify bench [options]            the golden self-check and benchmark (cases/bench.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line)
     pfa-verify cases show ID              the whole record of one
-    pfa-verify cases replay ID [--backend NAME]   run it again; exit 1 if it still fails
-    pfa-verify cases prune [--backend NAME] [--dry-run]   delete captured cases that now pass
+    pfa-verify cases replay ID [--backend NAME]   run it again under its rule; exit 1 if it still fails
+    pfa-verify cases prune [--backend NAME] [--dry-run]   delete captured cases that now pass on the
+                                          backend they were captured on
 
-A module adds a top-level subcommand with::
-
-    from cases.cli import register
-
-    @register("run", help="...")
-    def add_arguments(parser): ...        # then parser.set_defaults(func=callable(args) -> int)
-
-and is imported from :data:`PLUGIN_MODULES` (missing modules are skipped).
+Exit status: 0 passed, 1 failed (see cases/report.py for the rule), 2 the command could not run (a
+usage error, a backend that cannot start here, a case file that cannot be loaded).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import os
 import sys
-from collections.abc import Callable
 
-__all__ = ["register", "SUBCOMMANDS", "PLUGIN_MODULES", "build_parser", "main"]
-
-SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
-PLUGIN_MODULES = ("cases.run", "cases.report", "golden.bench", "kernels.cli")
+__all__ = ["build_parser", "main"]
 
 
-def register(name: str, *, help: str = ""):  # noqa: A002 - argparse's word
-    """Decorator: ``fn(parser)`` configures the ``pfa-verify <name>`` subparser."""
-    def add(fn):
-        SUBCOMMANDS[name] = (help, fn)
-        return fn
-    return add
+class _Progress:
+    """A rich progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, console):
+        self.console, self.done, self.total, self.bar, self.task = console, 0, None, None, None
+
+    def __call__(self, event, item, result) -> None:
+        if self.total is None:
+            return
+        if event == "start":
+            if self.bar is not None:
+                self.bar.update(self.task, description=item.name)
+            return
+        self.done += 1
+        verdicts = ",".join(sorted({o.verdict for o in result.outcomes}))
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=item.name)
+        else:
+            print(f"[{self.done:>{len(str(self.total))}}/{self.total}] {item.name} ({item.source}): {verdicts} "
+                  f"{result.seconds:.1f} s", flush=True)
 
 
-def _load_plugins() -> None:
-    for module in PLUGIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module and not module.startswith(f"{exc.name}."):
-                raise
+# --- pfa-verify run ------------------------------------------------------------------------------
+
+def _cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from cases import html_report, report
+    from cases import run as runner
+    from cases.collect import SOURCES
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    progress = _Progress(console)
+
+    def announce(items, note):
+        progress.total = len(items)
+        console.print(note, highlight=False, markup=False)
+        console.print(f"{len(items)} cases: " + ", ".join(
+            f"{sum(i.source == s for i in items)} {s}" for s in SOURCES), highlight=False)
+
+    if console.is_terminal:
+        with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
+                      transient=True) as bar:
+            progress.bar, progress.task = bar, bar.add_task("choosing backend", total=None)
+
+            def hook(event, item, result):
+                if progress.total is not None and bar.tasks[0].total is None:
+                    bar.update(progress.task, total=progress.total)
+                progress(event, item, result)
+            run = runner.execute(args, progress=hook, on_items=announce)
+    else:
+        run = runner.execute(args, progress=progress, on_items=announce)
+    report.print_report(run, console)
+    if args.json:
+        console.print(f"JSON report: {report.write_json(run, args.json)}", highlight=False)
+    if args.html:
+        console.print(f"HTML report: {html_report.write_html(run, args.html)}", highlight=False)
+    return report.exit_status(run)
 
 
-# --- pfa-verify cases ...  ------------------------------------------------------------------------
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _bytes(text: str) -> int:
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of bytes such as 8e9") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _skip_kinds(text: str) -> tuple[str, ...]:
+    from kernels import SKIP_KINDS
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in SKIP_KINDS + ("all",)]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad or 'nothing'} not among {', '.join(SKIP_KINDS)}, all")
+    return kinds
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    from kernels import SKIP_KINDS
+    parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | package.module:factory | "
+                        "path/file.py:factory (default: auto = npu, else sim; falling back to the golden "
+                        "fails the run unless --allow-fallback)")
+    parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
+    parser.add_argument("--examples", type=_count, default=20, help="generated cases (default 20)")
+    parser.add_argument("--seed", type=_count, default=0, help="seed of the generated cases (default 0)")
+    parser.add_argument("--json", metavar="PATH", help="write the JSON report (cases/report.schema.json)")
+    parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
+    parser.add_argument("--device", type=_count, default=None, help="NPU index (npu: the first of the workers')")
+    parser.add_argument("--workers", type=_count, default=1, help="processes (npu: one device each)")
+    parser.add_argument("--budget", type=_count, default=None, metavar="SECONDS",
+                        help="skip the cases that would start after this many seconds (0: no limit; "
+                             "default: the backend's, 240 on sim, else no limit)")
+    parser.add_argument("--max-scores", type=_count, default=None, metavar="N",
+                        help="sim: skip cases with more than N scores B*S1*NQ*S2 (0: no limit; default 32768)")
+    parser.add_argument("--allow-skips", type=_skip_kinds, default=(), metavar="KIND,...",
+                        help=f"skips of these kinds do not fail the run: {', '.join(SKIP_KINDS)}, or all "
+                             "(default: none; every case asked for must be checked)")
+    parser.add_argument("--allow-fallback", action="store_true",
+                        help="with --backend auto, a fall back to the golden (no kernel here) does not fail the run")
+    parser.add_argument("--max-bytes", type=_bytes, default=None, metavar="BYTES",
+                        help="largest case to build (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
+    parser.add_argument("--regressions", metavar="DIR", default=None,
+                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.set_defaults(func=_cmd_run)
+
+
+# --- pfa-verify bench ----------------------------------------------------------------------------
+
+def _add_bench(parser: argparse.ArgumentParser) -> None:
+    from cases import bench
+    bench.add_arguments(parser)
+    parser.set_defaults(func=bench.run)
+
+
+# --- pfa-verify cases ... ------------------------------------------------------------------------
 
 def _cmd_list(args) -> int:
     from cases import regressions
@@ -78,6 +182,8 @@ def _cmd_replay(args) -> int:
     name = args.backend or reg.backend
     backend = get_backend(name)
     print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
+    if name != reg.backend:
+        print(f"note: this checks {name}, not {reg.backend}, on the captured case")
     try:
         regressions.replay(reg, backend)
     except AssertionError as exc:
@@ -89,19 +195,34 @@ def _cmd_replay(args) -> int:
 
 def _cmd_prune(args) -> int:
     from cases import ledger, regressions
-    from kernels import get_backend
+    from kernels import BackendUnavailable, get_backend
     folder = regressions.directory(args.dir)
     removed = 0
+    backends: dict = {}
     for rid in regressions.list_ids(directory=args.dir):
-        reg = regressions.load(rid, directory=args.dir)
-        name = args.backend or reg.backend
-        if ledger.lookup(rid, name):
+        try:
+            reg = regressions.load(rid, directory=args.dir)
+        except ValueError as exc:
+            print(f"kept {rid}: unreadable ({exc})")
+            continue
+        if args.backend and args.backend != reg.backend:
+            # A case passes or fails on the backend it was captured on; another backend's pass says
+            # nothing about it (a sim failure passes on the golden).
+            print(f"kept {rid}: captured on {reg.backend}, not {args.backend}")
+            continue
+        if ledger.lookup(rid, reg.backend):
+            print(f"kept {rid}: in the ledger")
             continue
         try:
-            regressions.replay(reg, get_backend(name))
+            backend = backends.get(reg.backend) or backends.setdefault(reg.backend, get_backend(reg.backend))
+        except BackendUnavailable as exc:
+            print(f"kept {rid}: backend {reg.backend} cannot run here ({exc.reason})")
+            continue
+        try:
+            regressions.replay(reg, backend)
         except AssertionError:
             continue
-        print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {name})")
+        print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {reg.backend})")
         removed += 1
         if not args.dry_run:
             for suffix in (".json", ".npz"):
@@ -116,40 +237,55 @@ def _cmd_prune(args) -> int:
     return 0
 
 
-@register("cases", help="list, show, replay and prune captured regression cases")
 def _add_cases(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default=None, help="regressions folder (default: cases/regressions, "
                                                     "or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--max-bytes", type=_bytes, default=None, metavar="BYTES",
+                        help="largest case to load (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="one line per captured case").set_defaults(func=_cmd_list)
     show = sub.add_parser("show", help="the record of one captured case")
     show.add_argument("id")
     show.set_defaults(func=_cmd_show)
-    replay = sub.add_parser("replay", help="run a captured case again (exit 1 if it fails)")
+    replay = sub.add_parser("replay", help="run a captured case again under its rule (exit 1 if it fails)")
     replay.add_argument("id")
     replay.add_argument("--backend", default=None, help="backend to replay on (default: the captured one)")
     replay.set_defaults(func=_cmd_replay)
-    prune = sub.add_parser("prune", help="delete captured cases that pass now (ledger entries are kept)")
-    prune.add_argument("--backend", default=None)
+    prune = sub.add_parser("prune", help="delete captured cases that pass now on the backend they were captured "
+                                         "on (ledger entries are kept)")
+    prune.add_argument("--backend", default=None, help="only cases captured on this backend")
     prune.add_argument("--dry-run", action="store_true")
     prune.set_defaults(func=_cmd_prune)
 
 
+SUBCOMMANDS = {
+    "run": ("run regressions, catalog and generated cases on a backend against the golden", _add_run),
+    "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
+    "cases": ("list, show, replay and prune captured regression cases", _add_cases),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    _load_plugins()
     parser = argparse.ArgumentParser(prog="pfa-verify", description="Verify the FP8 paged-attention kernel "
                                      "against the golden (SPEC.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_, add) in SUBCOMMANDS.items():
-        add(sub.add_parser(name, help=help_))
+        add(sub.add_parser(name, help=help_, description=help_))
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from kernels import BackendUnavailable
+    if getattr(args, "max_bytes", None):
+        from golden.inputs import MAX_BYTES_ENV
+        os.environ[MAX_BYTES_ENV] = str(args.max_bytes)   # spawned workers inherit it
     try:
         return int(args.func(args) or 0)
-    except ValueError as exc:
+    except BackendUnavailable as exc:
+        print(f"pfa-verify: error: the backend cannot run here: {exc.reason}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as exc:
         print(f"pfa-verify: error: {exc}", file=sys.stderr)
         return 2
 

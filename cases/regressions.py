@@ -1,10 +1,20 @@
 """Captured failures: cases/regressions/<id>.json (+ <id>.npz), written before a failure is reported.
 
+This module is the one writer of regression files. :func:`check` runs a law of
+:mod:`properties.laws` by name and, when it fails, captures the case and re-raises with the replay
+command as the message's last line; pytest's law tests and ``pfa-verify run`` both capture through it
+(:func:`capture`), and :func:`replay` runs a captured law again under the same rule it was captured
+under (the ``acceptance`` law is :func:`properties.acceptance.judge`, whatever runs it).
+
 A regression file records everything needed to replay one failed law in a fresh process: the law's
 name and parameters, the case (a golden config and seed, or an AT-12 case, or a quantizer input),
 the backend, the tolerance in force, the failure message and the package versions. Tensors the case
 was run on are stored next to it in an .npz (fp8 as uint8 codes; never pickle, loaded with
 allow_pickle=False), so a replay does not depend on ``golden.make_inputs`` staying the same.
+
+A case file is data: :func:`load` rejects, with a ValueError naming the file, anything malformed, and
+a case whose tensors would exceed ``golden.memory_limit()`` (checked from the config and the .npz
+headers before anything is allocated).
 
 The id is a hash of (law, backend, case, parameters): capturing the same failure twice rewrites the
 same file. Hypothesis's database is a cache; this folder is the record. The folder is
@@ -17,18 +27,20 @@ import datetime
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "replay",
-           "FORMAT_VERSION"]
+__all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
+           "replay", "replay_command", "FORMAT_VERSION", "MAX_FILE_BYTES"]
 
 FORMAT_VERSION = 1
 _FIELDS = {"format", "id", "law", "backend", "case", "params", "tolerance", "message", "versions",
            "created", "tensors"}
 _TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
+MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
 
 
 def directory(path=None) -> Path:
@@ -36,14 +48,6 @@ def directory(path=None) -> Path:
         return Path(path)
     env = os.environ.get("PFA_VERIFY_REGRESSIONS")
     return Path(env) if env else Path(__file__).resolve().parent / "regressions"
-
-
-def versions() -> dict:
-    """Package versions for a capture: the run report's (pypto read from metadata, never imported,
-    since importing it here would stop kernels.pypto_workarounds from loading its 950 overlay)."""
-    from cases.report import versions as report_versions
-
-    return report_versions()
 
 
 def _case_to_dict(case) -> dict:
@@ -74,7 +78,7 @@ def _case_from_dict(d: dict, explicit: dict | None):
 def _tolerance(law: str) -> dict:
     from properties.compare import TOLERANCES
     from properties.laws import LAWS
-    kind = getattr(LAWS.get(law), "tolerance", "attention")
+    kind = LAWS[law].tolerance if law in LAWS else "attention"
     t = TOLERANCES[kind]
     return {"kind": kind, "rtol": t.rtol, "atol": t.atol}
 
@@ -104,6 +108,7 @@ class Regression:
             tensors = {k: v for k, v in case.inputs().kwargs().items() if isinstance(v, torch.Tensor)}
             if sum(t.numel() * t.element_size() for t in tensors.values()) <= _TENSOR_BUDGET:
                 explicit = tensors
+        from cases.versions import versions
         return cls(rid, law, backend, case_d, dict(params), _tolerance(law), message, versions(),
                    datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    f"{rid}.npz" if explicit else None, explicit)
@@ -146,33 +151,83 @@ def save(reg: Regression, *, directory=None) -> Path:
     return path
 
 
+def _check_npz(path: Path, limit: int) -> None:
+    """Reject an .npz whose arrays would hold more than ``limit`` bytes, from its zip headers alone."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            total = sum(info.file_size for info in z.infolist())
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path.name}: not a readable .npz ({exc})") from None
+    if total > limit:
+        raise ValueError(f"{path.name}: its arrays hold {total} bytes, over the limit of {limit} "
+                         "(--max-bytes or PFA_VERIFY_MAX_BYTES)")
+
+
 def _load_npz(path: Path) -> dict:
+    import golden
+    _check_npz(path, golden.memory_limit())
     out = {}
-    with np.load(path, allow_pickle=False) as z:
-        for key in z.files:
-            if key.startswith("__dtype__"):
-                continue
-            dtype = str(z[f"__dtype__{key}"]) if f"__dtype__{key}" in z.files else None
-            t = torch.from_numpy(np.array(z[key]))
-            out[key] = t.view(_DTYPES[dtype]) if dtype in _DTYPES else t
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            for key in z.files:
+                if key.startswith("__dtype__"):
+                    continue
+                dtype = str(z[f"__dtype__{key}"]) if f"__dtype__{key}" in z.files else None
+                t = torch.from_numpy(np.array(z[key]))
+                out[key] = t.view(_DTYPES[dtype]) if dtype in _DTYPES else t
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path.name}: cannot read its tensors ({exc})") from None
     return out
 
 
 def load(id_or_path, *, directory=None) -> Regression:
-    """Read a regression by id (in the folder) or by path; unknown fields are a ValueError."""
+    """Read a regression by id (in the folder) or by path. A ValueError naming the file for anything
+    that is not a well-formed case: unknown or missing fields, bad JSON, a config the golden rejects,
+    a case over the memory limit (golden.check_size), tensors that do not load."""
     p = Path(id_or_path)
     if p.suffix != ".json":
         p = globals()["directory"](directory) / f"{id_or_path}.json"
     if not p.is_file():
         raise ValueError(f"regression {id_or_path!r}: no file {p}")
-    data = json.loads(p.read_text())
-    unknown = set(data) - _FIELDS
-    if unknown:
-        raise ValueError(f"{p.name}: unknown field(s) {sorted(unknown)}; expected {sorted(_FIELDS)}")
+    if p.stat().st_size > MAX_FILE_BYTES:
+        raise ValueError(f"{p.name}: {p.stat().st_size} bytes is too large for a case file (at most {MAX_FILE_BYTES})")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{p.name}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p.name}: must hold a JSON object")
+    unknown, missing = set(data) - _FIELDS, _FIELDS - {"tensors"} - set(data)
+    if unknown or missing:
+        raise ValueError(f"{p.name}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}; "
+                         f"expected {sorted(_FIELDS)}")
     if data.pop("format", None) != FORMAT_VERSION:
         raise ValueError(f"{p.name}: format must be {FORMAT_VERSION}")
-    explicit = _load_npz(p.parent / data["tensors"]) if data.get("tensors") else None
-    return Regression(**data, explicit=explicit)
+    case = data.get("case")
+    if not isinstance(case, dict) or not isinstance(data.get("params"), dict):
+        raise ValueError(f"{p.name}: 'case' and 'params' must be objects")
+    try:
+        reg = Regression(**data)
+        probe = _case_from_dict(case, None)          # validates the config; allocates nothing
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"{p.name}: {exc}") from None
+    from properties.laws import LAWS
+    if reg.law not in LAWS:
+        raise ValueError(f"{p.name}: law {reg.law!r} is not a law; expected one of {sorted(LAWS)}")
+    import golden
+    if case.get("kind") == "paged":
+        try:
+            golden.check_size(probe.config, name=reg.id)
+        except ValueError as exc:
+            raise ValueError(f"{p.name}: {exc}") from None
+    elif case.get("kind") == "at12":
+        need = 4 * probe.q_tile * probe.k_tile + 16 * (probe.q_tile + probe.k_tile) * probe.head_dim
+        if need > golden.memory_limit():
+            raise ValueError(f"{p.name}: an AT-12 case of {probe.q_tile} x {probe.k_tile} x {probe.head_dim} needs "
+                             f"{need} bytes, over the limit of {golden.memory_limit()}")
+    if data.get("tensors"):
+        reg = dataclasses.replace(reg, explicit=_load_npz(p.parent / Path(data["tensors"]).name))
+    return reg
 
 
 def list_ids(*, directory=None) -> list[str]:
@@ -189,9 +244,51 @@ def should_capture() -> bool:
     return bool(getattr(current_build_context(), "is_final", True))
 
 
+def replay_command(regression_id: str) -> str:
+    return f"pfa-verify cases replay {regression_id}"
+
+
+def capture(law: str, backend_name: str, case, params: dict, message: str, *, enabled: bool = True,
+            directory=None) -> tuple[str | None, str]:
+    """Capture a failure of ``law``: ``(replay command or None, the line that ends its message)``.
+
+    Written when ``enabled`` and :func:`should_capture`; with ``enabled`` False the line says the case
+    was not kept, instead of naming an id that does not exist on disk.
+    """
+    if not enabled:
+        return None, "Not captured (--no-capture): run again without it to keep a replayable case"
+    reg = Regression.from_failure(law, backend_name, case, params, message)
+    if not should_capture():
+        return None, "Replay: captured once hypothesis has shrunk this example"
+    save(reg, directory=directory)
+    command = replay_command(reg.id)
+    return command, f"Replay: {command}"
+
+
+def check(law: str, backend, case, *, backend_name: str | None = None, capture_failures: bool = True,
+          directory=None, **params) -> None:
+    """Run law ``law`` (properties.laws); on failure capture the case (:func:`capture`) and re-raise
+    with the replay command as the message's last line. ``backend_name`` is how a fresh process
+    rebuilds the backend (default: ``backend.name``)."""
+    __tracebackhide__ = True
+    from properties import laws
+    try:
+        laws.run(law, backend, case, **params)
+    except AssertionError as exc:
+        message = str(exc)
+        _, line = capture(law, backend_name or getattr(backend, "name", "golden"), case, params, message,
+                          enabled=capture_failures, directory=directory)
+        raise AssertionError(f"{message}\n{line}") from None
+
+
 def replay(reg: Regression, backend=None) -> None:
-    """Run the captured law again (raises AssertionError with the replay line when it still fails)."""
+    """Run the captured law again, under the rule it was captured under (raises AssertionError ending
+    with the replay line when it still fails)."""
+    __tracebackhide__ = True
     from kernels import get_backend
-    from properties.laws import check
+    from properties import laws
     be = get_backend(reg.backend) if backend is None else backend
-    check(reg.law, be, reg.to_case(), capture=False, **reg.params)
+    try:
+        laws.run(reg.law, be, reg.to_case(), **reg.params)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nReplay: {replay_command(reg.id)}") from None

@@ -1,47 +1,37 @@
-"""The reports of ``pfa-verify run``: the terminal table, the JSON report and its schema, the exit status.
+"""The reports of ``pfa-verify run``: the verdict rule, the JSON report and its schema, the terminal table.
+
+The third stage of the cases/ pipeline (collect -> run -> report -> html_report -> cli).
+
+The verdict rule (no false green): a run passes only if every case it was asked to check was checked
+on the backend it was asked for, and every comparison that counts passed. It fails when
+
+- a comparison that counts failed, or a case ended in an error (the backend raised, a worker could
+  not start its backend, a captured case would not load);
+- a case was skipped, unless its kind of skip was allowed by name (``--allow-skips KIND,...``, see
+  kernels.backends.SKIP_KINDS);
+- ``auto`` fell back to the golden (no kernel checked), unless ``--allow-fallback``;
+- nothing was selected at all.
 
 The JSON report (schema: cases/report.schema.json, documented in README.md under "Report schema")
-has one object per case and comparison in ``results``, a ``summary`` and the ``versions`` of
-pfa-verify, torch, pypto and the platform. The exit status is 0 only when every comparison that
-counts passed (see :mod:`cases.run` for which count); skips never fail a run.
+has one object per case and comparison in ``results``, a ``summary`` whose ``verdict`` line says what
+was and was not checked on which backend, and the ``versions`` of what produced it.
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import math
-import platform
 import sys
 from pathlib import Path
 
-__all__ = ["SCHEMA_PATH", "SCHEMA_ID", "versions", "summarize", "exit_status", "to_json", "write_json",
-           "check_schema", "render_table", "run_and_report"]
+from cases.versions import versions
+
+__all__ = ["SCHEMA_PATH", "SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
+           "render_table", "print_report"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
-SCHEMA_ID = "pfa-verify-run-report/1"
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def versions() -> dict:
-    """Versions of what produced the report (pypto read from its metadata, never imported here)."""
-    import torch
-    own = _dist_version("pfa-verify")
-    if own is None:  # running from a source tree that is not installed
-        try:
-            import tomllib
-            own = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["version"]
-        except Exception:  # noqa: BLE001 - best effort
-            own = None
-    return {"pfa-verify": own, "torch": torch.__version__, "pypto": _dist_version("pypto"),
-            "torch_npu": _dist_version("torch_npu"), "hypothesis": _dist_version("hypothesis"),
-            "python": platform.python_version(), "platform": platform.platform()}
+SCHEMA_ID = "pfa-verify-run-report/2"
 
 
 def _rows(run):
@@ -50,18 +40,52 @@ def _rows(run):
             yield r, o
 
 
+def _kinds(counter: collections.Counter) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in counter.most_common())
+
+
 def summarize(run) -> dict:
-    """Counts over cases and comparisons, and the exit status they imply."""
+    """Counts over cases and comparisons, the exit status the verdict rule gives, and its line."""
     counts = {"pass": 0, "fail": 0, "error": 0, "skipped": 0}
     not_counted = 0
     for _, o in _rows(run):
         counts[o.verdict] += 1
         not_counted += o.verdict in ("fail", "error") and not o.counts
+    skipped_by_kind: collections.Counter = collections.Counter(
+        r.outcomes[0].skip_kind or "unavailable" for r in run.results
+        if r.outcomes and all(o.verdict == "skipped" for o in r.outcomes))
+    errors = sum(1 for r in run.results if any(o.verdict == "error" for o in r.outcomes))
     failing = sum(1 for r in run.results if any(o.verdict in ("fail", "error") and o.counts for o in r.outcomes))
-    return {"cases": len(run.results), "comparisons": sum(counts.values()), "passed": counts["pass"],
-            "failed": counts["fail"], "errors": counts["error"], "skipped": counts["skipped"],
+    checked = sum(1 for r in run.results if r.checked)
+    failed = sum(1 for r in run.results if r.checked and any(o.verdict == "fail" and o.counts for o in r.outcomes))
+    allowed = set(run.allowed_skips)
+    if "all" in allowed:
+        allowed |= set(skipped_by_kind)
+    refused = collections.Counter({k: n for k, n in skipped_by_kind.items() if k not in allowed})
+    reasons = []
+    if not run.results:
+        reasons.append("no case was selected, so nothing was checked")
+    if failing:
+        reasons.append(f"{failing} case{'s' if failing != 1 else ''} failed or ended in an error")
+    if refused:
+        kinds = ",".join(sorted(refused))
+        reasons.append(f"{sum(refused.values())} case{'s were' if sum(refused.values()) != 1 else ' was'} not "
+                       f"checked (skips of kind {kinds} are not allowed; --allow-skips {kinds} accepts them)")
+    if run.fallback and not run.allow_fallback:
+        reasons.append("auto fell back to the golden, so no kernel was checked (--allow-fallback accepts that; "
+                       "--backend golden runs the golden on purpose)")
+    n_skipped = sum(skipped_by_kind.values())
+    line = (f"{len(run.results)} cases: {checked} checked on {run.backend} ({checked - failed} passed, {failed} failed), "
+            f"{n_skipped} skipped" + (f" ({_kinds(skipped_by_kind)})" if n_skipped else "")
+            + f", {errors} errors; {sum(counts.values())} comparisons"
+            + (f", {not_counted} not counted" if not_counted else "") + f"; {run.seconds:.1f} s -> "
+            + ("FAILED: " + "; ".join(reasons) if reasons else "OK"))
+    return {"cases": len(run.results), "checked_cases": checked, "passed_cases": checked - failed,
+            "comparisons": sum(counts.values()), "passed": counts["pass"], "failed": counts["fail"],
+            "errors": counts["error"], "skipped": counts["skipped"], "skipped_by_kind": dict(skipped_by_kind),
+            "allowed_skips": sorted(run.allowed_skips), "fallback": bool(run.fallback),
             "not_counted": not_counted, "failing_cases": failing, "seconds": round(run.seconds, 3),
-            "exit_status": 1 if failing else 0}
+            "exit_status": 1 if reasons else 0, "verdict": line}
 
 
 def exit_status(run) -> int:
@@ -79,7 +103,7 @@ def to_json(run) -> dict:
     for r, o in _rows(run):
         results.append({
             "name": r.name, "source": r.source, "config": r.config, "seed": r.seed, "backend": r.backend,
-            "reference": o.reference, "verdict": o.verdict, "counts": o.counts,
+            "reference": o.reference, "verdict": o.verdict, "counts": o.counts, "skip_kind": o.skip_kind,
             "max_abs_err": _num(o.max_abs_err), "max_rel_err": _num(o.max_rel_err),
             "mismatched": o.mismatched, "total": o.total, "worst_index": o.worst_index,
             "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
@@ -98,64 +122,15 @@ def write_json(run, path) -> Path:
     return path
 
 
-# --- a small JSON Schema checker (the subset report.schema.json uses) -----------------------------
-
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def _is_type(value, name: str) -> bool:
-    if name == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if name == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, _TYPES[name])
-
-
-def check_schema(instance, schema: dict | None = None, *, _root=None, _path="$") -> list[str]:
-    """Errors of ``instance`` against ``schema`` (default: cases/report.schema.json); [] when valid.
-
-    Supports type (string or list), enum, const, required, properties, additionalProperties (bool
-    or schema), items, minimum, $ref to #/$defs/..., anyOf: what the report schema uses.
-    """
+def check_schema(instance, schema: dict | None = None) -> list[str]:
+    """Errors of ``instance`` against ``schema`` (default: cases/report.schema.json), as
+    ``"$.path: message"`` lines; [] when valid (the jsonschema package, draft 2020-12)."""
+    import jsonschema
     if schema is None:
         schema = json.loads(SCHEMA_PATH.read_text())
-    root = _root or schema
-    if "$ref" in schema:
-        ref = schema["$ref"]
-        if not ref.startswith("#/$defs/"):
-            return [f"{_path}: unsupported $ref {ref!r}"]
-        return check_schema(instance, root["$defs"][ref.split("/")[-1]], _root=root, _path=_path)
-    errors: list[str] = []
-    if "type" in schema:
-        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        if not any(_is_type(instance, n) for n in names):
-            return [f"{_path}: {instance!r:.60} is not of type {names}"]
-    if "enum" in schema and instance not in schema["enum"]:
-        errors.append(f"{_path}: {instance!r} is not one of {schema['enum']}")
-    if "const" in schema and instance != schema["const"]:
-        errors.append(f"{_path}: {instance!r} is not {schema['const']!r}")
-    if "minimum" in schema and _is_type(instance, "number") and instance < schema["minimum"]:
-        errors.append(f"{_path}: {instance!r} is below the minimum {schema['minimum']}")
-    if "anyOf" in schema:
-        if all(check_schema(instance, s, _root=root, _path=_path) for s in schema["anyOf"]):
-            errors.append(f"{_path}: matches none of anyOf")
-    if isinstance(instance, dict):
-        for key in schema.get("required", ()):
-            if key not in instance:
-                errors.append(f"{_path}: missing required {key!r}")
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for key, value in instance.items():
-            if key in props:
-                errors += check_schema(value, props[key], _root=root, _path=f"{_path}.{key}")
-            elif extra is False:
-                errors.append(f"{_path}: unexpected property {key!r}")
-            elif isinstance(extra, dict):
-                errors += check_schema(value, extra, _root=root, _path=f"{_path}.{key}")
-    if isinstance(instance, list) and "items" in schema:
-        for k, value in enumerate(instance):
-            errors += check_schema(value, schema["items"], _root=root, _path=f"{_path}[{k}]")
-    return errors
+    validator = jsonschema.Draft202012Validator(schema)
+    return [f"{error.json_path}: {error.message}"
+            for error in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))]
 
 
 # --- the terminal ------------------------------------------------------------------------------
@@ -194,15 +169,6 @@ def render_table(run):
     return table
 
 
-def _summary_line(run, s: dict) -> str:
-    parts = [f"{s['cases']} cases, {s['comparisons']} comparisons: {s['passed']} passed, {s['failed']} failed"]
-    if s["not_counted"]:
-        parts.append(f" ({s['not_counted']} not counted)")
-    parts.append(f", {s['errors']} errors, {s['skipped']} skipped in {s['seconds']:.1f} s")
-    verdict = "FAILED" if s["exit_status"] else "OK"
-    return "".join(parts) + f" -> {verdict}"
-
-
 def print_report(run, console) -> None:
     console.print(render_table(run))
     skipped: dict = {}
@@ -211,70 +177,11 @@ def print_report(run, console) -> None:
             skipped.setdefault(o.message, []).append(r.name)
     for why, names in skipped.items():
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        console.print(f"[dim]Skipped {len(names)}: {shown}: {why.removeprefix('skipped: ')}[/]", highlight=False)
+        console.print(f"[dim]Skipped {len(names)}: {shown}: {why.removeprefix('skipped: ')}[/]", highlight=False,
+                      markup=True)
     for r, o in _rows(run):
         if o.verdict in ("fail", "error") and o.counts:
             console.print(f"\n[bold red]{o.verdict.upper()}[/] {r.name} ({o.reference})", highlight=False)
             console.print(o.message, highlight=False, markup=False)
     console.print(f"\n{run.backend_note}", highlight=False, markup=False)
-    console.print(_summary_line(run, summarize(run)), highlight=False, markup=False)
-
-
-class _Progress:
-    """A rich progress bar on a terminal, plain lines otherwise."""
-
-    def __init__(self, console):
-        self.console, self.done, self.total, self.bar, self.task = console, 0, None, None, None
-
-    def __call__(self, event, item, result) -> None:
-        if self.total is None:
-            return
-        if event == "start":
-            if self.bar is not None:
-                self.bar.update(self.task, description=item.name)
-            return
-        self.done += 1
-        verdicts = ",".join(sorted({o.verdict for o in result.outcomes}))
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=item.name)
-        else:
-            print(f"[{self.done:>{len(str(self.total))}}/{self.total}] {item.name} ({item.source}): {verdicts} "
-                  f"{result.seconds:.1f} s", flush=True)
-
-
-def run_and_report(args) -> int:
-    """``pfa-verify run``: run, print the table and summary, write the reports, return the exit status."""
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    from cases import run as runner
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    progress = _Progress(console)
-
-    def announce(items, note):
-        progress.total = len(items)
-        console.print(note, highlight=False, markup=False)
-        console.print(f"{len(items)} cases: " + ", ".join(
-            f"{sum(i.source == s for i in items)} {s}" for s in runner.SOURCES), highlight=False)
-
-    if console.is_terminal:
-        with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
-                      transient=True) as bar:
-            progress.bar, progress.task = bar, bar.add_task("choosing backend", total=None)
-
-            def hook(event, item, result):
-                if progress.total is not None and bar.tasks[0].total is None:
-                    bar.update(progress.task, total=progress.total)
-                progress(event, item, result)
-            run = runner.execute(args, progress=hook, on_items=announce)
-    else:
-        run = runner.execute(args, progress=progress, on_items=announce)
-    print_report(run, console)
-    if args.json:
-        console.print(f"JSON report: {write_json(run, args.json)}", highlight=False)
-    if args.html:
-        from cases import html_report
-        console.print(f"HTML report: {html_report.write_html(run, args.html)}", highlight=False)
-    return exit_status(run)
+    console.print(summarize(run)["verdict"], highlight=False, markup=False)

@@ -11,19 +11,20 @@ It is the spec (SPEC.md) in code, one module per stage:
 - ``at12``: QK^T MatMul Scale (SPEC §6)
 - ``validate``: argument checks shared with the kernel wrappers; ``inputs``: configs and bundles
 """
-from .at12 import qk_matmul_scale
+from .at12 import qk_matmul_scale, qk_matmul_scale_loop
 from .attention import paged_attention_fp8
 from .attention_loop import paged_attention_fp8_loop
 from .codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
-from .inputs import DISTRIBUTIONS, GARBAGE, InputBundle, PagedAttentionConfig, make_inputs
+from .inputs import DISTRIBUTIONS, GARBAGE, InputBundle, PagedAttentionConfig, check_size, make_inputs, memory_limit
 from .paging import contiguous_to_paged, gen_block_table, paged_to_contiguous
 from .quant import FP8_MAX, quantize_per_channel, quantize_per_token
 from .softmax_state import OnlineSoftmaxState
 
 __all__ = [
-    "paged_attention_fp8", "paged_attention_fp8_loop", "qk_matmul_scale",
+    "paged_attention_fp8", "paged_attention_fp8_loop", "qk_matmul_scale", "qk_matmul_scale_loop",
     "Fp8Codec", "SPEC_CODEC", "PYPTO_CALCULATOR_CODEC", "get_codec",
     "quantize_per_token", "quantize_per_channel", "FP8_MAX",
     "gen_block_table", "contiguous_to_paged", "paged_to_contiguous",
     "OnlineSoftmaxState", "PagedAttentionConfig", "InputBundle", "make_inputs", "DISTRIBUTIONS", "GARBAGE",
+    "check_size", "memory_limit",
 ]

@@ -15,7 +15,7 @@ from .codec import Fp8Codec, get_codec
 from .matmul import exact_matmul
 from .validate import check_on_cpu, check_qk_matmul_scale_args
 
-__all__ = ["qk_matmul_scale"]
+__all__ = ["qk_matmul_scale", "qk_matmul_scale_loop"]
 
 
 def qk_matmul_scale(
@@ -36,3 +36,32 @@ def qk_matmul_scale(
     codec = get_codec(codec)
     raw = exact_matmul(codec.from_fp8(q), codec.from_fp8(k).T)
     return dequantize_scores(raw, q_scale, k_scale.T, scale)
+
+
+def qk_matmul_scale_loop(
+    q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
+    q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+    codec: Fp8Codec | str | None = None,
+) -> torch.Tensor:
+    """:func:`qk_matmul_scale` by another route, one score row at a time (the golden backend's AT-12).
+
+    Row i is ``sum_d q[i, d] * k[:, d]`` as an elementwise float64 product summed over d (no matmul),
+    rounded once to float32, then for FP8 ``* q_scale[i]`` and ``* k_scale[j]`` one factor at a time in
+    float32, then ``* scale``: SPEC §6 read literally, sharing no arithmetic helper with the vectorized
+    route, so a law that compares the two checks one against the other rather than itself.
+    """
+    check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
+    is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    if is_fp8:
+        codec = get_codec(codec)
+        qv, kv = codec.decode(q, torch.float64), codec.decode(k, torch.float64)
+    else:
+        qv, kv = q.double(), k.double()
+    factor = torch.tensor(scale, dtype=torch.float32)
+    out = torch.empty(q.shape[0], k.shape[0], dtype=torch.float32)
+    for i in range(q.shape[0]):
+        row = (qv[i][None, :] * kv).sum(dim=1).float()
+        if is_fp8:
+            row = row * q_scale[i, 0] * k_scale[:, 0]
+        out[i] = row * factor
+    return out

@@ -45,6 +45,7 @@ _MANTISSA_BITS = 3
 _MIN_NORMAL_EXPONENT = 1 - _EXPONENT_BIAS  # 2^-6
 _NAN_CODE = 0x7F
 _SIGN_BIT = 0x80
+_ENCODE_SLICE = 1 << 20   # elements encoded at once (bounds encode's temporaries, see Fp8Codec.encode)
 
 
 def _e4m3fn_decode_table() -> torch.Tensor:
@@ -145,8 +146,17 @@ class Fp8Codec:
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 codes of ``x`` (any float dtype; converted to float32 first, as the kernel does)."""
-        source = x
-        x = _as_float32(x, "x")
+        _as_float32(x, "x")
+        flat = x.reshape(-1)
+        out = torch.empty(flat.shape, dtype=torch.uint8)
+        # In slices: the float64 and int64 temporaries of one element cost about 90 bytes, which on
+        # an upstream-sized cache (33 M elements) would be 3 GB; a slice keeps them to ~100 MB.
+        for start in range(0, flat.numel(), _ENCODE_SLICE):
+            out[start:start + _ENCODE_SLICE] = self._encode_slice(flat[start:start + _ENCODE_SLICE])
+        return out.reshape(x.shape)
+
+    def _encode_slice(self, source: torch.Tensor) -> torch.Tensor:
+        x = source.float()
         # The sign comes from the input itself: torch's float16 -> float32 conversion drops the sign
         # of NaN in its scalar tail (not in its vector body), which would make -NaN encode as 0x7F
         # or 0xFF depending on its position (tests/golden/test_codec.py::test_encode_keeps_nan).
@@ -203,6 +213,36 @@ class Fp8Codec:
             got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"x must be a torch.float8_e4m3fn tensor, got {got}")
         return self.decode(x, dtype)
+
+    def rounding_boundaries(self) -> torch.Tensor:
+        """float64, ascending: every non-negative float32 at which ``encode`` moves to the next code.
+
+        The points a value one float32 ulp away from may encode differently, whatever the codec's
+        rule (the spec codec's grid midpoints; the calculator's integer rounding at k + 0.5 as
+        well). Found from ``encode`` itself, so it cannot drift from the rule: encode is monotone in
+        |x|, and float32 bit patterns of non-negative values are ordered like the values, so each
+        code change is located on a coarse grid of patterns (adjacent changes lie at least 2^15 ulps
+        apart for every codec here) and then bisected to the exact first pattern of the new code.
+        """
+        cached = getattr(self, "_boundaries", None)
+        if cached is not None:
+            return cached.clone()
+        top = int(torch.tensor(2.0 * max(self.max_value, 448.0), dtype=torch.float32).view(torch.int32))
+        grid = torch.arange(0, top, 1024, dtype=torch.int64)
+
+        def code(bits: torch.Tensor) -> torch.Tensor:
+            return self.encode(bits.to(torch.int32).view(torch.float32)).to(torch.int64)
+
+        codes = code(grid)
+        jump = (codes[1:] != codes[:-1]).nonzero().reshape(-1)
+        lo, hi = grid[jump], grid[jump + 1]       # code(lo) is below the change, code(hi) at or past it
+        below = codes[jump]
+        while bool((hi - lo > 1).any()):
+            mid = (lo + hi) // 2
+            moved = code(mid) != below
+            hi, lo = torch.where(moved, mid, hi), torch.where(moved, lo, mid)
+        self._boundaries = hi.to(torch.int32).view(torch.float32).double()
+        return self._boundaries.clone()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, max_value={self.max_value})"

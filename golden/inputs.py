@@ -9,6 +9,7 @@ kernel must not read.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -18,7 +19,11 @@ from .paging import contiguous_to_paged, gen_block_table
 from .quant import quantize_per_channel, quantize_per_token
 from .validate import check_tile
 
-__all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "make_inputs"]
+__all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "make_inputs", "memory_limit",
+           "check_size", "MAX_BYTES_ENV"]
+
+#: Environment variable that sets the largest case, in bytes (see :func:`memory_limit`).
+MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
 
 DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows")
 # Fill of unread cells: fp8 code value for the caches, and the value for k_scale.
@@ -44,7 +49,8 @@ class PagedAttentionConfig:
     s2 is the longest sequence the case holds (the contiguous tensors' length); ``kv_act_seqs``
     (default: every batch ``s2``) are the valid lengths. ``max_blocks`` defaults to
     ``ceil(s2 / block_size)`` and ``num_blocks`` to ``batch * max_blocks`` (upstream's NB);
-    ``distribution`` is one of DISTRIBUTIONS; ``garbage`` (None, "nan", "huge") fills every cache
+    ``distribution`` is one of DISTRIBUTIONS (``tiny`` applies to Q and K; V stays uniform, see
+    ``make_inputs``); ``garbage`` (None, "nan", "huge") fills every cache
     cell the kernel must not read.
     """
 
@@ -108,6 +114,23 @@ class PagedAttentionConfig:
     @property
     def physical_blocks(self) -> int:
         return self.num_blocks if self.num_blocks is not None else self.batch * self.table_columns
+
+    def estimated_bytes(self) -> int:
+        """Upper estimate of the memory one case needs: its tensors, ``make_inputs``' temporaries and
+        the vectorized golden's working set, plus the copies a checked backend call makes.
+
+        Measured (torch 2.13 CPU, peak resident size over a bare interpreter, 2026-11-30): make_inputs
+        peaks at 15-20 bytes per K/V element (B*S2*NKV*D; bf16 draws, float32 quantization); the
+        golden adds 15-32 bytes per score (B*S1*NQ*S2) on top. The factors below round both up and
+        count the tensors four times (the bundle, the call's before/after clones, one backend copy).
+        """
+        kv = self.batch * self.s2 * self.nkv * self.head_dim
+        scores = self.batch * self.s1 * self.nq * self.s2
+        rows = self.batch * self.s1 * self.nq
+        cache = self.physical_blocks * self.block_size * self.nkv
+        tensors = rows * (self.head_dim + 4) + 2 * cache * self.head_dim + 4 * cache + 4 * self.batch * (
+            self.nkv * self.head_dim + self.table_columns + 1)
+        return 24 * kv + 40 * scores + 4 * tensors + 8 * rows * self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (kv_act_seqs as a list)."""
@@ -177,7 +200,7 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
     elif distribution == "outliers":  # a few values per row 100x the rest
         spikes = torch.rand(shape, generator=generator) < 0.02
         x = torch.where(spikes, uniform * 100, uniform)
-    elif distribution == "tiny":  # near E4M3's subnormal range once scaled? no: tiny raw magnitudes
+    elif distribution == "tiny":  # tiny raw magnitudes: quantization scales near 448 * 2^20
         x = uniform * 2.0 ** -20
     elif distribution == "wide":  # each value scaled by 2^U(-12, 12)
         x = uniform * torch.exp2(torch.randint(-12, 13, shape, generator=generator).float())
@@ -190,23 +213,64 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
     return x.bfloat16()
 
 
+def memory_limit() -> int:
+    """The largest case in bytes (:meth:`PagedAttentionConfig.estimated_bytes`): ``$PFA_VERIFY_MAX_BYTES``,
+    else half of this machine's physical memory (a case file is data and must not exhaust it)."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if text:
+        try:
+            value = int(float(text))
+        except ValueError:
+            raise ValueError(f"{MAX_BYTES_ENV}={text!r} must be a number of bytes such as 8e9") from None
+        if value <= 0:
+            raise ValueError(f"{MAX_BYTES_ENV}={text!r} must be positive")
+        return value
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # not POSIX: a conservative 8 GB
+        return 8 << 30
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_size(config: PagedAttentionConfig, *, name: str | None = None, limit: int | None = None) -> int:
+    """``config.estimated_bytes()`` after checking it against ``limit`` (default :func:`memory_limit`);
+    over it, a ValueError naming the case, the estimate and the limit, before anything is allocated."""
+    estimate = config.estimated_bytes()
+    limit = memory_limit() if limit is None else limit
+    if estimate > limit:
+        c = config
+        label = f"case {name!r}" if name else "the case"
+        raise ValueError(
+            f"{label} (B={c.batch} S1={c.s1} S2={c.s2} NQ={c.nq} NKV={c.nkv} D={c.head_dim}) needs about "
+            f"{_gb(estimate)} to build and check, over the limit of {_gb(limit)}; raise the limit with "
+            f"--max-bytes or {MAX_BYTES_ENV} if this machine can hold it")
+    return estimate
+
+
 def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
     """The input bundle of ``config``: the same (config, seed) gives the same tensors, bit for bit.
 
     v_scale of a batch with no valid token is 1.0 (it has nothing to quantize; the kernel never
     reads it). Unread cache cells (spare blocks, the tail of each last block) hold the config's
-    garbage fill, in the caches and in k_scale.
+    garbage fill, in the caches and in k_scale. A config over :func:`memory_limit` is a ValueError
+    (:func:`check_size`), raised before any tensor is allocated.
     """
     if not isinstance(config, PagedAttentionConfig):
         raise TypeError(f"config must be a PagedAttentionConfig, got {type(config).__name__}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
+    check_size(config)
     generator = torch.Generator().manual_seed(seed)
     c = config
     lengths = torch.tensor(c.lengths, dtype=torch.int32)
     q = _draw((c.batch * c.s1, c.nq, c.head_dim), c.distribution, generator)
     k = _draw((c.batch, c.s2, c.nkv, c.head_dim), c.distribution, generator)
-    v = _draw((c.batch, c.s2, c.nkv, c.head_dim), c.distribution, generator)
+    # "tiny" shrinks Q and K (logits vanish, attention is uniform) but not V: outputs of V's tiny
+    # magnitude would sit under SPEC §4's atol of 1e-4, where any kernel output near 0 passes.
+    v = _draw((c.batch, c.s2, c.nkv, c.head_dim), "uniform" if c.distribution == "tiny" else c.distribution, generator)
     q8, q_scale = quantize_per_token(q, name="q")
     k8, k_scale = quantize_per_token(k, name="k")
     valid = (torch.arange(c.s2)[None, :] < lengths[:, None].long())[:, :, None, None]

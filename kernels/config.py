@@ -9,12 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "KERNEL_SHAPES",
     "CubeTile",
     "PagedAttentionKernelConfig",
     "UPSTREAM_PASS_OPTIONS",
     "UPSTREAM_RUNTIME_OPTIONS",
     "FP8_E4M3_MAX",
 ]
+
+#: What our PyPTO kernel is built for (SPEC §5: D = 128, BS = 128 upstream): its tiles and views are
+#: laid out for these, and a backend running it answers Skip("unsupported") for anything else.
+KERNEL_SHAPES = {"head_dim": (128,), "block_size": (128,)}
 
 #: Largest E4M3 magnitude, the numerator of every per-token quantization scale (SPEC §3).
 FP8_E4M3_MAX = 448.0

@@ -8,11 +8,13 @@ and how many mismatched elements sit in a (b, i, h) row whose P has an element n
 rounding boundary.
 
 The boundary test recomputes the golden's P for the row (SPEC §2 item 3: ``P = exp(S - m_j)`` per
-tile, quantized with ``scale = 448 / max P``) and asks whether ``P * scale`` lies within
-``BOUNDARY_ULPS`` float32 ulps of a rounding midpoint between two adjacent codes of the codec. Such
-a P element may legitimately round to the other neighbour in a kernel whose float32 arithmetic
-differs by an ulp, which moves one P8 code by one step: the only legitimate reason for a kernel to
-differ from the golden beyond float32 noise. It is reported as such, never used to widen tolerances.
+tile, quantized with ``scale = 448 / max P``), reading Q and K through the codec of the comparison
+being explained, and asks whether ``P * scale`` lies within ``BOUNDARY_ULPS`` float32 ulps of one of
+that codec's rounding boundaries (``Fp8Codec.rounding_boundaries``: the grid midpoints of the spec
+codec; for pypto's calculator also its integer-rounding points k + 0.5). Such a P element may
+legitimately round to the other neighbour in a kernel whose float32 arithmetic differs by an ulp,
+which moves one P8 code by one step: the only legitimate reason for a kernel to differ from the
+golden beyond float32 noise. It is reported as such, never used to widen tolerances.
 
 This module never decides pass or fail and never prints: :meth:`Attribution.render` returns the
 one line that :func:`~properties.compare.make_mismatch_message` shows as context.
@@ -25,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["BOUNDARY_ULPS", "Attribution", "attribute", "rounding_midpoints", "near_midpoint"]
+__all__ = ["BOUNDARY_ULPS", "Attribution", "attribute", "rounding_boundaries", "near_boundary"]
 
 BOUNDARY_ULPS = 4
 
@@ -38,7 +40,7 @@ class Attribution:
     by_kv_head: tuple[tuple[int, int], ...]          # (kv head, count)
     by_tile_walk: tuple[tuple[tuple[int, int], int], ...]  # ((tiles, tokens in last tile), count)
     in_cur_zero_rows: int
-    on_boundary: int | None                          # None when P could not be recomputed
+    on_boundary: int                                 # in rows whose P touches a rounding boundary
 
     def render(self) -> str:
         """One line: where the mismatches are, then the boundary count."""
@@ -57,27 +59,21 @@ class Attribution:
         where = ("all " if len(self.by_batch) == 1 else "") + f"{n} in " + "; ".join(parts) if parts else f"{n}"
         if self.in_cur_zero_rows:
             where += f"; {self.in_cur_zero_rows} in rows with cur == 0 (must be 0)"
-        if self.on_boundary is None:
-            return where + "; E4M3 boundary check not available"
         return where + f"; {self.on_boundary} on E4M3 rounding boundaries of P"
 
 
-def rounding_midpoints(codec=None) -> torch.Tensor:
-    """float64 midpoints between adjacent non-negative finite codes of ``codec`` (ascending)."""
-    if codec is None:
-        from golden.codec import SPEC_CODEC as codec  # noqa: N813 - the default codec
-    codes = torch.arange(0, 0x7F, dtype=torch.uint8)  # 0x00..0x7E: +0 up to the largest finite
-    grid = codec.decode(codes).to(torch.float64)
-    grid = grid[torch.isfinite(grid)].unique()
-    return (grid[:-1] + grid[1:]) / 2
+def rounding_boundaries(codec=None) -> torch.Tensor:
+    """float64, ascending: where ``codec`` (default: the spec codec) moves from one code to the next."""
+    from golden.codec import get_codec
+    return get_codec(codec).rounding_boundaries()
 
 
-def near_midpoint(y: torch.Tensor, midpoints: torch.Tensor, ulps: int = BOUNDARY_ULPS) -> torch.Tensor:
-    """True where ``|y|`` lies within ``ulps`` float32 ulps of one of ``midpoints``."""
+def near_boundary(y: torch.Tensor, boundaries: torch.Tensor, ulps: int = BOUNDARY_ULPS) -> torch.Tensor:
+    """True where ``|y|`` lies within ``ulps`` float32 ulps of one of ``boundaries``."""
     y32 = y.detach().to(torch.float32).abs()
     y64 = y32.to(torch.float64)
-    idx = torch.searchsorted(midpoints, y64).clamp(1, len(midpoints) - 1)
-    dist = torch.minimum((y64 - midpoints[idx - 1]).abs(), (y64 - midpoints[idx]).abs())
+    idx = torch.searchsorted(boundaries, y64).clamp(1, len(boundaries) - 1)
+    dist = torch.minimum((y64 - boundaries[idx - 1]).abs(), (y64 - boundaries[idx]).abs())
     ulp = (torch.nextafter(y32, torch.tensor(math.inf)) - y32).to(torch.float64)
     return torch.isfinite(y64) & (y64 > 0) & (dist <= ulps * ulp)
 
@@ -87,23 +83,24 @@ def _groups(counter: collections.Counter) -> tuple:
 
 
 def _row_p_near_boundary(inputs: dict, b: int, i: int, h: int, s1: int, cur: int, *, s2_tile: int,
-                         softmax_scale: float, midpoints: torch.Tensor) -> bool:
-    """Recompute P of (b, i, h) per SPEC §2 item 3 and test it against the codec's midpoints."""
+                         softmax_scale: float, codec, boundaries: torch.Tensor) -> bool:
+    """Recompute P of (b, i, h) per SPEC §2 item 3 (codes read by ``codec``) and test it against
+    the codec's rounding boundaries."""
     q, k_cache = inputs["q"], inputs["k_cache"]
     nq, nkv = q.shape[1], k_cache.shape[2]
     n = h // (nq // nkv)
     bs = k_cache.shape[1]
     t = torch.arange(cur)
     blocks = inputs["block_table"][b, t // bs].long()
-    k8 = k_cache[blocks, t % bs, n].float()
+    k8 = codec.decode(k_cache[blocks, t % bs, n].contiguous())
     ks = inputs["k_scale"][blocks, t % bs, n, 0].float()
     row = b * s1 + i
-    s = (k8 @ q[row, h].float()) * inputs["q_scale"][row, h, 0].float() * ks * softmax_scale
+    s = (k8 @ codec.decode(q[row, h].contiguous())) * inputs["q_scale"][row, h, 0].float() * ks * softmax_scale
     for start in range(0, cur, s2_tile):
         tile = s[start:start + s2_tile]
         p = torch.exp(tile - tile.max())
         y = p * (448.0 / p.max())
-        if bool(near_midpoint(y, midpoints).any()):
+        if bool(near_boundary(y, boundaries).any()):
             return True
     return False
 
@@ -115,7 +112,8 @@ def attribute(mismatch_mask: torch.Tensor, inputs: dict, *, s2_tile: int, softma
     * ``mismatch_mask`` -- bool ``[B*S1, NQ, D]``, e.g. ``Comparison.mismatch_mask``.
     * ``inputs`` -- the call's tensors by SPEC §1 name (``InputBundle.kwargs()`` works).
     * ``s2_tile`` -- the tile walk of the call; ``softmax_scale`` defaults to D**-0.5.
-    * ``codec`` -- whose midpoints count as boundaries (default: the spec codec).
+    * ``codec`` -- the codec of the comparison being explained (default: the spec codec): how Q and
+      K codes are read, and whose rounding boundaries count.
     * ``max_rows`` -- recompute P for at most this many distinct rows (the rest count as not on a
       boundary), so a wholesale failure stays cheap to describe.
     """
@@ -140,16 +138,13 @@ def attribute(mismatch_mask: torch.Tensor, inputs: dict, *, s2_tile: int, softma
         by_walk[(tiles, cur - (tiles - 1) * s2_tile if tiles else 0)] += 1
         zero_rows += cur == 0
         per_row[(b, i, h, cur)] += 1
-    try:
-        midpoints = rounding_midpoints(codec)
-    except ImportError:
-        midpoints = None
-    on_boundary = None
-    if midpoints is not None:
-        on_boundary = 0
-        for (b, i, h, cur), count in list(per_row.items())[:max_rows]:
-            if cur and _row_p_near_boundary(inputs, b, i, h, s1, cur, s2_tile=s2_tile,
-                                            softmax_scale=scale, midpoints=midpoints):
-                on_boundary += count
+    from golden.codec import get_codec
+    codec = get_codec(codec)
+    boundaries = codec.rounding_boundaries()
+    on_boundary = 0
+    for (b, i, h, cur), count in list(per_row.items())[:max_rows]:
+        if cur and _row_p_near_boundary(inputs, b, i, h, s1, cur, s2_tile=s2_tile, softmax_scale=scale,
+                                        codec=codec, boundaries=boundaries):
+            on_boundary += count
     return Attribution(mismatched=len(idx), by_batch=_groups(by_batch), by_kv_head=_groups(by_head),
                        by_tile_walk=_groups(by_walk), in_cur_zero_rows=zero_rows, on_boundary=on_boundary)

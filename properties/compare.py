@@ -17,13 +17,21 @@ kind           rtol        atol      used for
 =============  ==========  ========  ===========================================================
 attention      1/128       1e-4      kernel output vs golden (SPEC §4; 1/128 is one bf16 ulp)
 at12           1/128       1e-4      AT-12 QK^T scores vs golden (SPEC §6, same rule as §4)
-exact          0           0         codec / layout round trips, inputs unchanged by a call
+exact          0           0         bit-identical: codec / layout round trips, inputs unchanged by
+                                     a call, the laws that say "bit-identical"
+bound          (given)     (given)   a bound the caller derives (quantization error, FP8 vs BF16);
+                                     both tolerances must be passed
 =============  ==========  ========  ===========================================================
+
+``exact`` means the bits: floating tensors are compared through their integer views, so -0.0 is not
++0.0 and a NaN must carry the expected NaN's bits (sign and payload). Its findings say which kind of
+bit difference each element has (a value, the sign of a zero, a NaN's bits). Integer tensors compare
+their values, which are their bits.
 
 Overrides are both-or-neither: giving only ``rtol`` would silently keep the table's ``atol`` for a
 comparison whose author believed they had set the whole rule. ``atol`` may be a tensor broadcastable
-to the compared shape, for laws whose bound is derived per element (tile invariance, AT-12 FP8 vs BF16).
-Equality is this same path with both tolerances zero; there is no second implementation.
+to the compared shape, for laws whose bound is derived per element (AT-12 FP8 vs BF16).
+Closeness with both tolerances zero is numeric equality; ``exact`` adds the bit checks on top of it.
 """
 from __future__ import annotations
 
@@ -34,13 +42,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = ["TOLERANCES", "Tolerance", "NonFinite", "Comparison", "get_tolerance", "compare",
-           "make_mismatch_message", "assert_close"]
+           "error_ratio", "make_mismatch_message", "assert_close"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
-    rtol: float
-    atol: float
+    rtol: float | None   # None: the caller derives and passes the bound (kind "bound")
+    atol: float | None
     cite: str  # the clause the numbers come from, shown in the header
 
     @property
@@ -51,7 +59,8 @@ class Tolerance:
 TOLERANCES: dict[str, Tolerance] = {
     "attention": Tolerance(1 / 128, 1e-4, "SPEC §4"),
     "at12": Tolerance(1 / 128, 1e-4, "SPEC §6"),
-    "exact": Tolerance(0.0, 0.0, "exact"),
+    "exact": Tolerance(0.0, 0.0, "bit-identical"),
+    "bound": Tolerance(None, None, "derived bound"),
 }
 
 
@@ -67,7 +76,12 @@ def get_tolerance(kind: str = "attention", rtol: float | None = None,
                          f"atol={'<tensor>' if isinstance(atol, torch.Tensor) else atol!r}")
     if rtol is None:
         t = TOLERANCES[kind]
+        if t.rtol is None:
+            raise ValueError(f"kind={kind!r} takes the bound from the caller: pass both rtol and atol")
         return t.rtol, t.atol
+    if kind == "exact":
+        # Bit identity has no tolerance to override; a loosened "exact" would read as bit-identical.
+        raise ValueError("kind='exact' compares bits and takes no rtol / atol; use kind='bound'")
     if not rtol >= 0:
         raise ValueError(f"rtol={rtol!r} must be >= 0")
     if isinstance(atol, torch.Tensor):
@@ -80,10 +94,12 @@ def get_tolerance(kind: str = "attention", rtol: float | None = None,
 
 @dataclasses.dataclass(frozen=True)
 class NonFinite:
-    """Elements whose finiteness differs from the expected tensor's."""
+    """Elements whose finiteness differs from the expected tensor's, or (``exact``) whose bits
+    differ where the values are equal: a zero of the other sign, a NaN with other bits."""
     what: str            # e.g. "NaN where expected is finite"
     count: int
     first_index: tuple[int, ...]
+    section: str = "Non-finite"   # or "Bits differ"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +139,14 @@ def _view(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
         return t.detach().to(torch.float32)
     return t.detach().to(torch.float64)
+
+
+_INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The integer view of a floating tensor's storage (same width), for bit-identical checks."""
+    return t.detach().contiguous().view(_INT_VIEWS[t.element_size()])
 
 
 def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
@@ -167,11 +191,16 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
         ("inf where expected is NaN", torch.isnan(e) & torch.isinf(a)),
         ("not the expected inf", torch.isinf(e) & (a != e)),
     ]
-    for what, mask in checks:
+    if kind == "exact" and actual.is_floating_point():
+        differ = _bits(actual) != _bits(expected)
+        checks += [("zero of the other sign", differ & (a == 0) & (e == 0), "Bits differ"),
+                   ("NaN with other bits than the expected NaN", differ & torch.isnan(a) & torch.isnan(e),
+                    "Bits differ")]
+    for what, mask, *section in checks:
         n = int(mask.sum())
         if n:
             first = _unravel(int(mask.reshape(-1).nonzero()[0]), a.shape)
-            findings.append(NonFinite(what, n, first))
+            findings.append(NonFinite(what, n, first, *section))
             bad_nonfinite |= mask
     both = a_fin & e_fin
     diff = torch.where(both, (a - e).abs(), torch.zeros((), dtype=a.dtype))
@@ -197,6 +226,23 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     return Comparison(passed=mismatched == 0, **result, **base)
 
 
+def error_ratio(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
+                rtol: float | None = None, atol: float | torch.Tensor | None = None) -> torch.Tensor:
+    """float32 per element: ``|actual - expected| / (atol + rtol * |expected|)``, the error over what
+    the rule allows (1 = the tolerance). ``inf`` where non-finite values are misplaced, 0 where both
+    hold the same non-finite value. The search target of the laws and the reports' error pictures."""
+    rtol, atol = get_tolerance(kind, rtol, atol)
+    a, e = _view(actual).float(), _view(expected).float()
+    both = torch.isfinite(a) & torch.isfinite(e)
+    allowed = atol + rtol * e.abs()
+    with torch.no_grad():
+        r = torch.where(both, (a - e).abs() / allowed, torch.zeros((), dtype=torch.float32))
+    r = torch.nan_to_num(r, nan=math.inf, posinf=math.inf)   # 0 / 0 with a zero tolerance: equal
+    r = torch.where(both & (a == e), torch.zeros((), dtype=torch.float32), r)
+    same_nonfinite = ~torch.isfinite(a) & ~torch.isfinite(e) & ((a == e) | (torch.isnan(a) & torch.isnan(e)))
+    return torch.where(both | same_nonfinite, r, torch.full((), math.inf))
+
+
 def _pct(n: int, total: int) -> str:
     return f"{100.0 * n / total:.1f}%" if total else "-"
 
@@ -211,7 +257,7 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
     name = identifier() if callable(identifier) else identifier
     tol = TOLERANCES[result.kind]
     exact = result.rtol == 0 and result.atol == 0
-    header = f"{name} {'not equal' if exact else 'not close'}"
+    header = f"{name} {'not bit-identical' if result.kind == 'exact' else 'not equal' if exact else 'not close'}"
     if not exact:
         header += f" ({tol.cite})" if result.rtol == tol.rtol and result.atol == tol.atol else \
             f" (rtol={result.rtol:.3g}, atol={'per element' if result.atol is None else format(result.atol, '.3g')})"
@@ -224,7 +270,7 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
         lines.append(f"Mismatched elements: {result.mismatched} / {result.total} "
                      f"({_pct(result.mismatched, result.total)})")
         for f in result.nonfinite:
-            lines.append(f"Non-finite: {f.count} {f.what}, first at {result.format_index(f.first_index)}")
+            lines.append(f"{f.section}: {f.count} {f.what}, first at {result.format_index(f.first_index)}")
         if result.max_abs_index is not None:
             lines.append(f"Greatest absolute difference: {result.max_abs_err:.1e} at "
                          f"{result.format_index(result.max_abs_index)} "
@@ -255,7 +301,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "a
     >>> assert_close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]), kind="exact", identifier="x")
     Traceback (most recent call last):
     ...
-    AssertionError: x not equal
+    AssertionError: x not bit-identical
     Mismatched elements: 1 / 2 (50.0%)
     Greatest absolute difference: 5.0e-01 at (1,) (0.0e+00 allowed there)
     Greatest relative difference: 2.0e-01 at (1,) (0.0e+00 allowed)

@@ -3,7 +3,7 @@
 They compose bottom-up, each taking values or strategies for what it builds on:
 
     dims()  ->  kv_act_seqs(batch, ...)  ->  block_tables(lengths, ...)  ->  configs()  ->  cases()
-                                                                     kernel_configs() = configs() narrowed
+                                                   kernel_configs() = configs() narrowed   cases_for(backend)
 
 Every public function validates its arguments when called (not on every draw) and raises a
 ValueError naming the argument, the value and what was expected. Multi-value draws are frozen
@@ -12,6 +12,8 @@ dataclasses with readable reprs. One size knob bounds every example so one stays
 
 Shrinking: lengths shrink towards 0 and then towards the special values below, dimensions towards
 their smallest allowed value, the distribution towards ``uniform``, garbage towards none, seeds to 0.
+A case always has at least one token to attend to (every length 0 is the catalog's
+``edge_all_batches_empty``, not something to draw again and again).
 """
 from __future__ import annotations
 
@@ -22,18 +24,16 @@ import os
 from hypothesis import strategies as st
 
 import golden
+from kernels.config import KERNEL_SHAPES
 
-__all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "KERNEL_HEAD_DIMS", "KERNEL_BLOCK_SIZES", "Dims",
-           "BlockTable", "dims", "kv_act_seqs", "special_lengths", "block_tables", "configs",
-           "kernel_configs", "kernel_supports", "cases", "seeds", "quant_rows", "At12Case", "at12_cases"]
+__all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "Dims", "BlockTable", "dims", "kv_act_seqs",
+           "special_lengths", "block_tables", "configs", "kernel_configs", "kernel_supports", "cases",
+           "cases_for", "seeds", "quant_rows", "At12Case", "at12_cases"]
 
 MAX_LEN = int(os.environ.get("PFA_VERIFY_MAX_LEN", "640"))
 # Value distributions and garbage fills of golden.make_inputs; the first of each is the shrink target.
 DISTRIBUTIONS = golden.DISTRIBUTIONS
 GARBAGE = tuple(golden.GARBAGE)  # None first: the shrink target
-# What the PyPTO kernel is built for (SPEC §5: D = 128, BS = 128 upstream).
-KERNEL_HEAD_DIMS = (128,)
-KERNEL_BLOCK_SIZES = (128,)
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -113,11 +113,13 @@ def special_lengths(*, block_size: int, s2_tile: int, capacity: int) -> tuple[in
     return tuple(sorted(p for p in points if 0 <= p <= capacity))
 
 
-def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = None) -> st.SearchStrategy:
+def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = None,
+                allow_all_empty: bool = False) -> st.SearchStrategy:
     """Ragged per-batch lengths ``0 <= kv_act_seqs[b] <= capacity`` (a tuple of ``batch`` ints).
 
     Each length is either one of :func:`special_lengths` or uniform in [0, capacity]; capacity
-    defaults to ``MAX_LEN`` rounded down to whole blocks (the row capacity of the table).
+    defaults to ``MAX_LEN`` rounded down to whole blocks (the row capacity of the table). At least
+    one length is positive unless ``allow_all_empty`` (an all-empty call only checks zeros).
     """
     _check(isinstance(block_size, int) and block_size >= 1, f"block_size={block_size!r} must be an int >= 1")
     _check(isinstance(s2_tile, int) and s2_tile % block_size == 0 and s2_tile > 0,
@@ -127,8 +129,9 @@ def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = 
     _check(isinstance(capacity, int) and capacity >= 0, f"capacity={capacity!r} must be an int >= 0")
     one = st.one_of(st.integers(0, capacity),
                     st.sampled_from(special_lengths(block_size=block_size, s2_tile=s2_tile, capacity=capacity)))
-    return _strategy(batch, "batch", minimum=1).flatmap(
+    lists = _strategy(batch, "batch", minimum=1).flatmap(
         lambda n: st.lists(one, min_size=n, max_size=n).map(tuple))
+    return lists if allow_all_empty or capacity == 0 else lists.filter(lambda lengths: max(lengths) > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,17 +216,40 @@ def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_col
     return dims_s.flatmap(build)
 
 
-def kernel_supports(config) -> bool:
-    """Whether the PyPTO kernel is built for this config (head_dim and block_size, SPEC §5)."""
-    return config.head_dim in KERNEL_HEAD_DIMS and config.block_size in KERNEL_BLOCK_SIZES
+def kernel_supports(config, supported: dict | None = None) -> bool:
+    """Whether a kernel built for ``supported`` (default: ours, kernels.config.KERNEL_SHAPES) runs this
+    config: its head_dim and block_size are among the supported ones."""
+    supported = KERNEL_SHAPES if supported is None else supported
+    return all(getattr(config, k) in v for k, v in supported.items())
 
 
-def kernel_configs(**kwargs) -> st.SearchStrategy:
-    """:func:`configs` narrowed to what the kernel supports: the same strategy, with its head_dim and
-    block_size choices restricted (so nothing is rejected) and :func:`kernel_supports` as a guard."""
-    d = kwargs.pop("dims", None) or dims(head_dim=KERNEL_HEAD_DIMS, block_size=KERNEL_BLOCK_SIZES,
-                                         s2_tile_blocks=st.integers(1, 2))
-    return configs(dims=d, **kwargs).filter(kernel_supports)
+def _kernel_dims(supported: dict, dims_kwargs: dict) -> dict:
+    """dims() arguments narrowed to ``supported`` shapes, s2_tile of 1 or 2 blocks (kernel-sized)."""
+    out = dict(dims_kwargs)
+    out.setdefault("head_dim", tuple(supported["head_dim"]))
+    out.setdefault("block_size", tuple(supported["block_size"]))
+    out.setdefault("s2_tile_blocks", st.integers(1, 2))
+    return out
+
+
+def kernel_configs(supported: dict | None = None, **kwargs) -> st.SearchStrategy:
+    """:func:`configs` narrowed to what a kernel built for ``supported`` runs (default: ours): the
+    same strategy, with its head_dim and block_size choices restricted (so nothing is rejected) and
+    :func:`kernel_supports` as a guard."""
+    supported = KERNEL_SHAPES if supported is None else supported
+    d = kwargs.pop("dims", None) or dims(**_kernel_dims(supported, {}))
+    return configs(dims=d, **kwargs).filter(lambda c: kernel_supports(c, supported))
+
+
+def cases_for(backend=None, *, spare_blocks=st.integers(0, 3), seed=None, **dims_kwargs) -> st.SearchStrategy:
+    """:class:`~properties.case.Case` values ``backend`` runs: its ``supported_shapes`` (None: any)
+    narrow head_dim and block_size, and ``dims_kwargs`` narrow :func:`dims` further to a law's domain
+    (``group=st.sampled_from((2, 4))`` for GQA, ``s1=st.integers(2, 3)`` for causal positions).
+    ``spare_blocks`` as in :func:`configs` (at least 1 guarantees cells nothing reads)."""
+    supported = getattr(backend, "supported_shapes", None)
+    if supported:
+        dims_kwargs = _kernel_dims(supported, dims_kwargs)
+    return cases(configs(dims=dims(**dims_kwargs), spare_blocks=spare_blocks), seed=seed)
 
 
 def cases(config_strategy=None, *, seed=None) -> st.SearchStrategy:

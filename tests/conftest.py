@@ -2,9 +2,14 @@
 
 Options
   --backend NAME   golden | sim | npu | auto | package.module:factory (default: golden). Tests that
-                   take the ``backend`` fixture run against it.
+                   take the ``backend`` fixture run against it. A backend that cannot run here fails
+                   every such test with its reason (a property run that checked nothing is not a
+                   pass); ``--allow-unavailable`` turns that into skips, counted in the summary.
   --device N       NPU device index for the npu backend (else TILE_FWK_DEVICE_ID, else the
                    pytest-xdist worker index).
+
+Fixtures: ``backend``; ``check_law(name, case, **params)``, which runs a law of properties.laws on
+the backend under test and captures a failure in cases/regressions (cases.regressions.check).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 #   dev      random, a few examples per law, the local database
 #   nightly  thousands of examples per law, random
 #   npu      kernel-sized examples (D = 128, BS = 128), few per law: a 950 is slow to launch
+#   sim      kernel-sized examples, 3 per law, derandomized: the kernel in pypto's CPU calculator
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_SLOW_OK)
@@ -28,6 +34,8 @@ settings.register_profile("nightly", max_examples=2000, deadline=None, print_blo
                           suppress_health_check=_SLOW_OK)
 settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True,
                           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+                          suppress_health_check=_SLOW_OK)
+settings.register_profile("sim", derandomize=True, max_examples=3, deadline=None, database=None, print_blob=True,
                           suppress_health_check=_SLOW_OK)
 DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(DEFAULT_PROFILE)
@@ -39,6 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="backend under test: golden, sim, npu, auto or package.module:factory")
     group.addoption("--device", type=int, default=None,
                     help="NPU device index for the npu backend")
+    group.addoption("--allow-unavailable", action="store_true",
+                    help="skip (instead of fail) the backend's tests when it cannot run here")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -82,8 +92,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 @pytest.fixture(scope="session")
 def backend(request: pytest.FixtureRequest):
-    """The backend named by --backend (kernels.get_backend); a BackendUnavailable becomes a skip
-    whose reason says what is missing (no torch_npu, no 950, pypto not installed...)."""
+    """The backend named by --backend (kernels.get_backend). One that cannot run here fails the
+    tests that need it, with the reason (no torch_npu, no 950, pypto not installed...); with
+    --allow-unavailable they are skipped instead, counted in the summary."""
     import kernels
 
     name = request.config.getoption("--backend")
@@ -91,4 +102,23 @@ def backend(request: pytest.FixtureRequest):
     try:
         return kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
     except kernels.BackendUnavailable as exc:
-        pytest.skip(f"backend {name!r} unavailable: {exc.reason}")
+        message = f"backend {name!r} cannot run here: {exc.reason}"
+        if request.config.getoption("--allow-unavailable"):
+            pytest.skip(message)
+        pytest.fail(message + " (--allow-unavailable skips its tests instead)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def check_law(backend, request: pytest.FixtureRequest):
+    """``check_law(name, case, **params)``: law ``name`` on the backend under test; a failure is
+    captured in cases/regressions (named so that a fresh process rebuilds the backend) before it is
+    reported, and the message ends with the replay command."""
+    from cases import regressions
+
+    option = request.config.getoption("--backend")
+    name_in_files = backend.name if option == "auto" else option
+
+    def check(name: str, case, **params) -> None:
+        __tracebackhide__ = True
+        regressions.check(name, backend, case, backend_name=name_in_files, **params)
+    return check

@@ -4,6 +4,10 @@ A backend has
   name      str, as given to get_backend
   codec     the golden.codec.Fp8Codec its FP8 conversions follow (the spec codec on hardware and in
             the golden, golden.codec.PYPTO_CALCULATOR_CODEC in pypto's CPU calculator)
+  supported_shapes  None (any shape), or {"head_dim": (...), "block_size": (...)}: what the kernel is
+            built for, so that strategies draw only cases it can run
+  skip_reason(config) -> Skip | None: whether this backend runs a golden.PagedAttentionConfig here
+            (the backend owns its limits; the base class runs everything)
   paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, *,
                       softmax_scale=None, s2_tile=128, g_tile=None, codec=None) -> bf16 CPU tensor
   qk_matmul_scale(q, k, *, scale=None, q_scale=None, k_scale=None, codec=None) -> fp32 CPU tensor
@@ -12,12 +16,15 @@ with exactly the golden's arguments, validated by golden.validate (the same chec
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
 from typing import Any, Callable
 
-__all__ = ["Backend", "BackendUnavailable", "get_backend", "resolve_device_index", "BUILTIN_BACKENDS"]
+__all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "unwritten_output",
+           "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
+           "BUILTIN_BACKENDS"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -28,12 +35,81 @@ class BackendUnavailable(RuntimeError):
         self.reason = reason
 
 
+class KernelRunError(RuntimeError):
+    """The kernel ran but did not deliver its result (unwritten outputs, a simulator error): an
+    ``error`` verdict, never a comparison."""
+
+
+#: Output elements start as these bits (bf16; float32 for AT-12): NaNs with a payload no arithmetic
+#: produces, so an element still holding them afterwards was never written by the kernel.
+UNWRITTEN = {"bfloat16": 0x7FAB, "float32": 0x7FABCDEF}
+
+
+def unwritten_output(shape, *, dtype=None, device=None):
+    """A new output tensor of ``shape`` (bf16 unless ``dtype``) filled with the UNWRITTEN sentinel."""
+    import torch
+
+    dtype = torch.bfloat16 if dtype is None else dtype
+    name = str(dtype).removeprefix("torch.")
+    ints = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    return torch.full(tuple(shape), UNWRITTEN[name], dtype=ints, device=device).view(dtype)
+
+
+def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str] | None = None):
+    """``out`` (on the CPU) after checking that the kernel wrote it: KernelRunError when an element
+    that must be computed still holds UNWRITTEN. For paged attention (``kv_act_seqs`` given) the rows
+    with ``cur == 0`` are the caller's zeros, SPEC §2 item 5: their untouched elements become 0."""
+    import torch
+
+    bits = UNWRITTEN[str(out.dtype).removeprefix("torch.")]
+    unwritten = out.view({2: torch.int16, 4: torch.int32}[out.element_size()]) == bits
+    if kv_act_seqs is None:
+        must = unwritten
+    else:
+        rows = torch.arange(out.shape[0])
+        cur = (kv_act_seqs.cpu().long()[rows // s1] - (s1 - 1 - rows % s1)).clamp(min=0)
+        must = unwritten & (cur > 0).reshape(-1, *([1] * (out.dim() - 1)))
+    missing = int(must.sum())
+    if missing:
+        first = tuple(int(x) for x in must.nonzero()[0])
+        raise KernelRunError(f"the kernel left {missing} of {out.numel()} output elements it must compute "
+                             f"unwritten (first at {first})" + (f"; {details()}" if details else ""))
+    return out.masked_fill_(unwritten, 0.0)
+
+
+#: Why a case was not checked: the kernel is not built for its shape; it is over a cost limit of this
+#: backend here; the run's time budget is spent; the ledger quarantines it; the backend could not run
+#: it (BackendUnavailable raised by the call).
+SKIP_KINDS = ("unsupported", "limit", "budget", "quarantined", "unavailable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """A case a backend does not run here: ``kind`` (one of SKIP_KINDS) and the reason, for people."""
+    kind: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in SKIP_KINDS:
+            raise ValueError(f"kind={self.kind!r} must be one of {SKIP_KINDS}")
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 class Backend:
     """Base class: argument handling shared by every backend. Subclasses implement `_paged_attention`
     and `_qk_matmul_scale`, which receive validated arguments."""
 
     name: str = "abstract"
     codec: Any = None
+    supported_shapes: dict | None = None
+    #: True only for what ``auto`` returns when no kernel backend could start (the golden).
+    fallback: bool = False
+
+    def skip_reason(self, config) -> Skip | None:
+        """Why this backend does not run ``config`` (a golden.PagedAttentionConfig) here, or None."""
+        return unsupported_shape(config, self.supported_shapes)
 
     def _check_codec(self, codec) -> None:
         if codec is None:
@@ -74,6 +150,18 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} codec={getattr(self.codec, 'name', None)!r}>"
+
+
+def unsupported_shape(config, supported: dict | None) -> Skip | None:
+    """A Skip("unsupported") when ``config`` has a head_dim or block_size outside ``supported``."""
+    if not supported:
+        return None
+    bad = {k: getattr(config, k) for k, allowed in supported.items() if getattr(config, k) not in allowed}
+    if not bad:
+        return None
+    wanted = " and ".join(f"{k} in {tuple(v)}" for k, v in supported.items())
+    got = ", ".join(f"{k}={v}" for k, v in bad.items())
+    return Skip("unsupported", f"the kernel is built for {wanted}; this case has {got}")
 
 
 _WORKER = re.compile(r"^gw(\d+)$")
@@ -124,8 +212,8 @@ def _npu(device=None, **options):
 def _auto(device=None, **options):
     """The NPU when there is one, else the simulator, else the golden; ``selection`` says which and why.
 
-    Falling back to the golden keeps the pipeline and the cases runnable anywhere; the selection
-    line says plainly that such a run checks no kernel.
+    Falling back to the golden sets ``fallback``: such a run checks no kernel, and ``pfa-verify run``
+    fails it unless ``--allow-fallback`` was given (a golden-only run is ``--backend golden``).
     """
     reasons = []
     for label, factory in (("npu", lambda: _npu(device=device, **options)), ("sim", lambda: _sim(**options))):
@@ -137,8 +225,9 @@ def _auto(device=None, **options):
         backend.selection = f"auto chose {label}" + (f" ({'; '.join(reasons)})" if reasons else "")
         return backend
     backend = _golden()
-    backend.selection = ("auto fell back to the golden, so this run checks the cases and the pipeline, "
-                         "not a kernel (" + "; ".join(reasons) + ")")
+    backend.fallback = True
+    backend.selection = ("auto fell back to the golden: no kernel is checked by this run (" + "; ".join(reasons)
+                         + "); name --backend golden to run the golden on purpose")
     return backend
 
 

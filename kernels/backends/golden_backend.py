@@ -1,10 +1,11 @@
-"""The golden as a backend: the loop golden (the executable spec) and golden.qk_matmul_scale.
+"""The golden as a backend: the loop golden (the executable spec) and the row-by-row AT-12.
 
-Its paged attention is ``golden.paged_attention_fp8_loop``, the plain five-level loop, while every
-law and report compares against the vectorized ``golden.paged_attention_fp8``. So `--backend golden`
-is not the golden compared with itself: it cross-checks the two implementations on every generated
-case (they must agree bit for bit; SPEC §4's tolerance is what the laws hold them to). It is also the
-example of the interface, and what `auto` falls back to where no kernel can run.
+Its paged attention is ``golden.paged_attention_fp8_loop``, the plain five-level loop, and its AT-12
+``golden.qk_matmul_scale_loop``, while every law and report compares against the vectorized
+``golden.paged_attention_fp8`` / ``golden.qk_matmul_scale``. So `--backend golden` is not the golden
+compared with itself: it cross-checks two implementations on every case (they agree bit for bit;
+SPEC §4's tolerance is what the laws hold them to). It is also the example of the interface, and
+what `auto` falls back to where no kernel can run (a run that then fails unless allowed).
 """
 from __future__ import annotations
 
@@ -36,4 +37,5 @@ class GoldenBackend(Backend):
         import golden
 
         self._check_codec(codec)
-        return golden.qk_matmul_scale(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=self.codec)
+        implementation = golden.qk_matmul_scale_loop if self.loop else golden.qk_matmul_scale
+        return implementation(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=self.codec)

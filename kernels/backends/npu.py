@@ -12,14 +12,15 @@ import importlib.util
 
 import torch
 
-from kernels.backends import Backend, BackendUnavailable, resolve_device_index
-from kernels.config import PagedAttentionKernelConfig
+from kernels.backends import Backend, BackendUnavailable, finish_output, resolve_device_index, unwritten_output
+from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
 
 __all__ = ["NpuBackend"]
 
 
 class NpuBackend(Backend):
     name = "npu"
+    supported_shapes = KERNEL_SHAPES
 
     def __init__(self, *, device=None, tiles: dict | None = None, pass_options: dict | None = None,
                  environ=None) -> None:
@@ -67,12 +68,12 @@ class NpuBackend(Backend):
             self._kernels["pfa"] = make_kernel(run_mode=self._pypto.RunMode.NPU, pass_verify=False,
                                                pass_options=self.pass_options)
         cfg = PagedAttentionKernelConfig.from_dims(dims, **self.tiles)
-        out = torch.zeros(q.shape, dtype=torch.bfloat16, device=self.device)
+        out = unwritten_output(q.shape, device=self.device)
         tensors = [self._to(t) for t in (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                                          kv_act_seqs)]
         self._kernels["pfa"](*tensors, out, cfg)
         torch.npu.synchronize(self.device)
-        return out.cpu()
+        return finish_output(out.cpu(), kv_act_seqs, dims.s1)
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
         from kernels.at12 import At12KernelConfig, make_at12_kernel
@@ -81,8 +82,8 @@ class NpuBackend(Backend):
         cfg = At12KernelConfig(q_tile=q.shape[0], k_len=k.shape[0], head_dim=q.shape[1], dtype=dtype,
                                scale=scale)
         kernel = make_at12_kernel(cfg, run_mode=self._pypto.RunMode.NPU, pass_verify=False)
-        out = torch.zeros(q.shape[0], k.shape[0], dtype=torch.float32, device=self.device)
+        out = unwritten_output((q.shape[0], k.shape[0]), dtype=torch.float32, device=self.device)
         tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else [])
         kernel(*[self._to(t) for t in tensors], out)
         torch.npu.synchronize(self.device)
-        return out.cpu()
+        return finish_output(out.cpu())

@@ -1,6 +1,7 @@
 """Test-double backends for ``pfa-verify run`` (importable by file path, as captured regressions name them).
 
 - :class:`PerturbOne`: the golden, with one output element moved far out of tolerance (a kernel-logic bug).
+- :class:`SmallOnly`: the golden with a cost limit (a backend that skips what it cannot afford).
 - :class:`CalculatorCodec`: the golden computed with pypto's CPU-calculator codec, declaring that codec
   (a kernel whose only difference from the spec is its platform's FP8 conversions).
 """
@@ -24,6 +25,16 @@ class PerturbOne(GoldenBackend):
         return out
 
 
+class SmallOnly(GoldenBackend):
+    """The golden, declaring a cost limit: cases with more than 10,000 scores are Skip("limit")."""
+    name = "tests/cases/run_doubles.py:SmallOnly"
+
+    def skip_reason(self, config):
+        from kernels import Skip
+        scores = config.batch * config.s1 * config.nq * config.s2
+        return Skip("limit", f"{scores} scores is over this double's limit of 10000") if scores > 10_000 else None
+
+
 class CalculatorCodec(GoldenBackend):
     """The golden under golden.codec.PYPTO_CALCULATOR_CODEC, declaring that codec."""
     name = "tests/cases/run_doubles.py:CalculatorCodec"
@@ -31,3 +42,25 @@ class CalculatorCodec(GoldenBackend):
     def __init__(self) -> None:
         from golden.codec import PYPTO_CALCULATOR_CODEC
         super().__init__(codec=PYPTO_CALCULATOR_CODEC)
+
+
+def golden_in_the_parent_only(**options):
+    """The golden in the process that starts a run; BackendUnavailable in a spawned worker (a device
+    that exists for the parent only), so each worker's cases must come back as errors, not skips."""
+    import multiprocessing
+
+    from kernels import BackendUnavailable
+    if multiprocessing.parent_process() is not None:
+        raise BackendUnavailable("no device for this worker")
+    return GoldenBackend()
+
+
+def calculator_codec_logic_bug(**options):
+    """A kernel on the calculator with a real logic bug: tests/properties/doubles.py's DropLastS2Tile
+    (the KV walk stops before the last s2 tile) under the calculator's codec. Fails under its own
+    codec too."""
+    from golden.codec import PYPTO_CALCULATOR_CODEC
+    from kernels import get_backend
+    backend = get_backend("tests/properties/doubles.py:DropLastS2Tile", codec=PYPTO_CALCULATOR_CODEC)
+    backend.name = "tests/cases/run_doubles.py:calculator_codec_logic_bug"
+    return backend

@@ -1,9 +1,16 @@
-"""cases/cli.py: the subcommand registry and ``pfa-verify cases list | show | replay | prune``."""
+"""cases/cli.py: ``pfa-verify`` and ``python -m cases.cli`` are one program; ``cases list | show |
+replay | prune``; a backend that cannot start is one line and exit 2, not a traceback."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
 
 import golden
 from cases import cli, regressions
-from properties.case import Case
+from properties.case import Case, REPO_ROOT
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
 
@@ -40,11 +47,55 @@ def test_unknown_id_is_an_error(tmp_path, capsys):
     assert "no file" in capsys.readouterr().err
 
 
-def test_registry_takes_new_subcommands():
-    @cli.register("hello", help="test only")
-    def add(parser):
-        parser.set_defaults(func=lambda args: 7)
-    try:
-        assert cli.main(["hello"]) == 7
-    finally:
-        del cli.SUBCOMMANDS["hello"]
+def _module(*argv):
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", "cases.cli", *argv], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_python_m_cases_cli_is_the_same_program():
+    result = _module("--help")
+    assert result.returncode == 0
+    for name in cli.SUBCOMMANDS:
+        assert name in result.stdout, result.stdout
+    assert set(cli.SUBCOMMANDS) == {"run", "bench", "cases"}
+
+
+def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):
+    factory = tmp_path / "never.py"
+    factory.write_text("from kernels import BackendUnavailable\n"
+                       "def backend(**options):\n    raise BackendUnavailable('no such device here')\n")
+    result = _module("run", "--backend", f"{factory}:backend", "--cases", "edge_causal_s1_3_short",
+                     "--examples", "0", "--regressions", str(tmp_path / "regs"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "pfa-verify: error: the backend cannot run here: no such device here"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_prune_keeps_cases_captured_on_another_backend(tmp_path, capsys):
+    rid = _capture(tmp_path, backend="sim")
+    assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--backend", "golden"]) == 0
+    assert f"kept {rid}: captured on sim, not golden" in capsys.readouterr().out
+    assert regressions.list_ids(directory=tmp_path) == [rid]
+
+
+def test_oversized_case_file_is_rejected_before_anything_is_allocated(tmp_path, capsys):
+    import json
+    rid = _capture(tmp_path)
+    path = tmp_path / f"{rid}.json"
+    data = json.loads(path.read_text())
+    data["tensors"] = None
+    data["case"]["config"].update(batch=4096, s2=1048576, nq=64, nkv=8, head_dim=128, block_size=128,
+                                  s2_tile=128, kv_act_seqs=None, max_blocks=None, num_blocks=None)
+    path.write_text(json.dumps(data))
+    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 2
+    err = capsys.readouterr().err
+    assert f"{rid}.json: case '{rid}' (B=4096 S1=1 S2=1048576 NQ=64 NKV=8 D=128) needs about" in err
+    assert "over the limit of" in err and "--max-bytes" in err
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"format": 1}'], ids=["bad json", "not an object", "missing fields"])
+def test_malformed_case_files_are_a_usage_error(tmp_path, capsys, text):
+    (tmp_path / "abc.json").write_text(text)
+    assert cli.main(["cases", "--dir", str(tmp_path), "replay", "abc"]) == 2
+    assert "abc.json" in capsys.readouterr().err

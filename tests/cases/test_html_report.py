@@ -58,6 +58,9 @@ def test_skips_are_listed_with_their_reason(tmp_path):
     args = cli.build_parser().parse_args(["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short",
                                           "--examples", "0", "--regressions", str(tmp_path)])
     run = runner.execute(args)
-    run.results[0].outcomes[0] = runner.Outcome("spec", "skipped", counts=False, message="skipped: too big here")
+    run.results[0].outcomes[0] = runner.Outcome("spec", "skipped", counts=False, message="skipped: too big here",
+                                                skip_kind="limit")
     text = html_report.render_html(run)
-    assert "<h2>Skipped (1)</h2>" in text and "edge_causal_s1_3_short: too big here" in text
+    assert "<h2>Not checked: skipped (1)</h2>" in text
+    assert "limit (not allowed: fails the run): edge_causal_s1_3_short: too big here" in text
+    assert "FAILED: 1 case was not checked" in text

@@ -47,13 +47,15 @@ def test_json_of_a_two_codec_run_validates(codec_run):
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d["results"][0].pop("verdict"), "missing required 'verdict'"),
-    (lambda d: d["results"][0].update(verdict="maybe"), "is not one of"),
-    (lambda d: d["results"][0].update(mismatched=-1), "below the minimum"),
-    (lambda d: d["results"][0].update(worst_index={"row": 0}), "matches none of anyOf"),
-    (lambda d: d["summary"].update(extra=1), "unexpected property 'extra'"),
-    (lambda d: d.update(schema="other/2"), "is not 'pfa-verify-run-report/1'"),
-], ids=["missing field", "bad verdict", "negative count", "bad worst_index", "extra summary key", "other schema"])
+    (lambda d: d["results"][0].pop("verdict"), "$.results[0]: 'verdict' is a required property"),
+    (lambda d: d["results"][0].update(verdict="maybe"), "$.results[0].verdict: 'maybe' is not one of"),
+    (lambda d: d["results"][0].update(mismatched=-1), "$.results[0].mismatched: -1 is less than the minimum of 0"),
+    (lambda d: d["results"][0].update(worst_index={"row": 0}), "is not valid under any of the given schemas"),
+    (lambda d: d["summary"].update(extra=1), "('extra' was unexpected)"),
+    (lambda d: d["summary"]["skipped_by_kind"].update(lazy=1), "$.summary.skipped_by_kind: 'lazy' is not one of"),
+    (lambda d: d.update(schema="other/2"), "$.schema: 'pfa-verify-run-report/2' was expected"),
+], ids=["missing field", "bad verdict", "negative count", "bad worst_index", "extra summary key", "bad skip kind",
+        "other schema"])
 def test_schema_check_rejects(failing_run, mutate, expected):
     data = copy.deepcopy(report.to_json(failing_run))
     mutate(data)

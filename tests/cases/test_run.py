@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 import golden
 from cases import cli, regressions
 from cases import run as runner
+from cases.catalog import load_catalog
+from cases.collect import generated_cases
 from properties.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
@@ -82,22 +82,27 @@ def test_unknown_case_name_is_a_usage_error(tmp_path, capsys):
 
 
 def test_generated_cases_repeat_for_a_seed():
-    a = runner.generated_cases(4, 11, kernel_only=False)
-    assert len(a) == 4 and a == runner.generated_cases(4, 11, kernel_only=False)
-    assert all(c.config.head_dim == 128 for c in runner.generated_cases(2, 11, kernel_only=True))
+    a = generated_cases(4, 11)
+    assert len(a) == 4 and a == generated_cases(4, 11)
+    kernel = {"head_dim": (128,), "block_size": (128,)}
+    assert all(c.config.head_dim == 128 for c in generated_cases(2, 11, supported=kernel))
+    assert all(max(c.config.lengths) > 0 for c in generated_cases(20, 0))   # never all-empty
 
 
-def test_sim_skips_what_it_cannot_run_here_with_the_reason():
-    sim = SimpleNamespace(name="sim")
-    cat = {name: case for name, case in __import__("cases.catalog").catalog.load_catalog().items()}
-    assert "over the sim execute limit" in runner.skip_reason(sim, cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"])
-    assert "head_dim" in runner.skip_reason(sim, cat["edge_small_blocks_ragged"])
-    assert runner.skip_reason(sim, cat["pfa_fp8_b2_s1_1_s2_1k"]) is None
-    assert runner.skip_reason(sim, cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"], max_scores=0) is None   # 0: no limit
-    assert "limit of 100" in runner.skip_reason(sim, cat["pfa_fp8_b2_s1_1_s2_1k"], max_scores=100)
-    assert runner.skip_reason(SimpleNamespace(name="golden"), cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"]) is None
-    own = SimpleNamespace(name="sim", skip_reason=lambda cfg: "mine")
-    assert runner.skip_reason(own, cat["pfa_fp8_b2_s1_1_s2_1k"]) == "mine"
+def test_sim_backend_owns_its_limits():
+    from kernels.backends.sim import SimBackend
+    sim = SimBackend.__new__(SimBackend)     # the limits need no pypto
+    sim.max_scores = 1 << 15
+    cat = load_catalog()
+    skip = sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config)
+    assert skip.kind == "limit" and "over the sim execute limit" in skip.reason
+    skip = sim.skip_reason(cat["edge_small_blocks_ragged"].config)
+    assert skip.kind == "unsupported" and "head_dim=64, block_size=16" in skip.reason
+    assert sim.skip_reason(cat["pfa_fp8_b2_s1_1_s2_1k"].config) is None
+    sim.max_scores = 0                                                     # 0: no limit
+    assert sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
+    from kernels.backends.golden_backend import GoldenBackend
+    assert GoldenBackend().skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
 
 
 def test_spent_budget_skips_the_rest(tmp_path):
@@ -107,4 +112,65 @@ def test_spent_budget_skips_the_rest(tmp_path):
     assert verdicts[0] == "fail"
     for r in data["results"]:
         if r["verdict"] == "skipped":
-            assert "time budget" in r["message"] and r["counts"] is False
+            assert "time budget" in r["message"] and r["counts"] is False and r["skip_kind"] == "budget"
+
+
+# --- no false green --------------------------------------------------------------------------------
+
+def test_a_run_with_skipped_cases_fails_unless_that_kind_is_allowed(tmp_path):
+    limited, two = "tests/cases/run_doubles.py:SmallOnly", "pfa_fp8_b2_s1_1_s2_1k,edge_causal_s1_3_short"
+    status, data = _run(tmp_path, backend=limited, cases=two)
+    s = data["summary"]
+    assert status == 1 and s["checked_cases"] == 1 and s["skipped_by_kind"] == {"limit": 1}
+    assert "1 case was not checked (skips of kind limit are not allowed; --allow-skips limit accepts them)" in s["verdict"]
+    status, data = _run(tmp_path, "--allow-skips", "limit", backend=limited, cases=two)
+    assert status == 0 and data["summary"]["allowed_skips"] == ["limit"]
+    assert data["summary"]["verdict"].startswith("2 cases: 1 checked on ") and data["summary"]["verdict"].endswith("-> OK")
+    status, data = _run(tmp_path, "--max-scores", "1", backend=limited, cases="pfa_fp8_b2_s1_1_s2_1k")
+    assert status == 1 and data["summary"]["checked_cases"] == 0     # everything skipped: never a pass
+
+
+def test_auto_falling_back_to_the_golden_fails_unless_allowed(tmp_path, monkeypatch):
+    import kernels.backends as kb
+    from kernels import BackendUnavailable
+
+    def unavailable(**options):
+        raise BackendUnavailable("not on this machine")
+    monkeypatch.setitem(kb.BUILTIN_BACKENDS, "sim", unavailable)
+    monkeypatch.setattr(kb, "_sim", unavailable)
+    monkeypatch.setattr(kb, "_npu", unavailable)
+    status, data = _run(tmp_path, backend="auto", cases="edge_causal_s1_3_short")
+    assert status == 1 and data["summary"]["fallback"] is True
+    assert "auto fell back to the golden, so no kernel was checked" in data["summary"]["verdict"]
+    status, data = _run(tmp_path, "--allow-fallback", backend="auto", cases="edge_causal_s1_3_short")
+    assert status == 0
+
+
+def test_workers_that_cannot_start_their_backend_are_errors(tmp_path):
+    status, data = _run(tmp_path, "--workers", "2", backend="tests/cases/run_doubles.py:golden_in_the_parent_only",
+                        examples=1)
+    assert status == 1
+    assert {r["verdict"] for r in data["results"]} == {"error"}
+    assert all("could not start backend" in r["message"] and "no device for this worker" in r["message"]
+               for r in data["results"])
+
+
+def test_an_empty_selection_checks_nothing_and_fails(tmp_path):
+    status, data = _run(tmp_path, backend="golden", cases="regressions", examples=0)
+    assert status == 1 and "no case was selected" in data["summary"]["verdict"]
+
+
+def test_no_capture_says_so_instead_of_naming_an_id(tmp_path, capsys):
+    status, data = _run(tmp_path, "--no-capture", backend=PERTURB, cases="edge_causal_s1_3_short")
+    assert status == 1 and not regressions.list_ids(directory=tmp_path / "regs")
+    assert "Not captured (--no-capture)" in data["results"][0]["message"]
+    assert "pfa-verify cases replay" not in capsys.readouterr().out
+
+
+def test_a_captured_case_that_cannot_load_is_an_error_not_a_crash(tmp_path):
+    (tmp_path / "regs").mkdir()
+    (tmp_path / "regs" / "0badcase00.json").write_text("{not json")
+    status, data = _run(tmp_path, backend="golden", cases="all", examples=0)
+    first = data["results"][0]
+    assert status == 1 and (first["name"], first["verdict"]) == ("0badcase00", "error")
+    assert "not valid JSON" in first["message"]

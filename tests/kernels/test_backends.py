@@ -225,8 +225,8 @@ def test_auto_falls_back_to_the_golden_with_every_reason(monkeypatch):
     if importlib.util.find_spec("torch_npu") is not None:
         pytest.skip("torch_npu is installed here")
     backend = kernels.get_backend("auto")
-    assert backend.name == "golden"
-    assert "fell back to the golden" in backend.selection and "checks the cases and the pipeline, not a kernel" in backend.selection
+    assert backend.name == "golden" and backend.fallback is True
+    assert "fell back to the golden: no kernel is checked by this run" in backend.selection
     assert "not npu: " in backend.selection and "not sim: pypto is not installed" in backend.selection
 
 
@@ -243,9 +243,11 @@ def test_auto_says_what_it_chose(monkeypatch):
     assert backend is chosen and backend.selection.startswith("auto chose sim (not npu: ")
 
 
-def test_backend_fixture_turns_unavailable_into_a_skip(tmp_path):
-    """tests/conftest.py's `backend` fixture: --backend npu on a machine without one is a skip with
-    the reason, never a pass or an error."""
+@pytest.mark.parametrize("allow", [False, True], ids=["named", "allow-unavailable"])
+def test_backend_fixture_fails_a_session_whose_backend_cannot_run(tmp_path, allow):
+    """tests/conftest.py's `backend` fixture: --backend npu on a machine without one fails the tests
+    that need it, with the reason (a property run that checked nothing is not a pass); with
+    --allow-unavailable they are skips with the reason, never passes."""
     import os
     import subprocess
     import sys
@@ -257,9 +259,40 @@ def test_backend_fixture_turns_unavailable_into_a_skip(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "--backend", "npu", str(tmp_path)],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+                           "-p", "no:xdist", "--backend", "npu", *(["--allow-unavailable"] if allow else []),
+                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     if "torch_npu is not installed" not in proc.stdout and proc.returncode == 0:
         pytest.skip("an NPU backend is available here")
-    assert "1 skipped" in proc.stdout, proc.stdout + proc.stderr
-    assert "backend 'npu' unavailable" in proc.stdout
+    assert "backend 'npu' cannot run here: npu backend: torch_npu is not installed" in proc.stdout
+    if allow:
+        assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode == 1 and "1 error" in proc.stdout, proc.stdout + proc.stderr
+
+
+# --- outputs the kernel did not write ---------------------------------------------------------------
+
+def test_finish_output_turns_untouched_rows_into_zeros_or_an_error():
+    """Outputs start as the UNWRITTEN sentinel: rows with cur == 0 that stay untouched are the
+    caller's zeros (SPEC §2 item 5); an untouched element anywhere else is a KernelRunError."""
+    from kernels.backends import KernelRunError, finish_output, unwritten_output
+
+    lengths = torch.tensor([3, 0], dtype=torch.int32)            # B=2, S1=2: rows 0..3, cur = 2, 3, 0, 0
+    out = unwritten_output((4, 2, 8))
+    out[0:2] = 1.0
+    done = finish_output(out.clone(), lengths, 2)
+    assert torch.equal(done[2:].float(), torch.zeros(2, 2, 8)) and torch.equal(done[:2].float(), torch.ones(2, 2, 8))
+    out[1, 1, 5] = unwritten_output((1,))[0]
+    with pytest.raises(KernelRunError, match=r"left 1 of 64 output elements it must compute unwritten \(first at \(1, 1, 5\)\)"):
+        finish_output(out.clone(), lengths, 2)
+    scores = unwritten_output((2, 3), dtype=torch.float32)
+    with pytest.raises(KernelRunError, match="left 6 of 6"):
+        finish_output(scores)
+
+
+def test_calculator_errors_are_found_in_the_captured_output():
+    from kernels.backends.sim import calculator_error
+
+    text = ("Unrecognized DataTypeDT_FP8E4M3\n" * 3 + "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ\n")
+    assert calculator_error(text) == "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ"
+    assert calculator_error("Unrecognized DataTypeDT_FP8E4M3\nAICore End-to-End Time: 30.95\n") is None

@@ -1,4 +1,4 @@
-"""Fixtures of the property tests: the case strategy for the backend under test, and wrong doubles."""
+"""Fixtures of the property tests: case strategies for the backend under test, and wrong doubles."""
 from __future__ import annotations
 
 import pytest
@@ -6,16 +6,14 @@ import pytest
 from properties import strategies as ps
 
 
-def case_strategy(backend):
-    """Kernel-shaped cases for kernel backends (sim, npu), the general ones otherwise."""
-    if getattr(backend, "name", "") in ("sim", "npu"):
-        return ps.cases(ps.kernel_configs())
-    return ps.cases()
-
-
 @pytest.fixture(scope="session")
 def cases_for(backend):
-    return case_strategy(backend)
+    """``cases_for(**narrowing)``: cases the backend under test runs (kernel-sized for a kernel
+    backend: its ``supported_shapes``), narrowed to a law's domain (``group=...``, ``s1=...``,
+    ``batch=...``, ``spare_blocks=...``), so that no example is vacuous for the law."""
+    def strategy(**narrowing):
+        return ps.cases_for(backend, **narrowing)
+    return strategy
 
 
 @pytest.fixture

@@ -30,3 +30,13 @@ class WritesToInputs(GoldenBackend):
         out = super().paged_attention_fp8(q, q_scale, *args, **kwargs)
         q_scale.mul_(2.0)
         return out
+
+
+class HalveAtWideTiles(GoldenBackend):
+    """The golden, except that the output is exactly half the right value whenever s2_tile spans
+    more than one block (a kernel whose rescale is wrong only on some tile configurations)."""
+    name = "tests/properties/doubles.py:HalveAtWideTiles"
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, *args, s2_tile=128, **kwargs):
+        out = super().paged_attention_fp8(q, q_scale, k_cache, *args, s2_tile=s2_tile, **kwargs)
+        return (out.float() / 2).bfloat16() if s2_tile > k_cache.shape[1] else out

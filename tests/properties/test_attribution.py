@@ -1,25 +1,48 @@
 """properties/attribution.py: grouping of mismatches and the E4M3 rounding-boundary test."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 import golden
-from properties.attribution import attribute, near_midpoint, rounding_midpoints
+from properties.attribution import attribute, near_boundary, rounding_boundaries
 
 
-def test_midpoints_of_the_spec_codec():
-    mids = rounding_midpoints()
-    assert float(mids[0]) == 2.0 ** -10          # between 0 and the smallest subnormal 2^-9
-    assert float(mids[-1]) == (416.0 + 448.0) / 2
-    assert len(mids) == 126
+def _ulp_above(x: float) -> float:
+    return float(torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(math.inf)))
 
 
-def test_near_midpoint_counts_float32_ulps():
-    mids = rounding_midpoints()
+def test_boundaries_of_the_spec_codec_are_its_grid_midpoints():
+    b = rounding_boundaries()
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8)          # +0 up to 448
+    grid = golden.SPEC_CODEC.decode(codes).double()
+    mids = (grid[:-1] + grid[1:]) / 2
+    assert len(b) == len(mids) == 126
+    # Ties go to the even code: the change is at the midpoint or one float32 ulp above it.
+    for got, mid in zip(b.tolist(), mids.tolist()):
+        assert got in (mid, _ulp_above(mid)), (got, mid)
+    assert float(b[0]) == _ulp_above(2.0 ** -10) and float(b[-1]) == 432.0
+
+
+def test_boundaries_of_the_calculator_include_its_integer_rounding():
+    """The calculator rounds to an integer first (tests/kernels/test_calculator_codec.py), so 0.5,
+    1.5, 2.5 ... are where its codes change, and nothing changes below 0.5."""
+    b = rounding_boundaries(golden.PYPTO_CALCULATOR_CODEC)
+    assert float(b[0]) == _ulp_above(0.5) and float(b[1]) == 1.5
+    assert float(b[-1]) == _ulp_above(232.5)                # 232.5 -> 232 (even); above -> 240 (saturated)
+    codec = golden.PYPTO_CALCULATOR_CODEC
+    below = torch.tensor([float(x) for x in b], dtype=torch.float64)
+    steps = codec.encode(below.float()) != codec.encode(torch.nextafter(below.float(), torch.tensor(0.0)))
+    assert bool(steps.all()), "each boundary is the first float32 of a new code"
+
+
+def test_near_boundary_counts_float32_ulps():
+    b = rounding_boundaries()
     m = torch.tensor([1.0625], dtype=torch.float32)   # midpoint of 1.0 and 1.125
-    assert bool(near_midpoint(m, mids))
-    assert bool(near_midpoint(torch.nextafter(m, torch.tensor(2.0)), mids))
-    assert not bool(near_midpoint(torch.tensor([1.03]), mids))
+    assert bool(near_boundary(m, b))
+    assert bool(near_boundary(torch.nextafter(m, torch.tensor(2.0)), b))
+    assert not bool(near_boundary(torch.tensor([1.03]), b))
 
 
 def test_mismatches_are_grouped_by_batch_head_and_tile_walk():

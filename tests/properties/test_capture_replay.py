@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from properties import laws
+from cases import regressions
 from properties import strategies as ps
 from properties.case import REPO_ROOT
 
@@ -27,7 +27,7 @@ def test_wrong_backend_is_caught_captured_and_replayed(drop_last_tile_backend, r
               phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
     @given(ps.cases(ps.configs(garbage=(None,))))
     def acceptance(case):
-        laws.check("acceptance", drop_last_tile_backend, case)
+        regressions.check("acceptance", drop_last_tile_backend, case)
 
     with pytest.raises(AssertionError) as info:
         acceptance()
@@ -58,6 +58,6 @@ def test_a_backend_that_writes_to_its_inputs_fails_the_unchanged_check(regressio
     from doubles import WritesToInputs
     from properties.case import Case
     case = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
-    with pytest.raises(AssertionError, match="Input q_scale after the .* call vs before not equal"):
-        laws.check("acceptance", WritesToInputs(), case)
+    with pytest.raises(AssertionError, match="Input q_scale after the .* call vs before not bit-identical"):
+        regressions.check("acceptance", WritesToInputs(), case)
     assert len(list(regressions_dir.glob("*.json"))) == 1

@@ -64,8 +64,50 @@ def test_nonfinite_placement_is_its_own_finding():
     assert not cmp.compare(torch.tensor([-math.inf]), torch.tensor([math.inf])).passed
 
 
-def test_signed_zero_is_equal():
-    assert cmp.compare(torch.tensor([-0.0]), torch.tensor([0.0]), kind="exact").passed
+def _nan(bits: int, dtype=torch.float32) -> torch.Tensor:
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[dtype]
+    return torch.tensor([bits], dtype=ints).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float8_e4m3fn],
+                         ids=lambda d: str(d).removeprefix("torch."))
+def test_exact_means_bits_signed_zero(dtype):
+    """-0.0 and +0.0 are close (SPEC §4) but not bit-identical."""
+    neg, pos = torch.tensor([-0.0]).to(dtype), torch.tensor([0.0]).to(dtype)
+    assert cmp.compare(neg.float(), pos.float()).passed
+    r = cmp.compare(neg, pos, kind="exact")
+    assert not r.passed and [(f.what, f.section) for f in r.nonfinite] == [("zero of the other sign", "Bits differ")]
+
+
+def test_exact_means_bits_nan_payload():
+    """NaN with other bits (sign or payload) is not bit-identical; the same NaN bits are."""
+    for dtype, a_bits, b_bits in ((torch.float32, 0x7FC00000, 0x7FC00001), (torch.float32, 0x7FC00000, -0x400000),
+                                  (torch.bfloat16, 0x7FC0, 0x7FAB)):
+        a, b = _nan(a_bits, dtype), _nan(b_bits, dtype)
+        assert cmp.compare(a, b).passed                                   # both NaN: placement agrees
+        r = cmp.compare(a, b, kind="exact")
+        assert not r.passed and r.nonfinite[0].what == "NaN with other bits than the expected NaN"
+        assert cmp.compare(a, a.clone(), kind="exact").passed
+    text = cmp.make_mismatch_message(cmp.compare(_nan(0x7FC00001), _nan(0x7FC00000), kind="exact"), identifier="x")
+    assert text == ("x not bit-identical\nMismatched elements: 1 / 1 (100.0%)\n"
+                    "Bits differ: 1 NaN with other bits than the expected NaN, first at (0,)")
+
+
+def test_exact_takes_no_tolerance_and_bound_needs_one():
+    with pytest.raises(ValueError, match="kind='exact' compares bits"):
+        cmp.compare(torch.zeros(1), torch.zeros(1), kind="exact", rtol=0.0, atol=1e-3)
+    with pytest.raises(ValueError, match="kind='bound' takes the bound from the caller"):
+        cmp.compare(torch.zeros(1), torch.zeros(1), kind="bound")
+    assert cmp.compare(torch.zeros(1), torch.full((1,), 1e-3), kind="bound", rtol=0.0, atol=1e-3).passed
+
+
+def test_error_ratio_is_error_over_allowed():
+    e = torch.tensor([1.0, 0.0, float("nan"), 2.0, float("inf")])
+    a = torch.tensor([1.0 + 1 / 128, 5e-5, float("nan"), float("nan"), float("inf")])
+    r = cmp.error_ratio(a, e)
+    allowed = 1e-4 + 1 / 128
+    assert r.tolist()[:3] == pytest.approx([(1 / 128) / allowed, 0.5, 0.0])
+    assert math.isinf(r[3]) and r[4] == 0
 
 
 def test_integer_tensors_compare_exactly():
@@ -104,7 +146,7 @@ def test_message_snapshot_close():
 def test_message_snapshot_exact_and_attributes():
     with pytest.raises(AssertionError) as info:
         cmp.assert_close(torch.zeros(3), torch.zeros(2), kind="exact", identifier="Input q after the call vs before")
-    assert str(info.value) == ("Input q after the call vs before not equal\n"
+    assert str(info.value) == ("Input q after the call vs before not bit-identical\n"
                                "Attributes differ: shape: (3,) vs expected (2,)")
 
 

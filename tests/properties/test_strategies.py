@@ -29,6 +29,19 @@ def test_kernel_configs_are_a_narrowing(config):
 
 
 @given(st.data())
+def test_cases_for_follow_the_backend_and_the_narrowing(data):
+    from types import SimpleNamespace
+    kernel = SimpleNamespace(supported_shapes={"head_dim": (64,), "block_size": (32,)})
+    case = data.draw(ps.cases_for(kernel, group=st.just(2), s1=st.integers(2, 3), spare_blocks=st.just(1)))
+    c = case.config
+    assert (c.head_dim, c.block_size, c.nq // c.nkv) == (64, 32, 2) and c.s1 >= 2 and c.s2_tile in (32, 64)
+    need = sum(math.ceil(n / c.block_size) for n in c.lengths)
+    assert c.num_blocks == max(1, need + 1)
+    anything = data.draw(ps.cases_for(None))
+    assert anything.config.head_dim in (16, 32, 64, 128)
+
+
+@given(st.data())
 def test_block_tables_are_valid(data):
     bs = data.draw(st.sampled_from((16, 128)), label="block_size")
     lengths = data.draw(ps.kv_act_seqs(3, block_size=bs, s2_tile=2 * bs), label="lengths")
@@ -42,7 +55,17 @@ def test_block_tables_are_valid(data):
 
 @pytest.mark.parametrize("target", [0, 1, 15, 16, 17, 31, 32, 33])
 def test_kv_act_seqs_reach_special_lengths(target):
-    find(ps.kv_act_seqs(1, block_size=16, s2_tile=32), lambda t: t[0] == target, settings=FIND)
+    find(ps.kv_act_seqs(2, block_size=16, s2_tile=32), lambda t: t[0] == target, settings=FIND)
+
+
+@given(ps.kv_act_seqs(st.integers(1, 4), block_size=16, s2_tile=32))
+def test_kv_act_seqs_always_have_a_token(lengths):
+    """Every length 0 checks nothing but zeros: the catalog holds that case once, strategies never."""
+    assert max(lengths) > 0
+
+
+def test_kv_act_seqs_may_be_all_empty_on_request():
+    find(ps.kv_act_seqs(2, block_size=16, s2_tile=32, allow_all_empty=True), lambda t: max(t) == 0, settings=FIND)
 
 
 def test_kv_act_seqs_reach_row_capacity():

@@ -1,9 +1,9 @@
-"""golden/bench.py: the small workload is deterministic and stays inside the parameter space it
+"""cases/bench.py: the small workload is deterministic and stays inside the parameter space it
 documents, and a bench run reports the two goldens' agreement (timings are not asserted: speed
 goals live in the benchmark itself)."""
 from __future__ import annotations
 
-from golden.bench import BenchRow, run_bench, small_workload
+from cases.bench import BenchRow, run_bench, small_workload
 
 
 def test_small_workload_is_deterministic_and_in_its_documented_space():

@@ -1,12 +1,14 @@
 """Benchmark: the vectorized golden against the loop golden, in one process (``pfa-verify bench``).
 
+It lives in cases/ because its upstream workload is the case catalog's (golden/ depends on nothing).
+
 Two workloads: every upstream case of SPEC §5, and a property-testing-shaped one (200 small ragged
 cases drawn from the parameter space of the property suite's strategies: B <= 6, S1 <= 3, lengths up
 to 600 including 0, 1 and block and tile boundaries, block sizes 16-128, several s2_tile values).
 For each it reports both goldens' time, the speed-up, cases per second, and whether the two agree
 (count of outputs that are not bit-identical).
 
-Run: ``python -m golden.bench [--repeat N] [--workload upstream|small|all] [--small-cases N] [--json PATH]``.
+Run: ``python -m cases.bench [--repeat N] [--workload upstream|small|all] [--small-cases N] [--json PATH]``.
 Speed goals live here, not in tests.
 """
 from __future__ import annotations
@@ -21,15 +23,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from .attention import paged_attention_fp8
-from .attention_loop import paged_attention_fp8_loop
-from .inputs import DISTRIBUTIONS, InputBundle, PagedAttentionConfig, make_inputs
+from golden import (DISTRIBUTIONS, InputBundle, PagedAttentionConfig, make_inputs, paged_attention_fp8,
+                    paged_attention_fp8_loop)
 
 __all__ = ["upstream_cases", "small_workload", "BenchRow", "run_bench", "main"]
 
 def upstream_cases() -> dict[str, InputBundle]:
     """The six upstream cases of SPEC §5, by name, from the case catalog (cases/catalog.json)."""
-    from cases.catalog import SPEC_CASE_NAMES, load_catalog  # cases builds on golden, not the reverse
+    from cases.catalog import SPEC_CASE_NAMES, load_catalog
 
     catalog = load_catalog()
     return {name: catalog[name].inputs() for name in SPEC_CASE_NAMES}

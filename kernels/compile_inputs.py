@@ -1,22 +1,14 @@
-"""The six upstream cases of SPEC §5 (from the case catalog), plus cheap inputs for compile-only runs."""
+"""Cheap inputs for compile-only runs: the right shapes and dtypes, arbitrary finite content.
+
+The case catalog (cases/, which builds on kernels/) names the configs; this module only fills them.
+"""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from cases.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES  # the names are the interface (SPEC §5)
-
-__all__ = ["UPSTREAM_CASES", "upstream_config", "compile_inputs"]
-
-
-def upstream_config(name: str):
-    """golden.PagedAttentionConfig of an upstream case, from cases/catalog.json (ValueError if unknown)."""
-    from cases.catalog import load_catalog
-
-    if name not in UPSTREAM_CASES:
-        raise ValueError(f"name={name!r} is not an upstream case; expected one of {sorted(UPSTREAM_CASES)}")
-    return load_catalog()[name].config
+__all__ = ["compile_inputs"]
 
 
 def compile_inputs(config, seed: int = 0) -> dict:

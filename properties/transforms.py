@@ -1,0 +1,94 @@
+"""Input transformations the laws are made of (SPEC §2): each returns new tensors, never touches its
+arguments. ``tensors`` is a dict of the SPEC §1 tensors by name (``InputBundle.tensors()``)."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["read_mask", "poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
+           "select_batch", "visible_lengths"]
+
+_FILLS = {"zero": (0x00, 0.0), "nan": (0x7F, float("nan")), "huge": (0x7E, 1e30)}  # E4M3 code, scale
+
+
+def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
+    """int64 [B * S1]: ``cur`` of every output row, ``max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2 item 1)."""
+    lengths = torch.as_tensor(kv_act_seqs).long()
+    i = torch.arange(s1)
+    return (lengths[:, None] - (s1 - 1 - i)[None, :]).clamp(min=0).reshape(-1)
+
+
+def read_mask(tensors: dict) -> torch.Tensor:
+    """bool [NB, BS]: the cache rows SPEC §2 item 2 reads (row t % BS of block table[b, t // BS])."""
+    nb, bs = tensors["k_cache"].shape[:2]
+    mask = torch.zeros(nb, bs, dtype=torch.bool)
+    for b, n in enumerate(tensors["kv_act_seqs"].tolist()):
+        t = torch.arange(n)
+        mask[tensors["block_table"][b, t // bs].long(), t % bs] = True
+    return mask
+
+
+def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bool [NB, BS] cache rows nothing reads, bool [B*S1] query rows with ``cur == 0``)."""
+    s1 = tensors["q"].shape[0] // len(tensors["kv_act_seqs"])
+    return ~read_mask(tensors), visible_lengths(tensors["kv_act_seqs"], s1) == 0
+
+
+def poison_unread(tensors: dict, fill: str) -> dict:
+    """Copies with ``fill`` ("zero", "nan" or "huge") in every cell the spec says must not reach the
+    output: cache rows no row of the table reads (spare blocks, tails of last blocks), their K scales,
+    and q / q_scale of query rows with ``cur == 0`` (their output is 0 whatever q holds, SPEC §2 item 5)."""
+    if fill not in _FILLS:
+        raise ValueError(f"fill={fill!r} must be one of {tuple(_FILLS)}")
+    code, scale = _FILLS[fill]
+    out = {k: v.clone() for k, v in tensors.items()}
+    cache_rows, query_rows = unread_cells(tensors)
+    for name in ("k_cache", "v_cache"):
+        out[name].view(torch.uint8)[cache_rows] = code
+    out["k_scale"][cache_rows] = scale
+    out["q"].view(torch.uint8)[query_rows] = code
+    out["q_scale"][query_rows] = scale
+    return out
+
+
+def derangement(n: int, seed: int) -> torch.Tensor:
+    """int64 [n]: a random permutation of range(n) that moves every element (n >= 2): one n-cycle
+    through a random order, so a law built on it can never draw the identity."""
+    if n < 2:
+        raise ValueError(f"n={n} must be >= 2: one block cannot move")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    perm = torch.empty(n, dtype=torch.int64)
+    perm[order] = order.roll(-1)
+    return perm
+
+
+def permute_blocks(tensors: dict, perm: torch.Tensor) -> dict:
+    """Copies with physical block p moved to ``perm[p]`` and the table renumbered to match."""
+    out = dict(tensors)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(len(perm))
+    for name in ("k_cache", "k_scale", "v_cache"):
+        out[name] = tensors[name][inv].contiguous()
+    table = tensors["block_table"]
+    out["block_table"] = torch.where(table >= 0, perm[table.clamp(min=0).long()].to(table.dtype), table)
+    return out
+
+
+def repeat_kv_heads(tensors: dict, group: int) -> dict:
+    """Copies with every KV head repeated ``group`` times, so NKV = NQ (no grouping left)."""
+    out = dict(tensors)
+    for name in ("k_cache", "k_scale", "v_cache"):
+        out[name] = tensors[name].repeat_interleave(group, dim=2).contiguous()
+    out["v_scale"] = tensors["v_scale"].repeat_interleave(group, dim=1).contiguous()
+    return out
+
+
+def select_batch(tensors: dict, b: int, s1: int) -> dict:
+    """The inputs of batch ``b`` alone: its S1 query rows, table row, length and V scales."""
+    out = dict(tensors)
+    rows = slice(b * s1, (b + 1) * s1)
+    out["q"] = tensors["q"][rows].contiguous()
+    out["q_scale"] = tensors["q_scale"][rows].contiguous()
+    out["block_table"] = tensors["block_table"][b:b + 1].contiguous()
+    out["v_scale"] = tensors["v_scale"][b:b + 1].contiguous()
+    out["kv_act_seqs"] = tensors["kv_act_seqs"][b:b + 1].contiguous()
+    return out
