@@ -177,7 +177,7 @@ def _cmd_show(args) -> int:
 
 def _cmd_replay(args) -> int:
     from cases import regressions
-    from kernels import get_backend
+    from kernels import BackendUnavailable, get_backend
     reg = regressions.load(args.id, directory=args.dir)
     name = args.backend or reg.backend
     backend = get_backend(name)
@@ -185,9 +185,14 @@ def _cmd_replay(args) -> int:
     if name != reg.backend:
         print(f"note: this checks {name}, not {reg.backend}, on the captured case")
     try:
-        regressions.replay(reg, backend)
+        regressions.replay(reg, backend, directory=args.dir)
     except AssertionError as exc:
         print(f"FAIL\n{exc}")
+        return 1
+    except BackendUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the backend crashed on the case: an error, reported as one
+        print(f"ERROR: the {name} backend raised on this case: {type(exc).__name__}: {exc}")
         return 1
     print("PASS: the captured failure no longer reproduces")
     return 0
@@ -221,6 +226,9 @@ def _cmd_prune(args) -> int:
         try:
             regressions.replay(reg, backend)
         except AssertionError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - a case the backend crashes on is kept, and said so
+            print(f"kept {rid}: the {reg.backend} backend raised ({type(exc).__name__}: {exc})")
             continue
         print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {reg.backend})")
         removed += 1

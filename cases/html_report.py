@@ -27,8 +27,9 @@ _ATTRIBUTION_TEXT = {
                     "codec): indexing, scales, softmax, tail handling or another part of the kernel's logic.",
     "backend codec": "Fails under the spec codec but passes under the codec the backend declares: the platform's "
                      "FP8 conversions (pypto's CPU calculator), not the kernel. Shown, not counted.",
-    "E4M3 boundary flip": "Every mismatch sits in a row whose P has an element within a few float32 ulps of an E4M3 "
-                          "rounding midpoint: one P8 code moved by one step. Reported, never tolerated by widening.",
+    "E4M3 boundary flip": "Every mismatch sits in a row whose P has an element within a few float32 ulps of a rounding "
+                          "boundary of the comparison's codec: one P8 code moved by one step. Reported, never "
+                          "tolerated by widening.",
 }
 
 _CSS = """

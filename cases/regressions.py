@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -36,7 +37,9 @@ import torch
 __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "FORMAT_VERSION", "MAX_FILE_BYTES"]
 
-FORMAT_VERSION = 1
+# Format 2 (pfa-verify after issue 9): make_inputs' "tiny" distribution shrinks Q and K only. A
+# format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
+FORMAT_VERSION = 2
 _FIELDS = {"format", "id", "law", "backend", "case", "params", "tolerance", "message", "versions",
            "created", "tensors"}
 _TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
@@ -152,14 +155,24 @@ def save(reg: Regression, *, directory=None) -> Path:
 
 
 def _check_npz(path: Path, limit: int) -> None:
-    """Reject an .npz whose arrays would hold more than ``limit`` bytes, from its zip headers alone."""
+    """Reject an .npz whose arrays would hold more than ``limit`` bytes, from the .npy headers of its
+    members alone (shape and dtype; nothing is allocated), and one that is not a readable zip."""
+    total = 0
     try:
         with zipfile.ZipFile(path) as z:
-            total = sum(info.file_size for info in z.infolist())
-    except (OSError, zipfile.BadZipFile) as exc:
+            for info in z.infolist():
+                with z.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = {(1, 0): np.lib.format.read_array_header_1_0,
+                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    if read is None:
+                        raise ValueError(f"member {info.filename}: .npy format {version} is not supported")
+                    shape, _, dtype = read(member)
+                    total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+    except (OSError, zipfile.BadZipFile, ValueError, TypeError) as exc:
         raise ValueError(f"{path.name}: not a readable .npz ({exc})") from None
     if total > limit:
-        raise ValueError(f"{path.name}: its arrays hold {total} bytes, over the limit of {limit} "
+        raise ValueError(f"{path.name}: its arrays would hold {total} bytes, over the limit of {limit} "
                          "(--max-bytes or PFA_VERIFY_MAX_BYTES)")
 
 
@@ -175,9 +188,34 @@ def _load_npz(path: Path) -> dict:
                 dtype = str(z[f"__dtype__{key}"]) if f"__dtype__{key}" in z.files else None
                 t = torch.from_numpy(np.array(z[key]))
                 out[key] = t.view(_DTYPES[dtype]) if dtype in _DTYPES else t
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, MemoryError) as exc:
         raise ValueError(f"{path.name}: cannot read its tensors ({exc})") from None
     return out
+
+
+_TYPES = {"id": str, "law": str, "backend": str, "case": dict, "params": dict, "tolerance": dict, "message": str,
+          "versions": dict, "created": str, "tensors": (str, type(None))}
+_AT12_INTS = ("q_tile", "k_tile", "head_dim", "seed")
+
+
+def _check_types(name: str, data: dict) -> None:
+    for key, kind in _TYPES.items():
+        if key in data and not isinstance(data[key], kind):
+            raise ValueError(f"{name}: field {key!r} must be {getattr(kind, '__name__', 'a string or null')}, "
+                         f"got {type(data[key]).__name__}")
+    case = data["case"]
+    if case.get("kind") == "at12":
+        bad = [k for k in _AT12_INTS if not (isinstance(case.get(k), int) and not isinstance(case.get(k), bool)
+                                              and case.get(k) >= (0 if k == "seed" else 1))]
+        if bad or not isinstance(case.get("distribution"), str):
+            raise ValueError(f"{name}: an AT-12 case needs positive integers {list(_AT12_INTS)} (seed >= 0) and a "
+                             f"distribution name; bad: {bad or ['distribution']}")
+    if case.get("kind") == "array":
+        shape, values = case.get("shape"), case.get("values")
+        if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)
+                and isinstance(values, list) and len(values) == math.prod(shape)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+            raise ValueError(f"{name}: an array case needs a shape of non-negative ints and that many numbers")
 
 
 def load(id_or_path, *, directory=None) -> Regression:
@@ -201,11 +239,14 @@ def load(id_or_path, *, directory=None) -> Regression:
     if unknown or missing:
         raise ValueError(f"{p.name}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}; "
                          f"expected {sorted(_FIELDS)}")
-    if data.pop("format", None) != FORMAT_VERSION:
-        raise ValueError(f"{p.name}: format must be {FORMAT_VERSION}")
-    case = data.get("case")
-    if not isinstance(case, dict) or not isinstance(data.get("params"), dict):
-        raise ValueError(f"{p.name}: 'case' and 'params' must be objects")
+    fmt = data.pop("format", None)
+    if fmt not in (1, FORMAT_VERSION):
+        raise ValueError(f"{p.name}: format must be 1 or {FORMAT_VERSION}, got {fmt!r}")
+    _check_types(p.name, data)
+    case = data["case"]
+    if fmt == 1 and not data.get("tensors") and (case.get("config") or {}).get("distribution") == "tiny":
+        raise ValueError(f"{p.name}: a format-1 case of distribution 'tiny' without its tensors cannot be rebuilt "
+                         "(make_inputs' 'tiny' changed in format 2); capture it again")
     try:
         reg = Regression(**data)
         probe = _case_from_dict(case, None)          # validates the config; allocates nothing
@@ -244,8 +285,10 @@ def should_capture() -> bool:
     return bool(getattr(current_build_context(), "is_final", True))
 
 
-def replay_command(regression_id: str) -> str:
-    return f"pfa-verify cases replay {regression_id}"
+def replay_command(regression_id: str, directory=None) -> str:
+    """The one command that replays a captured case (naming the folder when it is not the default)."""
+    where = f" --dir {directory}" if directory is not None else ""
+    return f"pfa-verify cases{where} replay {regression_id}"
 
 
 def capture(law: str, backend_name: str, case, params: dict, message: str, *, enabled: bool = True,
@@ -261,7 +304,7 @@ def capture(law: str, backend_name: str, case, params: dict, message: str, *, en
     if not should_capture():
         return None, "Replay: captured once hypothesis has shrunk this example"
     save(reg, directory=directory)
-    command = replay_command(reg.id)
+    command = replay_command(reg.id, directory)
     return command, f"Replay: {command}"
 
 
@@ -281,9 +324,9 @@ def check(law: str, backend, case, *, backend_name: str | None = None, capture_f
         raise AssertionError(f"{message}\n{line}") from None
 
 
-def replay(reg: Regression, backend=None) -> None:
+def replay(reg: Regression, backend=None, *, directory=None) -> None:
     """Run the captured law again, under the rule it was captured under (raises AssertionError ending
-    with the replay line when it still fails)."""
+    with the replay line, naming ``directory`` when given, when it still fails)."""
     __tracebackhide__ = True
     from kernels import get_backend
     from properties import laws
@@ -291,4 +334,4 @@ def replay(reg: Regression, backend=None) -> None:
     try:
         laws.run(reg.law, be, reg.to_case(), **reg.params)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nReplay: {replay_command(reg.id)}") from None
+        raise AssertionError(f"{exc}\nReplay: {replay_command(reg.id, directory)}") from None

@@ -10,7 +10,7 @@ on the backend it was asked for, and every comparison that counts passed. It fai
 - a case was skipped, unless its kind of skip was allowed by name (``--allow-skips KIND,...``, see
   kernels.backends.SKIP_KINDS);
 - ``auto`` fell back to the golden (no kernel checked), unless ``--allow-fallback``;
-- nothing was selected at all.
+- nothing was selected, or nothing was checked (whatever was allowed).
 
 The JSON report (schema: cases/report.schema.json, documented in README.md under "Report schema")
 has one object per case and comparison in ``results``, a ``summary`` whose ``verdict`` line says what
@@ -65,6 +65,8 @@ def summarize(run) -> dict:
     reasons = []
     if not run.results:
         reasons.append("no case was selected, so nothing was checked")
+    elif checked == 0:
+        reasons.append("no case was checked")
     if failing:
         reasons.append(f"{failing} case{'s' if failing != 1 else ''} failed or ended in an error")
     if refused:

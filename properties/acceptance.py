@@ -35,7 +35,7 @@ from properties import compare as cmp
 from properties.attribution import Attribution, attribute
 
 __all__ = ["CATEGORIES", "InputsModified", "Reference", "Judgement", "call", "split_bundle", "judge",
-           "reference_backend"]
+           "reference_backend", "attribution_of"]
 
 CATEGORIES = ("pass", "kernel logic", "backend codec", "E4M3 boundary flip")
 
@@ -75,7 +75,6 @@ def reference_backend(backend):
 class Reference:
     """One comparison of the backend's output with the golden under one codec."""
     reference: str                     # "spec" or the codec's name
-    codec: object                      # golden.codec.Fp8Codec
     comparison: cmp.Comparison
     counts: bool
     category: str                      # one of CATEGORIES
@@ -84,6 +83,11 @@ class Reference:
     message: str                       # the failure text ("" on a pass)
     worst_ratio: float                 # max |k - g| / (atol + rtol |g|) over the elements (inf: misplaced non-finite)
     expected: torch.Tensor = dataclasses.field(repr=False, compare=False)
+    ratio: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)  # per element
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"category={self.category!r} must be one of {CATEGORIES}")
 
     @property
     def passed(self) -> bool:
@@ -107,20 +111,14 @@ class Judgement:
         """The comparison under the backend's own codec (the last one)."""
         return self.references[-1]
 
-    @property
-    def category(self) -> str:
-        """``pass``, or the category of the first counted failure, or ``backend codec`` when the only
-        failure is the spec codec's explained by the backend's codec."""
-        failed = [r for r in self.references if not r.passed]
-        counted = [r for r in failed if r.counts]
-        return counted[0].category if counted else failed[0].category if failed else "pass"
-
     def message(self) -> str:
         """The failure text of every counted failure (empty when the judgement passes)."""
         return "\n\n".join(r.message for r in self.references if r.counts and not r.passed)
 
 
-def _attribution(res, tensors, scalars, codec) -> tuple[Attribution | None, str]:
+def attribution_of(res, tensors, scalars, codec) -> tuple[Attribution | None, str]:
+    """(Attribution, its rendered line) of a failed attention Comparison, read with ``codec``; on an
+    error inside attribution (None, why it is unavailable): attribution never hides the failure."""
     try:
         a = attribute(res.mismatch_mask, tensors, s2_tile=scalars["s2_tile"],
                       softmax_scale=scalars.get("softmax_scale"), codec=codec)
@@ -134,17 +132,17 @@ def _reference(out, expected, *, name: str, codec, s1: int, tensors, scalars, ta
     ratio = cmp.error_ratio(out, expected, kind="attention") if res.attribute is None else None
     worst = float(ratio.max()) if ratio is not None and ratio.numel() else (0.0 if res.passed else math.inf)
     if res.passed:
-        return Reference(name, codec, res, True, "pass", None, None, "", worst, expected)
+        return Reference(name, res, True, "pass", None, None, "", worst, expected, ratio)
     attribution, text, context = None, None, []
     category = "kernel logic"
     if res.attribute is None:
-        attribution, text = _attribution(res, tensors, scalars, codec)
+        attribution, text = attribution_of(res, tensors, scalars, codec)
         context.append(f"Attribution: {text}")
         if attribution is not None and not res.nonfinite and attribution.on_boundary == attribution.mismatched:
             category = "E4M3 boundary flip"
     ident = "Kernel output vs golden" + ("" if name == "spec" else f" under the {name} codec")
     message = cmp.make_mismatch_message(res, identifier=ident, tags=tags, context=context)
-    return Reference(name, codec, res, True, category, attribution, text, message, worst, expected)
+    return Reference(name, res, True, category, attribution, text, message, worst, expected, ratio)
 
 
 def judge(backend, case, *, tags: dict | None = None) -> Judgement:

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["BOUNDARY_ULPS", "Attribution", "attribute", "rounding_boundaries", "near_boundary"]
+__all__ = ["BOUNDARY_ULPS", "Attribution", "attribute", "near_boundary"]
 
 BOUNDARY_ULPS = 4
 
@@ -60,12 +60,6 @@ class Attribution:
         if self.in_cur_zero_rows:
             where += f"; {self.in_cur_zero_rows} in rows with cur == 0 (must be 0)"
         return where + f"; {self.on_boundary} on E4M3 rounding boundaries of P"
-
-
-def rounding_boundaries(codec=None) -> torch.Tensor:
-    """float64, ascending: where ``codec`` (default: the spec codec) moves from one code to the next."""
-    from golden.codec import get_codec
-    return get_codec(codec).rounding_boundaries()
 
 
 def near_boundary(y: torch.Tensor, boundaries: torch.Tensor, ulps: int = BOUNDARY_ULPS) -> torch.Tensor:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = ["TOLERANCES", "Tolerance", "NonFinite", "Comparison", "get_tolerance", "compare",
-           "error_ratio", "make_mismatch_message", "assert_close"]
+           "error_ratio", "max_differences", "make_mismatch_message", "assert_close"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +241,17 @@ def error_ratio(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "at
     r = torch.where(both & (a == e), torch.zeros((), dtype=torch.float32), r)
     same_nonfinite = ~torch.isfinite(a) & ~torch.isfinite(e) & ((a == e) | (torch.isnan(a) & torch.isnan(e)))
     return torch.where(both | same_nonfinite, r, torch.full((), math.inf))
+
+
+def max_differences(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """(greatest |actual - expected|, greatest relative difference over non-zero ``expected``) over the
+    elements where both are finite: the noise a passing comparison still shows (a :class:`Comparison`
+    reports maxima over its mismatches only)."""
+    a, e = _view(actual), _view(expected)
+    both = torch.isfinite(a) & torch.isfinite(e)
+    diff = torch.where(both, (a - e).abs(), torch.zeros((), dtype=a.dtype))
+    rel = torch.where(both & (e != 0), diff / e.abs(), torch.zeros((), dtype=a.dtype))
+    return (float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0)
 
 
 def _pct(n: int, total: int) -> str:

@@ -7,6 +7,9 @@ Options
                    pass); ``--allow-unavailable`` turns that into skips, counted in the summary.
   --device N       NPU device index for the npu backend (else TILE_FWK_DEVICE_ID, else the
                    pytest-xdist worker index).
+  --allow-fallback     with --backend auto, run on the golden when no kernel backend starts (else
+                   the tests fail: such a session checks no kernel).
+  --allow-quarantined  captured cases the ledger quarantines are skips (else failures).
 
 Fixtures: ``backend``; ``check_law(name, case, **params)``, which runs a law of properties.laws on
 the backend under test and captures a failure in cases/regressions (cases.regressions.check).
@@ -49,6 +52,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="NPU device index for the npu backend")
     group.addoption("--allow-unavailable", action="store_true",
                     help="skip (instead of fail) the backend's tests when it cannot run here")
+    group.addoption("--allow-fallback", action="store_true",
+                    help="with --backend auto, let a fall back to the golden (no kernel here) run instead of failing")
+    group.addoption("--allow-quarantined", action="store_true",
+                    help="skip (instead of fail) captured cases the ledger quarantines")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,7 +73,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     import torch
 
-    from cases.report import versions
+    from cases.versions import versions
 
     # From its metadata, never imported: pypto must first be imported by kernels.pypto_workarounds.
     pypto_version = versions()["pypto"] or "not installed"
@@ -100,12 +107,15 @@ def backend(request: pytest.FixtureRequest):
     name = request.config.getoption("--backend")
     device = request.config.getoption("--device")
     try:
-        return kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+        chosen = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
     except kernels.BackendUnavailable as exc:
         message = f"backend {name!r} cannot run here: {exc.reason}"
         if request.config.getoption("--allow-unavailable"):
             pytest.skip(message)
         pytest.fail(message + " (--allow-unavailable skips its tests instead)", pytrace=False)
+    if getattr(chosen, "fallback", False) and not request.config.getoption("--allow-fallback"):
+        pytest.fail(f"{chosen.selection} (--allow-fallback runs the golden instead)", pytrace=False)
+    return chosen
 
 
 @pytest.fixture(scope="session")

@@ -64,3 +64,12 @@ def calculator_codec_logic_bug(**options):
     backend = get_backend("tests/properties/doubles.py:DropLastS2Tile", codec=PYPTO_CALCULATOR_CODEC)
     backend.name = "tests/cases/run_doubles.py:calculator_codec_logic_bug"
     return backend
+
+
+class WritesNothing(GoldenBackend):
+    """A kernel whose run returns without writing its output (a simulator that skipped the work)."""
+    name = "tests/cases/run_doubles.py:WritesNothing"
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
+        from kernels.backends import finish_output, unwritten_output
+        return finish_output(unwritten_output(q.shape), kv_act_seqs, q.shape[0] // kv_act_seqs.shape[0])

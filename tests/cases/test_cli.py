@@ -39,7 +39,7 @@ def test_replay_of_a_failing_capture_exits_1(tmp_path, capsys):
     rid = _capture(tmp_path, backend="tests/properties/doubles.py:WritesToInputs")
     assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 1
     out = capsys.readouterr().out
-    assert "FAIL" in out and out.rstrip().endswith(f"Replay: pfa-verify cases replay {rid}")
+    assert "FAIL" in out and out.rstrip().endswith(f"Replay: pfa-verify cases --dir {tmp_path} replay {rid}")
 
 
 def test_unknown_id_is_an_error(tmp_path, capsys):
@@ -99,3 +99,19 @@ def test_malformed_case_files_are_a_usage_error(tmp_path, capsys, text):
     (tmp_path / "abc.json").write_text(text)
     assert cli.main(["cases", "--dir", str(tmp_path), "replay", "abc"]) == 2
     assert "abc.json" in capsys.readouterr().err
+
+
+def test_a_kernel_that_writes_nothing_is_an_error_everywhere(tmp_path, capsys):
+    backend = "tests/cases/run_doubles.py:WritesNothing"
+    rid = _capture(tmp_path, backend=backend)
+    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 1
+    out = capsys.readouterr().out
+    assert f"ERROR: the {backend} backend raised on this case: KernelRunError: the kernel left 32 of 32" in out
+    assert cli.main(["cases", "--dir", str(tmp_path), "prune"]) == 0
+    assert f"kept {rid}: the {backend} backend raised (KernelRunError" in capsys.readouterr().out
+    report = tmp_path / "r.json"
+    assert cli.main(["run", "--backend", backend, "--cases", "edge_causal_s1_3_short", "--examples", "0",
+                     "--regressions", str(tmp_path / "regs"), "--json", str(report)]) == 1
+    import json
+    result = json.loads(report.read_text())["results"][0]
+    assert result["verdict"] == "error" and "KernelRunError" in result["message"]

@@ -32,7 +32,7 @@ def test_one_table_and_a_picture_per_failure(failing_html):
     assert text.count('<section class="failure') == len(failing)
     rows = re.findall(r"<tr class=\"", text)
     assert len(rows) == sum(len(r.outcomes) for r in run.results)
-    assert "kernel logic" in text and "pfa-verify cases replay" in text
+    assert "kernel logic" in text and "pfa-verify cases --dir " in text
 
 
 def test_self_contained(failing_html):

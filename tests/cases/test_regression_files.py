@@ -56,8 +56,16 @@ def test_npz_is_loaded_without_pickle(tmp_path):
 
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
-    (lambda d: d.update(format=99), "format must be 1"),
-], ids=["unknown field", "future format"])
+    (lambda d: d.update(format=99), "format must be 1 or 2, got 99"),
+    (lambda d: d.update(law=["a"]), "field 'law' must be str, got list"),
+    (lambda d: d.update(tensors=5), "field 'tensors' must be a string or null, got int"),
+    (lambda d: d.update(message=5), "field 'message' must be str, got int"),
+    (lambda d: d.update(law="no_such_law"), "law 'no_such_law' is not a law"),
+    (lambda d: d.update(format=1, tensors=None) or d["case"]["config"].update(distribution="tiny"),
+     "distribution 'tiny' without its tensors cannot be rebuilt"),
+    (lambda d: d["case"]["config"].update(nq=3), "nq=3 must be a multiple of nkv=2"),
+], ids=["unknown field", "future format", "law not a string", "tensors not a name", "message not a string",
+        "unknown law", "format 1 tiny", "bad config"])
 def test_bad_regression_files_are_rejected(tmp_path, edit, match):
     reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
     path = regressions.save(reg, directory=tmp_path)
@@ -78,3 +86,33 @@ def test_ledger_entries_must_cite_an_issue():
         ledger.Finding(("abc",), "flaky on the simulator")
     f = ledger.Finding(("abc",), "P flip on sim, issue 7", backends=("sim",))
     assert ledger.lookup("abc", "sim", [f]) is f and ledger.lookup("abc", "npu", [f]) is None
+
+
+@pytest.mark.parametrize("case", [{"kind": "at12", "q_tile": -1, "k_tile": 3, "head_dim": 16, "distribution": "wide",
+                                   "seed": 0},
+                                  {"kind": "at12", "q_tile": "3", "k_tile": 3, "head_dim": 16, "distribution": "wide",
+                                   "seed": 0},
+                                  {"kind": "array", "shape": [2, 2], "values": [1.0]}],
+                         ids=["at12 negative tile", "at12 string tile", "array of the wrong size"])
+def test_bad_cases_of_other_kinds_are_value_errors(tmp_path, case):
+    reg = regressions.Regression.from_failure("quant_round_trip", "golden", np.ones((1, 1), np.float32), {}, "m")
+    path = regressions.save(reg, directory=tmp_path)
+    data = json.loads(path.read_text())
+    data["case"] = case
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=reg.id):
+        regressions.load(reg.id, directory=tmp_path)
+
+
+def test_npz_whose_header_declares_huge_arrays_is_refused_unread(tmp_path, monkeypatch):
+    """The .npy header says the shape: a member claiming 2^42 float32 is refused before any read."""
+    import io
+    import zipfile
+    reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
+    regressions.save(reg, directory=tmp_path)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**42,)})
+    with zipfile.ZipFile(tmp_path / f"{reg.id}.npz", "w") as z:
+        z.writestr("q.npy", header.getvalue())          # the header (with its magic) and no data
+    with pytest.raises(ValueError, match=r"its arrays would hold 17592186044416 bytes, over the limit"):
+        regressions.load(reg.id, directory=tmp_path)

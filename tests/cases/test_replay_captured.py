@@ -1,6 +1,8 @@
 """Every run replays the captured regressions (cases/regressions/*.json) first, on the backend under
-test. Known failures come from cases/ledger.py: tolerated ones are strict xfails (one that starts
-passing fails, so its entry is removed), quarantined ones are not launched."""
+test, under the rule they were captured under. Known failures come from cases/ledger.py: tolerated
+ones are strict xfails (one that starts passing fails, so its entry is removed); quarantined ones are
+not launched, and fail the session (the case is not checked) unless --allow-quarantined, as in
+``pfa-verify run`` unless --allow-skips quarantined."""
 from __future__ import annotations
 
 import pytest
@@ -23,6 +25,9 @@ def test_captured_regression(backend, regression_id, request):
     known = ledger.lookup(regression_id, backend.name)
     if known is not None:
         if known.quarantined:
-            pytest.skip(f"quarantined: {known.reason}")
+            message = f"quarantined, not checked: {known.reason}"
+            if request.config.getoption("--allow-quarantined"):
+                pytest.skip(message)
+            pytest.fail(message + " (--allow-quarantined skips it)", pytrace=False)
         request.applymarker(pytest.mark.xfail(reason=known.reason, strict=True, raises=AssertionError))
     regressions.replay(regressions.load(regression_id), backend)

@@ -37,7 +37,7 @@ def test_failing_backend_exits_1_captures_and_prints_the_replay(tmp_path, capsys
     ids = regressions.list_ids(directory=tmp_path / "regs")
     assert len(ids) == 2
     for rid in ids:
-        assert f"Replay: pfa-verify cases replay {rid}" in out
+        assert f"Replay: pfa-verify cases --dir {tmp_path / 'regs'} replay {rid}" in out
     r = data["results"][0]
     assert r["verdict"] == "fail" and r["mismatched"] == 1 and r["attribution"] == "kernel logic"
     assert r["worst_index"] == {"row": 0, "b": 0, "i": 0, "head": 1, "d": 3}
@@ -105,14 +105,83 @@ def test_sim_backend_owns_its_limits():
     assert GoldenBackend().skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
 
 
-def test_spent_budget_skips_the_rest(tmp_path):
-    status, data = _run(tmp_path, "--budget", "1", backend=PERTURB, examples=0)
-    # the budget is checked when a case starts; at least one ran, a skipped one says why
-    verdicts = [r["verdict"] for r in data["results"]]
-    assert verdicts[0] == "fail"
-    for r in data["results"]:
-        if r["verdict"] == "skipped":
-            assert "time budget" in r["message"] and r["counts"] is False and r["skip_kind"] == "budget"
+def _clock_jumping_after(monkeypatch, calls: int):
+    """cases.run's time.time: the real clock for ``calls`` calls, then an hour later (a spent budget)."""
+    import time
+    real, seen = time.time, []
+
+    def fake_time():
+        seen.append(1)
+        return real() + (3600 if len(seen) > calls else 0)
+    monkeypatch.setattr(time, "time", fake_time)
+
+
+def test_spent_budget_skips_the_rest_and_fails_unless_allowed(tmp_path, monkeypatch):
+    _clock_jumping_after(monkeypatch, 2)   # the deadline is set, the first case starts, then time is up
+    status, data = _run(tmp_path, "--budget", "60", backend="golden")
+    assert [r["verdict"] for r in data["results"]] == ["pass", "skipped"]
+    skipped = data["results"][1]
+    assert "time budget" in skipped["message"] and skipped["counts"] is False and skipped["skip_kind"] == "budget"
+    assert status == 1 and data["summary"]["skipped_by_kind"] == {"budget": 1}
+    _clock_jumping_after(monkeypatch, 2)
+    status, data = _run(tmp_path, "--budget", "60", "--allow-skips", "budget", backend="golden")
+    assert status == 0 and data["summary"]["checked_cases"] == 1
+
+
+def test_a_run_whose_allowed_skips_left_nothing_checked_still_fails(tmp_path):
+    status, data = _run(tmp_path, "--allow-skips", "all", backend="tests/cases/run_doubles.py:SmallOnly",
+                        cases="pfa_fp8_b2_s1_1_s2_1k")
+    assert status == 1 and data["summary"]["verdict"].endswith("-> FAILED: no case was checked")
+
+
+def _ledger_case(tmp_path, monkeypatch, backend: str, **finding):
+    """A captured acceptance case of the two small catalog shapes, in a ledger entry of its own."""
+    from cases import ledger
+    reg = regressions.Regression.from_failure("acceptance", backend, load_catalog()["edge_causal_s1_3_short"], {},
+                                              "captured")
+    regressions.save(reg, directory=tmp_path / "regs")
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding((reg.id,), "known, issue 9", **finding),))
+    return reg.id
+
+
+def test_ledger_tolerated_failure_runs_and_is_not_counted(tmp_path, monkeypatch):
+    rid = _ledger_case(tmp_path, monkeypatch, PERTURB)
+    status, data = _run(tmp_path, backend=PERTURB, cases=rid, examples=0)
+    r = data["results"][0]
+    assert status == 0 and r["verdict"] == "fail" and r["counts"] is False
+    assert "Known failure (ledger): known, issue 9" in r["message"]
+
+
+def test_ledger_tolerated_case_that_passes_fails_the_run(tmp_path, monkeypatch):
+    rid = _ledger_case(tmp_path, monkeypatch, "golden")
+    status, data = _run(tmp_path, backend="golden", cases=rid, examples=0)
+    assert status == 1 and data["results"][0]["counts"] is True
+    assert data["results"][0]["message"].startswith("ledger entry no longer fails: remove it")
+
+
+def test_ledger_tolerated_codec_only_difference_is_a_pass_under_the_one_rule(tmp_path, monkeypatch):
+    """Only the uncounted spec comparison fails: under the one rule the case passes, so the entry is stale."""
+    rid = _ledger_case(tmp_path, monkeypatch, CODEC)
+    status, data = _run(tmp_path, backend=CODEC, cases=rid, examples=0)
+    assert status == 1 and "ledger entry no longer fails" in data["results"][0]["message"]
+
+
+def test_ledger_tolerated_case_that_was_skipped_stays_a_skip(tmp_path, monkeypatch):
+    rid = _ledger_case(tmp_path, monkeypatch, "golden")
+    _clock_jumping_after(monkeypatch, 1)
+    status, data = _run(tmp_path, "--budget", "60", backend="golden", cases=rid, examples=0)
+    r = data["results"][0]
+    assert (r["verdict"], r["skip_kind"], status) == ("skipped", "budget", 1)
+    assert data["summary"]["checked_cases"] == 0
+
+
+def test_ledger_quarantined_case_is_not_launched(tmp_path, monkeypatch):
+    rid = _ledger_case(tmp_path, monkeypatch, "golden", quarantined=True)
+    status, data = _run(tmp_path, backend="golden", cases=f"{rid},edge_tail_tile_3_tokens", examples=0)
+    assert (data["results"][0]["verdict"], data["results"][0]["skip_kind"], status) == ("skipped", "quarantined", 1)
+    status, data = _run(tmp_path, "--allow-skips", "quarantined", backend="golden",
+                        cases=f"{rid},edge_tail_tile_3_tokens", examples=0)
+    assert status == 0
 
 
 # --- no false green --------------------------------------------------------------------------------
@@ -164,7 +233,7 @@ def test_no_capture_says_so_instead_of_naming_an_id(tmp_path, capsys):
     status, data = _run(tmp_path, "--no-capture", backend=PERTURB, cases="edge_causal_s1_3_short")
     assert status == 1 and not regressions.list_ids(directory=tmp_path / "regs")
     assert "Not captured (--no-capture)" in data["results"][0]["message"]
-    assert "pfa-verify cases replay" not in capsys.readouterr().out
+    assert " replay " not in capsys.readouterr().out
 
 
 def test_a_captured_case_that_cannot_load_is_an_error_not_a_crash(tmp_path):

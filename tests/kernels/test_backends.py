@@ -296,3 +296,33 @@ def test_calculator_errors_are_found_in_the_captured_output():
     text = ("Unrecognized DataTypeDT_FP8E4M3\n" * 3 + "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ\n")
     assert calculator_error(text) == "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ"
     assert calculator_error("Unrecognized DataTypeDT_FP8E4M3\nAICore End-to-End Time: 30.95\n") is None
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["fallback", "allow-fallback"])
+def test_backend_fixture_fails_a_session_that_fell_back_to_the_golden(tmp_path, allow):
+    """--backend auto that finds no kernel backend gives the golden with `fallback` set: the tests that
+    need the backend fail with auto's reasons unless --allow-fallback (then they run on the golden)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
+    (tmp_path / "test_it.py").write_text("def test_it(backend):\n    assert backend.name == 'golden'\n")
+    (tmp_path / "fell_back.py").write_text(
+        "from kernels.backends.golden_backend import GoldenBackend\n"
+        "def auto(**options):\n"
+        "    backend = GoldenBackend()\n"
+        "    backend.fallback, backend.selection = True, 'auto fell back to the golden: no kernel (not sim: test)'\n"
+        "    return backend\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "--backend", f"{tmp_path / 'fell_back.py'}:auto", *(["--allow-fallback"] if allow else []),
+                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    if allow:
+        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode == 1 and "1 error" in proc.stdout, proc.stdout + proc.stderr
+        assert "auto fell back to the golden: no kernel (not sim: test) (--allow-fallback" in proc.stdout

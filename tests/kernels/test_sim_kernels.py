@@ -5,7 +5,7 @@
 - execute: small cases run by the calculator, held to the one acceptance rule (properties.acceptance:
   the comparison under the calculator codec decides and must pass; the spec-codec one is reported and
   attributed to the backend codec, a test of its own that documents the gap)
-- AT-12 variants (bf16, fp16, fp8 + dequant_after, a tail tile)
+- AT-12 variants through the at12_acceptance law (bf16, fp8 + dequant_after, a tail tile) and fp16
 - every call leaves its inputs unchanged (clones taken before the call)
 """
 from __future__ import annotations
@@ -15,8 +15,10 @@ import torch
 
 import golden
 from properties import compare as cmp
-from properties.acceptance import judge
+from properties import laws
+from properties.acceptance import call, judge, reference_backend
 from properties.case import Case
+from properties.strategies import At12Case
 from cases.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
 from cases.catalog import load_catalog
 from kernels.compile_inputs import compile_inputs
@@ -28,10 +30,10 @@ def upstream_config(name: str):
     return load_catalog()[name].config
 
 
-def _assert_unchanged(before: dict, after: dict, call: str):
+def _assert_unchanged(before: dict, after: dict, what: str):
     for name, value in before.items():
         if isinstance(value, torch.Tensor):
-            cmp.assert_close(after[name], value, kind="exact", identifier=f"Input {name} after {call} vs before")
+            cmp.assert_close(after[name], value, kind="exact", identifier=f"Input {name} after {what} vs before")
 
 
 def test_small_upstream_case_reports_cost_model_figures(pypto_module):
@@ -99,25 +101,18 @@ def test_rows_with_nothing_visible_are_zero(sim_backend):
     assert torch.count_nonzero(out[0, 1]) > 0
 
 
-def _at12_inputs(kind: str, k_len: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    q = torch.rand(16, 128, generator=g) * 2 - 1
-    k = torch.rand(k_len, 128, generator=g) * 2 - 1
-    if kind == "fp8":
-        codec = golden.PYPTO_CALCULATOR_CODEC
-        q_scale = q.abs().amax(-1, keepdim=True) / 448
-        k_scale = k.abs().amax(-1, keepdim=True) / 448
-        return dict(q=codec.to_fp8(q / q_scale), k=codec.to_fp8(k / k_scale), q_scale=q_scale, k_scale=k_scale)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind]
-    return dict(q=q.to(dtype), k=k.to(dtype))
+@pytest.mark.parametrize("fp8,k_len", [(False, 128), (False, 200), (True, 128), (True, 200)],
+                         ids=["bf16-128", "bf16-200-tail", "fp8-128", "fp8-200-tail"])
+def test_at12_acceptance(sim_backend, fp8, k_len):
+    """The at12_acceptance law (SPEC §6) on the sim kernel: BF16, and FP8 with dequant after; 200 is a
+    tail tile."""
+    laws.run("at12_acceptance", sim_backend, At12Case(16, k_len, 128, "uniform", 0), fp8=fp8)
 
 
-@pytest.mark.parametrize("kind,k_len", [("bf16", 128), ("bf16", 200), ("fp16", 256), ("fp8", 128), ("fp8", 200)],
-                         ids=lambda v: str(v))
-def test_at12_matches_golden(sim_backend, kind, k_len):
-    kwargs = _at12_inputs(kind, k_len)
-    before = {k: v.clone() for k, v in kwargs.items()}
-    out = sim_backend.qk_matmul_scale(**kwargs)
-    expected = golden.qk_matmul_scale(**before, codec=golden.PYPTO_CALCULATOR_CODEC)
-    cmp.assert_close(out, expected, identifier=f"sim AT-12 {kind} k_len={k_len}", kind="at12")
-    _assert_unchanged(before, kwargs, f"sim qk_matmul_scale {kind}")
+def test_at12_fp16(sim_backend):
+    """FP16 operands (the law draws BF16 only): the same comparison, against the golden under the
+    backend's codec, through the checked call."""
+    q, k = (t.to(torch.float16) for t in At12Case(16, 256, 128, "normal", 1).operands())
+    out = call(sim_backend, dict(q=q, k=k), op="qk_matmul_scale")
+    cmp.assert_close(out, reference_backend(sim_backend).qk_matmul_scale(q=q, k=k), kind="at12",
+                     identifier="sim AT-12 fp16 vs golden")

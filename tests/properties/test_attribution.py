@@ -6,7 +6,7 @@ import math
 import torch
 
 import golden
-from properties.attribution import attribute, near_boundary, rounding_boundaries
+from properties.attribution import attribute, near_boundary
 
 
 def _ulp_above(x: float) -> float:
@@ -14,7 +14,7 @@ def _ulp_above(x: float) -> float:
 
 
 def test_boundaries_of_the_spec_codec_are_its_grid_midpoints():
-    b = rounding_boundaries()
+    b = golden.SPEC_CODEC.rounding_boundaries()
     codes = torch.arange(0, 0x7F, dtype=torch.uint8)          # +0 up to 448
     grid = golden.SPEC_CODEC.decode(codes).double()
     mids = (grid[:-1] + grid[1:]) / 2
@@ -28,7 +28,7 @@ def test_boundaries_of_the_spec_codec_are_its_grid_midpoints():
 def test_boundaries_of_the_calculator_include_its_integer_rounding():
     """The calculator rounds to an integer first (tests/kernels/test_calculator_codec.py), so 0.5,
     1.5, 2.5 ... are where its codes change, and nothing changes below 0.5."""
-    b = rounding_boundaries(golden.PYPTO_CALCULATOR_CODEC)
+    b = golden.PYPTO_CALCULATOR_CODEC.rounding_boundaries()
     assert float(b[0]) == _ulp_above(0.5) and float(b[1]) == 1.5
     assert float(b[-1]) == _ulp_above(232.5)                # 232.5 -> 232 (even); above -> 240 (saturated)
     codec = golden.PYPTO_CALCULATOR_CODEC
@@ -38,7 +38,7 @@ def test_boundaries_of_the_calculator_include_its_integer_rounding():
 
 
 def test_near_boundary_counts_float32_ulps():
-    b = rounding_boundaries()
+    b = golden.SPEC_CODEC.rounding_boundaries()
     m = torch.tensor([1.0625], dtype=torch.float32)   # midpoint of 1.0 and 1.125
     assert bool(near_boundary(m, b))
     assert bool(near_boundary(torch.nextafter(m, torch.tensor(2.0)), b))
