@@ -63,4 +63,4 @@ def test_skips_are_listed_with_their_reason(tmp_path):
     text = html_report.render_html(run)
     assert "<h2>Not checked: skipped (1)</h2>" in text
     assert "limit (not allowed: fails the run): edge_causal_s1_3_short: too big here" in text
-    assert "FAILED: 1 case was not checked" in text
+    assert "1 case was not checked (skips of kind limit are not allowed" in text
