@@ -124,10 +124,11 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=_count, default=None, help="NPU index (npu: the first of the workers')")
     parser.add_argument("--workers", type=_count, default=1, help="processes (npu: one device each)")
     parser.add_argument("--budget", type=_count, default=None, metavar="SECONDS",
-                        help="skip the cases that would start after this many seconds (0: no limit; "
-                             "default: the backend's, 240 on sim, else no limit)")
-    parser.add_argument("--max-scores", type=_count, default=None, metavar="N",
-                        help="sim: skip cases with more than N scores B*S1*NQ*S2 (0: no limit; default 32768)")
+                        help="do not start a case that the backend estimates would end after this many seconds "
+                             "of the run (0: no limit; default: the backend's, 600 on sim, else no limit)")
+    parser.add_argument("--max-seconds", type=_count, default=None, metavar="S",
+                        help="sim: skip cases the backend's cost model estimates over S seconds (0: no limit; "
+                             "default: no limit)")
     parser.add_argument("--allow-skips", type=_skip_kinds, default=(), metavar="KIND,...",
                         help=f"skips of these kinds do not fail the run: {', '.join(SKIP_KINDS)}, or all "
                              "(default: none; every case asked for must be checked)")

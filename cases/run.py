@@ -29,8 +29,8 @@ import torch
 
 from cases.collect import Item, collect_items
 
-__all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "execute",
-           "RATIO_BINS"]
+__all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "schedule", "estimate",
+           "execute", "RATIO_BINS"]
 
 # Bins of |actual - golden| / (atol + rtol * |golden|): 1 is the tolerance (SPEC §4).
 RATIO_BINS = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1e3, math.inf)
@@ -88,7 +88,7 @@ class RunResult:
 
 # --- the backend ---------------------------------------------------------------------------------
 
-def choose_backend(name: str, *, device=None, max_scores: int | None = None):
+def choose_backend(name: str, *, device=None, max_seconds: float | None = None):
     """``(backend, name to replay it by, one line saying what was chosen and why)``.
 
     ``auto`` is :func:`kernels.get_backend`'s: npu, else sim, else the golden (``backend.fallback``).
@@ -97,8 +97,8 @@ def choose_backend(name: str, *, device=None, max_scores: int | None = None):
     import kernels
 
     backend = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
-    if max_scores is not None and hasattr(backend, "max_scores"):
-        backend.max_scores = max_scores
+    if max_seconds is not None and hasattr(backend, "max_seconds"):
+        backend.max_seconds = max_seconds or None        # 0: no limit
     note = getattr(backend, "selection", None) or f"backend {backend.name} (as asked)"
     replay_name = backend.name if name == "auto" else name
     return backend, replay_name, note
@@ -175,6 +175,24 @@ def _run_regression_law(backend, item: Item, regressions_dir) -> list:
     return [Outcome("spec", "pass", message=f"law {reg.law} holds")]
 
 
+def estimate(backend, item: Item):
+    """The backend's cost estimate of a paged case (``backend.estimate(config)``), or None."""
+    cost = getattr(backend, "estimate", None)
+    return cost(item.case.config) if callable(cost) and item.case is not None else None
+
+
+def _over_budget(backend, item: Item, deadline: float) -> str | None:
+    """Why ``item`` should not start with ``deadline`` ahead: the budget is spent, or the backend's
+    estimate says the case would end after it."""
+    left = deadline - time.time()
+    if left <= 0:
+        return "the run's time budget is spent (--budget; 0 = no limit)"
+    cost = estimate(backend, item)
+    if cost is not None and cost.seconds > left:
+        return f"estimated {cost.describe()}, over the {left:.0f} s left of the run's time budget (--budget)"
+    return None
+
+
 def _skipped(skip) -> list:
     return [Outcome("spec", "skipped", counts=False, message=f"skipped: {skip.reason}", skip_kind=skip.kind)]
 
@@ -195,8 +213,8 @@ def run_item(backend, backend_name: str, item: Item, *, capture: bool = True, re
     skip = None
     if item.load_error is not None:
         outcomes = _error(f"the captured case cannot be loaded: {item.load_error}")
-    elif deadline is not None and time.time() > deadline:
-        skip = Skip("budget", "the run's time budget is spent (--budget; 0 = no limit)")
+    elif deadline is not None and (why_not := _over_budget(backend, item, deadline)):
+        skip = Skip("budget", why_not)
     elif known is not None and known.quarantined:
         skip = Skip("quarantined", f"quarantined: {known.reason}")
     elif item.case is not None:
@@ -242,7 +260,7 @@ def _worker_init(backend_name: str, device, slots, options: dict) -> None:
     index = slots.get() if slots is not None else 0
     dev = (device or 0) + index if backend_name == "npu" else None   # one NPU per worker
     try:
-        backend, _, _ = choose_backend(backend_name, device=dev, max_scores=options.get("max_scores"))
+        backend, _, _ = choose_backend(backend_name, device=dev, max_seconds=options.get("max_seconds"))
         _WORKER.update(backend=backend, error=None)
     except Exception as exc:  # noqa: BLE001 - reported as an error for each of its cases
         reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
@@ -259,9 +277,18 @@ def _worker_run(item: Item) -> CaseResult:
                     regressions_dir=opts["regressions_dir"], deadline=opts["deadline"])
 
 
+def schedule(backend, items: list) -> list[int]:
+    """The order workers take items in: captured regressions first (as in a serial run), then the rest
+    longest first by the backend's estimate (greedy packing onto the workers; ties keep case order)."""
+    def key(k: int):
+        cost = estimate(backend, items[k])
+        return (items[k].source != "regression", -(cost.seconds if cost is not None else 0.0), k)
+    return sorted(range(len(items)), key=key)
+
+
 def run_items(backend, backend_name: str, items: list, *, workers: int = 1, device=None, capture: bool = True,
               regressions_dir=None, progress=None, deadline: float | None = None,
-              max_scores: int | None = None) -> list:
+              max_seconds: float | None = None) -> list:
     """Results in ``items`` order. ``progress(event, item, result)`` sees ``start`` and ``done``.
     With ``workers`` > 1 each spawned worker builds its own backend by name; one that cannot turns
     each of its cases into an ``error`` (never a skip)."""
@@ -279,14 +306,14 @@ def run_items(backend, backend_name: str, items: list, *, workers: int = 1, devi
     slots = ctx.Queue()
     for k in range(workers):
         slots.put(k)
-    options = dict(capture=capture, regressions_dir=regressions_dir, deadline=deadline, max_scores=max_scores)
+    options = dict(capture=capture, regressions_dir=regressions_dir, deadline=deadline, max_seconds=max_seconds)
     results: dict = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
                              initargs=(backend_name, device, slots, options)) as pool:
         futures = {}
-        for k, item in enumerate(items):
-            futures[pool.submit(_worker_run, item)] = k
-            note("start", item, None) if k < workers else None
+        for n, k in enumerate(schedule(backend, items)):
+            futures[pool.submit(_worker_run, items[k])] = k
+            note("start", items[k], None) if n < workers else None
         for fut in as_completed(futures):
             k = futures[fut]
             try:
@@ -305,7 +332,7 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     was chosen, before the first case starts. kernels.BackendUnavailable propagates: a backend that
     cannot start checks nothing."""
     start = time.perf_counter()
-    backend, name, why = choose_backend(options.backend, device=options.device, max_scores=options.max_scores)
+    backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
     supported = getattr(backend, "supported_shapes", None)
     items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
                           regressions_dir=options.regressions)
@@ -315,7 +342,7 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     deadline = time.time() + budget if budget else None
     results = run_items(backend, name, items, workers=options.workers, device=options.device,
                         capture=not options.no_capture, regressions_dir=options.regressions, progress=progress,
-                        deadline=deadline, max_scores=options.max_scores)
+                        deadline=deadline, max_seconds=options.max_seconds)
     return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
                      options.seed, results, time.perf_counter() - start,
                      "pfa-verify run " + " ".join(sys.argv[2:]), fallback=bool(getattr(backend, "fallback", False)),

@@ -215,14 +215,16 @@ class Fp8Codec:
         return self.decode(x, dtype)
 
     def rounding_boundaries(self) -> torch.Tensor:
-        """float64, ascending: every non-negative float32 at which ``encode`` moves to the next code.
+        """float64, ascending: every non-negative float32 at which ``round`` moves to the next value.
 
-        The points a value one float32 ulp away from may encode differently, whatever the codec's
+        The points a value one float32 ulp away from may read back differently, whatever the codec's
         rule (the spec codec's grid midpoints; the calculator's integer rounding at k + 0.5 as
-        well). Found from ``encode`` itself, so it cannot drift from the rule: encode is monotone in
-        |x|, and float32 bit patterns of non-negative values are ordered like the values, so each
-        code change is located on a coarse grid of patterns (adjacent changes lie at least 2^15 ulps
-        apart for every codec here) and then bisected to the exact first pattern of the new code.
+        well). Found from ``encode`` and ``decode`` themselves, so they cannot drift from the rule:
+        the value read back is monotone in |x|, and float32 bit patterns of non-negative values are
+        ordered like the values, so each change is located on a coarse grid of patterns (adjacent
+        changes lie at least 2^15 ulps apart for every codec here) and then bisected to the exact
+        first pattern of the new value. (Two codes that read the same, like the calculator's 0x77 and
+        0x7E, are one value: no boundary between them.)
         """
         cached = getattr(self, "_boundaries", None)
         if cached is not None:
@@ -230,8 +232,8 @@ class Fp8Codec:
         top = int(torch.tensor(2.0 * max(self.max_value, 448.0), dtype=torch.float32).view(torch.int32))
         grid = torch.arange(0, top, 1024, dtype=torch.int64)
 
-        def code(bits: torch.Tensor) -> torch.Tensor:
-            return self.encode(bits.to(torch.int32).view(torch.float32)).to(torch.int64)
+        def code(bits: torch.Tensor) -> torch.Tensor:   # the value read back, as comparable bits
+            return self.decode(self.encode(bits.to(torch.int32).view(torch.float32))).view(torch.int32)
 
         codes = code(grid)
         jump = (codes[1:] != codes[:-1]).nonzero().reshape(-1)
@@ -270,10 +272,15 @@ class PyptoCalculatorE4M3(Fp8Codec):
     - decode: E4M3FN for every code except the 16 with exponent field 15 (0x78-0x7F and
       0xF8-0xFF), which read as +-240: the calculator treats the top binade as saturated.
     - encode: the value is first rounded to an integer (half to even; the calculator's cast treats
-      FP8 as a non-float target), then to the E4M3 grid (nearest even); a result of 240 or more
-      saturates to code 0x7E / 0xFE, which this same codec reads back as 240.
+      FP8 as a non-float target). An integer of 240 or more saturates to code 0x7E / 0xFE, which this
+      same codec reads back as 240; a smaller one is rounded to the E4M3 grid (nearest even), so 233
+      to 239 give 240 as code 0x77 / 0xF7 (also read back as 240).
     - NaN encodes to 0x7E / 0xFE (+-240, the NaN's sign bit kept), not to a NaN code: measured
       through the calculator by tests/kernels/test_calculator_codec.py::test_encode_every_value_class.
+
+    The codes are the cast's own. The unpatched 0.2.0 calculator also re-encoded every FP8 copy,
+    which turned 0x77 into 0x7E on the way to memory; our build copies FP8 bytes
+    (kernels/pypto_workarounds.py W10), and the decoded values are the same either way.
     """
 
     name = "pypto-0.2.0-calculator"
@@ -287,9 +294,10 @@ class PyptoCalculatorE4M3(Fp8Codec):
         return table
 
     def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
-        rounded = _round_to_e4m3_grid(torch.round(magnitude))
-        saturated = rounded >= self.max_value
-        return torch.where(saturated, 0x7E, _e4m3_code_of(torch.where(saturated, 0.0, rounded)))
+        integer = torch.round(magnitude)
+        saturated = integer >= self.max_value          # checked on the integer, before the grid
+        rounded = _round_to_e4m3_grid(torch.where(saturated, 0.0, integer))
+        return torch.where(saturated, 0x7E, _e4m3_code_of(rounded))
 
     def _nan_code(self) -> int:
         return 0x7E  # the calculator saturates NaN like any value >= 240 (sign bit ORed in by encode)

@@ -33,10 +33,31 @@ package: the platform fix works on a private overlay, the others patch objects i
                     pypto's global state.           test_compile_after_failed_compile
   W8 cost model     the SIM-mode cost model that runs after the compile (CostModelRunOnceDataFromHost)
                     dies with SIGSEGV on large grids (pfa_fp8_b16_s1_1_s2_8195_nkv_2, B=16 x 65
-                    tiles x 2 heads), taking the process with it. The calculator's output reaches
-                    `out` only during that run, so execute runs keep it; compile-only runs skip it
-                    (sim_session(cost_model=False)).
+                    tiles x 2 heads), taking the process with it: with upstream's
+                    stitch_function_max_num=512 its device task queues overflow
+                    (DeviceTaskContext::BuildReadyQueueForFunc writes past a fixed-size ready queue;
+                    gdb, 2026-11-30; 128 completes). Compile-only runs skip it
+                    (sim_session(cost_model=False)); execute runs no longer need it (W9).
                                                     test_cost_model_is_optional
+  W9 execute        pypto 0.2.0's SIM path compiles on every call (parse, trace, pass pipeline,
+                    codegen: 4-7 s for our kernel) and then runs the cost model (1.8-2.5 s, memory
+                    kept until exit), though the numbers come from neither: the calculator runs on
+                    the traced tensor graph inside the trace (RecordFunc::EndFunction ->
+                    Program::VerifyTensorGraph). W9a: execute kernels stop after the trace
+                    (host option compile_stage=TENSOR_GRAPH) and the result is copied back from
+                    pypto's ProgramData (kernels/pypto_native.py). W9b: the traced graph stays valid,
+                    so a later call with the same static signature (non-tensor arguments, dtypes,
+                    static dims; B and NB may change) re-runs only the calculator on the new tensors.
+                    After each run the calculator's kept intermediates are freed.
+                                                    test_execute_reuses_the_traced_graph
+  W10 fp8 copies    the calculator copies every FP8 view (the interpreter starts each leaf frame that
+                    reads an input with a view of the whole input) by decoding source and destination
+                    to float32 and re-encoding element by element: time grows as tile iterations x
+                    cache size (127 s for pfa_fp8_b16_s1_1_s2_8k_nkv_1, 466 s for 8k_nkv_2). Our build
+                    of the calculator (W4) patches a copy of its sources so that a same-type FP8
+                    Copy or Reshape copies bytes; decoded values are unchanged (decode(encode(decode(c)))
+                    = decode(c) for all 256 codes).
+                                                    test_fp8_copies_keep_their_bytes
 """
 from __future__ import annotations
 
@@ -63,6 +84,8 @@ __all__ = [
     "sim_session",
     "RunCapture",
     "build_calculator",
+    "execute_kernel",
+    "forget_traces",
 ]
 
 SUPPORTED_PYPTO_VERSION = "0.2.0"
@@ -291,7 +314,60 @@ def _calculator_dir() -> Path:
     import torch
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return cache_root() / f"calculator-pypto{SUPPORTED_PYPTO_VERSION}-torch{torch.__version__}-abi{abi}"
+    patches = hashlib.sha256(repr(_CALCULATOR_PATCHES).encode()).hexdigest()[:8]
+    return cache_root() / f"calculator-pypto{SUPPORTED_PYPTO_VERSION}-torch{torch.__version__}-abi{abi}-w10{patches}"
+
+
+# --- W10: same-type FP8 copies in the calculator copy bytes -------------------------------------------
+# calc_torch.cpp's Copy and Reshape read FP8 operands through Fp8ToFloat32 (about 15 torch ops per
+# tensor) and write them back through a scalar re-encode. pypto's interpreter starts every leaf frame
+# that reads a global input with a view of the whole input, executed as such a Copy, so each frame
+# paid O(NB * BS * NKV * D) on the paged caches (perf: 56% of a 256_nkv_4 execute in the decode's torch
+# ops, 12% in the scalar encode). A byte copy gives the same decoded values. What it does not repeat is
+# the re-encode's canonicalisation: a code the calculator reads as +-240 used to leave every copy as
+# 0x7E / 0xFE and now keeps its byte (golden.codec.PyptoCalculatorE4M3 models the cast's own codes).
+_CALCULATOR_PATCHES = (
+    ("static void Copy(const TensorData &out, const TensorData &self, bool trans) {\n",
+     "    if (!trans && out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"
+     "        !out.isAxisCombine && !self.isAxisCombine) {  // pfa-verify W10: bytes, same decoded values\n"
+     "        auto o = torch::from_blob(out.dataPtr, out.rawShape, torch::kUInt8)\n"
+     "                     .as_strided(out.shape, out.stride, out.storageOffset);\n"
+     "        auto s = torch::from_blob(self.dataPtr, self.rawShape, torch::kUInt8)\n"
+     "                     .as_strided(self.shape, self.stride, self.storageOffset);\n"
+     "        o.copy_(s);\n"
+     "        return;\n"
+     "    }\n"),
+    ("static void Reshape(const TensorData &out, const TensorData &self) {\n",
+     "    if (out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"
+     "        !out.isAxisCombine && !self.isAxisCombine) {  // pfa-verify W10: bytes, same decoded values\n"
+     "        auto o = torch::from_blob(out.dataPtr, out.rawShape, torch::kUInt8)\n"
+     "                     .as_strided(out.shape, out.stride, out.storageOffset);\n"
+     "        auto s = torch::from_blob(self.dataPtr, self.rawShape, torch::kUInt8)\n"
+     "                     .as_strided(self.shape, self.stride, self.storageOffset);\n"
+     "        o.copy_(torch::reshape(s, out.shape));\n"
+     "        return;\n"
+     "    }\n"),
+)
+
+
+def _patched_calculator_sources(src: Path, target: Path) -> Path:
+    """W10. A copy of the wheel's calculator sources with _CALCULATOR_PATCHES inserted at the top of
+    each function they name, next to a link to the wheel's libc_sec.so (the CMake file looks for it
+    one folder up). Never edits the installed package."""
+    lib = target / "lib"
+    shutil.rmtree(lib, ignore_errors=True)
+    lib.mkdir(parents=True)
+    (lib / "libc_sec.so").symlink_to(src.parent / "libc_sec.so")
+    dst = lib / "calculator"
+    shutil.copytree(src, dst)
+    path = dst / "src" / "calc_torch.cpp"
+    text = path.read_text()
+    for head, body in _CALCULATOR_PATCHES:
+        if text.count(head) != 1:
+            raise PyptoUnavailable(f"W10: the calculator source has changed; {head.strip()!r} not found once")
+        text = text.replace(head, head + body)
+    path.write_text(text)
+    return dst
 
 
 def build_calculator(*, force: bool = False) -> tuple[Path, float]:
@@ -313,7 +389,7 @@ def build_calculator(*, force: bool = False) -> tuple[Path, float]:
         if lib.exists() and not force:
             return lib, 0.0
         start = time.perf_counter()
-        src = _installed_pypto_dir() / "lib" / "calculator"
+        src = _patched_calculator_sources(_installed_pypto_dir() / "lib" / "calculator", target)
         build = target / "build"
         shutil.rmtree(build, ignore_errors=True)
         cmake = shutil.which("cmake")
@@ -417,6 +493,7 @@ def reset_pypto_state() -> None:
     pypto = _STATE.get("pypto")
     if pypto is None:
         return
+    forget_traces()   # W9: Reset frees the traced graph
     impl = pypto.pypto_impl
     with contextlib.suppress(Exception):
         impl.Reset()
@@ -471,3 +548,79 @@ def sim_session(*, keep_output: bool = False, cost_model: bool = True):
             if hasattr(failed, "add_note"):
                 failed.add_note("pypto output (last 4000 characters):\n" + capture.text[-4000:])
             raise failed
+
+
+# --- W9: execute = trace + calculator; the calculator alone on a kept tensor graph --------------------
+
+@dataclass
+class _Trace:
+    """The traced graph W9b may re-run: valid while it is Program's last function and the wrapper's
+    parser (which owns the Tensor objects its start arguments refer to) is the one that traced it."""
+    wrapper: object
+    key: tuple
+    function: int
+    parser: object
+
+
+def _signature(wrapper, args) -> tuple:
+    """Everything static about one call: non-tensor values, each tensor's dtype and non-dynamic dims."""
+    import torch
+
+    pypto = _STATE["pypto"]
+    defs = wrapper._cached_signature[0]
+    statics = []
+    for t, d in zip(args[:len(defs)], defs):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"W9: argument {d.name} must be a torch.Tensor, got {type(t).__name__}")
+        dynamic = {i for i, dim in enumerate(d.shape) if isinstance(dim, pypto.SymbolicScalar)
+                   or dim in (pypto.StatusType.DYN, pypto.StatusType.DYNAMIC)}
+        statics.append((str(t.dtype), tuple(-1 if i in dynamic else int(n) for i, n in enumerate(t.shape))))
+    return tuple(statics), tuple(repr(a) for a in args[len(defs):])
+
+
+def execute_kernel(wrapper, args) -> str:
+    """W9. Run a pass-verify kernel (a pypto.frontend.jit wrapper) on ``args`` and return "trace" (the
+    first call of its static signature: trace + calculator, no pass pipeline, no cost model) or
+    "reverify" (the calculator alone on the kept graph). Call inside sim_session(). The result is in
+    the caller's tensors when it returns; a calculator failure raises RuntimeError."""
+    import torch
+
+    from kernels import pypto_native
+
+    pypto = load_pypto()
+    handles = pypto_native.native(pypto, cache_root())
+    destinations = [(a.data_ptr(), a.numel() * a.element_size()) for a in args if isinstance(a, torch.Tensor)]
+    key = _signature(wrapper, args)
+    kept = _STATE.get("trace")
+    if (handles.verify is not None and kept is not None and kept.wrapper is wrapper and kept.key == key
+            and kept.function == pypto_native.last_function(handles) and kept.parser is wrapper._parser):
+        defs = wrapper._cached_signature[0]
+        tensors = wrapper._convert_tensors_with_metadata(list(args[:len(defs)]), defs)
+        with pypto.options("jit_scope"):
+            wrapper._set_config_option()
+            wrapper._setup_verify_data(tensors)          # W3: ProgramData := copies of these tensors
+            error = ctypes.create_string_buffer(4096)
+            failed = handles.verify(error, len(error))
+        if failed:
+            forget_traces()
+            raise RuntimeError("W9: pypto's calculator failed: " + error.value.decode(errors="replace"))
+        pypto_native.copy_back(handles, destinations)
+        pypto_native.release(handles)
+        return "reverify"
+    forget_traces()
+    wrapper._host_options = dict(wrapper._host_options or {}, compile_stage=pypto.CompStage.TENSOR_GRAPH)
+    # The cost-model hook would return at once at this stage; in its place, the copy back.
+    wrapper._run_with_cpu = lambda in_tensors, out_tensors: pypto_native.copy_back(handles, destinations)
+    try:
+        wrapper(*args)
+    finally:
+        del wrapper._run_with_cpu
+    pypto_native.release(handles)
+    if handles.verify is not None:
+        _STATE["trace"] = _Trace(wrapper, key, pypto_native.last_function(handles), wrapper._parser)
+    return "trace"
+
+
+def forget_traces() -> None:
+    """W9. Drop the kept graph (after a failure or a reset, or to let its wrapper go)."""
+    _STATE.pop("trace", None)

@@ -5,8 +5,11 @@ Two levels:
            model runs afterwards and the report (`last_report`: seconds, "AICore End-to-End Time"
            where pypto prints it) carries its figures; it is off by default because it crashes the
            process on large grids (kernels/pypto_workarounds.py, W8).
-  execute  the same, plus pass verify: pypto's CPU calculator runs the kernel's tensor graph on the
-           caller's tensors and writes the kernel's own numbers into `out` (the default).
+  execute  pypto's CPU calculator runs the kernel's traced tensor graph on the caller's tensors and
+           writes the kernel's own numbers into `out` (the default). W9: the first call of a static
+           configuration traces the kernel (no pass pipeline, no cost model); later calls with the
+           same static configuration (B, NB and the values may differ) re-run only the calculator.
+           `last_report.figures["path"]` says which ("trace" or "reverify").
 
 The calculator's E4M3 is not E4M3FN (tests/kernels/test_calculator_codec.py), so this backend's
 codec is golden.codec.PYPTO_CALCULATOR_CODEC: comparing it with a golden run under that codec checks
@@ -25,20 +28,16 @@ import re
 import torch
 
 from kernels.backends import Backend, BackendUnavailable, KernelRunError, Skip, finish_output, unwritten_output
+from kernels.backends import sim_cost
 from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
 
-__all__ = ["SimBackend", "LEVELS", "SIM_MAX_SCORES", "SIM_BUDGET_S", "calculator_error"]
+__all__ = ["SimBackend", "LEVELS", "SIM_BUDGET_S", "calculator_error"]
 
 LEVELS = ("execute", "compile")
 
-# The calculator executes the kernel's graph on 2 busy cores: 10-30 s for a small case, growing with
-# the score matrix (pfa_fp8_b16_s1_1_s2_256_nkv_4, 65536 scores: about 130 s). Above this many scores
-# (B * S1 * NQ * longest length) a case is a Skip("limit") unless max_scores says otherwise.
-SIM_MAX_SCORES = 1 << 15
-
 # Wall-clock budget of a sim run unless --budget says otherwise: regressions and catalog cases run
 # first, so what a spent budget skips is the tail of the generated examples (each one is reported).
-SIM_BUDGET_S = 240
+SIM_BUDGET_S = 600
 
 _CALCULATOR_ERROR = re.compile(r"Errcode: FBF0[0-9A-F]{2}")
 
@@ -49,7 +48,8 @@ class SimBackend(Backend):
 
     def __init__(self, *, level: str = "execute", pass_options: dict | None = None,
                  tiles: dict | None = None, cost_model: bool | None = None,
-                 max_scores: int = SIM_MAX_SCORES) -> None:
+                 max_seconds: float | None = None, memory_cap: float = sim_cost.MEMORY_CAP_BYTES,
+                 threads: int | None = 1) -> None:
         if level not in LEVELS:
             raise ValueError(f"level={level!r} must be one of {LEVELS}")
         from golden.codec import PYPTO_CALCULATOR_CODEC
@@ -65,24 +65,34 @@ class SimBackend(Backend):
         self.codec = PYPTO_CALCULATOR_CODEC
         self.pass_options = pass_options
         self.tiles = dict(tiles or {})
-        # W8: the cost model can crash on large grids; execute needs it (the output arrives there),
-        # compile skips it unless asked.
-        self.cost_model = (level == "execute") if cost_model is None else bool(cost_model)
-        if level == "execute" and not self.cost_model:
-            raise ValueError("cost_model=False: the execute level needs the cost-model run (W8)")
+        # W8: the cost model can crash on large grids and computes no numbers (W9): compile-level runs
+        # take it only when asked, for its figures; execute runs never.
+        self.cost_model = bool(cost_model)
+        if level == "execute" and self.cost_model:
+            raise ValueError("cost_model=True applies to level='compile'; execute runs the calculator only (W9)")
         self.last_report = None
-        self.max_scores = max_scores
+        self.max_seconds = max_seconds
+        self.memory_cap = memory_cap
+        if threads is not None:
+            # One OpenMP thread per process (kernels/backends/sim_cost.py has the measurements): the
+            # calculator runs thousands of tiny libtorch ops, between which extra threads only spin,
+            # ten times slower when the other core is busy. Parallelism comes from worker processes.
+            torch.set_num_threads(threads)
         self._kernels: dict = {}
 
+    def estimate(self, config) -> sim_cost.Estimate:
+        """The predicted seconds and peak memory of executing ``config`` here (kernels/backends/sim_cost.py)."""
+        return sim_cost.estimate(config, self.memory_cap)
+
     def skip_reason(self, config) -> Skip | None:
-        """Unsupported shapes (KERNEL_SHAPES), then cases over ``max_scores`` (0: no limit)."""
+        """Unsupported shapes (KERNEL_SHAPES), then cases estimated over ``max_seconds`` (None: no limit)."""
         unsupported = super().skip_reason(config)
         if unsupported is not None:
             return unsupported
-        scores = config.batch * config.s1 * config.nq * max(config.lengths + (1,))
-        if self.max_scores and scores > self.max_scores:
-            return Skip("limit", f"{scores} scores (B*S1*NQ*S2) is over the sim execute limit of {self.max_scores} "
-                                 "on a CPU (--max-scores; 0 = no limit); run it with --backend npu")
+        cost = self.estimate(config)
+        if self.max_seconds and cost.seconds > self.max_seconds:
+            return Skip("limit", f"estimated {cost.describe()} on the sim backend, over --max-seconds "
+                                 f"{self.max_seconds:g}; run it with a larger limit or --backend npu")
         return None
 
     # -- paged attention ---------------------------------------------------------------------------
@@ -98,9 +108,12 @@ class SimBackend(Backend):
                                              pass_options=self.pass_options)
         return self._kernels[key]
 
-    def _run(self, kernel, args):
+    def _run(self, kernel, args, *, execute: bool = False):
         with self._pw.sim_session(cost_model=self.cost_model) as report:
-            kernel(*args)
+            if execute:   # W9: trace + calculator; the same static signature again: the calculator only
+                report.figures["path"] = self._pw.execute_kernel(kernel, args)
+            else:
+                kernel(*args)
         self.last_report = report
         error = calculator_error(report.text)
         if error:
@@ -125,11 +138,25 @@ class SimBackend(Backend):
         if self.level == "compile":
             raise BackendUnavailable("the sim backend at level 'compile' computes no output; "
                                      "use level='execute' or compile_paged_attention()")
-        out = unwritten_output(q.shape)
-        args = (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, out,
-                self.kernel_config(dims))
-        self._run(self._pfa_kernel(True), [_contiguous(a) for a in args])
-        return finish_output(out, kv_act_seqs, dims.s1, lambda: "pypto output:\n" + self.last_report.text[-2000:])
+        tensors = dict(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
+                       block_table=block_table, kv_act_seqs=kv_act_seqs)
+        chunks = sim_cost.plan_chunks(kv_act_seqs.tolist(), s1=dims.s1, nkv=dims.nkv,
+                                      g_steps=dims.group // dims.g_tile, s2_tile=dims.s2_tile,
+                                      block_size=dims.block_size, head_dim=dims.head_dim,
+                                      num_blocks=dims.num_blocks, cap=self.memory_cap)
+        if len(chunks) == 1:
+            return self._execute_pfa(dims, tensors)
+        # Over the memory cap: batch chunks on compacted caches, the same static configuration.
+        parts = [self._execute_pfa(dims, sim_cost.chunk_inputs(tensors, c, dims.s1)) for c in chunks]
+        return torch.cat(parts)
+
+    def _execute_pfa(self, dims, tensors: dict) -> torch.Tensor:
+        out = unwritten_output(tensors["q"].shape)
+        args = [_contiguous(tensors[name]) for name in ("q", "q_scale", "k_cache", "k_scale", "v_cache", "v_scale",
+                                                         "block_table", "kv_act_seqs")]
+        self._run(self._pfa_kernel(True), args + [out, self.kernel_config(dims)], execute=True)
+        return finish_output(out, tensors["kv_act_seqs"], dims.s1,
+                             lambda: "pypto output:\n" + self.last_report.text[-2000:])
 
     # -- AT-12 -------------------------------------------------------------------------------------
     def _at12(self, q, k, scale, q_scale, k_scale, execute: bool):
@@ -141,7 +168,7 @@ class SimBackend(Backend):
         kernel = make_at12_kernel(cfg, run_mode=self._pypto.RunMode.SIM, pass_verify=execute)
         out = unwritten_output((q.shape[0], k.shape[0]), dtype=torch.float32)
         tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else []) + [out]
-        self._run(kernel, [_contiguous(t) for t in tensors])
+        self._run(kernel, [_contiguous(t) for t in tensors], execute=execute)
         return finish_output(out) if execute else out
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):

@@ -73,3 +73,12 @@ class WritesNothing(GoldenBackend):
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
         from kernels.backends import finish_output, unwritten_output
         return finish_output(unwritten_output(q.shape), kv_act_seqs, q.shape[0] // kv_act_seqs.shape[0])
+
+
+class EstimatedSlow(GoldenBackend):
+    """The golden, declaring a cost model that puts every case at 1000 s (for budget decisions)."""
+    name = "tests/cases/run_doubles.py:EstimatedSlow"
+
+    def estimate(self, config):
+        from kernels.backends.sim_cost import Estimate
+        return Estimate(seconds=1000.0, peak_bytes=1e9, chunks=1, tile_iterations=1)

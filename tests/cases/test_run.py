@@ -91,16 +91,16 @@ def test_generated_cases_repeat_for_a_seed():
 
 def test_sim_backend_owns_its_limits():
     from kernels.backends.sim import SimBackend
+    from kernels.backends.sim_cost import MEMORY_CAP_BYTES
     sim = SimBackend.__new__(SimBackend)     # the limits need no pypto
-    sim.max_scores = 1 << 15
+    sim.max_seconds, sim.memory_cap = None, MEMORY_CAP_BYTES
     cat = load_catalog()
-    skip = sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config)
-    assert skip.kind == "limit" and "over the sim execute limit" in skip.reason
     skip = sim.skip_reason(cat["edge_small_blocks_ragged"].config)
     assert skip.kind == "unsupported" and "head_dim=64, block_size=16" in skip.reason
-    assert sim.skip_reason(cat["pfa_fp8_b2_s1_1_s2_1k"].config) is None
-    sim.max_scores = 0                                                     # 0: no limit
-    assert sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
+    assert sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config) is None        # no limit by default
+    sim.max_seconds = 1
+    skip = sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config)
+    assert skip.kind == "limit" and skip.reason.startswith("estimated about ") and "over --max-seconds 1" in skip.reason
     from kernels.backends.golden_backend import GoldenBackend
     assert GoldenBackend().skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
 
@@ -195,7 +195,7 @@ def test_a_run_with_skipped_cases_fails_unless_that_kind_is_allowed(tmp_path):
     status, data = _run(tmp_path, "--allow-skips", "limit", backend=limited, cases=two)
     assert status == 0 and data["summary"]["allowed_skips"] == ["limit"]
     assert data["summary"]["verdict"].startswith("2 cases: 1 checked on ") and data["summary"]["verdict"].endswith("-> OK")
-    status, data = _run(tmp_path, "--max-scores", "1", backend=limited, cases="pfa_fp8_b2_s1_1_s2_1k")
+    status, data = _run(tmp_path, backend=limited, cases="pfa_fp8_b2_s1_1_s2_1k")
     assert status == 1 and data["summary"]["checked_cases"] == 0     # everything skipped: never a pass
 
 
@@ -243,3 +243,21 @@ def test_a_captured_case_that_cannot_load_is_an_error_not_a_crash(tmp_path):
     first = data["results"][0]
     assert status == 1 and (first["name"], first["verdict"]) == ("0badcase00", "error")
     assert "not valid JSON" in first["message"]
+
+
+def test_a_budget_does_not_start_a_case_its_estimate_says_would_end_after_it(tmp_path):
+    status, data = _run(tmp_path, "--budget", "60", backend="tests/cases/run_doubles.py:EstimatedSlow")
+    assert status == 1 and {r["skip_kind"] for r in data["results"]} == {"budget"}
+    assert data["results"][0]["message"].startswith("skipped: estimated about 1000 s and 0.9 GiB, over the ")
+    assert data["results"][0]["message"].endswith(" s left of the run's time budget (--budget)")
+
+
+def test_workers_take_regressions_first_then_the_longest_cases():
+    from kernels.backends.sim_cost import Estimate
+    from types import SimpleNamespace
+    from cases.collect import Item
+    cat = load_catalog()
+    items = [Item("g", "generated", cat["pfa_fp8_b2_s1_1_s2_1k"]), Item("r", "regression", cat["edge_tail_tile_3_tokens"]),
+             Item("c", "catalog", cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"])]
+    backend = SimpleNamespace(estimate=lambda c: Estimate(c.batch * c.s2 / 1000, 0, 1, 0))
+    assert runner.schedule(backend, items) == [1, 2, 0]

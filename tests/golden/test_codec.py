@@ -231,7 +231,8 @@ CALCULATOR_ENCODE = [
     (61.5, 64.0),   # 62 (half to even), then the grid of [32, 64) (spacing 4): 60 | 64, ties to 64 (even)
     (107.0, 104.0), # grid of [64, 128), spacing 8
     (232.0, 224.0), # midpoint of 224 and 240: ties to 224 (even)
-    (234.0, 240.0), # 240 (code 0x77)... which is >= 240: saturates to code 0x7E, read back as 240
+    (234.0, 240.0), # an integer below 240, on the grid 240 (code 0x77), read back as 240
+    (239.5, 240.0), # 240 (half to even): an integer of 240 saturates to code 0x7E, read back as 240
     (448.0, 240.0),
     (math.inf, 240.0),
 ]
@@ -243,9 +244,9 @@ def test_calculator_codec_encode(x, value):
     assert got.tolist() == [value, -value]
 
 
-def test_calculator_codec_saturates_to_code_0x7e():
-    codes = PYPTO_CALCULATOR_CODEC.encode(torch.tensor([234.0, -234.0, 448.0, math.nan, -math.nan]))
-    assert codes.tolist() == [0x7E, 0xFE, 0x7E, 0x7E, 0xFE]
+def test_calculator_codec_saturates_to_code_0x7e_from_an_integer_of_240():
+    codes = PYPTO_CALCULATOR_CODEC.encode(torch.tensor([234.0, -239.4, 239.5, -240.0, 448.0, math.nan, -math.nan]))
+    assert codes.tolist() == [0x77, 0xF7, 0x7E, 0xFE, 0x7E, 0x7E, 0xFE]
 
 
 def test_calculator_codec_decode():

@@ -326,3 +326,42 @@ def test_backend_fixture_fails_a_session_that_fell_back_to_the_golden(tmp_path, 
     else:
         assert proc.returncode == 1 and "1 error" in proc.stdout, proc.stdout + proc.stderr
         assert "auto fell back to the golden: no kernel (not sim: test) (--allow-fallback" in proc.stdout
+
+
+# --- sim cost model and batch chunks (no pypto needed) ------------------------------------------------
+
+def test_batch_chunks_give_the_golden_the_same_bits():
+    """kernels/backends/sim_cost.chunk_inputs: a correct kernel (the golden) run chunk by chunk on
+    compacted caches gives the bits of the whole call, ragged lengths, spare blocks, garbage and all."""
+    import math
+
+    from kernels.backends import sim_cost
+    from properties import compare as cmp
+
+    config = golden.PagedAttentionConfig(batch=5, s1=2, s2=300, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
+                                         kv_act_seqs=(300, 0, 17, 1, 160), num_blocks=40, garbage="nan")
+    tensors = golden.make_inputs(config, 3).tensors()
+    whole = golden.paged_attention_fp8(**tensors, s2_tile=32)
+    for chunks in ([range(0, 2), range(2, 5)], [range(b, b + 1) for b in range(5)]):
+        parts = []
+        for c in chunks:
+            part = sim_cost.chunk_inputs(tensors, c, 2)
+            need = sum(math.ceil(n / 16) for n in config.lengths[c.start:c.stop])
+            assert part["k_cache"].shape[0] == max(1, need) and part["block_table"].shape[1] == tensors["block_table"].shape[1]
+            parts.append(golden.paged_attention_fp8(**part, s2_tile=32))
+        cmp.assert_close(torch.cat(parts), whole, kind="exact", identifier=f"{len(chunks)} chunks vs one call")
+
+
+def test_chunks_are_planned_to_fit_the_memory_cap():
+    from kernels.backends import sim_cost
+    from cases.catalog import load_catalog
+
+    cat = load_catalog()
+    small = sim_cost.estimate(cat["pfa_fp8_b2_s1_1_s2_1k"].config)
+    big = sim_cost.estimate(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config)
+    assert small.chunks == 1 and big.chunks > 1 and big.peak_bytes <= sim_cost.MEMORY_CAP_BYTES
+    assert big.seconds > small.seconds > 0 and "batch chunks" in big.describe()
+    lengths = [100] * 8
+    shape = dict(s1=1, nkv=1, g_steps=1, s2_tile=128, block_size=128, head_dim=128, num_blocks=8)
+    assert sim_cost.plan_chunks(lengths, cap=1e12, **shape) == [range(0, 8)]
+    assert sim_cost.plan_chunks(lengths, cap=0, **shape) == [range(b, b + 1) for b in range(8)]   # the floor

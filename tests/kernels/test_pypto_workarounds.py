@@ -1,4 +1,4 @@
-"""kernels/pypto_workarounds.py: each pypto 0.2.0 workaround, proved on the CPU (W1-W7 there)."""
+"""kernels/pypto_workarounds.py: each pypto 0.2.0 workaround, proved on the CPU (W1-W10)."""
 # No `from __future__ import annotations`: pypto.frontend.jit reads tensor annotations as objects.
 
 from pathlib import Path
@@ -125,10 +125,49 @@ def test_load_pypto_refuses_a_pypto_imported_elsewhere(monkeypatch):
 
 def test_cost_model_is_optional(pypto_module):
     """W8: a compile-only run can skip the cost model; it then prints no cost figures and, as
-    measured, the calculator's output does not reach `out` (so execute runs keep the cost model)."""
+    measured, the calculator's output does not reach `out` (0.2.0 copies it back only there; W9's
+    execute_kernel copies it back itself)."""
     x = torch.randn(8, 32)
     out = torch.zeros(8, 32)
     with pw.sim_session(cost_model=False) as run:
         _axpy_kernel(pypto_module, 32)(x, x.clone(), out)
     assert "AICore End-to-End Time" not in run.text
     assert torch.count_nonzero(out) == 0
+
+
+def test_execute_reuses_the_traced_graph(pypto_module):
+    """W9: the first call of a static signature traces (no pass pipeline, no cost model), the next
+    ones re-run only the calculator on their own tensors; another kernel in between invalidates the
+    kept graph, which is then traced again. Every result is the kernel's, every input intact."""
+    first, other = _axpy_kernel(pypto_module, 64), _axpy_kernel(pypto_module, 32)
+    paths = []
+    for wrapper, n, seed in ((first, 64, 0), (first, 64, 1), (other, 32, 2), (first, 64, 3), (first, 64, 4)):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(8, n, generator=g), torch.randn(8, n, generator=g)
+        x0, y0 = x.clone(), y.clone()
+        out = torch.full((8, n), float("nan"))
+        with pw.sim_session() as run:
+            paths.append(pw.execute_kernel(wrapper, [x, y, out]))
+        assert torch.equal(out, 2 * x0 + y0) and torch.equal(x, x0) and torch.equal(y, y0)
+        assert "AICore End-to-End Time" not in run.text     # no cost model
+    assert paths == ["trace", "reverify", "trace", "trace", "reverify"]
+
+
+def _fp8_copy_kernel(pypto):
+    @pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.SIM},
+                        verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []})
+    def fp8_copy(x: pypto.Tensor((2, 128), pypto.DT_FP8E4M3), out: pypto.Tensor((2, 128), pypto.DT_FP8E4M3)):
+        pypto.set_vec_tile_shapes(2, 128)
+        out[:] = pypto.view(x, [2, 128], [0, 0])
+
+    return fp8_copy
+
+
+def test_fp8_copies_keep_their_bytes(pypto_module):
+    """W10: an FP8 copy inside the calculator keeps every one of the 256 codes' bytes (0.2.0 decoded
+    and re-encoded them, turning every code it reads as +-240 into 0x7E / 0xFE)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(2, 128)
+    out = torch.zeros(2, 128, dtype=torch.uint8)
+    with pw.sim_session():
+        pw.execute_kernel(_fp8_copy_kernel(pypto_module), [codes.view(torch.float8_e4m3fn), out.view(torch.float8_e4m3fn)])
+    assert torch.equal(out, codes), (out != codes).nonzero().flatten().tolist()[:8]

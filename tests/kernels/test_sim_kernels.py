@@ -93,6 +93,20 @@ def test_spec_codec_difference_is_the_backend_codec(judged, record_property):
     assert (spec.category, spec.counts) == ("backend codec", False)
 
 
+def test_a_static_configuration_is_traced_once(sim_backend):
+    """W9: a second call with the same static configuration (PagedAttentionKernelConfig) but another
+    B, other lengths, another block table and another NB re-runs only the calculator, and is right."""
+    first = golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=8, nkv=2, kv_act_seqs=(300, 5))
+    second = golden.PagedAttentionConfig(batch=3, s1=1, s2=384, nq=8, nkv=2, kv_act_seqs=(17, 384, 0),
+                                         num_blocks=7, garbage="nan")
+    paths = []
+    for config, seed in ((first, 1), (second, 2)):
+        verdict = judge(sim_backend, Case(config, seed))
+        paths.append(sim_backend.last_report.figures["path"])
+        assert verdict.passed, verdict.message()
+    assert paths[0] in ("trace", "reverify") and paths[1] == "reverify"
+
+
 def test_rows_with_nothing_visible_are_zero(sim_backend):
     config = golden.PagedAttentionConfig(batch=2, s1=2, s2=128, nq=4, nkv=1, kv_act_seqs=(1, 0))
     bundle = golden.make_inputs(config, seed=2)
