@@ -22,7 +22,6 @@ import collections
 import datetime
 import json
 import math
-import sys
 from pathlib import Path
 
 from cases.versions import versions

@@ -280,7 +280,7 @@ class PyptoCalculatorE4M3(Fp8Codec):
 
     The codes are the cast's own. The unpatched 0.2.0 calculator also re-encoded every FP8 copy,
     which turned 0x77 into 0x7E on the way to memory; our build copies FP8 bytes
-    (kernels/pypto_workarounds.py W10), and the decoded values are the same either way.
+    (kernels/pypto_workarounds/ W10), and the decoded values are the same either way.
     """
 
     name = "pypto-0.2.0-calculator"

@@ -4,7 +4,7 @@ Two levels:
   compile  parse + the full pass pipeline; no numbers come out. With cost_model=True pypto's cost
            model runs afterwards and the report (`last_report`: seconds, "AICore End-to-End Time"
            where pypto prints it) carries its figures; it is off by default because it crashes the
-           process on large grids (kernels/pypto_workarounds.py, W8).
+           process on large grids (kernels/pypto_workarounds/, W8).
   execute  pypto's CPU calculator runs the kernel's traced tensor graph on the caller's tensors and
            writes the kernel's own numbers into `out` (the default). W9: the first call of a static
            configuration traces the kernel (no pass pipeline, no cost model); later calls with the

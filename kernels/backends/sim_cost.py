@@ -1,6 +1,6 @@
 """What a sim execute costs, and how the sim backend keeps it inside a worker's memory.
 
-Measured on pypto 0.2.0's calculator with W9 and W10 (kernels/pypto_workarounds.py), one OpenMP
+Measured on pypto 0.2.0's calculator with W9 and W10 (kernels/pypto_workarounds/), one OpenMP
 thread, 2026-11-30 (the fitted points are in the README's sim section and issue 10's closing note).
 The interpreter starts each leaf frame of the tile walk with a copy of every cache input, so both time
 and memory grow with the product of the tile iterations and the caches' size:

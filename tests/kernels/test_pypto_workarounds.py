@@ -1,4 +1,4 @@
-"""kernels/pypto_workarounds.py: each pypto 0.2.0 workaround, proved on the CPU (W1-W10)."""
+"""kernels/pypto_workarounds/: each pypto 0.2.0 workaround, proved on the CPU (W1-W10)."""
 # No `from __future__ import annotations`: pypto.frontend.jit reads tensor annotations as objects.
 
 from pathlib import Path
@@ -28,7 +28,7 @@ def _axpy_kernel(pypto, n: int, *, fail: bool = False):
 
 def test_merge_ini_replaces_and_appends_keys():
     base = "# c\n[version]\nNpuArch=2201\nSoC_version=A\n\n[AICoreSpec]\nub_size=1\nkeep=2\n"
-    merged = pw._merge_ini(base, "[version]\nNpuArch=3510\n[AICoreSpec]\nub_size=9\nnew_key=5\n")
+    merged = pw.overlay._merge_ini(base, "[version]\nNpuArch=3510\n[AICoreSpec]\nub_size=9\nnew_key=5\n")
     assert merged.splitlines() == ["# c", "[version]", "NpuArch=3510", "SoC_version=A", "",
                                    "[AICoreSpec]", "ub_size=9", "keep=2", "new_key=5"]
 
@@ -118,7 +118,7 @@ def test_load_pypto_refuses_a_pypto_imported_elsewhere(monkeypatch):
     fake = types.ModuleType("pypto")
     fake.__file__ = "/somewhere/else/pypto/__init__.py"
     monkeypatch.setitem(sys.modules, "pypto", fake)
-    monkeypatch.setattr(pw, "_STATE", {})
+    monkeypatch.setattr(pw._common, "STATE", {})
     with pytest.raises(pw.PyptoUnavailable, match="before the 950PR overlay"):
         pw.load_pypto()
 

@@ -1,4 +1,4 @@
-"""The C++ side of pypto 0.2.0 that W9 (kernels/pypto_workarounds.py) reaches through ctypes.
+"""The C++ side of pypto 0.2.0 that W9 (kernels/pypto_workarounds/) reaches through ctypes.
 
 pypto 0.2.0 exposes no Python call to re-run its calculator on a traced tensor graph, nor to read the
 calculator's result back without the cost-model run. Three native facts, read from the r0.2.0 sources
