@@ -30,4 +30,9 @@ def test_captured_regression(backend, regression_id, request):
                 pytest.skip(message)
             pytest.fail(message + " (--allow-quarantined skips it)", pytrace=False)
         request.applymarker(pytest.mark.xfail(reason=known.reason, strict=True, raises=AssertionError))
-    regressions.replay(regressions.load(regression_id), backend)
+    reg = regressions.load(regression_id)
+    case = reg.to_case()
+    skip = backend.skip_reason(case.config) if reg.case.get("kind") == "paged" and hasattr(backend, "skip_reason") else None
+    if skip is not None:   # the same decision as `pfa-verify run`, shown in the skip summary
+        pytest.skip(f"{skip.kind}: {skip.reason}")
+    regressions.replay(reg, backend)
