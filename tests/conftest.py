@@ -130,5 +130,9 @@ def check_law(backend, request: pytest.FixtureRequest):
 
     def check(name: str, case, **params) -> None:
         __tracebackhide__ = True
-        regressions.check(name, backend, case, backend_name=name_in_files, **params)
+        import kernels
+        try:
+            regressions.check(name, backend, case, backend_name=name_in_files, **params)
+        except kernels.BackendUnavailable as exc:   # e.g. AT-12 on a paged-attention-only kernel
+            pytest.skip(f"{backend.name} cannot run law {name}: {exc.reason}")
     return check

@@ -257,8 +257,9 @@ BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim":
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
     """The backend called `name`: golden, sim, npu, auto, an import path 'package.module:factory',
-    or a file path 'path/to/file.py:factory' (test doubles; relative to the working directory or the
-    project root).
+    a file path 'path/to/file.py:factory' (test doubles; relative to the working directory or the
+    project root), or a kernel in PyPTO-Gym's calling convention, 'pypto-gym:PATH.py[:FUNCTION]'
+    (sim) or 'pypto-gym-npu:...' (kernels/backends/upstream.py).
 
     - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
     - options: passed to the backend (sim: level="execute" or "compile").
@@ -266,6 +267,9 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name={name!r} must be golden, sim, npu, auto or 'package.module:factory'")
+    if name.startswith(("pypto-gym:", "pypto-gym-npu:")):
+        from kernels.backends.upstream import make_backend
+        return make_backend(name, device=device, **options)
     if name in BUILTIN_BACKENDS:
         if device is not None and name in ("golden", "sim"):
             raise ValueError(f"device={device!r} applies to the npu backend only, not {name!r}")

@@ -99,6 +99,10 @@ class SimBackend(Backend):
     def kernel_config(self, dims) -> PagedAttentionKernelConfig:
         return PagedAttentionKernelConfig.from_dims(dims, **self.tiles)
 
+    def _kernel_arguments(self, dims, out) -> list:
+        """What the kernel takes after its eight input tensors: ours, (out, PagedAttentionKernelConfig)."""
+        return [out, self.kernel_config(dims)]
+
     def _pfa_kernel(self, execute: bool):
         key = ("pfa", execute)
         if key not in self._kernels:
@@ -129,9 +133,8 @@ class SimBackend(Backend):
                                           kv_act_seqs, softmax_scale=softmax_scale, s2_tile=s2_tile,
                                           g_tile=g_tile)
         out = torch.zeros(q.shape, dtype=torch.bfloat16)
-        args = (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, out,
-                self.kernel_config(dims))
-        return self._run(self._pfa_kernel(False), [_contiguous(a) for a in args])
+        args = [q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs]
+        return self._run(self._pfa_kernel(False), [_contiguous(a) for a in args] + self._kernel_arguments(dims, out))
 
     def _paged_attention(self, dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                          kv_act_seqs):
@@ -154,7 +157,7 @@ class SimBackend(Backend):
         out = unwritten_output(tensors["q"].shape)
         args = [_contiguous(tensors[name]) for name in ("q", "q_scale", "k_cache", "k_scale", "v_cache", "v_scale",
                                                          "block_table", "kv_act_seqs")]
-        self._run(self._pfa_kernel(True), args + [out, self.kernel_config(dims)], execute=True)
+        self._run(self._pfa_kernel(True), args + self._kernel_arguments(dims, out), execute=True)
         return finish_output(out, tensors["kv_act_seqs"], dims.s1,
                              lambda: "pypto output:\n" + self.last_report.text[-2000:])
 

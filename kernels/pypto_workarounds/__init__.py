@@ -8,7 +8,7 @@ package: the platform fix works on a private overlay, the calculator is built fr
 sources into our cache, the others patch objects in this process.
 
 Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, W10), session
-(W5-W8, sim_session), execute (W9) and native (W9's C++ side).
+(W5-W8, sim_session), execute (W9), native (W9's C++ side) and bridge (W11).
 
   W1 overlay        a symbolic-link copy of the installed package whose lib/configs/A2A3.ini is a real
                     file describing an Ascend 950PR (DAV_3510), so FP8 matmuls pass the parser's
@@ -62,6 +62,10 @@ Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, 
                     Copy or Reshape copies bytes; decoded values are unchanged (decode(encode(decode(c)))
                     = decode(c) for all 256 codes).
                                                     test_fp8_copies_keep_their_bytes
+  W11 API bridge    kernels written for newer pypto call pypto.div(..., precision_type=
+                    pypto.PrecisionType.INTRINSIC); 0.2.0 has neither. A PrecisionType is added and
+                    div accepts and drops the keyword (0.2.0 has one division); nothing is patched
+                    on a pypto that has them.            test_precision_type_bridge
 """
 from __future__ import annotations
 

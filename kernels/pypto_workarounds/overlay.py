@@ -1,5 +1,5 @@
 """W1 (the 950PR platform overlay), W2 (FP8 dtypes in pypto.converter), W3 (pass verify on the
-caller's tensors), and load_pypto, which applies them (and W4's build hook) on import."""
+caller's tensors), and load_pypto, which applies them (and W4's build hook, W11's API bridge) on import."""
 from __future__ import annotations
 
 import hashlib
@@ -133,8 +133,9 @@ def load_pypto() -> ModuleType:
             raise _common.PyptoUnavailable(f"the overlay did not switch the simulator to DAV_3510 (npuarch={arch})")
         _patch_fp8_dtypes(pypto)
         _patch_verify_inputs(pypto)
-        from kernels.pypto_workarounds import calculator
+        from kernels.pypto_workarounds import bridge, calculator
         calculator.patch_calculator_build(pypto)
+        bridge.bridge_precision_type(pypto)
         _common.STATE["pypto"] = pypto
         return pypto
 

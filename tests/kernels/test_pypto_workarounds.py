@@ -171,3 +171,26 @@ def test_fp8_copies_keep_their_bytes(pypto_module):
     with pw.sim_session():
         pw.execute_kernel(_fp8_copy_kernel(pypto_module), [codes.view(torch.float8_e4m3fn), out.view(torch.float8_e4m3fn)])
     assert torch.equal(out, codes), (out != codes).nonzero().flatten().tolist()[:8]
+
+
+def test_precision_type_bridge(pypto_module):
+    """W11: pypto.PrecisionType exists and pypto.div takes precision_type= (dropped: 0.2.0 has one
+    division); anything but a PrecisionType there is a TypeError. A kernel using it computes as without."""
+    assert hasattr(pypto_module, "PrecisionType") and pypto_module.PrecisionType.INTRINSIC
+
+    @pypto_module.frontend.jit(runtime_options={"run_mode": pypto_module.RunMode.SIM},
+                               verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []})
+    def ratio(x: pypto_module.Tensor((8, 32), pypto_module.DT_FP32), y: pypto_module.Tensor((8, 32), pypto_module.DT_FP32),
+              out: pypto_module.Tensor((8, 32), pypto_module.DT_FP32)):
+        pypto_module.set_vec_tile_shapes(8, 32)
+        out[:] = pypto_module.div(x, y, precision_type=pypto_module.PrecisionType.INTRINSIC)
+
+    x, y = torch.randn(8, 32), torch.rand(8, 32) + 0.5
+    out = torch.zeros(8, 32)
+    with pw.sim_session():
+        pw.execute_kernel(ratio, [x, y, out])
+    assert torch.equal(out, x / y)
+    from kernels.pypto_workarounds import bridge
+    assert pypto_module.PrecisionType is bridge.PrecisionType
+    with pytest.raises(TypeError, match="must be a pypto.PrecisionType"):
+        pypto_module.div(None, None, precision_type="fast")

@@ -1,0 +1,202 @@
+"""Kernels in PyPTO-Gym's calling convention, checked as they are shipped: ``--backend pypto-gym:SOURCE``.
+
+PyPTO-Gym's FP8 paged-attention kernel (``pfa_func_kernel_v2_bound`` in
+src/pypto_gym/ops/pypto_tensor/experimental/ops_transformer/page_attention_quant/page_attention_quant_fp8_impl.py
+of hicann/pypto-gym) takes
+
+    (q, q_scale, k, k_scale, v, v_scale, block_table, kv_act_seqs, atten_out, softmax_scale, tile_config)
+
+with the tensors of SPEC §1 (k, v: the paged caches; atten_out: the bf16 output) and ``tile_config`` an
+object with ``g_tile, s2_tile, c1_tile_shape, v1_tile_shape, c2_tile_shape, v2_tile_shape``. This
+backend loads such a kernel from a file or a module without changing it, takes the undecorated
+function its ``pypto.frontend.jit`` wrapper keeps, and wraps it again for the sim backend (SIM run
+mode, pass verify on the caller's tensors, W9 execution: everything the sim backend does for our own
+kernel, batch chunks included) or the npu backend, keeping the file's own runtime and pass options.
+
+Names (kernels.get_backend, --backend):
+
+    pypto-gym:PATH.py[:FUNCTION]       a kernel file, on the sim backend
+    pypto-gym:package.module[:FUNCTION] an importable module, on the sim backend
+    pypto-gym-npu:...                  the same on an Ascend 950 (torch_npu)
+
+FUNCTION defaults to ``pfa_func_kernel_v2_bound``. The tile configuration follows PyPTO-Gym's own
+``create_config`` (same file), applied to the call's ``s2_tile`` and ``g_tile``: c1 and c2 tiles
+``[[128, 128]] * 3``, v1 tile ``[128, 128]`` whatever s2_tile is (create_config's ``s2_tile`` local is
+128), v2 tile ``[128, 256]``; ``tiles={...}`` overrides any field. Built with the file's
+``PfaTileShapeConfig`` when it has one. Shapes: head_dim and block_size 128, as upstream tests them
+(``supported=`` overrides); anything else is a Skip("unsupported").
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+
+from kernels.backends import BackendUnavailable
+from kernels.backends.npu import NpuBackend
+from kernels.backends.sim import SimBackend
+from kernels.config import KERNEL_SHAPES
+
+__all__ = ["UPSTREAM_FUNCTION", "UpstreamTileConfig", "upstream_tile_config", "load_kernel", "UpstreamKernelBackend",
+           "UpstreamNpuBackend", "parse_name", "make_backend"]
+
+UPSTREAM_FUNCTION = "pfa_func_kernel_v2_bound"
+_PARAMETERS = 11          # 9 tensors, softmax_scale, tile_config
+_CUBE = [[128, 128], [128, 128], [128, 128]]
+
+
+@dataclasses.dataclass(frozen=True)
+class UpstreamTileConfig:
+    """PyPTO-Gym's PfaTileShapeConfig fields, for kernel files that do not define the class."""
+    g_tile: int
+    s2_tile: int
+    c1_tile_shape: list
+    v1_tile_shape: list
+    c2_tile_shape: list
+    v2_tile_shape: list
+
+
+def upstream_tile_config(*, g_tile: int, s2_tile: int, factory=None, overrides: dict | None = None):
+    """PyPTO-Gym's create_config rule for one call (module docstring), built by ``factory``."""
+    fields = dict(g_tile=g_tile, s2_tile=s2_tile, c1_tile_shape=_CUBE, v1_tile_shape=[128, 128], c2_tile_shape=_CUBE,
+                  v2_tile_shape=[128, 256])
+    unknown = sorted(set(overrides or {}) - set(fields))
+    if unknown:
+        raise ValueError(f"tiles={overrides!r}: unknown field(s) {unknown}; expected some of {sorted(fields)}")
+    fields.update(overrides or {})
+    return (factory or UpstreamTileConfig)(**fields)
+
+
+def parse_name(name: str) -> tuple[str, str, str]:
+    """(mode, source, function) of ``pypto-gym[-npu]:SOURCE[:FUNCTION]``; ValueError otherwise."""
+    match = re.fullmatch(r"(pypto-gym|pypto-gym-npu):(.+?)(?::([A-Za-z_]\w*))?", name)
+    if not match:
+        raise ValueError(f"name={name!r} must be pypto-gym:PATH.py[:FUNCTION] or pypto-gym:package.module[:FUNCTION] "
+                         "(pypto-gym-npu:... on a 950)")
+    mode = "npu" if match.group(1).endswith("npu") else "sim"
+    return mode, match.group(2), match.group(3) or UPSTREAM_FUNCTION
+
+
+def _import(source: str):
+    if source.endswith(".py") or "/" in source:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"kernel source {source!r}: no such file")
+        module_name = "_pfa_upstream_" + re.sub(r"\W", "_", str(path.resolve()))
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise ValueError(f"kernel source {source!r} failed to import: {type(exc).__name__}: {exc}") from None
+        return module
+    try:
+        return importlib.import_module(source)
+    except ImportError as exc:
+        raise ValueError(f"kernel source {source!r}: cannot import it ({exc})") from None
+
+
+def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
+    """(undecorated kernel function, its jit wrapper or None, the module) of ``function`` in ``source``.
+
+    ValueError naming the source and function when the function is missing, not a function, or not in
+    the upstream calling convention (11 parameters: 9 tensors annotated ``pypto.Tensor``, then
+    softmax_scale and tile_config)."""
+    module = _import(source)
+    wrapped = getattr(module, function, None)
+    if wrapped is None:
+        raise ValueError(f"kernel source {source!r} has no {function!r}")
+    fn = getattr(wrapped, "_original_func", wrapped)
+    if not inspect.isfunction(fn):
+        raise ValueError(f"{source}:{function} is a {type(wrapped).__name__}, not a kernel function")
+    params = list(inspect.signature(fn).parameters.values())
+    tensors = [p for p in params[:9] if "Tensor" in repr(p.annotation)]
+    if len(params) != _PARAMETERS or len(tensors) != 9:
+        got = ", ".join(p.name for p in params)
+        raise ValueError(f"{source}:{function}({got}) is not in the upstream calling convention: expected 9 "
+                         "pypto.Tensor parameters (q, q_scale, k, k_scale, v, v_scale, block_table, kv_act_seqs, "
+                         "atten_out), then softmax_scale and tile_config")
+    return fn, (wrapped if wrapped is not fn else None), module
+
+
+class UpstreamKernelBackend(SimBackend):
+    """A PyPTO-Gym-convention kernel on the sim backend (the npu mode: :class:`UpstreamNpuBackend`)."""
+
+    def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
+                 supported: dict | None = None, **sim_options) -> None:
+        super().__init__(**sim_options)          # pypto from the overlay, W1-W11, before the kernel's import
+        self._fn, self._jit, self._module = load_kernel(source, function)
+        self.name = f"pypto-gym:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
+        self.tile_overrides = dict(tiles or {})
+        self.supported_shapes = dict(supported or KERNEL_SHAPES)
+        self._factory = getattr(self._module, "PfaTileShapeConfig", None)
+
+    def tile_config(self, dims):
+        return upstream_tile_config(g_tile=dims.g_tile, s2_tile=dims.s2_tile, factory=self._factory,
+                                    overrides=self.tile_overrides)
+
+    def _pfa_kernel(self, execute: bool):
+        key = ("upstream", execute)
+        if key not in self._kernels:
+            pypto = self._pypto
+            runtime = dict(getattr(self._jit, "_runtime_options", None) or {}, run_mode=pypto.RunMode.SIM)
+            verify = {"enable_pass_verify": True, "pass_verify_pass_filter": []} if execute else None
+            self._kernels[key] = pypto.frontend.jit(runtime_options=runtime, verify_options=verify,
+                                                    pass_options=getattr(self._jit, "_pass_options", None))(self._fn)
+        return self._kernels[key]
+
+    def _kernel_arguments(self, dims, out) -> list:
+        return [out, dims.softmax_scale, self.tile_config(dims)]
+
+    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
+        raise BackendUnavailable(f"{self.name} is a paged-attention kernel; it has no AT-12 entry")
+
+
+class UpstreamNpuBackend(NpuBackend):
+    """A PyPTO-Gym-convention kernel on an Ascend 950 (run mode NPU, the file's own options)."""
+
+    def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
+                 supported: dict | None = None, device=None, **options) -> None:
+        super().__init__(device=device, **options)   # torch_npu, the device, pypto, a DAV_3510 chip
+        self._fn, self._jit, self._module = load_kernel(source, function)
+        self.name = f"pypto-gym-npu:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
+        self.tile_overrides = dict(tiles or {})
+        self.supported_shapes = dict(supported or KERNEL_SHAPES)
+        self._factory = getattr(self._module, "PfaTileShapeConfig", None)
+
+    def _paged_attention(self, dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs):
+        import torch
+
+        from kernels.backends import finish_output, unwritten_output
+        if "upstream" not in self._kernels:
+            runtime = dict(getattr(self._jit, "_runtime_options", None) or {}, run_mode=self._pypto.RunMode.NPU)
+            self._kernels["upstream"] = self._pypto.frontend.jit(
+                runtime_options=runtime, pass_options=getattr(self._jit, "_pass_options", None))(self._fn)
+        out = unwritten_output(q.shape, device=self.device)
+        tensors = [self._to(t) for t in (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs)]
+        tile_config = upstream_tile_config(g_tile=dims.g_tile, s2_tile=dims.s2_tile, factory=self._factory,
+                                           overrides=self.tile_overrides)
+        self._kernels["upstream"](*tensors, out, dims.softmax_scale, tile_config)
+        torch.npu.synchronize(self.device)
+        return finish_output(out.cpu(), kv_act_seqs, dims.s1)
+
+    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
+        raise BackendUnavailable(f"{self.name} is a paged-attention kernel; it has no AT-12 entry")
+
+
+def make_backend(name: str, *, device=None, **options):
+    """The backend named ``pypto-gym[-npu]:SOURCE[:FUNCTION]`` (kernels.get_backend's entry)."""
+    mode, source, function = parse_name(name)
+    if mode == "npu":
+        return UpstreamNpuBackend(source, function, device=device, **options)
+    if device is not None:
+        raise ValueError(f"device={device!r} applies to pypto-gym-npu:..., not {name!r}")
+    return UpstreamKernelBackend(source, function, **options)
