@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, settings
 #   dev      random, a few examples per law, the local database
 #   nightly  thousands of examples per law, random
 #   npu      kernel-sized examples (D = 128, BS = 128), few per law: a 950 is slow to launch
-#   sim      kernel-sized examples, 3 per law, derandomized: the kernel in pypto's CPU calculator
+#   sim      kernel-sized examples, 10 per law, derandomized: the kernel in pypto's CPU calculator
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_SLOW_OK)
@@ -38,7 +38,7 @@ settings.register_profile("nightly", max_examples=2000, deadline=None, print_blo
 settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True,
                           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
                           suppress_health_check=_SLOW_OK)
-settings.register_profile("sim", derandomize=True, max_examples=3, deadline=None, database=None, print_blob=True,
+settings.register_profile("sim", derandomize=True, max_examples=10, deadline=None, database=None, print_blob=True,
                           suppress_health_check=_SLOW_OK)
 DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(DEFAULT_PROFILE)
