@@ -177,6 +177,7 @@ def render_html(run) -> str:
             cls = o.verdict + (" uncounted" if o.verdict == "fail" and not o.counts else "")
             anchor = f"f-{_slug(r.name)}-{_slug(o.reference)}"
             text = o.verdict + ("" if o.counts or o.verdict in ("pass", "skipped") else " (not counted)")
+            text += f" ({o.skip_kind})" if o.skip_kind else ""
             if o.verdict == "fail":
                 text = f'<a href="#{anchor}">{_e(text)}</a>'
                 failures.append((r, o, anchor))

@@ -160,6 +160,7 @@ def render_table(run):
     for r in run.results:
         for k, o in enumerate(r.outcomes):
             verdict = o.verdict if o.counts or o.verdict in ("pass", "skipped") else f"{o.verdict} (not counted)"
+            verdict += f" ({o.skip_kind})" if o.skip_kind else ""
             if o.attribution and o.verdict == "fail":
                 verdict += f": {o.attribution}"
             mm = "-" if o.total is None else f"{o.mismatched}/{o.total}"
