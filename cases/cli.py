@@ -4,6 +4,7 @@ the ``pfa-verify`` script are the same program.
 
     pfa-verify run [options]              regressions, catalog and generated cases on a backend
     pfa-verify bench [options]            the golden self-check and benchmark (cases/bench.py)
+    pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/mutants.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line)
     pfa-verify cases show ID              the whole record of one
     pfa-verify cases replay ID [--backend NAME]   run it again under its rule; exit 1 if it still fails
@@ -139,7 +140,93 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--regressions", metavar="DIR", default=None,
                         help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.add_argument("--shrink-seconds", type=_count, default=60, metavar="S",
+                        help="time for Hypothesis to shrink each kind of generated failure before it is captured "
+                             "(0: capture the first failing case as it is; default 60)")
     parser.set_defaults(func=_cmd_run)
+
+
+# --- pfa-verify mutants --------------------------------------------------------------------------
+
+def _cmd_mutants(args) -> int:
+    import json as json_module
+
+    from rich.console import Console
+
+    from cases import mutants as matrix
+    from kernels.mutants import MUTANTS
+    console = Console() if sys.stdout.isatty() else Console(width=240, force_terminal=False)
+    if args.list:
+        for m in MUTANTS.values():
+            tag = " (equivalent)" if m.equivalent else ""
+            console.print(f"{m.level:<6} {m.name:<40} {m.bug}{tag}", highlight=False, markup=False)
+        return 0
+
+    def progress(name, cell):
+        verdict = f"killed after {cell.examples}" if cell.killed else f"survived {cell.examples}"
+        print(f"  {name or 'baseline'}: {cell.law}: {verdict} ({cell.seconds:.1f} s)", flush=True)
+
+    names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
+    laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
+    from kernels import BackendUnavailable
+    try:
+        run = matrix.kill_matrix(args.level, examples=args.examples, seed=args.seed, names=names, laws=laws,
+                                 catalog=not args.no_catalog, goal=args.goal, workers=args.workers,
+                                 shrink_s=args.shrink_seconds, progress=progress if args.verbose else None,
+                                 allowed_survivors=[n.strip() for n in args.allow_survivors.split(",") if n.strip()])
+    except BackendUnavailable as exc:
+        print(f"pfa-verify: error: the {args.level} level cannot run here: {exc}", file=sys.stderr)
+        return 2
+    console.print(matrix.render_table(run))
+    for m in run.mutants:
+        first = m.first_kill
+        if first is not None:
+            smallest = matrix.counterexample_text(first.law, first.counterexample) if first.counterexample else "-"
+            console.print(f"{m.name}: first kill after {first.examples} example(s), {first.seconds:.1f} s; smallest "
+                          f"{smallest}", highlight=False, markup=False)
+    console.print(matrix.summary_line(run), highlight=False, markup=False)
+    if args.json:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json_module.dumps(matrix.to_json(run), indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", highlight=False)
+    if args.html:
+        from pathlib import Path
+        Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.html).write_text(matrix.render_html(run), encoding="utf-8")
+        console.print(f"HTML report: {args.html}", highlight=False)
+    return run.exit_status
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction in [0, 1]")
+    return value
+
+
+def _add_mutants(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--level", choices=("golden", "sim"), default="golden",
+                        help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the sim")
+    parser.add_argument("--examples", type=_count, default=20, help="examples per law and mutant (default 20, "
+                        "the ci profile's)")
+    parser.add_argument("--seed", type=_count, default=0, help="seed of the searches (default 0)")
+    parser.add_argument("--mutants", default=None, metavar="NAME,...", help="only these mutants (default: the level's)")
+    parser.add_argument("--laws", default=None, metavar="LAW,...", help="only these laws (default: every paged law)")
+    parser.add_argument("--no-catalog", action="store_true", help="leave out the catalog column")
+    parser.add_argument("--goal", type=_fraction, default=None, help="the kill ratio under which the command fails "
+                        "(default 1.0 golden, 0.9 sim)")
+    parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
+    parser.add_argument("--html", metavar="PATH", help="write the kill matrix as one HTML file")
+    parser.add_argument("--workers", type=_count, default=1, help="processes, one mutant each at a time (default 1)")
+    parser.add_argument("--shrink-seconds", type=_count, default=30, metavar="S",
+                        help="time for Hypothesis to shrink each mutant's first kill (default 30; 0: not shrunk)")
+    parser.add_argument("--allow-survivors", default="", metavar="NAME,...",
+                        help="mutants whose survival does not fail the goal (still reported as survivors and in "
+                        "the kill ratio); README: Verification power lists the known ones and why")
+    parser.add_argument("--list", action="store_true", help="list the catalog of mutants and stop")
+    parser.add_argument("--verbose", action="store_true", help="one line per (mutant, law) as it finishes")
+    parser.set_defaults(func=_cmd_mutants)
 
 
 # --- pfa-verify bench ----------------------------------------------------------------------------
@@ -271,6 +358,7 @@ SUBCOMMANDS = {
     "run": ("run regressions, catalog and generated cases on a backend against the golden", _add_run),
     "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
     "cases": ("list, show, replay and prune captured regression cases", _add_cases),
+    "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
 }
 
 

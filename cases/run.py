@@ -52,6 +52,7 @@ class Outcome:
     attribution_detail: str | None = None
     replay: str | None = None
     skip_kind: str | None = None      # kernels.backends.SKIP_KINDS, for skipped outcomes
+    signature: tuple | None = None    # a generated case's failure group (cases/shrink.py), not reported
     error_map: list | None = None     # [B*S1][NQ] worst error / allowed over d (failures only)
     ratio_histogram: list | None = None  # counts per RATIO_BINS interval, then non-finite mismatches
 
@@ -152,6 +153,11 @@ def _run_paged(backend, backend_name: str, item: Item, *, capture: bool, regress
     verdict = judge(backend, item.case, tags={"case": item.name, "backend": backend.name})
     outcomes = [_outcome(ref, verdict.output, item.case.config.s1) for ref in verdict.references]
     counted = [o for o in outcomes if o.verdict == "fail" and o.counts]
+    if counted and item.source == "generated":
+        # Captured after the run, once per signature and shrunk (cases/shrink.py, capture_generated).
+        from cases.shrink import signature
+        counted[0].signature = signature(verdict)
+        return outcomes
     if counted and item.source == "regression":
         command = regressions.replay_command(item.regression, regressions_dir)
         line = f"Replay: {command}"
@@ -162,6 +168,47 @@ def _run_paged(backend, backend_name: str, item: Item, *, capture: bool, regress
         o.replay = command
         o.message += f"\n{line}"
     return outcomes
+
+
+def capture_generated(backend, backend_name: str, items: list, results: list, *, seed: int, supported,
+                      capture: bool, regressions_dir, shrink_s: float, examples: int) -> dict:
+    """Capture the generated cases' failures once per signature, each shrunk by Hypothesis from the
+    generation that produced it (cases/shrink.py); every failing outcome gets its group's replay line.
+    Returns {signature: (captured case, member names)}."""
+    from cases import regressions
+    from cases.shrink import shrink, signature
+    from properties import strategies as ps
+    from properties.acceptance import judge
+    groups: dict = {}
+    for item, result in zip(items, results):
+        for o in result.outcomes:
+            if getattr(o, "signature", None) is not None:
+                groups.setdefault(o.signature, []).append((item, result))
+    captured = {}
+    strategy = ps.cases(ps.kernel_configs(supported) if supported else ps.configs())
+    for sig, members in groups.items():
+        def fails_like(case, sig=sig):
+            try:
+                return signature(judge(backend, case)) == sig
+            except Exception:  # noqa: BLE001 - another failure is another bug, not this group's
+                return False
+        smallest = shrink(strategy, seed, fails_like, examples=3 * examples, budget_s=shrink_s) if shrink_s else None
+        case = smallest or members[0][0].case
+        names = [item.name for item, _ in members]
+        verdict = judge(backend, case)
+        how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
+               f"lengths={list(case.config.lengths)}" if smallest else "not shrunk")
+        note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
+        command, line = regressions.capture("acceptance", backend_name, case, {}, verdict.message() + "\n" + note,
+                                            enabled=capture, directory=regressions_dir)
+        short = f"one of {len(names)} generated case(s) that fail like this, captured once; {how}"
+        for item, result in members:
+            for o in result.outcomes:
+                if o.verdict == "fail" and o.counts:
+                    o.replay = command
+                    o.message += f"\n{short}\n{line}"
+        captured[sig] = (case, names)
+    return captured
 
 
 def _run_regression_law(backend, item: Item, regressions_dir) -> list:
@@ -343,6 +390,9 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     results = run_items(backend, name, items, workers=options.workers, device=options.device,
                         capture=not options.no_capture, regressions_dir=options.regressions, progress=progress,
                         deadline=deadline, max_seconds=options.max_seconds)
+    capture_generated(backend, name, items, results, seed=options.seed, supported=supported,
+                      capture=not options.no_capture, regressions_dir=options.regressions,
+                      shrink_s=getattr(options, "shrink_seconds", 60), examples=options.examples)
     return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
                      options.seed, results, time.perf_counter() - start,
                      "pfa-verify run " + " ".join(sys.argv[2:]), fallback=bool(getattr(backend, "fallback", False)),

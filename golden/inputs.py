@@ -25,12 +25,15 @@ __all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "m
 #: Environment variable that sets the largest case, in bytes (see :func:`memory_limit`).
 MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
 
-DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows")
+DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows", "sinks", "outlier_channels")
 # Fill of unread cells: fp8 code value for the caches, and the value for k_scale.
 GARBAGE: dict[str | None, tuple[float, float]] = {
     None: (0.0, 0.0),
     "nan": (math.nan, math.nan),
     "huge": (448.0, 3.0e38),
+    # Plausible but wrong: ordinary finite values, so a kernel that reads them is caught by the numbers,
+    # not by a NaN (0.5 is an E4M3 value; 0.01 a usual K scale).
+    "plausible": (0.5, 0.01),
 }
 
 
@@ -206,11 +209,38 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
         x = uniform * torch.exp2(torch.randint(-12, 13, shape, generator=generator).float())
     elif distribution == "constant_rows":  # every row one repeated value
         x = uniform[..., :1].expand(shape).clone()
+    elif distribution in ("sinks", "outlier_channels"):  # uniform here; make_inputs adds the structure
+        x = uniform
     else:  # pragma: no cover - PagedAttentionConfig validates the name
         raise ValueError(f"distribution={distribution!r}")
     # Zero would make a whole constant row unquantizable; nudge exact zeros to a tiny value.
     x = torch.where(x == 0, 2.0 ** -20, x)
     return x.bfloat16()
+
+
+def _large_logits(q: torch.Tensor, k: torch.Tensor, c: PagedAttentionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Realistic rows with a few very large logits (|S| well past 88, where exp over- or underflows
+    without the row max; SPEC §2.3), for the two distributions that ask for them:
+
+    - ``sinks``: the first token of every batch and KV head is an attention sink: its K row is
+      ``64 * sign`` of the first query head of the group at the last position, so that head's score
+      on it is about ``64 * sum|q| / sqrt(D)`` (about 32 * sqrt(D) for uniform q: 128 at D = 16);
+    - ``outlier_channels``: channels 0 and 1 of every Q and K row hold 32, adding 2048 / sqrt(D) to
+      every score (outlier features: 181 at D = 128).
+    """
+    if c.distribution == "sinks":
+        k = k.float().clone()
+        group = c.nq // c.nkv
+        for b in range(c.batch):
+            last = q[b * c.s1 + c.s1 - 1].float()                         # [NQ, D]
+            for n in range(c.nkv):
+                k[b, 0, n] = 64.0 * torch.sign(last[n * group])
+        return q, torch.where(k == 0, 64.0, k).bfloat16()
+    if c.distribution == "outlier_channels":
+        q, k = q.float().clone(), k.float().clone()
+        q[..., :2], k[..., :2] = 32.0, 32.0
+        return q.bfloat16(), k.bfloat16()
+    return q, k
 
 
 def memory_limit() -> int:
@@ -271,6 +301,7 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
     # "tiny" shrinks Q and K (logits vanish, attention is uniform) but not V: outputs of V's tiny
     # magnitude would sit under SPEC §4's atol of 1e-4, where any kernel output near 0 passes.
     v = _draw((c.batch, c.s2, c.nkv, c.head_dim), "uniform" if c.distribution == "tiny" else c.distribution, generator)
+    q, k = _large_logits(q, k, c)
     q8, q_scale = quantize_per_token(q, name="q")
     k8, k_scale = quantize_per_token(k, name="k")
     valid = (torch.arange(c.s2)[None, :] < lengths[:, None].long())[:, :, None, None]

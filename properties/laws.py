@@ -27,7 +27,7 @@ from properties import transforms as tf
 from properties.acceptance import attribution_of, call, judge, reference_backend, split_bundle
 from properties.case import Case
 
-__all__ = ["LAWS", "Law", "law", "run", "vacuous"]
+__all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,8 @@ def _needs(predicate: Callable, why: str) -> Callable[..., str | None]:
     return check
 
 
-def _same_tiles(config, s2_tile=None, g_tile=None) -> bool:
+def same_tiles(config, s2_tile=None, g_tile=None) -> bool:
+    """Whether (s2_tile, g_tile) are the config's own tiles (None: the config's s2_tile, the whole group)."""
     group = config.nq // config.nkv
     other = (config.s2_tile if s2_tile is None else s2_tile, group if g_tile is None else g_tile)
     return other == (config.s2_tile, config.g_tile or group)
@@ -162,9 +163,9 @@ def block_permutation(backend, case: Case, perm_seed: int = 0) -> None:
 
 @law("garbage_unread", tolerance="exact", vacuous=_garbage_vacuous)
 def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
-    """SPEC §2 items 2 and 5: NaN or huge values in every cell that must not be read (unowned
-    blocks, rows past each length, their K scales, q of rows with cur == 0) give the output of zeros
-    there, bit for bit."""
+    """SPEC §2 items 2 and 5: NaN, huge or plausible-but-wrong values in every cell that must not be
+    read (unowned blocks, rows past each length, their K scales, q of rows with cur == 0) give the
+    output of zeros there, bit for bit."""
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     tags = _tags(backend, case)
@@ -188,7 +189,7 @@ def gqa_repetition(backend, case: Case) -> None:
                     backend=backend, case=case, tensors=tensors, scalars=scalars)
 
 
-@law("tile_invariance", vacuous=_needs(lambda c, **p: not _same_tiles(c, **p), "the same tiles as the case"))
+@law("tile_invariance", vacuous=_needs(lambda c, **p: not same_tiles(c, **p), "the same tiles as the case"))
 def tile_invariance(backend, case: Case, s2_tile: int | None = None, g_tile: int | None = None) -> None:
     """SPEC §2 item 3: the tiles are the caller's choice, and the output at any other (s2_tile,
     g_tile) is the golden's output at those tiles (g_tile only partitions heads; s2_tile moves the

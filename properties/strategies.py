@@ -117,7 +117,8 @@ def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = 
                 allow_all_empty: bool = False) -> st.SearchStrategy:
     """Ragged per-batch lengths ``0 <= kv_act_seqs[b] <= capacity`` (a tuple of ``batch`` ints).
 
-    Each length is either one of :func:`special_lengths` or uniform in [0, capacity]; capacity
+    Each length is one of :func:`special_lengths`, a block boundary k * BS - 1, k * BS or k * BS + 1
+    anywhere up to the capacity, or uniform in [0, capacity]; capacity
     defaults to ``MAX_LEN`` rounded down to whole blocks (the row capacity of the table). At least
     one length is positive unless ``allow_all_empty`` (an all-empty call only checks zeros).
     """
@@ -127,8 +128,12 @@ def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = 
     if capacity is None:
         capacity = max(block_size, MAX_LEN // block_size * block_size)
     _check(isinstance(capacity, int) and capacity >= 0, f"capacity={capacity!r} must be an int >= 0")
+    # Every block (and so every tile) boundary, not only the first ones: k * BS - 1, k * BS, k * BS + 1.
+    boundaries = st.integers(0, capacity // block_size).flatmap(
+        lambda k: st.sampled_from([n for n in (k * block_size, k * block_size - 1, k * block_size + 1) if 0 <= n <= capacity]))
     one = st.one_of(st.integers(0, capacity),
-                    st.sampled_from(special_lengths(block_size=block_size, s2_tile=s2_tile, capacity=capacity)))
+                    st.sampled_from(special_lengths(block_size=block_size, s2_tile=s2_tile, capacity=capacity)),
+                    boundaries)
     lists = _strategy(batch, "batch", minimum=1).flatmap(
         lambda n: st.lists(one, min_size=n, max_size=n).map(tuple))
     return lists if allow_all_empty or capacity == 0 else lists.filter(lambda lengths: max(lengths) > 0)

@@ -7,7 +7,8 @@ import torch
 __all__ = ["read_mask", "poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
            "select_batch", "visible_lengths"]
 
-_FILLS = {"zero": (0x00, 0.0), "nan": (0x7F, float("nan")), "huge": (0x7E, 1e30)}  # E4M3 code, scale
+# E4M3 code and K scale of each fill: zeros, NaN, huge, and plausible but wrong (0x30 is 0.5).
+_FILLS = {"zero": (0x00, 0.0), "nan": (0x7F, float("nan")), "huge": (0x7E, 1e30), "plausible": (0x30, 0.01)}
 
 
 def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
@@ -34,7 +35,7 @@ def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def poison_unread(tensors: dict, fill: str) -> dict:
-    """Copies with ``fill`` ("zero", "nan" or "huge") in every cell the spec says must not reach the
+    """Copies with ``fill`` ("zero", "nan", "huge" or "plausible") in every cell the spec says must not reach the
     output: cache rows no row of the table reads (spare blocks, tails of last blocks), their K scales,
     and q / q_scale of query rows with ``cur == 0`` (their output is 0 whatever q holds, SPEC §2 item 5)."""
     if fill not in _FILLS:

@@ -258,8 +258,9 @@ BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim":
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
     """The backend called `name`: golden, sim, npu, auto, an import path 'package.module:factory',
     a file path 'path/to/file.py:factory' (test doubles; relative to the working directory or the
-    project root), or a kernel in PyPTO-Gym's calling convention, 'pypto-gym:PATH.py[:FUNCTION]'
-    (sim) or 'pypto-gym-npu:...' (kernels/backends/upstream.py).
+    project root), a kernel in PyPTO-Gym's calling convention, 'pypto-gym:PATH.py[:FUNCTION]'
+    (sim) or 'pypto-gym-npu:...' (kernels/backends/upstream.py). kernels.get_backend adds the
+    mutants of the catalog, 'mutant:NAME' (kernels/mutants).
 
     - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
     - options: passed to the backend (sim: level="execute" or "compile").

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import golden
 from cases import cli, regressions
 from cases import run as runner
@@ -239,7 +241,7 @@ def test_no_capture_says_so_instead_of_naming_an_id(tmp_path, capsys):
 def test_a_captured_case_that_cannot_load_is_an_error_not_a_crash(tmp_path):
     (tmp_path / "regs").mkdir()
     (tmp_path / "regs" / "0badcase00.json").write_text("{not json")
-    status, data = _run(tmp_path, backend="golden", cases="all", examples=0)
+    status, data = _run(tmp_path, backend="golden", cases="0badcase00,edge_causal_s1_3_short", examples=0)
     first = data["results"][0]
     assert status == 1 and (first["name"], first["verdict"]) == ("0badcase00", "error")
     assert "not valid JSON" in first["message"]
@@ -261,3 +263,26 @@ def test_workers_take_regressions_first_then_the_longest_cases():
              Item("c", "catalog", cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"])]
     backend = SimpleNamespace(estimate=lambda c: Estimate(c.batch * c.s2 / 1000, 0, 1, 0))
     assert runner.schedule(backend, items) == [1, 2, 0]
+
+
+def test_generated_failures_are_captured_once_per_signature_and_shrunk(tmp_path, capsys):
+    """Issue 12: one bug over many generated cases leaves one case file per way it fails, each the
+    smallest case Hypothesis' shrinker found, and every failing case's replay line points at it."""
+    drop = "tests/properties/doubles.py:DropLastS2Tile"
+    status, data = _run(tmp_path, backend=drop, cases="edge_tail_tile_3_tokens", examples=12)
+    generated = [r for r in data["results"] if r["source"] == "generated" and r["verdict"] == "fail"]
+    assert status == 1 and len(generated) >= 3
+    ids = regressions.list_ids(directory=tmp_path / "regs")
+    replays = {r["replay"].rsplit(" ", 1)[1] for r in generated}
+    assert replays <= set(ids) and len(replays) < len(generated)
+    sizes = {r["name"]: r["total"] for r in generated}
+    for rid in replays:
+        reg = regressions.load(rid, directory=tmp_path / "regs")
+        members = [r for r in generated if r["replay"].endswith(rid)]
+        assert f"{len(members)} generated case(s) fail like this" in reg.message
+        assert "shrunk by Hypothesis to B=1 " in reg.message
+        config = reg.case["config"]
+        assert config["batch"] * config["s1"] * config["nq"] * config["head_dim"] <= min(sizes[r["name"]] for r in members)
+        with pytest.raises(AssertionError, match=f"replay {rid}"):
+            regressions.replay(reg, directory=tmp_path / "regs")
+    assert "captured once; shrunk by Hypothesis" in capsys.readouterr().out

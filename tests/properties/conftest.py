@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from properties import strategies as ps
 
 
 @pytest.fixture(scope="session")
-def cases_for(backend):
-    """``cases_for(**narrowing)``: cases the backend under test runs (kernel-sized for a kernel
-    backend: its ``supported_shapes``), narrowed to a law's domain (``group=...``, ``s1=...``,
-    ``batch=...``, ``spare_blocks=...``), so that no example is vacuous for the law."""
-    def strategy(**narrowing):
-        return ps.cases_for(backend, **narrowing)
+def examples_for(backend):
+    """``examples_for(law)``: the law's ``(case, params)`` examples for the backend under test
+    (kernel-sized for a kernel backend: its ``supported_shapes``), properties/law_examples.py."""
+    from properties import law_examples
+
+    def strategy(law: str):
+        return law_examples.examples(law, backend)
     return strategy
 
 

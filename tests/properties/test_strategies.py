@@ -84,6 +84,11 @@ def test_kv_act_seqs_reach_row_capacity():
     ("GQA grouping", lambda c: c.nq > c.nkv),
     ("outlier rows", lambda c: c.distribution == "outliers"),
     ("tiny magnitudes", lambda c: c.distribution == "tiny"),
+    ("attention sinks", lambda c: c.distribution == "sinks"),
+    ("outlier channels", lambda c: c.distribution == "outlier_channels"),
+    ("plausible garbage", lambda c: c.garbage == "plausible"),
+    ("a length on a late block boundary", lambda c: any(n >= 4 * c.block_size and n % c.block_size in (0, 1, c.block_size - 1)
+                                                        for n in c.lengths)),
 ])
 def test_configs_reach(name, predicate):
     find(ps.configs(), predicate, settings=FIND)

@@ -1,0 +1,385 @@
+"""``pfa-verify mutants``: how much the suite catches, as a number (issue 12).
+
+Every mutant of kernels/mutants (and the unmutated reference, the baseline) goes through the same laws,
+with the same examples (properties/law_examples.py), and the same catalog as every other run, under
+the one acceptance rule. For each (mutant, law) a Hypothesis search runs up to ``examples`` examples
+and stops at the first failure: the law killed the mutant, after so many examples and seconds. The
+mutant's first kill is then shrunk by Hypothesis' own shrinker to the smallest counterexample. The
+catalog column runs the catalog's cases the backend supports (small ones first) until one fails the
+one rule. A kernel error (the calculator rejecting a mutant, an unwritten output) counts as a kill
+(``by="error"``): a run reports it as an ``error`` verdict, so it never passes. At the sim level the
+rest of such a row is not run (pypto 0.2.0 does not recover from a failure inside its trace), and
+each mutant gets a fresh worker process.
+
+The kill ratio counts the mutants without an equivalence proof; the run fails (exit 1) when the
+baseline fails any law or the ratio is under ``--goal``. The matrix is data (``to_json``) and is
+rendered by :func:`render_table` and :func:`render_html`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import statistics
+import time
+
+__all__ = ["LawKill", "MutantResult", "MutantsRun", "search", "catalog_kill", "kill_matrix", "to_json",
+           "render_table", "render_html", "GOALS"]
+
+GOALS = {"golden": 1.0, "sim": 0.9}
+CATALOG = "catalog"
+
+
+@dataclasses.dataclass
+class LawKill:
+    """One cell: did ``law`` kill the mutant, after how many examples and seconds, on what."""
+    law: str
+    killed: bool
+    examples: int
+    seconds: float
+    counterexample: dict | None = None    # {"config", "seed", "params"} of the (shrunk) failing example
+    message: str = ""                     # the failure's first line
+    by: str | None = None                 # "law": the law failed; "error": the backend raised; None: no kill
+    ran: bool = True                      # False: not run, after a kernel error in this process (see _one)
+
+
+@dataclasses.dataclass
+class MutantResult:
+    name: str
+    level: str
+    bug: str
+    equivalent: str | None
+    cells: list                           # LawKill per law, then the catalog
+    seconds: float = 0.0
+    error: str | None = None              # the matrix itself broke on this mutant: neither killed nor clean
+
+    @property
+    def killed(self) -> bool:
+        return any(c.killed for c in self.cells)
+
+    @property
+    def killing_laws(self) -> list[str]:
+        return [c.law for c in self.cells if c.killed]
+
+    @property
+    def first_kill(self) -> LawKill | None:
+        kills = [c for c in self.cells if c.killed and c.law != CATALOG]
+        return min(kills, key=lambda c: (c.examples, c.seconds)) if kills else None
+
+
+@dataclasses.dataclass
+class MutantsRun:
+    level: str
+    examples: int
+    seed: int
+    baseline: MutantResult
+    mutants: list
+    goal: float
+    seconds: float
+    allowed_survivors: tuple = ()         # named by the user: reported as survivors, not failing the goal
+
+    @property
+    def counted(self) -> list:
+        return [m for m in self.mutants if m.equivalent is None]
+
+    @property
+    def kill_ratio(self) -> float:
+        counted = self.counted
+        return sum(m.killed for m in counted) / len(counted) if counted else 1.0
+
+    def goal_ratio(self) -> float:
+        """The share of counted mutants killed or allowed by name to survive: what ``goal`` is held to."""
+        counted = self.counted
+        ok = sum(m.killed or m.name in self.allowed_survivors for m in counted)
+        return ok / len(counted) if counted else 1.0
+
+    @property
+    def exit_status(self) -> int:
+        broken = any(m.error for m in [self.baseline] + self.mutants)
+        return 1 if self.baseline.killed or broken or self.goal_ratio() < self.goal else 0
+
+
+def _example_record(case, params) -> dict:
+    return {"config": case.config.to_dict(), "seed": case.seed, "params": dict(params)}
+
+
+def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0) -> LawKill:
+    """Run ``law`` on up to ``examples`` of its examples against ``backend``; stop at the first failure
+    (an AssertionError of the law, or any exception of the backend), then let Hypothesis shrink it for
+    ``shrink_s`` seconds (0: no shrinking). Past the budget every attempt passes, so the shrinker stops
+    at the smallest failure it has."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fixed_seed
+    from hypothesis.errors import HypothesisException
+
+    from properties import law_examples, laws
+    state = {"count": 0, "first": None, "last": None, "message": "", "by": None}
+    start = time.perf_counter()
+    phases = [Phase.generate, Phase.shrink] if shrink_s > 0 else [Phase.generate]
+
+    @fixed_seed(seed)
+    @settings(max_examples=examples, database=None, deadline=None, phases=phases, report_multiple_bugs=False,
+              suppress_health_check=list(HealthCheck), derandomize=False)
+    @given(law_examples.examples(law, backend))
+    def run(example):
+        case, params = example
+        if state["first"] is None:
+            state["count"] += 1
+        elif shrink_s and time.perf_counter() - start - state["first"] > shrink_s:
+            return      # shrinking is over budget: this attempt "passes", so the shrinker stops
+        try:
+            laws.run(law, backend, case, **params)
+        except Exception as exc:  # noqa: BLE001 - a law's failure and a kernel's error both kill
+            if state["first"] is None:
+                state["first"] = time.perf_counter() - start
+                state["by"] = "law" if isinstance(exc, AssertionError) else "error"
+            if state["by"] == "law" or state["last"] is None:
+                # after a kernel error pypto's later calls fail for that reason alone: keep the first
+                state["last"], state["message"] = example, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            raise AssertionError(state["message"]) from None
+
+    try:
+        run()
+    except (AssertionError, HypothesisException):
+        # The last failing example is the shrinker's smallest. Hypothesis' final replay of it may
+        # "pass" (over the shrink budget, or a backend failing once): FlakyFailure, still a kill.
+        if state["last"] is None:
+            raise
+        case, params = state["last"]
+        return LawKill(law, True, state["count"], state["first"], _example_record(case, params), state["message"],
+                       by=state["by"])
+    return LawKill(law, False, state["count"], time.perf_counter() - start)
+
+
+def catalog_kill(backend) -> LawKill:
+    """The catalog's cases the backend runs, smallest first, under the one rule, to the first failure."""
+    from cases.catalog import load_catalog
+    from properties.acceptance import judge
+    start = time.perf_counter()
+    cases = [c for c in load_catalog().values() if backend.skip_reason(c.config) is None]
+    cases.sort(key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)
+    for count, case in enumerate(cases, 1):
+        try:
+            verdict = judge(backend, case)
+            failed, message, by = not verdict.passed, verdict.message().split("\n")[0], "law"
+        except Exception as exc:  # noqa: BLE001 - an error kills, as in any run
+            failed, message = True, f"{type(exc).__name__}: {exc}".split("\n")[0]
+            by = "law" if isinstance(exc, AssertionError) else "error"
+        if failed:
+            return LawKill(CATALOG, True, count, time.perf_counter() - start,
+                           {"config": case.config.to_dict(), "seed": case.seed, "params": {}, "name": case.name}, message,
+                           by=by)
+    return LawKill(CATALOG, False, len(cases), time.perf_counter() - start)
+
+
+def _worker_init() -> None:
+    import torch
+    torch.set_num_threads(1)
+
+
+def _one(name: str | None, *, level: str, examples: int, seed: int, laws: tuple, catalog: bool,
+         shrink_s: float = 30.0, first_kill_only: bool = False, progress=None) -> MutantResult:
+    """One row of the matrix: ``name`` (None: the baseline) through ``laws``, then the catalog; with
+    ``first_kill_only``, the laws after the first that kills are not run (tests/meta: killed or not)."""
+    from kernels import mutants
+    backend = mutants.reference(level) if name is None else mutants.get_mutant(name)
+    entry = None if name is None else mutants.MUTANTS[name]
+    start = time.perf_counter()
+    cells = []
+    columns = list(laws) + ([CATALOG] if catalog else [])
+    for column in columns:
+        spoiled = next((c for c in cells if c.by == "error"), None) if level == "sim" else None
+        if spoiled is not None:
+            # pypto 0.2.0 does not recover from a kernel that fails inside its trace: the next trace in
+            # the process fails ("function nested is not allowed") or crashes. The kill stands; the
+            # rest of the row would only measure that, so it is not run.
+            cells.append(LawKill(column, False, 0, 0.0, message=f"not run: {spoiled.law} ended in a kernel error",
+                                 ran=False))
+            continue
+        cells.append(catalog_kill(backend) if column == CATALOG else search(column, backend, examples=examples, seed=seed))
+        progress and progress(name, cells[-1])
+        if first_kill_only and cells[-1].killed:
+            break
+    result = MutantResult(name or "none (baseline)", level, entry.bug if entry else "the unmutated reference",
+                          entry.equivalent if entry else None, cells)
+    first = result.first_kill
+    if first is not None and shrink_s > 0 and not (level == "sim" and first.by == "error"):
+        # the smallest counterexample of the first kill, by Hypothesis' shrinker
+        shrunk = search(first.law, backend, examples=examples, seed=seed, shrink_s=shrink_s)
+        if shrunk.killed:
+            first.counterexample, first.message = shrunk.counterexample, shrunk.message
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _one_or_error(name: str | None, **options) -> MutantResult:
+    """:func:`_one`, with an exception of the matrix itself (not of a law) kept as the row's error."""
+    try:
+        return _one(name, **options)
+    except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
+        from kernels import mutants
+        entry = None if name is None else mutants.MUTANTS.get(name)
+        return MutantResult(name or "none (baseline)", options["level"], entry.bug if entry else "the unmutated reference",
+                            None, [], error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, names=None, laws=None,
+                catalog: bool = True, goal: float | None = None, workers: int = 1, shrink_s: float = 30.0,
+                allowed_survivors=(), progress=None) -> MutantsRun:
+    """The baseline and every mutant of ``level`` (or ``names``) through every paged-attention law,
+    in ``workers`` processes (one mutant each at a time); each first kill shrunk for ``shrink_s`` s."""
+    from kernels import mutants
+    from properties.law_examples import PAGED_LAWS
+    if level not in mutants.LEVELS:
+        raise ValueError(f"--level {level!r} must be one of {mutants.LEVELS}")
+    chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
+    unknown = [n for n in chosen if n not in mutants.MUTANTS]
+    if unknown:
+        raise ValueError(f"unknown mutant(s) {unknown}; `pfa-verify mutants --list` shows the catalog")
+    unknown = [n for n in allowed_survivors if n not in mutants.MUTANTS]
+    if unknown:
+        raise ValueError(f"--allow-survivors: unknown mutant(s) {unknown}; `pfa-verify mutants --list` shows the catalog")
+    laws = tuple(laws or PAGED_LAWS)
+    if set(laws) - set(PAGED_LAWS):
+        raise ValueError(f"--laws: unknown law(s) {sorted(set(laws) - set(PAGED_LAWS))}; expected some of {PAGED_LAWS}")
+    note = progress or (lambda *a: None)
+    start = time.perf_counter()
+    options = dict(level=level, examples=examples, seed=seed, laws=laws, catalog=catalog, shrink_s=shrink_s)
+    if workers <= 1:
+        base, *results = [_one_or_error(n, progress=note, **options) for n in [None] + chosen]
+    else:   # one mutant per task, in spawned processes (one OpenMP thread each), results in catalog order
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        # A sim mutant gets a fresh process: one whose kernel failed inside pypto's trace spoils it.
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                 max_tasks_per_child=1 if level == "sim" else None) as pool:
+            futures = [pool.submit(_one_or_error, n, **options) for n in [None] + chosen]
+            base, *results = [f.result() for f in futures]
+        for r in [base] + results:
+            for cell in r.cells:
+                note(r.name, cell)
+    listed = [mutants.MUTANTS[m] for m in mutants.MUTANTS if mutants.MUTANTS[m].level == level
+              and mutants.MUTANTS[m].equivalent is not None and (names is None or m in names)]
+    results += [MutantResult(m.name, level, m.bug, m.equivalent, []) for m in listed]
+    return MutantsRun(level, examples, seed, base, results, GOALS[level] if goal is None else goal,
+                      time.perf_counter() - start, tuple(allowed_survivors))
+
+
+def _cell_json(c: LawKill) -> dict:
+    return dataclasses.asdict(c) | {"seconds": round(c.seconds, 3)}
+
+
+def to_json(run: MutantsRun) -> dict:
+    """The report: ``mutants`` (name, level, killed, killing_laws, examples_to_kill, seconds,
+    counterexample, ...), ``baseline`` (examples, failures), ``kill_ratio``."""
+    def one(m: MutantResult) -> dict:
+        first = m.first_kill
+        kills = [c for c in m.cells if c.killed]
+        return {"name": m.name, "level": m.level, "bug": m.bug, "equivalent": m.equivalent, "error": m.error,
+                "killed": m.killed,
+                "killing_laws": m.killing_laws,
+                "examples_to_kill": first.examples if first else (kills[0].examples if kills else None),
+                "seconds": round(first.seconds if first else (kills[0].seconds if kills else m.seconds), 3),
+                "counterexample": (first or (kills[0] if kills else None)).counterexample if kills else None,
+                "cells": [_cell_json(c) for c in m.cells]}
+    counted = [m for m in run.mutants if m.equivalent is None]
+    to_kill = [one(m)["examples_to_kill"] for m in counted if m.killed]
+    return {"schema": "pfa-verify-mutants/1", "level": run.level, "examples": run.examples, "seed": run.seed,
+            "baseline": {"examples": sum(c.examples for c in run.baseline.cells),
+                         "failures": [_cell_json(c) for c in run.baseline.cells if c.killed],
+                         "error": run.baseline.error},
+            "mutants": [one(m) for m in run.mutants], "kill_ratio": round(run.kill_ratio, 4), "goal": run.goal,
+            "counted": len(counted), "killed": sum(m.killed for m in counted),
+            "median_examples_to_kill": statistics.median(to_kill) if to_kill else None,
+            "worst_examples_to_kill": max(to_kill) if to_kill else None,
+            "allowed_survivors": list(run.allowed_survivors),
+            "seconds": round(run.seconds, 1), "exit_status": run.exit_status}
+
+
+def _cell_text(c: LawKill) -> str:
+    if not c.ran:
+        return "not run"
+    return (f"error@{c.examples}" if c.by == "error" else f"killed@{c.examples}") if c.killed else "-"
+
+
+def _columns(run: MutantsRun) -> list[str]:
+    return [c.law for c in max(([run.baseline] + run.mutants), key=lambda m: len(m.cells)).cells]
+
+
+def render_table(run: MutantsRun):
+    """A rich Table: one row per mutant, one column per law and the catalog."""
+    from rich.table import Table
+    columns = _columns(run)
+    table = Table(title=f"pfa-verify mutants: level {run.level}, {run.examples} examples per law", title_justify="left")
+    table.add_column("mutant", no_wrap=True)
+    for col in columns:
+        table.add_column(col.replace("_", " "), justify="center")
+    table.add_column("s", justify="right")
+    for m in [run.baseline] + run.mutants:
+        if m.equivalent is not None:
+            table.add_row(f"[dim]{m.name}[/]", *["[dim]equivalent[/]"] + [""] * (len(columns) - 1), "")
+            continue
+        if m.error:
+            table.add_row(f"[red]{m.name}[/]", *[f"[red]error: {m.error}[/]"] + [""] * (len(columns) - 1), "")
+            continue
+        style = "red" if m is run.baseline and m.killed else ("green" if m.killed else "yellow")
+        cells = [(f"[bold]{_cell_text(c)}[/]" if c.killed else f"[dim]{_cell_text(c)}[/]") for c in m.cells]
+        table.add_row(f"[{style}]{m.name}[/]", *cells, f"{m.seconds:.1f}")
+    return table
+
+
+def summary_line(run: MutantsRun) -> str:
+    data = to_json(run)
+    base = "baseline clean" if not run.baseline.killed else f"BASELINE FAILS ({', '.join(run.baseline.killing_laws)})"
+    if run.baseline.error:
+        base = f"BASELINE BROKE ({run.baseline.error})"
+    broken = [m.name for m in run.mutants if m.error]
+    if broken:
+        base += f"; {len(broken)} mutant(s) broke the matrix ({', '.join(broken)})"
+    allowed = [m.name for m in run.counted if not m.killed and m.name in run.allowed_survivors]
+    if allowed:
+        base += f"; survivors allowed by name: {', '.join(allowed)}"
+    by_error = sum(1 for m in run.counted if m.killed and all(c.by == "error" for c in m.cells if c.killed))
+    errors = f", {by_error} of them only by a kernel error" if by_error else ""
+    return (f"level {run.level}: {data['killed']}/{data['counted']} mutants killed{errors} (kill ratio {run.kill_ratio:.0%}, "
+            f"goal {run.goal:.0%}), {len(run.mutants) - data['counted']} equivalent listed; examples to kill: median "
+            f"{data['median_examples_to_kill']}, worst {data['worst_examples_to_kill']}; {base}; {run.seconds:.1f} s -> "
+            + ("OK" if run.exit_status == 0 else "FAILED"))
+
+
+def counterexample_text(law: str, example: dict) -> str:
+    """One line for a counterexample record: the law, the case's shape and lengths, its params."""
+    c = example["config"]
+    text = (f"{law}: B={c['batch']} S1={c['s1']} NQ={c['nq']} NKV={c['nkv']} D={c['head_dim']} BS={c['block_size']} "
+            f"s2_tile={c['s2_tile']} kv_act_seqs={c['kv_act_seqs']} {c['distribution']}"
+            + (f" garbage={c['garbage']}" if c.get("garbage") else "") + f" seed={example['seed']}")
+    params = ", ".join(f"{k}={v}" for k, v in example.get("params", {}).items())
+    return text + (f" ({params})" if params else "") + (f" [{example['name']}]" if example.get("name") else "")
+
+
+def render_html(run: MutantsRun) -> str:
+    """The kill matrix as one self-contained HTML page (no scripts, no network)."""
+    e = lambda x: html.escape(str(x))  # noqa: E731 - local shorthand
+    columns = _columns(run)
+    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>pfa-verify mutants</title><style>",
+           "body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid #ddd;"
+           "padding:3px 8px;font-size:12px}td.k{background:#c8e6c9}td.s{background:#fff3e0}tr.eq td{color:#888}"
+           "td.b{background:#ffcdd2}td.bug{min-width:480px;max-width:640px}</style></head><body>",
+           f"<h1>pfa-verify mutants ({e(run.level)})</h1><p><b>{e(summary_line(run))}</b></p>",
+           "<table><tr><th>mutant</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "<th>bug</th></tr>"]
+    for m in [run.baseline] + run.mutants:
+        if m.equivalent is not None:
+            out.append(f"<tr class='eq'><td>{e(m.name)}</td><td colspan='{len(columns)}'>equivalent: {e(m.equivalent)}"
+                       f"</td><td>{e(m.bug)}</td></tr>")
+            continue
+        if m.error:
+            out.append(f"<tr><td>{e(m.name)}</td><td class='b' colspan='{len(columns)}'>error: {e(m.error)}</td>"
+                       f"<td>{e(m.bug)}</td></tr>")
+            continue
+        cells = "".join(f"<td class='{'b' if (m is run.baseline and c.killed) else 'k' if c.killed else 's'}' "
+                        f"title='{e(c.message)}'>{e(_cell_text(c))}</td>" for c in m.cells)
+        first = m.first_kill
+        shrunk = (f"<br><small>smallest: {e(counterexample_text(first.law, first.counterexample))}</small>"
+                  if first and first.counterexample else "")
+        out.append(f"<tr><td>{e(m.name)}</td>{cells}<td class='bug'>{e(m.bug)}{shrunk}</td></tr>")
+    out.append("</table></body></html>")
+    return "\n".join(out)

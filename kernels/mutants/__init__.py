@@ -1,0 +1,66 @@
+"""A catalog of realistic defects of FP8 paged attention, to measure what the suite catches (issue 12).
+
+Each mutant is a backend, selected by name (``kernels.get_backend("mutant:NAME")``), whose docstring
+names the bug. Two levels:
+
+- ``golden``: a stage of kernels/mutants/staged.StagedGolden (SPEC §2, one method per stage, the
+  golden's bits when unmutated) overridden in kernels/mutants/golden_level.py. Fast: every CI run.
+- ``sim``: a textual change of our PyPTO kernel (kernels/pfa_fp8.py) written to a copy in the cache
+  and executed by the sim backend (kernels/mutants/kernel_level.py). Slow: the nightly-style run.
+
+The unmutated code is never edited on disk. A mutant with ``equivalent`` set cannot be killed (its
+proof is the text); it is listed, never counted in the kill ratio.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Mutant", "MUTANTS", "LEVELS", "get_mutant", "reference"]
+
+LEVELS = ("golden", "sim")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    level: str
+    bug: str                      # the docstring: what a kernel engineer wrote
+    equivalent: str | None        # the proof, for a mutant that cannot be killed
+
+
+def _catalog() -> dict:
+    from kernels.mutants.golden_level import GOLDEN_MUTANTS
+    from kernels.mutants.kernel_level import KERNEL_MUTANTS
+    out = {}
+    for name, cls in GOLDEN_MUTANTS.items():
+        out[name] = Mutant(name, "golden", " ".join(cls.__doc__.split()), cls.equivalent)
+    for name, m in KERNEL_MUTANTS.items():
+        out[f"sim/{name}"] = Mutant(f"sim/{name}", "sim", m.bug, m.equivalent)
+    return out
+
+
+MUTANTS: dict[str, Mutant] = _catalog()
+
+
+def get_mutant(name: str, **options):
+    """The backend of mutant ``name`` (``none``: the unmutated reference of the golden level;
+    ``sim/none``: our kernel on the sim backend)."""
+    from kernels.mutants.golden_level import GOLDEN_MUTANTS
+    from kernels.mutants.staged import StagedGolden
+    if name == "none":
+        return StagedGolden(**options)
+    if name in GOLDEN_MUTANTS:
+        backend = GOLDEN_MUTANTS[name](**options)
+        backend.name = f"mutant:{name}"
+        return backend
+    if name.startswith("sim/"):
+        from kernels.mutants.kernel_level import make_kernel_mutant
+        return make_kernel_mutant(name.removeprefix("sim/"), **options)
+    raise ValueError(f"mutant {name!r} is not in the catalog; expected none, sim/none or one of {sorted(MUTANTS)}")
+
+
+def reference(level: str, **options):
+    """The unmutated backend of ``level``: the staged golden, or our kernel on the sim backend."""
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r} must be one of {LEVELS}")
+    return get_mutant("none" if level == "golden" else "sim/none", **options)

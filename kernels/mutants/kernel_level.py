@@ -1,0 +1,120 @@
+"""Kernel-level mutants: one textual change of our PyPTO kernel (kernels/pfa_fp8.py), run on the sim.
+
+Each mutant replaces one snippet of the kernel's source (it must occur exactly once); the mutated
+module is written to the cache (pypto's parser reads a kernel's source from its file) and imported
+from there, and a sim backend runs it. kernels/pfa_fp8.py itself is never edited.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+__all__ = ["KernelMutant", "KERNEL_MUTANTS", "make_kernel_mutant", "mutated_source"]
+
+_SOURCE = Path(__file__).resolve().parent.parent / "pfa_fp8.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelMutant:
+    bug: str
+    old: str
+    new: str
+    equivalent: str | None = None
+
+
+KERNEL_MUTANTS = {
+    "causal_offset_ignored": KernelMutant(
+        "Every query position sees all kv_act_seqs[b] tokens: the S1 - 1 - i causal offset is dropped.",
+        "cur = (kv_act_seqs[b_idx] - (s1 - 1 - s1_idx)).max(0)", "cur = (kv_act_seqs[b_idx] - 0 * s1_idx).max(0)"),
+    "tail_tile_reads_full_tile": KernelMutant(
+        "The last tile's valid length is not cut: it computes over a full s2_tile.",
+        "valid = (cur - s2_idx * s2_tile).min(s2_tile)", "valid = (cur - s2_idx * s2_tile).max(s2_tile).min(s2_tile)"),
+    "table_column_off_by_one": KernelMutant(
+        "The block-table column of each block in a tile is one too far (s2_idx * blocks_per_tile + i + 1).",
+        "column = (s2_idx * cfg.blocks_per_tile + i).min(cfg.max_blocks - 1)",
+        "column = (s2_idx * cfg.blocks_per_tile + i + 1).min(cfg.max_blocks - 1)"),
+    "minus_one_not_clamped": KernelMutant(
+        "-1 table entries are not clamped to block 0 before the gather.",
+        "block = block_table[b_idx, column].max(0)", "block = block_table[b_idx, column]"),
+    "every_head_reads_kv_head_0": KernelMutant(
+        "The K and V gathers read KV head 0 for every group (the n2 offset of the cache view is dropped).",
+        "[block * bs, n2_idx * width]", "[block * bs, 0 * n2_idx]"),
+    "no_max_subtraction": KernelMutant(
+        "The softmax skips the row max: P = exp(S).",
+        "p = pypto.exp(pypto.sub(s, m_j))", "p = pypto.exp(s)"),
+    "softmax_scale_before_dequant": KernelMutant(
+        "softmax_scale is applied to the raw scores before the q and k dequantization.",
+        "s = pypto.mul(pypto.mul(s_raw, qscale_i), kscale_row)\n        s = pypto.mul(s, cfg.softmax_scale)",
+        "s = pypto.mul(pypto.mul(pypto.mul(s_raw, cfg.softmax_scale), qscale_i), kscale_row)"),
+    "p_scale_not_inverted": KernelMutant(
+        "P is dequantized with its quantization scale (448 / max P) instead of its reciprocal.",
+        "p_scale = pypto.div(pypto.full([g_tile, 1], 1.0, pypto.DT_FP32), p_quant_scale)",
+        "p_scale = pypto.mul(p_quant_scale, 1.0)"),
+    "v_scale_of_batch_0": KernelMutant(
+        "Every batch reads batch 0's V scale (the batch offset of the v_scale view is dropped).",
+        "[b_idx * nkv + n2_idx, 0]", "[0 * b_idx + n2_idx, 0]"),
+    "missing_o_rescale": KernelMutant(
+        "The online update forgets to rescale O by exp(m - m').",
+        "o_acc[:] = pypto.add(pypto.mul(o_acc, a), pypto.mul(o_j, c))", "o_acc[:] = pypto.add(o_acc, pypto.mul(o_j, c))"),
+    "missing_l_rescale": KernelMutant(
+        "The online update forgets to rescale l by exp(m - m').",
+        "l_acc[:] = pypto.add(pypto.mul(l_acc, a), pypto.mul(l_j, c))", "l_acc[:] = pypto.add(l_acc, pypto.mul(l_j, c))"),
+    "running_max_not_updated": KernelMutant(
+        "The running max m keeps the first tile's value (m = m' is never stored).",
+        "            m_acc[:] = m_new\n", "            m_acc[:] = m_acc\n"),
+}
+
+
+def mutated_source(name: str) -> str:
+    """kernels/pfa_fp8.py with mutant ``name``'s change (ValueError when its snippet is not there once)."""
+    if name not in KERNEL_MUTANTS:
+        raise ValueError(f"kernel mutant {name!r} is not in the catalog; expected one of {sorted(KERNEL_MUTANTS)}")
+    mutant = KERNEL_MUTANTS[name]
+    text = _SOURCE.read_text()
+    if text.count(mutant.old) != 1:
+        raise ValueError(f"kernel mutant {name!r}: its snippet occurs {text.count(mutant.old)} times in "
+                         f"{_SOURCE.name}; update the catalog")
+    return text.replace(mutant.old, mutant.new)
+
+
+def _mutated_module(name: str):
+    from kernels.pypto_workarounds import cache_root
+    source = mutated_source(name)
+    tag = hashlib.sha256(source.encode()).hexdigest()[:12]
+    path = cache_root() / "mutants" / f"pfa_fp8_{name}_{tag}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(source)
+    module_name = f"_pfa_verify_mutant_{name}_{tag}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+def make_kernel_mutant(name: str, **options):
+    """A sim backend running mutant ``name`` of our kernel (``none``: the kernel itself)."""
+    from kernels.backends.sim import SimBackend
+    if name != "none" and name not in KERNEL_MUTANTS:
+        raise ValueError(f"kernel mutant {name!r} is not in the catalog; expected none or one of {sorted(KERNEL_MUTANTS)}")
+
+    class KernelMutantBackend(SimBackend):
+        def _pfa_kernel(self, execute: bool):
+            key = ("mutant", name, execute)
+            if key not in self._kernels:
+                module = _mutated_module(name)
+                self._kernels[key] = module.make_kernel(run_mode=self._pypto.RunMode.SIM, pass_verify=execute,
+                                                        pass_options=self.pass_options)
+            return self._kernels[key]
+
+    if name == "none":
+        backend = SimBackend(**options)
+    else:
+        backend = KernelMutantBackend(**options)
+    backend.name = f"mutant:sim/{name}"
+    return backend

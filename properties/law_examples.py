@@ -1,0 +1,61 @@
+"""The examples each paged-attention law is checked on: its domain, where it can fail.
+
+``examples(law, backend)`` is a strategy of ``(case, params)`` for :func:`properties.laws.run`: cases the
+backend runs (:func:`properties.strategies.cases_for`), narrowed to the law's domain (GQA needs a group
+of at least 2, causal positions S1 >= 2, batch independence two batches, ...), with the law's own
+parameters drawn where they can make it fail (the other tiles differ from the case's; the batch sees a
+token). :func:`properties.laws.vacuous` filters what the narrowing leaves (a backstop: the share is
+held at zero by tests/properties/test_vacuity.py). The pytest law tests, ``pfa-verify mutants`` and
+``pfa-verify run``'s shrinking all draw from here, so every search checks the same thing.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from properties import laws
+from properties import strategies as ps
+
+__all__ = ["PAGED_LAWS", "examples"]
+
+PAGED_LAWS = ("acceptance", "outputs_finite", "block_permutation", "garbage_unread", "gqa_repetition",
+              "tile_invariance", "batch_independence", "causal_prefix")
+_GROUPS = st.sampled_from((2, 4, 3))
+_SPARE = st.integers(1, 3)       # at least one block nothing reads
+
+
+def _with(params):
+    """Pair each case with ``params`` (a dict of strategies, or a function of the case giving one)."""
+    def pair(case):
+        chosen = params(case) if callable(params) else params
+        return st.fixed_dictionaries(chosen).map(lambda p: (case, p))
+    return pair
+
+
+def _other_tiles(case):
+    c = case.config
+    group = c.nq // c.nkv
+    choices = [(c.block_size * k, g) for k in (1, 2, 4) for g in [None] + [g for g in range(1, group) if group % g == 0]]
+    other = [t for t in choices if not laws.same_tiles(c, s2_tile=t[0], g_tile=t[1])]
+    return st.sampled_from(other).map(lambda t: {"s2_tile": t[0], "g_tile": t[1]})
+
+
+def _seen_batch(case):
+    return {"batch_index": st.sampled_from([b for b, n in enumerate(case.config.lengths) if n > 0])}
+
+
+def examples(law: str, backend=None) -> st.SearchStrategy:
+    """``(case, params)`` for ``law`` on ``backend`` (its supported shapes; None: any), never vacuous."""
+    cases = lambda **narrowing: ps.cases_for(backend, **narrowing)  # noqa: E731 - a local shorthand
+    domains = {
+        "acceptance": cases().flatmap(_with({})),
+        "outputs_finite": cases().flatmap(_with({})),
+        "block_permutation": cases(spare_blocks=_SPARE).flatmap(_with({"perm_seed": st.integers(0, 2**16)})),
+        "garbage_unread": cases(spare_blocks=_SPARE).flatmap(_with({"fill": st.sampled_from(("nan", "huge", "plausible"))})),
+        "gqa_repetition": cases(group=_GROUPS).flatmap(_with({})),
+        "tile_invariance": cases().flatmap(lambda case: _other_tiles(case).map(lambda p: (case, p))),
+        "batch_independence": cases(batch=st.integers(2, 4)).flatmap(_with(_seen_batch)),
+        "causal_prefix": cases(s1=st.integers(2, 3)).flatmap(_with({})),
+    }
+    if law not in domains:
+        raise ValueError(f"law={law!r} is not a paged-attention law; expected one of {PAGED_LAWS}")
+    return domains[law].filter(lambda example: laws.vacuous(law, example[0], **example[1]) is None)
