@@ -79,9 +79,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     pypto_version = versions()["pypto"] or "not installed"
     seed = config.getoption("hypothesis_seed", None)
     profile = settings.get_current_profile_name()
-    return [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
-            f"pfa-verify: hypothesis profile={profile} "
-            f"seed={seed if seed is not None else ('derandomized' if settings.default.derandomize else 'random')}"]
+    lines = [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
+             f"pfa-verify: hypothesis profile={profile} "
+             f"seed={seed if seed is not None else ('derandomized' if settings.default.derandomize else 'random')}"]
+    if config.option.markexpr:
+        # Under xdist the summary line does not count deselected tests: say here what is left out.
+        lines.append(f"pfa-verify: only tests matching -m {config.option.markexpr!r} run; the rest are not checked "
+                     "in this session")
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
