@@ -1,8 +1,7 @@
-"""Fixtures of the property tests: case strategies for the backend under test, and wrong doubles."""
+"""Fixtures of the property tests: the laws' examples for the backend under test, and wrong doubles."""
 from __future__ import annotations
 
 import pytest
-
 
 
 @pytest.fixture(scope="session")
