@@ -356,6 +356,14 @@ def counterexample_text(law: str, example: dict) -> str:
     return text + (f" ({params})" if params else "") + (f" [{example['name']}]" if example.get("name") else "")
 
 
+def _cell_class(baseline: bool, c: LawKill) -> str:
+    if baseline and c.killed:
+        return "b"
+    if not c.ran:
+        return "n"
+    return ("e" if c.by == "error" else "k") if c.killed else "s"
+
+
 def render_html(run: MutantsRun) -> str:
     """The kill matrix as one self-contained HTML page (no scripts, no network)."""
     e = lambda x: html.escape(str(x))  # noqa: E731 - local shorthand
@@ -363,7 +371,7 @@ def render_html(run: MutantsRun) -> str:
     out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>pfa-verify mutants</title><style>",
            "body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid #ddd;"
            "padding:3px 8px;font-size:12px}td.k{background:#c8e6c9}td.s{background:#fff3e0}tr.eq td{color:#888}"
-           "td.b{background:#ffcdd2}td.bug{min-width:480px;max-width:640px}</style></head><body>",
+           "td.b{background:#ffcdd2}td.e{background:#dcedc8}td.n{background:#eeeeee;color:#777}td.bug{min-width:480px;max-width:640px}</style></head><body>",
            f"<h1>pfa-verify mutants ({e(run.level)})</h1><p><b>{e(summary_line(run))}</b></p>",
            "<table><tr><th>mutant</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "<th>bug</th></tr>"]
     for m in [run.baseline] + run.mutants:
@@ -375,8 +383,8 @@ def render_html(run: MutantsRun) -> str:
             out.append(f"<tr><td>{e(m.name)}</td><td class='b' colspan='{len(columns)}'>error: {e(m.error)}</td>"
                        f"<td>{e(m.bug)}</td></tr>")
             continue
-        cells = "".join(f"<td class='{'b' if (m is run.baseline and c.killed) else 'k' if c.killed else 's'}' "
-                        f"title='{e(c.message)}'>{e(_cell_text(c))}</td>" for c in m.cells)
+        cells = "".join(f"<td class='{_cell_class(m is run.baseline, c)}' title='{e(c.message)}'>{e(_cell_text(c))}</td>"
+                        for c in m.cells)
         first = m.first_kill
         shrunk = (f"<br><small>smallest: {e(counterexample_text(first.law, first.counterexample))}</small>"
                   if first and first.counterexample else "")
