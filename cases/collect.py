@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["SOURCES", "Item", "generated_cases", "collect_items"]
+__all__ = ["SOURCES", "Item", "generated_strategy", "generation_draws", "generated_cases", "collect_items"]
 
 SOURCES = ("regression", "catalog", "generated")
 
@@ -33,6 +33,17 @@ class Item:
         return getattr(self.case, "seed", None)
 
 
+def generated_strategy(supported: dict | None = None):
+    """The strategy of the generated cases (kernel-sized for a backend's ``supported_shapes``)."""
+    from properties import strategies as ps
+    return ps.cases(ps.kernel_configs(supported) if supported else ps.configs())
+
+
+def generation_draws(n: int) -> int:
+    """Draws that give ``n`` distinct generated cases (replaying them, cases/shrink.py, draws as many)."""
+    return 3 * n
+
+
 def generated_cases(n: int, seed: int, *, supported: dict | None = None) -> list:
     """``n`` distinct cases from :mod:`properties.strategies`, the same for the same seed and
     hypothesis version (generation phase only, no database). ``supported`` (a backend's
@@ -42,14 +53,12 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None) -> list
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as fixed_seed
 
-    from properties import strategies as ps
-    strategy = ps.cases(ps.kernel_configs(supported) if supported else ps.configs())
     found: list = []
 
     @fixed_seed(seed)
-    @settings(max_examples=3 * n, phases=[Phase.generate], database=None, deadline=None,
+    @settings(max_examples=generation_draws(n), phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(strategy)
+    @given(generated_strategy(supported))
     def collect(case):
         if len(found) < n and case not in found:
             found.append(case)

@@ -103,51 +103,24 @@ def _example_record(case, params) -> dict:
 
 
 def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0) -> LawKill:
-    """Run ``law`` on up to ``examples`` of its examples against ``backend``; stop at the first failure
-    (an AssertionError of the law, or any exception of the backend), then let Hypothesis shrink it for
-    ``shrink_s`` seconds (0: no shrinking). Past the budget every attempt passes, so the shrinker stops
-    at the smallest failure it has."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
-    from hypothesis.errors import HypothesisException
-
+    """Run ``law`` on up to ``examples`` of its examples against ``backend`` (cases/shrink.hunt); stop
+    at the first failure, an AssertionError of the law (``by="law"``) or any exception of the backend
+    (``by="error"``), then let Hypothesis shrink it for ``shrink_s`` seconds."""
+    from cases.shrink import hunt
     from properties import law_examples, laws
-    state = {"count": 0, "first": None, "last": None, "message": "", "by": None}
-    start = time.perf_counter()
-    phases = [Phase.generate, Phase.shrink] if shrink_s > 0 else [Phase.generate]
 
-    @fixed_seed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, phases=phases, report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck), derandomize=False)
-    @given(law_examples.examples(law, backend))
-    def run(example):
+    def check(example):
         case, params = example
-        if state["first"] is None:
-            state["count"] += 1
-        elif shrink_s and time.perf_counter() - start - state["first"] > shrink_s:
-            return      # shrinking is over budget: this attempt "passes", so the shrinker stops
-        try:
-            laws.run(law, backend, case, **params)
-        except Exception as exc:  # noqa: BLE001 - a law's failure and a kernel's error both kill
-            if state["first"] is None:
-                state["first"] = time.perf_counter() - start
-                state["by"] = "law" if isinstance(exc, AssertionError) else "error"
-            if state["by"] == "law" or state["last"] is None:
-                # after a kernel error pypto's later calls fail for that reason alone: keep the first
-                state["last"], state["message"] = example, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            raise AssertionError(state["message"]) from None
+        laws.run(law, backend, case, **params)
 
-    try:
-        run()
-    except (AssertionError, HypothesisException):
-        # The last failing example is the shrinker's smallest. Hypothesis' final replay of it may
-        # "pass" (over the shrink budget, or a backend failing once): FlakyFailure, still a kill.
-        if state["last"] is None:
-            raise
-        case, params = state["last"]
-        return LawKill(law, True, state["count"], state["first"], _example_record(case, params), state["message"],
-                       by=state["by"])
-    return LawKill(law, False, state["count"], time.perf_counter() - start)
+    found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples, shrink_s=shrink_s)
+    if found.error is None:
+        return LawKill(law, False, found.examples, found.seconds)
+    case, params = found.example
+    text = str(found.error)
+    return LawKill(law, True, found.examples, found.seconds, _example_record(case, params),
+                   f"{type(found.error).__name__}: {text.splitlines()[0] if text else ''}",
+                   by="law" if isinstance(found.error, AssertionError) else "error")
 
 
 def catalog_kill(backend) -> LawKill:
@@ -222,6 +195,26 @@ def _one_or_error(name: str | None, **options) -> MutantResult:
                             None, [], error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
+def rows(names: list, *, level: str, workers: int = 1, progress=None, **options) -> list:
+    """:func:`_one_or_error` for each of ``names`` (None: the baseline), results in that order. Golden
+    rows run here when ``workers`` is 1; otherwise, and always at the sim level, each row runs in a
+    spawned process (one OpenMP thread each), a fresh one per sim row: a kernel that failed inside
+    pypto's trace spoils the process it ran in."""
+    note = progress or (lambda *a: None)
+    if workers <= 1 and level != "sim":
+        return [_one_or_error(n, level=level, progress=note, **options) for n in names]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                             max_tasks_per_child=1 if level == "sim" else None) as pool:
+        futures = [pool.submit(_one_or_error, n, level=level, **options) for n in names]
+        results = [f.result() for f in futures]
+    for r in results:
+        for cell in r.cells:
+            note(r.name, cell)
+    return results
+
+
 def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, names=None, laws=None,
                 catalog: bool = True, goal: float | None = None, workers: int = 1, shrink_s: float = 30.0,
                 allowed_survivors=(), progress=None) -> MutantsRun:
@@ -241,22 +234,9 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     laws = tuple(laws or PAGED_LAWS)
     if set(laws) - set(PAGED_LAWS):
         raise ValueError(f"--laws: unknown law(s) {sorted(set(laws) - set(PAGED_LAWS))}; expected some of {PAGED_LAWS}")
-    note = progress or (lambda *a: None)
     start = time.perf_counter()
-    options = dict(level=level, examples=examples, seed=seed, laws=laws, catalog=catalog, shrink_s=shrink_s)
-    if workers <= 1:
-        base, *results = [_one_or_error(n, progress=note, **options) for n in [None] + chosen]
-    else:   # one mutant per task, in spawned processes (one OpenMP thread each), results in catalog order
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        # A sim mutant gets a fresh process: one whose kernel failed inside pypto's trace spoils it.
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                                 max_tasks_per_child=1 if level == "sim" else None) as pool:
-            futures = [pool.submit(_one_or_error, n, **options) for n in [None] + chosen]
-            base, *results = [f.result() for f in futures]
-        for r in [base] + results:
-            for cell in r.cells:
-                note(r.name, cell)
+    base, *results = rows([None] + chosen, level=level, workers=workers, progress=progress, examples=examples,
+                          seed=seed, laws=laws, catalog=catalog, shrink_s=shrink_s)
     listed = [mutants.MUTANTS[m] for m in mutants.MUTANTS if mutants.MUTANTS[m].level == level
               and mutants.MUTANTS[m].equivalent is not None and (names is None or m in names)]
     results += [MutantResult(m.name, level, m.bug, m.equivalent, []) for m in listed]

@@ -170,34 +170,45 @@ def _run_paged(backend, backend_name: str, item: Item, *, capture: bool, regress
     return outcomes
 
 
+class _FailsLikeTheGroup(AssertionError):
+    """A replayed case failed with the group's signature (carries its verdict, not judged again)."""
+
+    def __init__(self, verdict):
+        super().__init__("fails like the group")
+        self.verdict = verdict
+
+
 def capture_generated(backend, backend_name: str, items: list, results: list, *, seed: int, supported,
                       capture: bool, regressions_dir, shrink_s: float, examples: int) -> dict:
     """Capture the generated cases' failures once per signature, each shrunk by Hypothesis from the
     generation that produced it (cases/shrink.py); every failing outcome gets its group's replay line.
     Returns {signature: (captured case, member names)}."""
     from cases import regressions
-    from cases.shrink import shrink, signature
-    from properties import strategies as ps
+    from cases.collect import generated_strategy, generation_draws
+    from cases.shrink import hunt, signature
     from properties.acceptance import judge
     groups: dict = {}
     for item, result in zip(items, results):
         for o in result.outcomes:
-            if getattr(o, "signature", None) is not None:
+            if o.signature is not None:
                 groups.setdefault(o.signature, []).append((item, result))
     captured = {}
-    strategy = ps.cases(ps.kernel_configs(supported) if supported else ps.configs())
+    strategy = generated_strategy(supported)
     for sig, members in groups.items():
         def fails_like(case, sig=sig):
             try:
-                return signature(judge(backend, case)) == sig
+                verdict = judge(backend, case)
             except Exception:  # noqa: BLE001 - another failure is another bug, not this group's
-                return False
-        smallest = shrink(strategy, seed, fails_like, examples=3 * examples, budget_s=shrink_s) if shrink_s else None
-        case = smallest or members[0][0].case
+                return
+            if signature(verdict) == sig:
+                raise _FailsLikeTheGroup(verdict)
+        found = hunt(strategy, fails_like, seed=seed, examples=generation_draws(examples), shrink_s=shrink_s)
+        shrunk = shrink_s > 0 and found.error is not None
+        case = found.example if shrunk else members[0][0].case
+        verdict = found.error.verdict if shrunk else judge(backend, case)
         names = [item.name for item, _ in members]
-        verdict = judge(backend, case)
         how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
-               f"lengths={list(case.config.lengths)}" if smallest else "not shrunk")
+               f"lengths={list(case.config.lengths)}" if shrunk else "not shrunk")
         note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
         command, line = regressions.capture("acceptance", backend_name, case, {}, verdict.message() + "\n" + note,
                                             enabled=capture, directory=regressions_dir)

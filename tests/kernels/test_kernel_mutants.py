@@ -17,19 +17,11 @@ pytestmark = [pytest.mark.sim, pytest.mark.slow]
 KNOWN_SURVIVORS = {"softmax_scale_before_dequant"}
 
 
-def _row(name: str):
-    """The mutant's row in a process of its own: a kernel error inside pypto's trace spoils the
-    process it happens in (cases/mutants.py), and this one is an xdist worker."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=matrix._worker_init) as pool:
-        return pool.submit(matrix._one_or_error, name, level="sim", examples=5, seed=0, laws=PAGED_LAWS,
-                           catalog=False, shrink_s=0, first_kill_only=True).result()
-
-
 @pytest.mark.parametrize("name", sorted(KERNEL_MUTANTS))
 def test_every_kernel_mutant_is_killed_on_the_sim(name, pypto_module):
-    result = _row(f"sim/{name}")
+    # In a spawned process of its own (cases/mutants.rows): this one is an xdist worker.
+    [result] = matrix.rows([f"sim/{name}"], level="sim", examples=5, seed=0, laws=PAGED_LAWS, catalog=False,
+                           shrink_s=0, first_kill_only=True)
     assert result.error is None, result.error
     if name in KNOWN_SURVIVORS:
         assert not result.killed, f"sim/{name} is killed now ({result.killing_laws}): remove it from KNOWN_SURVIVORS"

@@ -166,11 +166,13 @@ def _fp8_copy_kernel(pypto):
 def test_fp8_copies_keep_their_bytes(pypto_module):
     """W10: an FP8 copy inside the calculator keeps every one of the 256 codes' bytes (0.2.0 decoded
     and re-encoded them, turning every code it reads as +-240 into 0x7E / 0xFE)."""
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(2, 128)
+    expected = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(2, 128)
+    codes = expected.clone()
     out = torch.zeros(2, 128, dtype=torch.uint8)
     with pw.sim_session():
         pw.execute_kernel(_fp8_copy_kernel(pypto_module), [codes.view(torch.float8_e4m3fn), out.view(torch.float8_e4m3fn)])
-    assert torch.equal(out, codes), (out != codes).nonzero().flatten().tolist()[:8]
+    assert torch.equal(codes, expected), "the kernel's input changed"
+    assert torch.equal(out, expected), (out != expected).nonzero().flatten().tolist()[:8]
 
 
 def test_precision_type_bridge(pypto_module):
@@ -185,11 +187,13 @@ def test_precision_type_bridge(pypto_module):
         pypto_module.set_vec_tile_shapes(8, 32)
         out[:] = pypto_module.div(x, y, precision_type=pypto_module.PrecisionType.INTRINSIC)
 
-    x, y = torch.randn(8, 32), torch.rand(8, 32) + 0.5
+    x0, y0 = torch.randn(8, 32), torch.rand(8, 32) + 0.5
+    x, y = x0.clone(), y0.clone()
     out = torch.zeros(8, 32)
     with pw.sim_session():
         pw.execute_kernel(ratio, [x, y, out])
-    assert torch.equal(out, x / y)
+    assert torch.equal(x, x0) and torch.equal(y, y0), "the kernel's inputs changed"
+    assert torch.equal(out, x0 / y0)
     from kernels.pypto_workarounds import bridge
     assert pypto_module.PrecisionType is bridge.PrecisionType
     with pytest.raises(TypeError, match="must be a pypto.PrecisionType"):
