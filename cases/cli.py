@@ -112,6 +112,15 @@ def _skip_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def _distributions(text: str) -> tuple[str, ...]:
+    from golden import DISTRIBUTIONS
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in DISTRIBUTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad or 'nothing'} not among {', '.join(DISTRIBUTIONS)}")
+    return names
+
+
 def _add_run(parser: argparse.ArgumentParser) -> None:
     from kernels import SKIP_KINDS
     parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | package.module:factory | "
@@ -120,6 +129,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
     parser.add_argument("--examples", type=_count, default=20, help="generated cases (default 20)")
     parser.add_argument("--seed", type=_count, default=0, help="seed of the generated cases (default 0)")
+    parser.add_argument("--distribution", type=_distributions, default=None, metavar="NAME,...",
+                        help="value distributions of the generated cases (default: all of golden.DISTRIBUTIONS)")
     parser.add_argument("--json", metavar="PATH", help="write the JSON report (cases/report.schema.json)")
     parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     parser.add_argument("--device", type=_count, default=None, help="NPU index (npu: the first of the workers')")
@@ -148,6 +159,28 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 
 # --- pfa-verify mutants --------------------------------------------------------------------------
 
+def _conforming(args, console, names, laws) -> int:
+    """``--level conforming``: the false reds of the correct variants (cases/conforming.py)."""
+    import json as json_module
+    from pathlib import Path
+
+    from cases import conforming
+    run = conforming.false_reds(examples=args.examples, seed=args.seed, names=names, laws=laws,
+                                catalog=not args.no_catalog, workers=args.workers)
+    console.print(conforming.render_table(run))
+    for v in run.variants:
+        for c in v.cells:
+            if c.first_failure:
+                console.print(f"{v.name}: {c.law}: {c.failures} false red(s), first: {c.first_failure['message']}",
+                              highlight=False, markup=False)
+    console.print(conforming.summary_line(run), highlight=False, markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json_module.dumps(conforming.to_json(run), indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", highlight=False)
+    return run.exit_status
+
+
 def _cmd_mutants(args) -> int:
     import json as json_module
 
@@ -156,6 +189,11 @@ def _cmd_mutants(args) -> int:
     from cases import mutants as matrix
     from kernels.mutants import MUTANTS
     console = Console() if sys.stdout.isatty() else Console(width=240, force_terminal=False)
+    if args.list and args.level == "conforming":
+        from kernels.conforming import VARIANTS
+        for v in VARIANTS.values():
+            console.print(f"conforming {v.name:<40} {v.description}", highlight=False, markup=False)
+        return 0
     if args.list:
         for m in MUTANTS.values():
             tag = " (equivalent)" if m.equivalent else ""
@@ -168,6 +206,8 @@ def _cmd_mutants(args) -> int:
 
     names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
     laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
+    if args.level == "conforming":
+        return _conforming(args, console, names, laws)
     from kernels import BackendUnavailable
     try:
         run = matrix.kill_matrix(args.level, examples=args.examples, seed=args.seed, names=names, laws=laws,
@@ -206,8 +246,9 @@ def _fraction(text: str) -> float:
 
 
 def _add_mutants(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--level", choices=("golden", "sim"), default="golden",
-                        help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the sim")
+    parser.add_argument("--level", choices=("golden", "sim", "conforming"), default="golden",
+                        help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the sim; "
+                             "conforming: correct variants (SPEC §4.1), whose every failure is a false red")
     parser.add_argument("--examples", type=_count, default=20, help="examples per law and mutant (default 20, "
                         "the ci profile's)")
     parser.add_argument("--seed", type=_count, default=0, help="seed of the searches (default 0)")

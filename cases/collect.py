@@ -33,10 +33,12 @@ class Item:
         return getattr(self.case, "seed", None)
 
 
-def generated_strategy(supported: dict | None = None):
-    """The strategy of the generated cases (kernel-sized for a backend's ``supported_shapes``)."""
+def generated_strategy(supported: dict | None = None, distributions: tuple[str, ...] | None = None):
+    """The strategy of the generated cases (kernel-sized for a backend's ``supported_shapes``), drawing
+    the value ``distributions`` given (default: all of golden.DISTRIBUTIONS)."""
     from properties import strategies as ps
-    return ps.cases(ps.kernel_configs(supported) if supported else ps.configs())
+    kwargs = {} if distributions is None else {"distribution": tuple(distributions)}
+    return ps.cases(ps.kernel_configs(supported, **kwargs) if supported else ps.configs(**kwargs))
 
 
 def generation_draws(n: int) -> int:
@@ -44,10 +46,12 @@ def generation_draws(n: int) -> int:
     return 3 * n
 
 
-def generated_cases(n: int, seed: int, *, supported: dict | None = None) -> list:
+def generated_cases(n: int, seed: int, *, supported: dict | None = None,
+                    distributions: tuple[str, ...] | None = None) -> list:
     """``n`` distinct cases from :mod:`properties.strategies`, the same for the same seed and
     hypothesis version (generation phase only, no database). ``supported`` (a backend's
-    ``supported_shapes``) narrows them to what its kernel is built for."""
+    ``supported_shapes``) narrows them to what its kernel is built for; ``distributions`` to those
+    value distributions."""
     if n <= 0:
         return []
     from hypothesis import HealthCheck, Phase, given, settings
@@ -58,7 +62,7 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None) -> list
     @fixed_seed(seed)
     @settings(max_examples=generation_draws(n), phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(generated_strategy(supported))
+    @given(generated_strategy(supported, distributions))
     def collect(case):
         if len(found) < n and case not in found:
             found.append(case)
@@ -68,7 +72,7 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None) -> list
 
 
 def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, supported: dict | None = None,
-                  regressions_dir=None) -> list:
+                  regressions_dir=None, distributions: tuple[str, ...] | None = None) -> list:
     """Items in run order: regressions, then catalog cases, then generated ones.
 
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, or a comma-separated
@@ -101,5 +105,5 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
         items.append(Item(rid, "regression", case, rid, reg.law))
     items += [Item(name, "catalog", catalog[name]) for name in want_cat]
     items += [Item(f"generated_{k:02d}", "generated", c)
-              for k, c in enumerate(generated_cases(examples, seed, supported=supported))]
+              for k, c in enumerate(generated_cases(examples, seed, supported=supported, distributions=distributions))]
     return items

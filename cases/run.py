@@ -179,7 +179,7 @@ class _FailsLikeTheGroup(AssertionError):
 
 
 def capture_generated(backend, backend_name: str, items: list, results: list, *, seed: int, supported,
-                      capture: bool, regressions_dir, shrink_s: float, examples: int) -> dict:
+                      capture: bool, regressions_dir, shrink_s: float, examples: int, distributions=None) -> dict:
     """Capture the generated cases' failures once per signature, each shrunk by Hypothesis from the
     generation that produced it (cases/shrink.py); every failing outcome gets its group's replay line.
     Returns {signature: (captured case, member names)}."""
@@ -193,7 +193,7 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
             if o.signature is not None:
                 groups.setdefault(o.signature, []).append((item, result))
     captured = {}
-    strategy = generated_strategy(supported)
+    strategy = generated_strategy(supported, distributions)
     for sig, members in groups.items():
         def fails_like(case, sig=sig):
             try:
@@ -392,8 +392,9 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     start = time.perf_counter()
     backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
     supported = getattr(backend, "supported_shapes", None)
+    distributions = getattr(options, "distribution", None)
     items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
-                          regressions_dir=options.regressions)
+                          regressions_dir=options.regressions, distributions=distributions)
     if on_items is not None:
         on_items(items, why)
     budget = options.budget if options.budget is not None else getattr(backend, "default_budget_s", 0)
@@ -403,7 +404,8 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
                         deadline=deadline, max_seconds=options.max_seconds)
     capture_generated(backend, name, items, results, seed=options.seed, supported=supported,
                       capture=not options.no_capture, regressions_dir=options.regressions,
-                      shrink_s=getattr(options, "shrink_seconds", 60), examples=options.examples)
+                      shrink_s=getattr(options, "shrink_seconds", 60), examples=options.examples,
+                      distributions=distributions)
     return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
                      options.seed, results, time.perf_counter() - start,
                      "pfa-verify run " + " ".join(sys.argv[2:]), fallback=bool(getattr(backend, "fallback", False)),

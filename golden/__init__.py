@@ -8,20 +8,25 @@ It is the spec (SPEC.md) in code, one module per stage:
 - ``matmul``: exact FP32 accumulation of E4M3 products
 - ``softmax_state``: local softmax and the online (m, l, O) update (SPEC §2.3)
 - ``attention``: the stages of SPEC §2 and the vectorized golden; ``attention_loop``: the plain loop
+- ``model``: the freedoms of a conforming kernel (SPEC §4.1); ``envelope`` and ``intervals``: the
+  acceptance envelope that holds every conforming result (SPEC §4.2)
 - ``at12``: QK^T MatMul Scale (SPEC §6)
 - ``validate``: argument checks shared with the kernel wrappers; ``inputs``: configs and bundles
 """
 from .at12 import qk_matmul_scale, qk_matmul_scale_loop
-from .attention import paged_attention_fp8
+from .attention import paged_attention_envelope, paged_attention_fp8
 from .attention_loop import paged_attention_fp8_loop
 from .codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
+from .envelope import AttentionEnvelope
 from .inputs import DISTRIBUTIONS, GARBAGE, InputBundle, PagedAttentionConfig, check_size, make_inputs, memory_limit
+from .model import EXACT_MODEL, SPEC_MODEL, ConformanceModel
 from .paging import contiguous_to_paged, gen_block_table, paged_to_contiguous
 from .quant import FP8_MAX, quantize_per_channel, quantize_per_token
 from .softmax_state import OnlineSoftmaxState
 
 __all__ = [
     "paged_attention_fp8", "paged_attention_fp8_loop", "qk_matmul_scale", "qk_matmul_scale_loop",
+    "paged_attention_envelope", "AttentionEnvelope", "ConformanceModel", "SPEC_MODEL", "EXACT_MODEL",
     "Fp8Codec", "SPEC_CODEC", "PYPTO_CALCULATOR_CODEC", "get_codec",
     "quantize_per_token", "quantize_per_channel", "FP8_MAX",
     "gen_block_table", "contiguous_to_paged", "paged_to_contiguous",

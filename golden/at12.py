@@ -12,10 +12,15 @@ import torch
 
 from .attention import dequantize_scores
 from .codec import Fp8Codec, get_codec
+from .envelope import dequant_interval, raw_interval, refine_score_bounds, score_bounds
+from .intervals import lowbit
 from .matmul import exact_matmul
+from .model import SPEC_MODEL, ConformanceModel
 from .validate import check_on_cpu, check_qk_matmul_scale_args
 
-__all__ = ["qk_matmul_scale", "qk_matmul_scale_loop"]
+__all__ = ["qk_matmul_scale", "qk_matmul_scale_loop", "qk_matmul_scale_envelope"]
+
+AT12_TOLERANCE = (1 / 128, 1e-4)   # (rtol, atol) of SPEC §6, the same rule as §4
 
 
 def qk_matmul_scale(
@@ -65,3 +70,48 @@ def qk_matmul_scale_loop(
             row = row * q_scale[i, 0] * k_scale[:, 0]
         out[i] = row * factor
     return out
+
+
+def qk_matmul_scale_envelope(
+    q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
+    q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+    codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 (golden, lo, hi) [q_tile, k_tile]: :func:`qk_matmul_scale` and the envelope holding every
+    conforming result (SPEC §4.1-4.2 applied to SPEC §6).
+
+    The products of E4M3 (and of bf16 or fp16) values are exact in float32, so a kernel's raw score is
+    a float32 sum of exact terms in any order: within the any-order bound of the exact sum (0 under the
+    exactness certificate; the residue bound where the plain one would widen past the tolerance:
+    golden/intervals.py). Then ``* q_scale * k_scale`` in any order (F2) and ``* scale`` last, or for
+    bf16 ``* scale`` alone, each rounded: monotone, so the ends map to the ends. Where the exact scores
+    cancel (a small score from large products) the tolerance is not sound and the envelope is wider.
+    """
+    check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
+    is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    model = SPEC_MODEL if model is None else model
+    codec = get_codec(codec)
+    qv, kv = (codec.from_fp8(q), codec.from_fp8(k)) if is_fp8 else (q.float(), k.float())
+    golden = qk_matmul_scale(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=codec)
+    exact = qv.double() @ kv.double().T
+    abs_sum = qv.double().abs() @ kv.double().abs().T
+    grid = lowbit(qv).amin(dim=-1)[:, None] * lowbit(kv).amin(dim=-1)[None, :]
+    e1 = score_bounds(exact, abs_sum, grid, qv.shape[-1], model)
+    factor = torch.tensor(scale, dtype=torch.float32)
+
+    def bounds(e1):
+        raw_lo, raw_hi = raw_interval(exact, e1, model)
+        if is_fp8:
+            return dequant_interval(raw_lo, raw_hi, q_scale, k_scale.T, factor, model)
+        return raw_lo * factor, raw_hi * factor
+
+    lo, hi = bounds(e1)
+    if model.sums == "any-order":
+        rtol, atol = AT12_TOLERANCE
+        tol = atol + rtol * golden.abs()
+        at = (((hi - golden) > tol) | ((golden - lo) > tol)).nonzero(as_tuple=True)
+        if at[0].numel():
+            products = qv.double()[at[0]] * kv.double()[at[1]]
+            e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, exact[at], abs_sum[at])))
+            lo, hi = bounds(e1)
+    return golden, torch.minimum(lo, golden), torch.maximum(hi, golden)

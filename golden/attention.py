@@ -42,13 +42,15 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec, get_codec
+from .envelope import AttentionEnvelope, EnvelopeBuilder
 from .matmul import exact_matmul
+from .model import SPEC_MODEL, ConformanceModel
 from .paging import blocks_needed
 from .quant import quantize_rows
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args
 
-__all__ = ["paged_attention_fp8", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
+__all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
 def visible_lengths(kv_act_seqs: torch.Tensor, s1: int) -> torch.Tensor:
@@ -118,8 +120,10 @@ class _PagedCache:
         self.k_scale = k_scale.detach().numpy().reshape(slots, dims.nkv)
 
 
-def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, codec: Fp8Codec) -> torch.Tensor:
-    """float32 ``O / l`` [B*S1, NQ, D], contiguous (the caller rounds it to bfloat16)."""
+def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                     codec: Fp8Codec, envelope=None):
+    """float32 ``O / l`` [B*S1, NQ, D], contiguous (the caller rounds it to bfloat16); with an
+    ``envelope`` (golden.envelope.EnvelopeBuilder) also its float32 bounds ``(lo, hi)``, same shape."""
     batch, s1, nkv, group, d = dims.batch, dims.s1, dims.nkv, dims.group, dims.head_dim
     rows = s1 * group  # the rows of one (batch, kv head): query positions i x heads g of the group
     tile, block_size = dims.s2_tile, dims.block_size
@@ -129,7 +133,8 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     blocks_of = blocks_needed(lengths, block_size)
     most_tiles = int(tiles_of.max())
     if most_tiles == 0:
-        return torch.zeros(q.shape)
+        zeros = torch.zeros(q.shape)
+        return zeros if envelope is None else (zeros, zeros.clone(), zeros.clone())
     cur = visible_lengths(kv_act_seqs, s1).numpy()  # [B, S1]
     row_cur = np.repeat(cur, group, axis=1)[:, :, None]  # [B, R, 1]: row (i, g) sees cur[b, i] tokens
     # The (batch, tile) pairs that hold tokens, packed: a short batch costs only its own tiles.
@@ -138,10 +143,12 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     table = block_table.numpy()
 
     # Rows of one (batch, kv head) lead: [B, N, R, .], gathered per block or pair below.
-    q_codes = q.view(torch.uint8).numpy().reshape(batch, s1, nkv, group, d).transpose(0, 2, 1, 3, 4)
-    q_rows = codec.decode_array(np.ascontiguousarray(q_codes), double=True).reshape(batch, nkv, rows, d)
+    q_codes = np.ascontiguousarray(q.view(torch.uint8).numpy().reshape(batch, s1, nkv, group, d).transpose(0, 2, 1, 3, 4))
+    q_rows = codec.decode_array(q_codes, double=True).reshape(batch, nkv, rows, d)
     q_scale_rows = q_scale.detach().numpy().reshape(batch, s1, nkv, group).transpose(0, 2, 1, 3).reshape(batch, nkv, rows, 1)
     v_scale_rows = v_scale.detach().numpy().reshape(batch, nkv, 1, d)
+    if envelope is not None:
+        q_grid = envelope.q_grid(q_codes.reshape(batch, nkv, rows, d))
     # Each (batch, tile)'s O_j, l_j and m_j, side by side: [B * tiles, N, R, D + 2]. Tiles a batch
     # does not have stay 0 and are not folded (``tiles_per_row`` below).
     tile_states = torch.zeros((batch * most_tiles, nkv, rows, d + 2))
@@ -168,41 +175,65 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         v_codes = v_codes.transpose(0, 2, 1, 3)
         v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=_SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
         k_scale_cols = torch.from_numpy(cache.k_scale[slot].transpose(0, 2, 1)[:, :, None, :])  # [Q, N, 1, BS]
-        owner_t = torch.from_numpy(owner)
+        owner_t, in_tile_t = torch.from_numpy(owner), torch.from_numpy(in_tile)
+        q_blocks, k_blocks = torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t)
+        q_scale_blocks = torch.from_numpy(q_scale_rows[block_batch])
 
-        raw = exact_matmul(torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t))  # MM1 per block: [Q, N, R, BS]
-        scores = dequantize_scores(raw, torch.from_numpy(q_scale_rows[block_batch]), k_scale_cols, dims.softmax_scale)
-        if per_tile > 1:  # lay the blocks into their tiles; blocks a tile lacks are masked below
-            tiled = torch.zeros((pairs, nkv, rows, per_tile, block_size))
-            tiled[owner_t, :, :, torch.from_numpy(in_tile)] = scores
-            scores = tiled.view(pairs, nkv, rows, tile)
+        def to_tiles(x, fill=0.0):      # blocks [Q, N, R, BS] -> tiles [P, N, R, tile]; blocks a tile lacks: fill
+            if per_tile == 1:
+                return x
+            tiled = torch.full((pairs, nkv, rows, per_tile, block_size), fill, dtype=x.dtype)
+            tiled[owner_t, :, :, in_tile_t] = x
+            return tiled.view(pairs, nkv, rows, tile)
+
+        def to_blocks(x):               # tiles [P, N, R, tile] -> blocks [Q, N, R, BS]
+            return x if per_tile == 1 else x.view(pairs, nkv, rows, per_tile, block_size)[owner_t, :, :, in_tile_t]
+
+        def per_tile_sum(x):            # blocks [Q, ...] -> tiles [P, ...], float64 sums (exact for MM2)
+            return x if per_tile == 1 else torch.zeros((pairs,) + x.shape[1:], dtype=x.dtype).index_add_(0, owner_t, x)
+
+        raw64 = torch.matmul(q_blocks, k_blocks)  # MM1 per block: [Q, N, R, BS], exact (golden/matmul.py)
+        scores = dequantize_scores(raw64.float(), q_scale_blocks, k_scale_cols, dims.softmax_scale)
+        scores = to_tiles(scores)
         tile_token = (pt[:, None] * tile + np.arange(tile))[:, None, None, :]  # [P, 1, 1, tile]
         visible = torch.from_numpy(tile_token < row_cur[pb][:, None])  # [P, 1, R, tile] (SPEC §2.1)
         m_j, p, l_j = local_softmax(scores, visible)
         # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
         p8, p_scale = quantize_rows(p, codec=codec)
-        if per_tile > 1:
-            p8 = p8.view(pairs, nkv, rows, per_tile, block_size)[owner_t, :, :, torch.from_numpy(in_tile)]
+        p8 = to_blocks(p8)
         mm2 = torch.matmul(p8.double(), v)  # MM2 per block: [Q, N, R, D], exact
         if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
             mm2 = _causal_values(p8, v, token, cur[block_batch])
-        if per_tile > 1:
-            # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
-            # tile's exact product, rounded once below.
-            mm2 = torch.zeros((pairs, nkv, rows, d), dtype=torch.float64).index_add_(0, owner_t, mm2)
+        # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
+        # tile's exact product, rounded once below.
+        mm2 = per_tile_sum(mm2)
         o_j = dequantize_values(mm2.float(), p_scale, torch.from_numpy(v_scale_rows[pb]))
         states = torch.cat([o_j, l_j, m_j], dim=-1)
+        index = torch.from_numpy(pb * most_tiles + pt)
         if pair_batch.size == tile_states.shape[0]:  # every batch has every tile: pairs are in place
             tile_states[first:first + pairs] = states
         else:
-            tile_states.index_copy_(0, torch.from_numpy(pb * most_tiles + pt), states)
+            tile_states.index_copy_(0, index, states)
+        if envelope is not None:
+            envelope.chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_codes=k_codes,
+                           q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
+                           visible=visible, p8=p8, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
+                           to_tiles=to_tiles, to_blocks=to_blocks, per_tile_sum=per_tile_sum, index=index)
 
     # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
     by_row = tile_states.view(batch, most_tiles, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
     tiles_per_row = -(-row_cur[:, None, :, 0] // tile)  # [B, 1, R]: ceil(cur / s2_tile)
     state = OnlineSoftmaxState.from_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], tiles_per_row)
-    result = state.finalize().view(batch, nkv, s1, group, d).transpose(1, 2)
-    return result.reshape(q.shape).contiguous()
+    result = _to_output(state.finalize(), dims, q.shape)
+    if envelope is None:
+        return result
+    lo, hi = envelope.fold(most_tiles, tiles_per_row)
+    return result, _to_output(lo, dims, q.shape), _to_output(hi, dims, q.shape)
+
+
+def _to_output(x: torch.Tensor, dims: PagedAttentionDims, shape) -> torch.Tensor:
+    """[B, N, S1 * G, D] row-major by (batch, kv head) -> the output layout [B*S1, NQ, D], contiguous."""
+    return x.view(dims.batch, dims.nkv, dims.s1, dims.group, dims.head_dim).transpose(1, 2).reshape(shape).contiguous()
 
 
 def _causal_values(p8: torch.Tensor, v: torch.Tensor, token: np.ndarray, cur: np.ndarray) -> torch.Tensor:
@@ -247,3 +278,35 @@ def paged_attention_fp8(
     with torch.inference_mode():
         result = _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, get_codec(codec))
     return result.to(torch.bfloat16)  # round to nearest even (SPEC §2.4)
+
+
+def paged_attention_envelope(
+    q: torch.Tensor, q_scale: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor,
+    v_cache: torch.Tensor, v_scale: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
+    softmax_scale: float | None = None, s2_tile: int = 128, g_tile: int | None = None,
+    codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
+) -> AttentionEnvelope:
+    """The golden's output and the acceptance envelope around it (SPEC §4.2; golden/envelope.py).
+
+    Arguments as :func:`paged_attention_fp8`; ``model`` (default ``golden.model.SPEC_MODEL``) is the
+    set of conforming executions the envelope holds. ``result.golden`` is bit-identical to
+    ``paged_attention_fp8``'s output, and ``result.lo <= result.golden <= result.hi`` elementwise.
+    """
+    check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
+                 block_table=block_table, kv_act_seqs=kv_act_seqs)
+    dims = check_paged_attention_args(
+        q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+        softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
+    )
+    model = SPEC_MODEL if model is None else model
+    if not isinstance(model, ConformanceModel):
+        raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")
+    codec = get_codec(codec)
+    tiles = int(-(-int(kv_act_seqs.max()) // dims.s2_tile)) if kv_act_seqs.numel() else 0
+    builder = EnvelopeBuilder(dims, codec, model, max(tiles, 1))
+    with torch.inference_mode():
+        out, lo, hi = _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                                       codec, envelope=builder)
+    return AttentionEnvelope(golden=out.to(torch.bfloat16), lo=lo.to(torch.bfloat16), hi=hi.to(torch.bfloat16),
+                             model=model, codec=codec.name, p_elements=builder.p_elements,
+                             flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0))

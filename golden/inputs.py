@@ -25,7 +25,8 @@ __all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "m
 #: Environment variable that sets the largest case, in bytes (see :func:`memory_limit`).
 MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
 
-DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows", "sinks", "outlier_channels")
+DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows", "sinks", "outlier_channels",
+                 "outlier_grid")
 # Fill of unread cells: fp8 code value for the caches, and the value for k_scale.
 GARBAGE: dict[str | None, tuple[float, float]] = {
     None: (0.0, 0.0),
@@ -209,7 +210,7 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
         x = uniform * torch.exp2(torch.randint(-12, 13, shape, generator=generator).float())
     elif distribution == "constant_rows":  # every row one repeated value
         x = uniform[..., :1].expand(shape).clone()
-    elif distribution in ("sinks", "outlier_channels"):  # uniform here; make_inputs adds the structure
+    elif distribution in ("sinks", "outlier_channels", "outlier_grid"):  # uniform here; make_inputs adds the structure
         x = uniform
     else:  # pragma: no cover - PagedAttentionConfig validates the name
         raise ValueError(f"distribution={distribution!r}")
@@ -220,13 +221,17 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
 
 def _large_logits(q: torch.Tensor, k: torch.Tensor, c: PagedAttentionConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Realistic rows with a few very large logits (|S| well past 88, where exp over- or underflows
-    without the row max; SPEC §2.3), for the two distributions that ask for them:
+    without the row max; SPEC §2.3), for the distributions that ask for them:
 
     - ``sinks``: the first token of every batch and KV head is an attention sink: its K row is
       ``64 * sign`` of the first query head of the group at the last position, so that head's score
       on it is about ``64 * sum|q| / sqrt(D)`` (about 32 * sqrt(D) for uniform q: 128 at D = 16);
     - ``outlier_channels``: channels 0 and 1 of every Q and K row hold 32, adding 2048 / sqrt(D) to
-      every score (outlier features: 181 at D = 128).
+      every score (outlier features: 181 at D = 128);
+    - ``outlier_grid``: the same outlier channels, with every other value a multiple of 1/14, so that
+      ``x * 448 / 32`` is an integer of at most 14 and the E4M3 codes are integers: every partial sum of
+      MM1 is an integer below 2**24 and exact in float32 in any order (SPEC §4.1 F1 cannot move S), so
+      the acceptance envelope (SPEC §4.2) is as tight there as on uniform data.
     """
     if c.distribution == "sinks":
         k = k.float().clone()
@@ -236,8 +241,11 @@ def _large_logits(q: torch.Tensor, k: torch.Tensor, c: PagedAttentionConfig) -> 
             for n in range(c.nkv):
                 k[b, 0, n] = 64.0 * torch.sign(last[n * group])
         return q, torch.where(k == 0, 64.0, k).bfloat16()
-    if c.distribution == "outlier_channels":
+    if c.distribution in ("outlier_channels", "outlier_grid"):
         q, k = q.float().clone(), k.float().clone()
+        if c.distribution == "outlier_grid":
+            # Nonzero: a zero would make no code and change nothing, but every row keeps its max at 32.
+            q, k = (torch.round(x * 14).clamp(-14, 14) / 14 for x in (q, k))
         q[..., :2], k[..., :2] = 32.0, 32.0
         return q.bfloat16(), k.bfloat16()
     return q, k

@@ -17,11 +17,17 @@ __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KIND
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
     """The backend called ``name`` (kernels.backends.get_backend: golden, sim, npu, auto, an import or
-    file path, pypto-gym:...), or ``mutant:NAME``, a mutant of the catalog (kernels/mutants; issue 12).
-    The mutants build on the backends, so they are resolved here, above both."""
+    file path, pypto-gym:...), ``mutant:NAME``, a mutant of the catalog (kernels/mutants; issue 12), or
+    ``conforming:NAME``, a correct variant using SPEC §4.1's freedoms (kernels/conforming; issue 16).
+    Both build on the backends, so they are resolved here, above them."""
     if isinstance(name, str) and name.startswith("mutant:"):
         if device is not None:
             raise ValueError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
         from kernels.mutants import get_mutant
         return get_mutant(name.removeprefix("mutant:"), **options)
+    if isinstance(name, str) and name.startswith("conforming:"):
+        if device is not None:
+            raise ValueError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
+        from kernels.conforming import get_variant
+        return get_variant(name.removeprefix("conforming:"), **options)
     return _builtin_backend(name, device=device, **options)

@@ -28,6 +28,15 @@ bound          (given)     (given)   a bound the caller derives (quantization er
 bit difference each element has (a value, the sign of a zero, a NaN's bits). Integer tensors compare
 their values, which are their bits.
 
+The envelope (SPEC §4.2). For ``attention`` and ``at12`` the caller may pass ``envelope=(lo, hi)``,
+tensors of the compared shape holding every conforming result (golden/envelope.py). An element then
+passes when ``|actual - expected| <= atol + rtol * |expected|`` *or* ``lo <= actual <= hi``. Both
+intervals contain ``expected``, so their union is one interval, and the rule reads per side: the
+allowed error above ``expected`` is ``max(tol, hi - expected)``, below it ``max(tol, expected - lo)``.
+The rule is never stricter than the tolerance alone; the result counts the elements that passed only
+because of the envelope (``by_envelope``) and, for a failure, how far outside the envelope the worst
+element lies in units of the tolerance (``outside_envelope``).
+
 Overrides are both-or-neither: giving only ``rtol`` would silently keep the table's ``atol`` for a
 comparison whose author believed they had set the whole rule. ``atol`` may be a tensor broadcastable
 to the compared shape, for laws whose bound is derived per element (AT-12 FP8 vs BF16).
@@ -42,7 +51,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = ["TOLERANCES", "Tolerance", "NonFinite", "Comparison", "get_tolerance", "compare",
-           "error_ratio", "max_differences", "make_mismatch_message", "assert_close"]
+           "error_ratio", "max_differences", "make_mismatch_message", "envelope_line", "assert_close"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +131,10 @@ class Comparison:
     index_names: tuple[str, ...] | None = None
     s1: int | None = None
     mismatch_mask: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)
+    envelope: bool = False              # whether an envelope widened the rule (SPEC §4.2)
+    by_envelope: int = 0                # elements outside the tolerance but inside the envelope
+    outside_envelope: float = 0.0       # worst mismatch's distance outside the envelope / its tolerance
+    outside_index: tuple[int, ...] | None = None
 
     def format_index(self, index: tuple[int, ...] | None) -> str:
         """Render an index, as (b, i, h, d) for attention outputs when ``s1`` was given."""
@@ -159,14 +172,18 @@ def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
             rtol: float | None = None, atol: float | torch.Tensor | None = None,
-            s1: int | None = None, index_names: Sequence[str] | None = None) -> Comparison:
+            s1: int | None = None, index_names: Sequence[str] | None = None,
+            envelope: tuple[torch.Tensor, torch.Tensor] | None = None) -> Comparison:
     """Compare ``actual`` with ``expected`` and return a :class:`Comparison` (never raises on mismatch).
 
     Equivalent to ``(actual.float() - expected.float()).abs() <= atol + rtol * expected.float().abs()``
-    on finite elements, with shape, dtype, contiguity and non-finite placement checked first.
+    on finite elements, with shape, dtype, contiguity and non-finite placement checked first; with an
+    ``envelope=(lo, hi)``, ``or lo <= actual <= hi`` (module docstring).
     ``s1`` renders indices of an attention output ``[B*S1, NQ, D]`` as ``(b, i, h, d)``.
     """
     rtol, atol = get_tolerance(kind, rtol, atol)
+    if envelope is not None and kind not in ("attention", "at12"):
+        raise ValueError(f"envelope applies to kind 'attention' or 'at12' (SPEC §4.2), not {kind!r}")
     if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
         raise TypeError(f"compare takes tensors; got {type(actual).__name__} and {type(expected).__name__}")
     atol_scalar = None if isinstance(atol, torch.Tensor) else atol
@@ -204,13 +221,24 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
             bad_nonfinite |= mask
     both = a_fin & e_fin
     diff = torch.where(both, (a - e).abs(), torch.zeros((), dtype=a.dtype))
-    allowed = atol + rtol * e.abs()
-    if isinstance(allowed, torch.Tensor):
-        allowed = torch.broadcast_to(allowed.to(a.dtype), a.shape)
+    tolerance = atol + rtol * e.abs()
+    if isinstance(tolerance, torch.Tensor):
+        tolerance = torch.broadcast_to(tolerance.to(a.dtype), a.shape)
+    allowed = tolerance
+    if envelope is not None:
+        allowed = _envelope_allowed(a, e, tolerance, envelope)
     bad_value = both & (diff > allowed)
     bad = bad_value | bad_nonfinite
     mismatched = int(bad.sum())
     result = dict(total=total, mismatched=mismatched, nonfinite=tuple(findings), mismatch_mask=bad)
+    if envelope is not None:
+        result.update(envelope=True, by_envelope=int((both & ~bad_value & (diff > tolerance)).sum()))
+        if int(bad_value.sum()):
+            lo, hi = (_view(x) for x in envelope)
+            outside = torch.where(a > e, a - hi, lo - a) / tolerance
+            outside = torch.where(bad_value, outside, torch.full((), -1.0, dtype=a.dtype))
+            i_out = int(outside.reshape(-1).argmax())
+            result.update(outside_envelope=float(outside.reshape(-1)[i_out]), outside_index=_unravel(i_out, a.shape))
     if int(bad_value.sum()):
         masked_abs = torch.where(bad_value, diff, torch.full((), -1.0, dtype=a.dtype))
         i_abs = int(masked_abs.reshape(-1).argmax())
@@ -226,15 +254,33 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     return Comparison(passed=mismatched == 0, **result, **base)
 
 
+def _envelope_allowed(a: torch.Tensor, e: torch.Tensor, tolerance, envelope) -> torch.Tensor:
+    """Per element, the error the rule allows on the side ``a`` lies: ``max(tol, hi - e)`` above ``e``,
+    ``max(tol, e - lo)`` below (the union of ``e +- tol`` and ``[lo, hi]``, one interval around ``e``)."""
+    lo, hi = envelope
+    if not isinstance(lo, torch.Tensor) or not isinstance(hi, torch.Tensor):
+        raise TypeError("envelope must be a pair of tensors (lo, hi)")
+    if tuple(lo.shape) != tuple(a.shape) or tuple(hi.shape) != tuple(a.shape):
+        raise ValueError(f"envelope shapes {tuple(lo.shape)}, {tuple(hi.shape)} must equal the compared shape {tuple(a.shape)}")
+    lo, hi = _view(lo).to(a.dtype), _view(hi).to(a.dtype)
+    side = torch.where(a >= e, hi - e, e - lo)
+    side = torch.nan_to_num(side, nan=0.0)          # no envelope where the golden is not finite
+    return torch.maximum(torch.broadcast_to(torch.as_tensor(tolerance, dtype=a.dtype), a.shape), side)
+
+
 def error_ratio(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
-                rtol: float | None = None, atol: float | torch.Tensor | None = None) -> torch.Tensor:
-    """float32 per element: ``|actual - expected| / (atol + rtol * |expected|)``, the error over what
-    the rule allows (1 = the tolerance). ``inf`` where non-finite values are misplaced, 0 where both
-    hold the same non-finite value. The search target of the laws and the reports' error pictures."""
+                rtol: float | None = None, atol: float | torch.Tensor | None = None,
+                envelope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """float32 per element: ``|actual - expected|`` over what the rule allows there (``atol + rtol *
+    |expected|``, widened on each side by the ``envelope`` when given; 1 = the edge of the rule).
+    ``inf`` where non-finite values are misplaced, 0 where both hold the same non-finite value. The
+    search target of the laws and the reports' error pictures."""
     rtol, atol = get_tolerance(kind, rtol, atol)
     a, e = _view(actual).float(), _view(expected).float()
     both = torch.isfinite(a) & torch.isfinite(e)
     allowed = atol + rtol * e.abs()
+    if envelope is not None:
+        allowed = _envelope_allowed(a, e, allowed, envelope)
     with torch.no_grad():
         r = torch.where(both, (a - e).abs() / allowed, torch.zeros((), dtype=torch.float32))
     r = torch.nan_to_num(r, nan=math.inf, posinf=math.inf)   # 0 / 0 with a zero tolerance: equal
@@ -270,7 +316,8 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
     exact = result.rtol == 0 and result.atol == 0
     header = f"{name} {'not bit-identical' if result.kind == 'exact' else 'not equal' if exact else 'not close'}"
     if not exact:
-        header += f" ({tol.cite})" if result.rtol == tol.rtol and result.atol == tol.atol else \
+        cite = f"{tol.cite}, or inside the envelope of SPEC §4.2" if result.envelope else tol.cite
+        header += f" ({cite})" if result.rtol == tol.rtol and result.atol == tol.atol else \
             f" (rtol={result.rtol:.3g}, atol={'per element' if result.atol is None else format(result.atol, '.3g')})"
     if tags:
         header += " [" + ", ".join(f"{k} {v}" for k, v in tags.items()) + "]"
@@ -289,15 +336,29 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
             lines.append(f"Greatest relative difference: {result.max_rel_err:.1e} at "
                          f"{result.format_index(result.max_rel_index)} "
                          f"({result.max_rel_allowed:.1e} allowed)")
+        if result.envelope:
+            lines.append(envelope_line(result))
     lines.extend(context)
     return "\n".join(lines)
+
+
+def envelope_line(result: Comparison) -> str:
+    """What the envelope did in a comparison: how many elements it accepted beyond the tolerance, and
+    for a failure how far outside it the worst element lies (SPEC §4.2)."""
+    inside = (f"{result.by_envelope} element{'s' if result.by_envelope != 1 else ''} inside the envelope "
+              "only (an E4M3 code of P can flip there under SPEC §4.1)" if result.by_envelope else
+              "no element needed the envelope")
+    if result.outside_index is None:
+        return f"Envelope: {inside}"
+    return (f"Envelope: {inside}; the worst mismatch lies outside it by {result.outside_envelope:.2g}x its "
+            f"tolerance at {result.format_index(result.outside_index)}")
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
                  rtol: float | None = None, atol: float | torch.Tensor | None = None,
                  identifier: str | Callable[[], str] = "Tensors", tags: dict[str, object] | None = None,
                  context: Sequence[str] | Callable[[Comparison], Sequence[str]] = (),
-                 s1: int | None = None) -> Comparison:
+                 s1: int | None = None, envelope: tuple[torch.Tensor, torch.Tensor] | None = None) -> Comparison:
     """Raise AssertionError with the suite's message unless ``actual`` is close to ``expected``.
 
     The plain assert it stands for::
@@ -318,7 +379,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "a
     Greatest relative difference: 2.0e-01 at (1,) (0.0e+00 allowed)
     """
     __tracebackhide__ = True
-    result = compare(actual, expected, kind=kind, rtol=rtol, atol=atol, s1=s1)
+    result = compare(actual, expected, kind=kind, rtol=rtol, atol=atol, s1=s1, envelope=envelope)
     if not result.passed:
         lines = context(result) if callable(context) else context
         raise AssertionError(make_mismatch_message(result, identifier=identifier, tags=tags,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases")
-CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "shrink", "bench", "mutants", "run", "report", "html_report", "cli")
+CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "shrink", "tightness", "bench", "mutants",
+               "conforming", "run", "report", "html_report", "cli")
 
 
 def module_name(path: Path) -> str:

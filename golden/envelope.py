@@ -1,0 +1,357 @@
+"""The acceptance envelope (SPEC §4.2): per output element, an interval holding every conforming result.
+
+A conforming kernel (SPEC §4.1, :class:`golden.model.ConformanceModel`) may sum in any float32 order
+(F1), multiply the dequant scales in any order (F2) and use an ``exp`` within 2 ulp and a division
+within 1 ulp (F3). With large logits a few ulps of S move an element of P across an E4M3 rounding
+boundary, and the output moves by more than SPEC §4's tolerance. :func:`paged_attention_envelope`
+returns ``[lo, hi]`` per output element, sound by construction: every stage of SPEC §2 is carried as
+an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row, tile) at a time:
+
+1. MM1. ``raw`` lies within ``E1`` of the exact sum ``s = q8 . k8``: the any-order bound, 0 where the
+   exactness certificate holds, the sharper residue bound where the plain one lets a code of P flip.
+2. Dequant (F2). ``S = raw * q_scale * k_scale * softmax_scale``, three roundings in any order.
+3. Local softmax. ``m_j`` lies between the row maxima of the ends of S; ``x = S - m_j`` in
+   ``[S_lo - m_hi, min(0, S_hi - m_lo)]``; ``P = exp(x)`` within ``exp_ulps`` (``exp(0) = 1``).
+4. P quantization. The row max of P is at least 1 (the argmax gives ``exp(0)``), so the P scale is
+   in ``[448 / max P_hi, 448]``; the codes reachable are those between the codes of the two ends
+   (encode and decode are monotone in every codec): an element whose two ends give different codes
+   is *flippable*, a proof that a conforming kernel may quantize it either way.
+5. MM2. The golden's ``P8 @ v8`` plus the flippable codes' deviations (sparse), within the any-order
+   bound of the tile's sum, then ``* p_scale * v_scale`` (F2).
+6. Online update, in closed form. Unrolled, the kernel's state after the last tile is
+   ``O = sum_j w_j O_j`` and ``l = sum_j w_j l_j`` with ``w_j = exp(m_j - M)`` up to the roundings of the
+   factors ``a``, ``c`` and of the recurrence; a factor common to both cancels in ``O / l``, and
+   ``w_j l_j = sum_t exp(S_t - M)``. So ``out = N / L`` with ``N = sum_j exp(m_j - mu) O_j`` and ``L =
+   sum_t exp(S_t - mu)`` for any ``mu``: the uncertainty of a tile's max counts once (in N), not three
+   times as a step-by-step interval fold would count it (in a, c and l_j).
+7. ``O / l`` within ``div_ulps``; bf16 round to nearest even of each end (monotone). Rows with
+   ``cur == 0`` are ``[0, 0]``.
+
+The golden (exact sums, correctly rounded exp and division) is one conforming execution: it always
+lies inside. ``tests/golden/test_envelope.py`` holds containment and runs conforming variants and
+vertex kernels (every raw score at an end of its interval) against it; the acceptance rule that uses
+it is ``properties.acceptance.judge``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from .codec import Fp8Codec
+from .intervals import TINY32, U32, down32, lowbit, residue_bound, sum_error_bound, ulp32, up32, widen
+from .model import SPEC_MODEL, ConformanceModel
+from .quant import FP8_MAX
+
+__all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",
+           "dequant_interval", "exp_bounds", "grid_of_codes", "DEGENERATE_SPREAD"]
+
+#: A row whose scores' intervals are wider than this (in logit units) can move P by a factor e**2 or
+#: more: the envelope there is close to "any mixture of the V rows" and the case is reported as
+#: degenerate (logits near 1e6, where one float32 ulp of S is already 0.06).
+DEGENERATE_SPREAD = 1.0
+_F64 = 2.0 ** -50          # slack for float64 arithmetic on bounds (a few float64 roundings)
+#: Rows whose scores are uncertain by more than this on average (in logits; l moves by about as much,
+#: relative: 2**-9 is a quarter of SPEC §4's 1/128) get the sharper bound of step 1 even when no code
+#: of P flips.
+SHARPEN_WIDTH = 2.0 ** -9
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionEnvelope:
+    """The golden's output and the envelope around it, all bf16 [B*S1, NQ, D], with what widened it.
+
+    ``p_elements``: visible P elements (one per row, tile token); ``flippable``: those whose E4M3 code
+    a conforming kernel may choose either way; ``degenerate_rows``: query rows whose scores are
+    uncertain by more than :data:`DEGENERATE_SPREAD` (see there).
+    """
+    golden: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    model: ConformanceModel
+    codec: str
+    p_elements: int
+    flippable: int
+    degenerate_rows: int
+
+    def inside(self, actual: torch.Tensor) -> torch.Tensor:
+        """bool: ``lo <= actual <= hi`` elementwise (False where either is not finite)."""
+        a = actual.float()
+        return (self.lo.float() <= a) & (a <= self.hi.float())
+
+
+def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
+    """float64[256]: the largest power of two dividing each code's value (inf for zero codes): the
+    grid every product with that operand lies on (the exactness certificate's ``g``)."""
+    cached = getattr(codec, "_pfa_grid", None)
+    if cached is None:
+        cached = lowbit(torch.from_numpy(codec.decode_array(np.arange(256, dtype=np.uint8)).copy())).numpy()
+        cached = np.where(np.isfinite(codec.decode_array(np.arange(256, dtype=np.uint8))), cached, math.inf)
+        codec._pfa_grid = cached
+    return cached
+
+
+def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, terms: int,
+                 model: ConformanceModel) -> torch.Tensor:
+    """float64: E1, the bound on |kernel raw score - exact raw score| (module docstring, step 1), from
+    the exact sum ``raw``, ``abs_sum = |q| . |k|`` and the product ``grid`` of the operands' grids.
+
+    0 under the exact model, and where every partial sum is representable (``M <= 2**24 grid``)."""
+    if model.sums == "exact":
+        return torch.zeros_like(raw)
+    magnitude = (abs_sum + raw.abs()) / 2          # max(positive part, negative part): bounds every subset sum
+    rounding = "toward-zero" if model.sums == "truncating" else "nearest"
+    bound = sum_error_bound(terms, magnitude, abs_sum, raw, rounding=rounding)
+    return torch.where(magnitude <= 2.0 ** 24 * grid, 0.0, bound)
+
+
+def refine_score_bounds(products: torch.Tensor, raw: torch.Tensor, abs_sum: torch.Tensor) -> torch.Tensor:
+    """float64: the residue bound (golden.intervals.residue_bound) for the scores whose products are
+    ``products`` [F, D], never below what compensated summation or the golden's single rounding need."""
+    magnitude = (abs_sum + raw.abs()) / 2
+    sharp = residue_bound(products, magnitude)
+    floor = sum_error_bound(0, magnitude, abs_sum, raw)        # terms=0: only the Kahan and 1/2 ulp floors
+    return torch.maximum(sharp, floor)
+
+
+def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (lo, hi): every float32 value a kernel's sum can take, given the exact sum ``raw``
+    (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
+    if model.sums == "exact":
+        return raw.float(), raw.float()
+    return down32(raw - e1), up32(raw + e1)
+
+
+def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
+    """float32 (S_lo, S_hi) from float32 raw bounds (module docstring, step 2).
+
+    F2 lets a kernel multiply the dequant scales in any order: ``(raw q) k``, ``(raw k) q`` or
+    ``raw (q k)``, then ``softmax_scale`` last, each product rounded to float32. Each chain is monotone in
+    raw (a multiplication by a positive number, rounded to nearest, is), so the values reachable lie
+    between the chains of the two ends: the union over the three orders is exact, with no widening.
+    The spec model allows SPEC §2.3's order only."""
+    chains = [lambda r: r * q_scale * k_scale]
+    if model.scale_order == "any":
+        chains += [lambda r: r * k_scale * q_scale, lambda r: r * (q_scale * k_scale)]
+    lows = [chain(raw_lo) * softmax_scale for chain in chains]
+    highs = [chain(raw_hi) * softmax_scale for chain in chains]
+    lo, hi = lows[0], highs[0]
+    for a, b in zip(lows[1:], highs[1:]):
+        lo, hi = torch.minimum(lo, a), torch.maximum(hi, b)
+    return lo, hi
+
+
+def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 bounds on ``exp(x)`` for x in [x_lo, x_hi] by an exp within ``ulps`` float32 ulps (F3):
+    the smallest float32 >= ``exp(x_lo) - ulps ulp(exp(x_lo))`` and the largest <= ``exp(x_hi) + ulps
+    ulp(...)`` (the float64 exp's own error is covered by a relative 2**-50)."""
+    low = torch.exp(x_lo.double()) * (1 - _F64)
+    high = torch.exp(x_hi.double()) * (1 + _F64)
+    # ulp of the exact exp, bounded above (an ulp is non-decreasing in the magnitude).
+    return (up32((low - ulps * ulp32(low * (1 + 4 * _F64))).clamp(min=0.0)),
+            down32(high + ulps * ulp32(high)))
+
+
+def _sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
+    """float64: relative error bound of a float32 sum of ``n`` non-negative terms (l_j, F1)."""
+    if model.sums == "exact":
+        return torch.where(n >= 2, U32, 0.0)
+    per = 2.0 if model.sums == "truncating" else 1.0
+    tree = per * (n - 1).clamp(min=0) * U32 * (1 + n * 2.0 ** -23)
+    kahan = 2 * U32 + 16 * n * U32 * U32
+    return torch.where(n >= 2, torch.maximum(tree, kahan), 0.0)
+
+
+class EnvelopeBuilder:
+    """Accumulates the per-tile bounds of one ``golden.attention`` evaluation and folds them (steps 1-7).
+
+    golden/attention.py creates it when an envelope is asked for and hands it each chunk's gathered
+    operands; it never recomputes what the golden computed (exact MM1 and MM2 sums, the golden's P8).
+    """
+
+    def __init__(self, dims, codec: Fp8Codec, model: ConformanceModel, tiles: int):
+        self.dims, self.codec, self.model = dims, codec, model
+        self.exp_rel = model.exp_ulps * 2.0 ** -23        # ulp(y) <= 2**-23 y for normal y
+        # Per (batch, tile): m_lo, m_hi, L_lo, L_hi (relative to m_hi), O_lo [D], O_hi [D], tokens.
+        rows = dims.s1 * dims.group
+        self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
+        self.p_elements = 0
+        self.flippable = 0
+        self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
+
+    # -- steps 1-2 (block layout [Q, N, R, BS]) ---------------------------------------------------------
+    def scores(self, raw, abs_sum, grid, q_scale, k_scale):
+        """(S_lo, S_hi, E1) float32 / float64 per block from the exact ``raw`` and ``abs_sum`` sums."""
+        e1 = score_bounds(raw, abs_sum, grid, self.dims.head_dim, self.model)
+        return self._scaled(raw, e1, q_scale, k_scale) + (e1,)
+
+    def _scaled(self, raw, e1, q_scale, k_scale):
+        raw_lo, raw_hi = raw_interval(raw, e1, self.model)
+        sm = torch.tensor(self.dims.softmax_scale, dtype=torch.float32)
+        return dequant_interval(raw_lo, raw_hi, q_scale, k_scale, sm, self.model)
+
+    # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
+    def softmax(self, s_lo, s_hi, visible):
+        """(m_lo, m_hi, P_lo, P_hi, y codes lo/hi as P8 values, p_scale bounds) of one tile layout."""
+        neg = torch.tensor(-math.inf, dtype=torch.float32)
+        s_lo = torch.where(visible, s_lo, neg)
+        s_hi = torch.where(visible, s_hi, neg)
+        m_lo = s_lo.amax(dim=-1, keepdim=True).double()
+        m_hi = s_hi.amax(dim=-1, keepdim=True).double()
+        x_lo = down32(s_lo.double() - m_hi)
+        x_hi = torch.clamp(up32(s_hi.double() - m_lo), max=0.0)
+        certain = x_lo == 0                                  # x is 0 in every execution: P = exp(0) = 1
+        p_lo, p_hi = exp_bounds(x_lo, x_hi, self.model.exp_ulps)
+        p_lo = torch.where(visible, torch.where(certain, 1.0, p_lo), 0.0)
+        p_hi = torch.where(visible, torch.where(certain, 1.0, p_hi), 0.0)
+        p_max_hi = torch.clamp(p_hi.double().amax(dim=-1, keepdim=True), min=1.0)
+        scale_lo = down32(FP8_MAX / p_max_hi * (1 - _F64))    # RN(448 / max P) >= RD(448 / max P_hi)
+        # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
+        y_lo = p_lo * scale_lo
+        y_hi = p_hi * torch.tensor(FP8_MAX, dtype=torch.float32)
+        p8_lo, p8_hi = self.codec.round(y_lo), self.codec.round(y_hi)
+        ps_lo = down32(torch.full_like(p_max_hi, 1.0 / FP8_MAX) * (1 - U32 - _F64))
+        ps_hi = up32(p_max_hi / FP8_MAX / (1 - U32) * (1 + U32) * (1 + _F64))
+        return m_lo, m_hi, p8_lo, p8_hi, ps_lo, ps_hi
+
+    @staticmethod
+    def _wide_rows(s_lo, s_hi, m_hi, visible) -> torch.Tensor:
+        """bool, tile layout: the scores of rows whose l may move by more than :data:`SHARPEN_WIDTH`
+        relative (the P-weighted mean width of their scores, ``P ~ exp(S_hi - m_hi)``)."""
+        weight = torch.exp(torch.where(visible, s_hi.double() - m_hi, -math.inf))
+        width = torch.where(visible, (s_hi - s_lo).double(), 0.0)
+        mean = (weight * width).sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True).clamp(min=1e-300)
+        return visible & (mean > SHARPEN_WIDTH) & (width > 0)
+
+    def denominator(self, s_lo, s_hi, m_hi, visible):
+        """(L_lo, L_hi) [..., 1]: ``w_j l_j`` relative to ``exp(m_hi - mu)`` (module docstring, step 6):
+        ``sum_t exp(S_t - m_hi)``, widened for x's rounding, exp's error and the row sum's (F1)."""
+        n = visible.sum(dim=-1, keepdim=True).double()
+        s_lo64, s_hi64 = s_lo.double(), s_hi.double()
+        slack = U32 * (1 + 2 * U32) * (m_hi - s_lo64)                      # |RN(S - m) - (S - m)|
+        low = torch.exp(torch.where(visible, s_lo64 - m_hi - slack, -math.inf))
+        high = torch.exp(torch.where(visible, s_hi64 - m_hi + slack, -math.inf))
+        rel = _sum_relative(n, self.model)
+        l_lo = low.sum(dim=-1, keepdim=True) * (1 - self.exp_rel - _F64) * (1 - rel)
+        l_hi = high.sum(dim=-1, keepdim=True) * (1 + self.exp_rel + _F64) * (1 + rel) + n * self.model.exp_ulps * TINY32
+        return l_lo, l_hi, n
+
+    # -- step 5 -----------------------------------------------------------------------------------------
+    def values(self, golden_mm2, low_dev, high_dev, abs_sum, n, ps_lo, ps_hi, v_scale):
+        """(O_lo, O_hi) [..., D] float64 of one tile: the golden's exact ``P8 @ v8`` moved by the flippable
+        codes' deviations (``low_dev``, ``high_dev`` >= 0, already multiplied out), within the any-order
+        bound of a sum of ``n`` terms with ``abs_sum = P8_hi @ |v8|`` (so every partial sum is at most
+        ``(abs_sum + |sum|) / 2``), then ``* p_scale * v_scale`` in either order (F2)."""
+        lo, hi = golden_mm2 - low_dev, golden_mm2 + high_dev
+        largest = torch.maximum(lo.abs(), hi.abs())
+        if self.model.sums == "exact":
+            e2 = 0.5 * ulp32(largest)                                       # one rounding of the exact sum
+        else:
+            magnitude = (abs_sum + largest) / 2
+            rounding = "toward-zero" if self.model.sums == "truncating" else "nearest"
+            e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
+        lo, hi = down32(lo - e2).double(), up32(hi + e2).double()           # the kernel's float32 O_raw
+        vs = v_scale.double()
+        lo = torch.minimum(lo * ps_lo.double(), lo * ps_hi.double()) * vs
+        hi = torch.maximum(hi * ps_lo.double(), hi * ps_hi.double()) * vs
+        return widen(lo, hi, (1 + U32) ** 2 - 1 + _F64, 2 * TINY32)
+
+    # -- one chunk of the golden's evaluation -------------------------------------------------------------
+    def q_grid(self, q_codes: np.ndarray) -> np.ndarray:
+        """float64 [..., 1]: each query row's grid (the smallest power of two dividing its codes' values)."""
+        return np.take(grid_of_codes(self.codec), q_codes).min(axis=-1, keepdims=True)
+
+    def chunk(self, *, raw64, q_blocks, k_blocks, k_codes, q_grid, q_scale, k_scale, visible, p8, mm2, v, v_scale,
+              to_tiles, to_blocks, per_tile_sum, index) -> None:
+        """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``index``.
+
+        Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
+        softmax; ``p8`` (blocks) and ``mm2`` (tiles, exact) are the golden's own."""
+        k_grid = torch.from_numpy(np.take(grid_of_codes(self.codec), k_codes).min(axis=2, keepdims=True))  # [Q, N, 1, BS]
+        abs_sum = torch.matmul(q_blocks.abs(), k_blocks.abs())
+        grid = q_grid * k_grid
+        s_lo, s_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale)
+        tiles = self.softmax(to_tiles(s_lo), to_tiles(s_hi), visible)
+        flip = visible & (tiles[2] != tiles[3])
+        wide = self._wide_rows(to_tiles(s_lo), to_tiles(s_hi), tiles[1], visible)
+        if self.model.sums == "any-order" and bool((flip | wide).any()):
+            # The margin test found codes that may flip, or rows whose scores are uncertain enough to move
+            # l by a visible share of the tolerance: sharpen E1 (the residue bound) for those scores and,
+            # in their rows, for every score that may be the row's max (m_j moves every x of the row).
+            rows = (flip | wide).any(dim=-1, keepdim=True)
+            maybe_max = visible & rows & (to_tiles(s_hi).double() >= tiles[0])
+            flagged = to_blocks(flip | wide | maybe_max) & (e1 > 0)
+            at = flagged.nonzero(as_tuple=True)
+            products = q_blocks[at[0], at[1], at[2], :] * k_blocks[at[0], at[1], :, at[3]]
+            e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at])))
+            s_lo, s_hi = self._scaled(raw64, e1, q_scale, k_scale)
+            tiles = self.softmax(to_tiles(s_lo), to_tiles(s_hi), visible)
+            flip = visible & (tiles[2] != tiles[3])
+        m_lo, m_hi, p8_lo, p8_hi, ps_lo, ps_hi = tiles
+        s_lo_t, s_hi_t = to_tiles(s_lo), to_tiles(s_hi)
+        self.p_elements += int(visible.expand_as(flip).sum())
+        self.flippable += int(flip.sum())
+        l_lo, l_hi, n = self.denominator(s_lo_t, s_hi_t, m_hi, visible)
+        # The flippable codes' deviations from the golden's P8, multiplied out with V's positive and negative parts.
+        low_dev = high_dev = torch.zeros_like(mm2)
+        if bool(flip.any()):
+            golden_p8 = p8.double()
+            down = golden_p8 - to_blocks(p8_lo).double()
+            up = to_blocks(p8_hi).double() - golden_p8
+            v_pos, v_neg = v.clamp(min=0), (-v).clamp(min=0)
+            low_dev = per_tile_sum(torch.matmul(down, v_pos) + torch.matmul(up, v_neg))
+            high_dev = per_tile_sum(torch.matmul(up, v_pos) + torch.matmul(down, v_neg))
+        abs_sum = per_tile_sum(torch.matmul(to_blocks(p8_hi).double(), v.abs()))
+        o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, ps_lo, ps_hi, v_scale)
+        spread = torch.where(visible, (s_hi_t.double() - s_lo_t.double()), 0.0).amax(dim=-1, keepdim=True)
+        any_visible = visible.any(dim=-1, keepdim=True)
+        state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
+        self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
+        self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
+
+    # -- steps 6-7 --------------------------------------------------------------------------------------
+    def fold(self, tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 (lo, hi) [B, N, R, D] of ``O / l`` from the stored tiles of each row (``tiles_per_row``
+        [B, 1, R]; rows with 0 tiles give [0, 0]); counts the degenerate rows in ``degenerate_rows``."""
+        dims, d = self.dims, self.dims.head_dim
+        st = self.states.view(dims.batch, tiles, dims.nkv, -1, 2 * d + 5).permute(0, 2, 3, 1, 4)   # [B, N, R, T, .]
+        counts = torch.from_numpy(np.broadcast_to(tiles_per_row[:, 0, :][:, None, :], st.shape[:3]).copy())
+        used = torch.arange(tiles)[None, None, None, :] < counts[..., None]                         # [B, N, R, T]
+        m_lo, m_hi, l_lo, l_hi = (st[..., i] for i in range(4))
+        o_lo, o_hi = st[..., 4:4 + d], st[..., 4 + d:4 + 2 * d]
+        mu = torch.where(used, m_hi, -math.inf).amax(dim=-1, keepdim=True)                           # [B, N, R, 1]
+        mu = torch.where(torch.isfinite(mu), mu, 0.0)
+        # Tiles a row does not have hold zeros: give them the row's mu, so that their (zero) terms stay finite.
+        m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
+        many = (counts > 1)[..., None].double()                                                       # one tile: no update
+        n_tiles = counts[..., None].double()
+        # w_j's rounding: each exp factor (F3) and each rounded exponent argument; the recurrence's roundings.
+        omega = many * (torch.exp(U32 * (1 + 2 * U32) * (mu - m_lo)) * (1 + self.exp_rel) ** n_tiles - 1)
+        gamma = many * ((1 + U32) ** (2 * n_tiles) - 1)
+        rel = omega + gamma + omega * gamma + _F64
+        w_lo = torch.exp(m_lo - mu)
+        w_hi = torch.exp(m_hi - mu)
+        underflow = (m_lo - mu) < -80                      # factors that may be float32 subnormals: w in [0, w_hi]
+        w_lo = torch.where(underflow, 0.0, w_lo)
+        keep = used.double()
+        n_lo = torch.minimum(w_lo[..., None] * o_lo, w_hi[..., None] * o_lo)
+        n_hi = torch.maximum(w_lo[..., None] * o_hi, w_hi[..., None] * o_hi)
+        n_lo, n_hi = widen(n_lo, n_hi, rel[..., None], 0.0)
+        n_lo = (n_lo * keep[..., None]).sum(dim=-2)
+        n_hi = (n_hi * keep[..., None]).sum(dim=-2)
+        big_l_lo = (torch.exp(m_hi - mu) * l_lo * (1 - rel) * keep * (~underflow).double()).sum(dim=-1, keepdim=True)
+        big_l_hi = (torch.exp(m_hi - mu) * l_hi * (1 + rel) * keep).sum(dim=-1, keepdim=True)
+        big_l_lo = big_l_lo * (1 - _F64)
+        big_l_hi = big_l_hi * (1 + _F64)
+        n_lo, n_hi = widen(n_lo, n_hi, _F64, 0.0)
+        q_lo = torch.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
+        q_hi = torch.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
+        q_lo, q_hi = widen(q_lo, q_hi, self.model.div_ulps * 2.0 ** -23 + _F64, self.model.div_ulps * TINY32)
+        started = counts[..., None] > 0
+        lo = torch.where(started, down32(q_lo), 0.0)
+        hi = torch.where(started, up32(q_hi), 0.0)
+        spread = self.spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
+        self.degenerate_rows = int(((spread > DEGENERATE_SPREAD) & used).any(dim=-1).sum())
+        return lo, hi

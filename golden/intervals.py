@@ -1,0 +1,157 @@
+"""Rounding facts for the acceptance envelope (SPEC §4.2): float32 outward rounding, ulps, and sound
+bounds on the error of a float32 sum taken in any order (SPEC §4.1 F1).
+
+Notation: ``u = 2**-24`` is float32's unit roundoff; ``ulp(x)`` is the spacing of float32 numbers in
+the binade of ``|x|`` (``2**(floor(log2|x|) - 23)``, at least ``2**-149``). Every bound here is computed
+in float64 from float32 data and then rounded *outward* to float32 (:func:`down32`, :func:`up32`), so
+the float64 arithmetic can only widen what it bounds.
+
+Any-order sums (F1). A float32 sum of ``n`` exact terms ``y_i`` in any order or tree is ``n - 1``
+additions, each rounded to nearest; a fused multiply-add of an exact product is one of them. Every
+partial sum is a subset sum, so its magnitude is at most ``M = max(sum of positive terms, sum of
+|negative terms|)``, and the computed ones at most ``M' = M (1 + n 2**-23)`` (the errors so far
+included). Each addition errs by at most half an ulp of its result, so
+
+    |computed - exact| <= (n - 1) / 2 * ulp(M')                                  (the plain bound)
+
+and the error is 0 when every partial sum is representable: all terms are multiples of a power of two
+``g`` and ``M <= 2**24 g`` (the exactness certificate).
+
+A sharper bound (:func:`residue_bound`) counts where the rounding error can come from. Write ``res_U(z)``
+for the distance from ``z`` to the nearest multiple of ``U``. An addition whose result lies in a binade
+of spacing ``U`` rounds to a multiple of ``U`` and errs by exactly ``res_U(a + b) <= res_U(a) +
+res_U(b)``; a result of spacing ``U`` or coarser is itself a multiple of ``U``. By induction over the
+tree, the errors of all additions at spacing ``U`` add up to at most ``R_U + E_<U``, where ``R_U =
+sum_i res_U(y_i)`` and ``E_<U`` is the total error of the additions at finer spacings; and each of the
+at most ``n - 1`` additions at spacing ``U`` errs by at most ``U / 2``. Going up the spacings from
+``U_max = ulp(M')`` down to ``U_max 2**-levels`` (below which ``(n - 1) U / 2`` is used) gives
+
+    E_U <= min((n - 1) U / 2, R_U + sum_{U' < U} E_U'),        |computed - exact| <= sum_U E_U.
+
+An addition whose spacing is no coarser than ``g``, the largest power of two dividing every term, is
+exact (every computed value stays a multiple of ``g``), so the walk starts at ``g`` with nothing. Terms
+on a coarse grid (E4M3 products of large codes) have ``R_U = 0`` and cost nothing: on outlier channels
+the bound is a fraction of the plain one (tests/golden/test_intervals.py has both on inputs built to
+reach them).
+
+Compensated (Kahan) summation is not a tree, but its error is at most ``(2u + O(n u**2)) sum |y_i|``
+(Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §4.3); :func:`sum_error_bound` takes
+the larger of the two, and never less than half an ulp of the exact sum (the golden rounds once).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["U32", "TINY32", "down32", "up32", "ulp32", "lowbit", "sum_error_bound", "residue_bound",
+           "widen", "scale_bounds"]
+
+U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
+TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
+
+
+def down32(x: torch.Tensor) -> torch.Tensor:
+    """float32: the largest float32 <= x (x float64; -inf stays -inf, NaN stays NaN)."""
+    f = x.float()
+    return torch.where(f.double() > x, torch.nextafter(f, torch.tensor(-math.inf)), f)
+
+
+def up32(x: torch.Tensor) -> torch.Tensor:
+    """float32: the smallest float32 >= x (x float64)."""
+    f = x.float()
+    return torch.where(f.double() < x, torch.nextafter(f, torch.tensor(math.inf)), f)
+
+
+def ulp32(x: torch.Tensor) -> torch.Tensor:
+    """float64: the float32 spacing in the binade of |x| (``2**(floor(log2|x|) - 23)``, >= 2**-149).
+
+    Non-decreasing in |x|, so the ulp of a bound on a magnitude bounds the ulp of the magnitude."""
+    magnitude = x.double().abs()
+    _, exponent = torch.frexp(magnitude)               # |x| = m 2**e, m in [0.5, 1): floor(log2|x|) = e - 1
+    exponent = torch.where(magnitude == 0, -149 + 24, exponent)
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float64), (exponent - 24).clamp(min=-149))
+
+
+def lowbit(x: torch.Tensor) -> torch.Tensor:
+    """float64: the largest power of two dividing the float32 value ``x`` (inf where x == 0, so a zero
+    term never lowers a grid), read from the float32 bits."""
+    bits = x.float().abs().view(torch.int32).to(torch.int64)
+    exponent = bits >> 23
+    mantissa = bits & 0x7FFFFF
+    significand = torch.where(exponent > 0, mantissa | 0x800000, mantissa)
+    trailing = _trailing_zeros(significand)
+    power = torch.where(exponent > 0, exponent - 150, torch.full_like(exponent, -149)) + trailing
+    return torch.where(significand == 0, torch.full_like(power, 0, dtype=torch.float64) + math.inf,
+                       torch.ldexp(torch.ones_like(power, dtype=torch.float64), power))
+
+
+def _trailing_zeros(n: torch.Tensor) -> torch.Tensor:
+    """int64: trailing zero bits of positive int64 values below 2**24 (24 where n == 0)."""
+    isolated = n & -n                                   # the lowest set bit
+    _, exponent = torch.frexp(isolated.double())
+    return torch.where(n == 0, torch.full_like(n, 24), exponent.to(torch.int64) - 1)
+
+
+def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum: torch.Tensor,
+                    exact: torch.Tensor | None = None, *, rounding: str = "nearest") -> torch.Tensor:
+    """float64: a bound on |computed - exact| of a float32 sum of ``terms`` exact terms in any order or
+    tree, or compensated (see the module docstring).
+
+    ``magnitude`` bounds every exact partial sum (``max(positive sum, |negative sum|)``); ``abs_sum``
+    is ``sum |y_i|``; ``exact`` (optional) the exact sum, so that the bound covers its single rounding.
+    ``rounding="toward-zero"`` doubles the per-addition error (a truncating adder: wider than SPEC §4.1).
+    """
+    n = torch.as_tensor(terms, dtype=torch.float64)
+    grown = magnitude * (1 + n * 2.0 ** -23)
+    per_addition = ulp32(grown) * (0.5 if rounding == "nearest" else 1.0)
+    bound = torch.clamp(n - 1, min=0) * per_addition
+    if rounding == "nearest":
+        kahan = abs_sum * (2 * U32 + 16 * n * U32 * U32)
+        bound = torch.maximum(bound, kahan)
+    if exact is not None:
+        bound = torch.maximum(bound, 0.5 * ulp32(exact))
+    return bound
+
+
+def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: int = 24) -> torch.Tensor:
+    """float64 [...]: the sharper any-order bound of the module docstring for the sums of ``products``
+    [..., n] (exact float64 terms, float32 values) whose partial sums are bounded by ``magnitude`` [...].
+
+    Round to nearest only. An addition at a spacing no coarser than ``g``, the largest power of two
+    dividing every term, is exact (its operands are multiples of ``g``, so of the spacing), so the
+    spacings from ``g`` up to ``U_max`` are the ones that count; ``levels`` of them are walked (below,
+    the plain ``(n - 1) U / 2`` is used). Costs ``levels`` passes over the terms: use it where the plain
+    bound is too wide.
+    """
+    n = products.shape[-1]
+    if n <= 1:
+        return torch.zeros(products.shape[:-1], dtype=torch.float64)
+    grid = lowbit(products.float()).amin(dim=-1)                        # inf for an all-zero row: exact
+    top = ulp32(magnitude * (1 + n * 2.0 ** -23))                       # U_max
+    # Only the spacings above the grid can err: walk as many as the widest gap needs.
+    gaps = torch.log2(top / grid.clamp(max=1e300)).clamp(min=0)
+    levels = min(levels, int(gaps.max()) + 1) if gaps.numel() else 0
+    spacing = top * 2.0 ** -levels
+    total = torch.where(spacing <= grid, 0.0, (n - 1) * spacing / 2)     # every addition at this spacing or finer
+    for _ in range(levels):
+        spacing = spacing * 2
+        cap = (n - 1) * spacing / 2
+        at = spacing[..., None]
+        residues = (products - torch.round(products / at) * at).abs().sum(dim=-1)
+        total = torch.where(spacing <= grid, 0.0, torch.minimum(cap, total + torch.minimum(cap, residues + total)))
+    return total
+
+
+def widen(lo: torch.Tensor, hi: torch.Tensor, relative: float | torch.Tensor, absolute: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[lo - relative |lo| - absolute, hi + relative |hi| + absolute]``: room for roundings
+    of relative size ``relative`` (and ``absolute`` near 0)."""
+    return lo - relative * lo.abs() - absolute, hi + relative * hi.abs() + absolute
+
+
+def scale_bounds(lo: torch.Tensor, hi: torch.Tensor, factor: torch.Tensor, roundings: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 bounds on a float32 value in ``[lo, hi]`` multiplied by positive float32 factors whose
+    exact product is ``factor``, with ``roundings`` float32 roundings in any order and association
+    (SPEC §4.1 F2). A multiplication by a positive number is monotone, so the ends map to the ends."""
+    relative = (1 + U32) ** roundings - 1 + 4 * 2.0 ** -53 * (roundings + 1)   # the float64 products err too
+    return widen(lo * factor, hi * factor, relative, roundings * TINY32)

@@ -1,0 +1,169 @@
+"""golden/envelope.py and golden.at12.qk_matmul_scale_envelope: the acceptance envelope (SPEC §4.2).
+
+Sound: the golden always lies inside, and so does every conforming variant (kernels/conforming: sums
+in other orders and trees, Kahan, fused multiply-adds, other scale orders, exp 2 ulp and division 1 ulp
+off, and vertex kernels putting every raw score at an end of its interval). Tight: where no E4M3 code of
+P can flip, the envelope is within a bf16 step of the golden and the rule is SPEC §4's tolerance.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import golden
+import kernels
+from golden.at12 import qk_matmul_scale_envelope
+from kernels.conforming import VARIANTS
+from properties import strategies as ps
+from properties.case import Case
+
+ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
+_SMALL = dict(max_examples=12, deadline=None)
+
+
+def _bf16_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many bf16 values lie from a to b (both bf16), by their ordered bit patterns."""
+    def key(x):
+        bits = x.view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (key(b) - key(a)).abs()
+
+
+@settings(**_SMALL)
+@given(case=ps.cases(), codec=st.sampled_from([golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC]))
+def test_golden_lies_inside_and_is_the_golden(case, codec):
+    kwargs = case.inputs().kwargs()
+    env = golden.paged_attention_envelope(**kwargs, codec=codec)
+    out = golden.paged_attention_fp8(**kwargs, codec=codec)
+    assert torch.equal(env.golden.view(torch.int16), out.view(torch.int16))
+    finite = torch.isfinite(out.float())
+    assert bool((env.inside(out) | ~finite).all())
+
+
+_KERNEL_SIZED = ps.dims(batch=st.integers(1, 2), head_dim=(128,), block_size=(128,), s2_tile_blocks=st.integers(1, 2))
+
+
+@pytest.mark.parametrize("distribution", ALL_DISTRIBUTIONS)
+def test_conforming_variants_lie_inside(distribution):
+    """Conforming variants (kernels/conforming, vertex kernels included) on kernel-sized cases of every
+    distribution: inside, element by element. (tox -e mutants runs the full cross product, more examples
+    and a search for escapes: pfa-verify mutants --level conforming.)"""
+
+    @settings(max_examples=4, deadline=None)
+    @given(case=ps.cases(ps.kernel_configs(distribution=(distribution,), dims=_KERNEL_SIZED)),
+           variant=st.sampled_from(sorted(VARIANTS)))
+    def check(case, variant):
+        kwargs = case.inputs().kwargs()
+        env = golden.paged_attention_envelope(**kwargs)
+        out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**kwargs)
+        outside = ~env.inside(out) & torch.isfinite(env.golden.float())
+        assert not bool(outside.any()), f"{int(outside.sum())} elements of {variant} outside the envelope"
+
+    check()
+
+
+def test_no_flip_means_the_tolerance_alone():
+    """Uniform data where no code of P can flip: the envelope never reaches past SPEC §4's tolerance (the
+    rule is the tolerance alone), and nearly everywhere it is within one bf16 step of the golden: the
+    float32 result's own few-ulp width (wider only where MM2's sum cancels to a tiny output)."""
+    config = golden.PagedAttentionConfig(batch=2, s1=2, s2=300, nq=4, nkv=2, s2_tile=256, kv_act_seqs=(300, 129))
+    kwargs = golden.make_inputs(config, 3).kwargs()
+    env = golden.paged_attention_envelope(**kwargs)
+    assert env.flippable == 0
+    g = env.golden.float()
+    tol = 1e-4 + g.abs() / 128
+    assert bool(((env.hi.float() - g) <= tol).all() and ((g - env.lo.float()) <= tol).all())
+    steps = torch.maximum(_bf16_steps(env.lo, env.golden), _bf16_steps(env.golden, env.hi))
+    assert float((steps <= 1).float().mean()) > 0.99
+
+
+def test_exact_model_is_the_golden_up_to_its_own_rounding():
+    config = golden.PagedAttentionConfig(batch=1, s1=1, s2=200, nq=2, nkv=1, distribution="outlier_channels")
+    kwargs = golden.make_inputs(config, 1).kwargs()
+    env = golden.paged_attention_envelope(**kwargs, model=golden.EXACT_MODEL)
+    spec = golden.paged_attention_envelope(**kwargs)
+    assert bool((_bf16_steps(env.lo, env.hi) <= 2).all())
+    assert bool((env.lo.float() >= spec.lo.float()).all() and (env.hi.float() <= spec.hi.float()).all())
+
+
+def test_outlier_channels_flip_codes_and_integer_grid_outliers_do_not_move_s():
+    """On outlier channels (logits near 180) a legal float32 order moves S by enough to flip codes of P;
+    with every Q and K code an integer (outlier_grid) MM1 is exact in any order and only F2's one-ulp
+    scale reorderings remain."""
+    base = dict(batch=2, s1=1, s2=384, nq=4, nkv=1, s2_tile=256, kv_act_seqs=(384, 300))
+    channels = golden.paged_attention_envelope(**golden.make_inputs(
+        golden.PagedAttentionConfig(**base, distribution="outlier_channels"), 0).kwargs())
+    grid = golden.paged_attention_envelope(**golden.make_inputs(
+        golden.PagedAttentionConfig(**base, distribution="outlier_grid"), 0).kwargs())
+    assert channels.flippable > 4 * max(grid.flippable, 1)
+
+
+def test_degenerate_logits_are_reported():
+    config = golden.PagedAttentionConfig(batch=1, s1=1, s2=128, nq=2, nkv=1, head_dim=128, distribution="wide")
+    found = 0
+    for seed in range(20):
+        found += golden.paged_attention_envelope(**golden.make_inputs(config, seed).kwargs()).degenerate_rows
+    assert found > 0
+
+
+@pytest.mark.parametrize("codec", [golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC], ids=lambda c: c.name)
+def test_codec_round_is_monotone(codec):
+    """The envelope reads the reachable codes of P as those between the codes of its two ends: that
+    needs decode(encode(y)) non-decreasing in y >= 0, checked on every float32 pattern step of 2**8
+    up to 2 * 448 and around every code's value."""
+    bits = torch.arange(0, int(torch.tensor(896.0).view(torch.int32)), 256, dtype=torch.int32)
+    values = torch.cat([bits.view(torch.float32), codec.decode_table[:0x7F].abs()]).sort().values
+    values = torch.cat([torch.nextafter(values, torch.tensor(0.0)), values, torch.nextafter(values, torch.tensor(1e9))]).sort().values
+    read = codec.round(values)
+    assert bool((read[1:] >= read[:-1]).all())
+
+
+def test_bad_model_is_a_type_error():
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16), 0).kwargs()
+    with pytest.raises(TypeError, match="model must be a golden.model.ConformanceModel"):
+        golden.paged_attention_envelope(**kwargs, model="spec")
+
+
+def test_a_wider_model_is_named():
+    wide = golden.ConformanceModel(name="truncating adder", sums="truncating")
+    assert not wide.conforming
+    with pytest.raises(ValueError, match="wider than SPEC §4.1: float32 sums rounded toward zero"):
+        wide.check_narrower()
+
+
+# --- AT-12 -------------------------------------------------------------------------------------------
+
+@settings(**_SMALL)
+@given(case=ps.at12_cases(), variant=st.sampled_from(sorted(VARIANTS)), fp8=st.booleans())
+def test_at12_conforming_variants_lie_inside(case, variant, fp8):
+    q, k = case.operands()
+    kwargs = dict(q=q, k=k)
+    if fp8:
+        (q8, qs), (k8, ks) = golden.quantize_per_token(q.float()), golden.quantize_per_token(k.float())
+        kwargs = dict(q=q8, k=k8, q_scale=qs, k_scale=ks)
+    g, lo, hi = qk_matmul_scale_envelope(**kwargs)
+    assert bool(((lo <= g) & (g <= hi)).all())
+    out = kernels.get_backend(f"conforming:{variant}").qk_matmul_scale(**kwargs)
+    assert bool(((lo <= out) & (out <= hi)).all())
+
+
+def test_at12_cancellation_is_where_the_tolerance_is_not_sound():
+    """A score that cancels (two products of 2**24 of opposite sign, and 30 small ones): summing the small
+    ones into the large partial sums (an order F1 allows) moves it by about 1 per addition, far past
+    1e-4 + |g| / 128; the envelope holds that result, the tolerance alone would call it wrong."""
+    big = 2.0 ** 12
+    small = [1.0 + 2.0 ** -7] * 30
+    q = torch.tensor([[big, big] + small], dtype=torch.bfloat16)
+    k = torch.tensor([[big, -big] + small], dtype=torch.bfloat16)
+    g, lo, hi = qk_matmul_scale_envelope(q, k, scale=1.0)
+    reverse = kernels.get_backend("conforming:reverse-upstream").qk_matmul_scale(q, k, scale=1.0)
+    big_first = kernels.get_backend("conforming:forward").qk_matmul_scale(q[:, [0, 2, 3, 4, 1]], k[:, [0, 2, 3, 4, 1]], scale=1.0)
+    assert float(g) == np.float32(float(q.double() @ k.double().T))
+    assert bool(((lo <= reverse) & (reverse <= hi)).all())
+    g5, lo5, hi5 = qk_matmul_scale_envelope(q[:, [0, 2, 3, 4, 1]], k[:, [0, 2, 3, 4, 1]], scale=1.0)
+    assert bool(((lo5 <= big_first) & (big_first <= hi5)).all())
+    assert abs(float(big_first) - float(g5)) > 1e-4 + abs(float(g5)) / 128

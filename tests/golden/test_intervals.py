@@ -1,0 +1,121 @@
+"""golden/intervals.py: outward rounding, ulps, grids, and the any-order sum bounds (SPEC §4.1 F1).
+
+Each bound is held on inputs built to reach it (rounding errors aligned on purpose) and on float32 sums
+taken in many orders and trees, which must never exceed it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import golden
+from golden.intervals import down32, lowbit, residue_bound, sum_error_bound, ulp32, up32
+
+
+def _tree_sum(terms: np.ndarray, merges: list[int]) -> np.float32:
+    """A float32 sum of ``terms`` as a binary tree: ``merges[k]`` picks which neighbouring pair to add next."""
+    values = [np.float32(t) for t in terms]
+    for pick in merges:
+        if len(values) == 1:
+            break
+        i = pick % (len(values) - 1)
+        values[i:i + 2] = [np.float32(values[i] + values[i + 1])]
+    while len(values) > 1:
+        values[0:2] = [np.float32(values[0] + values[1])]
+    return values[0]
+
+
+def test_outward_rounding_brackets_and_keeps_float32_values():
+    x = torch.tensor([1.0, 1 + 2.0 ** -30, -(1 + 2.0 ** -30), 3.0e38, 1e-45, 0.0, -0.0], dtype=torch.float64)
+    lo, hi = down32(x), up32(x)
+    assert bool((lo.double() <= x).all()) and bool((hi.double() >= x).all())
+    assert lo[0] == hi[0] == 1.0
+    assert hi[1] == torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)) and lo[1] == 1.0
+    assert lo[2] == -torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)) and hi[2] == -1.0
+
+
+@pytest.mark.parametrize("value", [1.0, 1.5, 2.0 ** -126, 2.0 ** -149, 3.0e38, 448.0, 0.3])
+def test_ulp32_is_the_float32_spacing(value):
+    x = torch.tensor(value, dtype=torch.float32)
+    spacing = torch.nextafter(x, torch.tensor(math.inf)) - x
+    assert float(ulp32(x.double())) == float(spacing)
+
+
+def test_ulp32_of_zero_is_the_smallest_subnormal():
+    assert float(ulp32(torch.tensor(0.0, dtype=torch.float64))) == 2.0 ** -149
+
+
+def test_lowbit_of_every_e4m3_value():
+    values = golden.SPEC_CODEC.decode_table[:0x7F]          # the non-negative finite codes
+    for v, g in zip(values.tolist(), lowbit(values).tolist()):
+        if v == 0:
+            assert g == math.inf
+            continue
+        assert (v / g) == int(v / g) and int(v / g) % 2 == 1, (v, g)
+
+
+def test_plain_bound_is_reached_by_aligned_roundings():
+    """1 followed by n - 1 terms of just under half an ulp of 1: sequentially, each addition rounds
+    down by almost half an ulp, all the same way: the error reaches (n - 1) / 2 ulp(1), the bound."""
+    n = 64
+    tiny = np.float32(2.0 ** -24 * (1 - 2.0 ** -10))
+    terms = np.array([1.0] + [tiny] * (n - 1), dtype=np.float32)
+    exact = float(np.sum(terms.astype(np.float64)))
+    computed = _tree_sum(terms, [0] * n)                      # always the leftmost pair: sequential
+    error = abs(float(computed) - exact)
+    t = torch.tensor(terms, dtype=torch.float64)
+    plain = float(sum_error_bound(n, t.abs().sum(), t.abs().sum(), torch.tensor(exact, dtype=torch.float64)))
+    sharp = float(residue_bound(t[None, :], t.abs().sum()[None])[0])
+    assert error <= sharp <= plain
+    assert error >= 0.99 * plain
+
+
+@settings(max_examples=60, deadline=None)
+@given(codes=st.lists(st.integers(0, 0xFE).filter(lambda c: c & 0x7F != 0x7F), min_size=2, max_size=40),
+       other=st.lists(st.integers(0, 0xFE).filter(lambda c: c & 0x7F != 0x7F), min_size=40, max_size=40),
+       merges=st.lists(st.integers(0, 1000), max_size=40), big=st.booleans())
+def test_any_tree_of_e4m3_products_stays_within_both_bounds(codes, other, merges, big):
+    """Products of E4M3 values (exact in float32), with or without two outlier terms in front: any
+    tree of float32 additions errs by no more than the residue bound, which is no more than the plain one."""
+    table = golden.SPEC_CODEC.decode_table.double()
+    a = table[codes]
+    b = table[other[:len(codes)]]
+    products = a * b
+    if big:
+        products = torch.cat([torch.tensor([448.0 * 448.0, 448.0 * 448.0], dtype=torch.float64), products])
+    exact = float(products.sum())
+    magnitude = max(float(products.clamp(min=0).sum()), float((-products).clamp(min=0).sum()))
+    abs_sum = float(products.abs().sum())
+    n = products.numel()
+    plain = float(sum_error_bound(n, torch.tensor(magnitude, dtype=torch.float64), torch.tensor(abs_sum, dtype=torch.float64),
+                                  torch.tensor(exact, dtype=torch.float64)))
+    sharp = float(residue_bound(products[None, :], torch.tensor([magnitude], dtype=torch.float64))[0])
+    for order in (np.arange(n), np.arange(n)[::-1], np.argsort(-products.abs().numpy())):
+        computed = _tree_sum(products.numpy()[order], merges)
+        assert abs(float(computed) - exact) <= sharp <= plain + 1e-300
+
+
+def test_residue_bound_is_a_fraction_of_the_plain_one_on_outlier_channels():
+    """Two outlier products near 2**17.6 and 126 small ones on coarse grids (outlier_channels): every
+    addition near 4e5 rounds to 2**-5, but only the small products with finer bits can make it err."""
+    cfg = golden.PagedAttentionConfig(batch=1, s1=1, s2=8, nq=1, nkv=1, distribution="outlier_channels")
+    bundle = golden.make_inputs(cfg, 0)
+    q = golden.SPEC_CODEC.decode(bundle.q.view(torch.uint8), torch.float64)[0, 0]
+    k = golden.SPEC_CODEC.decode(bundle.k_cache.view(torch.uint8), torch.float64)[int(bundle.block_table[0, 0]), :8, 0]
+    products = q[None, :] * k
+    exact, abs_sum = products.sum(-1), products.abs().sum(-1)
+    magnitude = (abs_sum + exact.abs()) / 2
+    plain = sum_error_bound(128, magnitude, abs_sum, exact)
+    sharp = residue_bound(products, magnitude)
+    assert bool((sharp <= plain / 4).all()), (sharp, plain)
+
+
+def test_a_sum_on_one_grid_below_two_to_the_24_is_exact():
+    """The exactness certificate: integers below 2**24 add exactly in float32 in any order."""
+    terms = torch.tensor([2.0 ** 20, 3.0, -7.0, 1.0, 2.0 ** 21], dtype=torch.float64)
+    assert float(residue_bound(terms[None, :], terms.abs().sum()[None])[0]) == 0.0
