@@ -1,6 +1,6 @@
 """Our PyPTO kernels and the backends that run them (SPEC §1, §6).
 
-    backend = kernels.get_backend("sim")          # golden | sim | npu | auto | package.module:factory | mutant:NAME
+    backend = kernels.get_backend("sim")          # golden | sim | sim-spec-codec | npu | auto | package.module:factory | mutant:NAME
     out = backend.paged_attention_fp8(**bundle.kwargs())
 
 A backend that cannot run here raises kernels.BackendUnavailable(reason) when it is created; a run
@@ -16,10 +16,10 @@ __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KIND
 
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
-    """The backend called ``name`` (kernels.backends.get_backend: golden, sim, npu, auto, an import or
-    file path, pypto-gym:...), ``mutant:NAME``, a mutant of the catalog (kernels/mutants; issue 12), or
-    ``conforming:NAME``, a correct variant using SPEC §4.1's freedoms (kernels/conforming; issue 16).
-    Both build on the backends, so they are resolved here, above them."""
+    """The backend called ``name`` (kernels.backends.get_backend: golden, sim, sim-spec-codec, npu, auto,
+    an import or file path, pypto-gym:...), ``mutant:NAME``, a mutant of the catalog (kernels/mutants;
+    issue 12), or ``conforming:NAME``, a correct variant using SPEC §4.1's freedoms (kernels/conforming;
+    issue 16). Both build on the backends, so they are resolved here, above them."""
     if isinstance(name, str) and name.startswith("mutant:"):
         if device is not None:
             raise ValueError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")

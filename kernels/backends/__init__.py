@@ -11,6 +11,13 @@ A backend has
   paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, *,
                       softmax_scale=None, s2_tile=128, g_tile=None, codec=None) -> bf16 CPU tensor
   qk_matmul_scale(q, k, *, scale=None, q_scale=None, k_scale=None, codec=None) -> fp32 CPU tensor
+  spec_codec_not_applicable  None, or why a comparison under the spec codec says nothing about this
+            backend's kernel (its own codec differs from the spec's and cannot be switched: the plain
+            sim); reports show that comparison as not applicable
+  model     (kernel backends) the golden.model.ConformanceModel it is judged by (SPEC §4.1; SPEC_MODEL
+            unless kernels.probes measured otherwise)
+  out_of_bounds_reads  None, or in words what the backend does about reads outside an input (the sim:
+            errors, W12; the npu backend: not detected, and why)
 with exactly the golden's arguments, validated by golden.validate (the same checks, not a copy).
 `codec`, if given, must be the backend's own codec: a kernel cannot change how its hardware rounds.
 """
@@ -57,7 +64,7 @@ def unwritten_output(shape, *, dtype=None, device=None):
 
 def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str] | None = None):
     """``out`` (on the CPU) after checking that the kernel wrote it: KernelRunError when an element
-    that must be computed still holds UNWRITTEN. For paged attention (``kv_act_seqs`` given) the rows
+    that must be computed still holds UNWRITTEN (``details()``, when given and not empty, is appended). For paged attention (``kv_act_seqs`` given) the rows
     with ``cur == 0`` are the caller's zeros, SPEC §2 item 5: their untouched elements become 0."""
     import torch
 
@@ -72,8 +79,9 @@ def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str]
     missing = int(must.sum())
     if missing:
         first = tuple(int(x) for x in must.nonzero()[0])
+        more = details() if details else ""
         raise KernelRunError(f"the kernel left {missing} of {out.numel()} output elements it must compute "
-                             f"unwritten (first at {first})" + (f"; {details()}" if details else ""))
+                             f"unwritten (first at {first})" + (f"; {more}" if more else ""))
     return out.masked_fill_(unwritten, 0.0)
 
 
@@ -106,6 +114,10 @@ class Backend:
     supported_shapes: dict | None = None
     #: True only for what ``auto`` returns when no kernel backend could start (the golden).
     fallback: bool = False
+    #: None, or why a comparison under the spec codec cannot judge this backend's kernel.
+    spec_codec_not_applicable: str | None = None
+    #: What the backend does about a kernel's reads outside its inputs, in words (None: unknown).
+    out_of_bounds_reads: str | None = None
 
     def skip_reason(self, config) -> Skip | None:
         """Why this backend does not run ``config`` (a golden.PagedAttentionConfig) here, or None."""
@@ -204,6 +216,14 @@ def _sim(**options):
     return SimBackend(**options)
 
 
+def _sim_spec_codec(**options):
+    """The sim backend with the spec's E4M3 in the calculator (kernels/pypto_workarounds/, W13)."""
+    from kernels.backends.sim import SimBackend
+    if options.get("e4m3", "spec") != "spec":
+        raise ValueError(f"e4m3={options['e4m3']!r}: sim-spec-codec is the sim with e4m3='spec'; use --backend sim")
+    return SimBackend(**{**options, "e4m3": "spec"})
+
+
 def _npu(device=None, **options):
     from kernels.backends.npu import NpuBackend
     return NpuBackend(device=device, **options)
@@ -252,14 +272,16 @@ def _load_file_factory(name: str):
     return module, attr
 
 
-BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim": _sim, "npu": _npu, "auto": _auto}
+BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim": _sim,
+                                                       "sim-spec-codec": _sim_spec_codec, "npu": _npu, "auto": _auto}
 
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
-    """The backend called `name`: golden, sim, npu, auto, an import path 'package.module:factory',
+    """The backend called `name`: golden, sim, sim-spec-codec (the sim with the spec's E4M3 in the
+    calculator), npu, auto, an import path 'package.module:factory',
     a file path 'path/to/file.py:factory' (test doubles; relative to the working directory or the
     project root), a kernel in PyPTO-Gym's calling convention, 'pypto-gym:PATH.py[:FUNCTION]'
-    (sim) or 'pypto-gym-npu:...' (kernels/backends/upstream.py). kernels.get_backend adds the
+    (sim), 'pypto-gym-spec-codec:...' (sim-spec-codec) or 'pypto-gym-npu:...' (kernels/backends/upstream.py). kernels.get_backend adds the
     mutants of the catalog, 'mutant:NAME' (kernels/mutants).
 
     - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
@@ -268,11 +290,11 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name={name!r} must be golden, sim, npu, auto or 'package.module:factory'")
-    if name.startswith(("pypto-gym:", "pypto-gym-npu:")):
+    if name.startswith(("pypto-gym:", "pypto-gym-spec-codec:", "pypto-gym-npu:")):
         from kernels.backends.upstream import make_backend
         return make_backend(name, device=device, **options)
     if name in BUILTIN_BACKENDS:
-        if device is not None and name in ("golden", "sim"):
+        if device is not None and name in ("golden", "sim", "sim-spec-codec"):
             raise ValueError(f"device={device!r} applies to the npu backend only, not {name!r}")
         factory = BUILTIN_BACKENDS[name]
         return factory(device=device, **options) if name in ("npu", "auto") else factory(**options)

@@ -4,6 +4,21 @@ Device: the explicit argument, else TILE_FWK_DEVICE_ID, else the pytest-xdist wo
 (PYTEST_XDIST_WORKER=gwN -> N), else 0 (kernels.backends.resolve_device_index). Creating the backend
 checks everything it needs and raises BackendUnavailable with the missing piece: torch_npu, an NPU,
 the device index, pypto, a DAV_3510 chip.
+
+Reads past a block-table row (issue 20) are not detected here, and the backend says so
+(``out_of_bounds_reads``); the sim backend reports them (kernels/pypto_workarounds/, W12). Poisoning
+them on the device (a wider buffer, a narrow view) cannot be done honestly for the table:
+- pypto reads ``block_table[b, j]`` as element ``b * MAXB + j`` of the tensor it is given, the row
+  width taken from the shape (RUNTIME_GetInputDataInt32Dim2, framework symbolic_scalar_evaluate.cpp,
+  tag r0.2.0 of hicann/pypto), and SPEC §1 asks for contiguous tensors. A narrow view with a wider row
+  stride would be read as if it were contiguous, that is, wrongly; so a column past row b < B-1 lands
+  on row b+1's first entry, a valid block id, whatever lies in memory.
+- Giving the kernel a wider table with poison in the extra columns changes the input: MAXB is part of
+  the call, and entries past a row's valid blocks are ones a kernel may legally read (SPEC §2.2).
+- Only past the last row could a larger allocation hold poison behind the table; what a kernel does
+  with a poisoned block id (a view far past the cache, which pypto clips to nothing) cannot be
+  measured without a 950, and none was available to this project when this was written.
+Run such cases on the sim backend.
 """
 from __future__ import annotations
 
@@ -21,13 +36,18 @@ __all__ = ["NpuBackend"]
 class NpuBackend(Backend):
     name = "npu"
     supported_shapes = KERNEL_SHAPES
+    out_of_bounds_reads = ("not detected: pypto reads block_table[b, j] at b * MAXB + j of a contiguous table, so "
+                           "a read past a row lands on the next row and no layout can poison it (kernels/backends/"
+                           "npu.py); the sim backend reports such reads")
 
     def __init__(self, *, device=None, tiles: dict | None = None, pass_options: dict | None = None,
                  environ=None) -> None:
         from golden.codec import SPEC_CODEC
+        from golden.model import SPEC_MODEL
 
         self.device_index, self.device_source = resolve_device_index(device, environ)
         self.codec = SPEC_CODEC
+        self.model = SPEC_MODEL
         self.tiles = dict(tiles or {})
         self.pass_options = pass_options
         self._check_available()

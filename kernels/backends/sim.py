@@ -13,7 +13,19 @@ Two levels:
 
 The calculator's E4M3 is not E4M3FN (tests/kernels/test_calculator_codec.py), so this backend's
 codec is golden.codec.PYPTO_CALCULATOR_CODEC: comparing it with a golden run under that codec checks
-everything the kernel does except the hardware's own FP8 conversions.
+everything the kernel does except the hardware's own FP8 conversions. A comparison under the spec
+codec says nothing about the kernel here (`spec_codec_not_applicable` says why).
+
+`sim-spec-codec` (e4m3="spec") is the same calculator with the spec's E4M3 switched on for its runs
+(kernels/pypto_workarounds/, W13: OCP E4M3FN, round to nearest even, saturating, NaN kept, no integer
+pre-rounding in casts): its codec is golden.codec.SPEC_CODEC, so the CPU can judge a kernel under the
+spec codec, codes worth 256 to 448 and saturation included.
+
+Reads of an input outside its shape (a block-table column past a row, a view past a cache's end)
+are KernelRunErrors naming the tensor and the index (W12).
+
+`model` is the SPEC §4.1 conformance model the backend is judged by (golden.model.SPEC_MODEL unless
+kernels.probes.calibrate measured otherwise).
 
 A result must be the kernel's: `out` starts as the UNWRITTEN sentinel (kernels.backends.finish_output),
 so a run that writes nothing is a KernelRunError (an `error` verdict), never zeros that a golden row of
@@ -31,7 +43,7 @@ from kernels.backends import Backend, BackendUnavailable, KernelRunError, Skip, 
 from kernels.backends import sim_cost
 from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
 
-__all__ = ["SimBackend", "LEVELS", "SIM_BUDGET_S", "calculator_error"]
+__all__ = ["SimBackend", "LEVELS", "SIM_BUDGET_S", "calculator_error", "PYPTO_CODEC_REASON"]
 
 LEVELS = ("execute", "compile")
 
@@ -39,20 +51,31 @@ LEVELS = ("execute", "compile")
 # first, so what a spent budget skips is the tail of the generated examples (each one is reported).
 SIM_BUDGET_S = 600
 
+#: Why the plain sim's comparison under the spec codec cannot judge its kernel (Backend.spec_codec_not_applicable).
+PYPTO_CODEC_REASON = ("pypto 0.2.0's CPU calculator computes with its own E4M3 (codes with exponent field 15 read "
+                      "as 240, casts round to an integer first: golden.codec.PYPTO_CALCULATOR_CODEC), so a "
+                      "comparison under the spec codec measures the calculator, not the kernel; "
+                      "--backend sim-spec-codec runs the spec's E4M3")
+
 _CALCULATOR_ERROR = re.compile(r"Errcode: FBF0[0-9A-F]{2}")
 
 
 class SimBackend(Backend):
     supported_shapes = KERNEL_SHAPES
     default_budget_s = SIM_BUDGET_S
+    out_of_bounds_reads = ("errors: scalar reads of an input outside its shape and views that start outside an "
+                           "input are KernelRunErrors naming the tensor and the index (W12)")
 
     def __init__(self, *, level: str = "execute", pass_options: dict | None = None,
                  tiles: dict | None = None, cost_model: bool | None = None,
                  max_seconds: float | None = None, memory_cap: float = sim_cost.MEMORY_CAP_BYTES,
-                 threads: int | None = 1) -> None:
+                 threads: int | None = 1, e4m3: str = "pypto") -> None:
         if level not in LEVELS:
             raise ValueError(f"level={level!r} must be one of {LEVELS}")
-        from golden.codec import PYPTO_CALCULATOR_CODEC
+        if e4m3 not in ("pypto", "spec"):
+            raise ValueError(f"e4m3={e4m3!r} must be 'pypto' (the calculator's own E4M3) or 'spec' (SPEC §3)")
+        from golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
+        from golden.model import SPEC_MODEL
         from kernels import pypto_workarounds as pw
 
         try:
@@ -61,8 +84,11 @@ class SimBackend(Backend):
             raise BackendUnavailable(f"sim backend: {exc}") from None
         self._pw = pw
         self.level = level
-        self.name = "sim" if level == "execute" else "sim-compile"
-        self.codec = PYPTO_CALCULATOR_CODEC
+        self.e4m3 = e4m3
+        self.name = ("sim" if e4m3 == "pypto" else "sim-spec-codec") + ("" if level == "execute" else "-compile")
+        self.codec = PYPTO_CALCULATOR_CODEC if e4m3 == "pypto" else SPEC_CODEC
+        self.spec_codec_not_applicable = None if e4m3 == "spec" else PYPTO_CODEC_REASON
+        self.model = SPEC_MODEL
         self.pass_options = pass_options
         self.tiles = dict(tiles or {})
         # W8: the cost model can crash on large grids and computes no numbers (W9): compile-level runs
@@ -113,11 +139,15 @@ class SimBackend(Backend):
         return self._kernels[key]
 
     def _run(self, kernel, args, *, execute: bool = False):
-        with self._pw.sim_session(cost_model=self.cost_model) as report:
-            if execute:   # W9: trace + calculator; the same static signature again: the calculator only
-                report.figures["path"] = self._pw.execute_kernel(kernel, args)
-            else:
-                kernel(*args)
+        try:
+            with self._pw.sim_session(cost_model=self.cost_model) as report:
+                if execute:   # W9: trace + calculator; the same static signature again: the calculator only
+                    with self._pw.e4m3_codec(self.e4m3):                          # W13
+                        report.figures["path"] = self._pw.execute_kernel(kernel, args)
+                else:
+                    kernel(*args)
+        except self._pw.OutOfBoundsRead as exc:     # W12: an input read outside its shape
+            raise KernelRunError(f"out-of-bounds read: {exc}") from None
         self.last_report = report
         error = calculator_error(report.text)
         if error:
@@ -158,8 +188,12 @@ class SimBackend(Backend):
         args = [_contiguous(tensors[name]) for name in ("q", "q_scale", "k_cache", "k_scale", "v_cache", "v_scale",
                                                          "block_table", "kv_act_seqs")]
         self._run(self._pfa_kernel(True), args + self._kernel_arguments(dims, out), execute=True)
-        return finish_output(out, tensors["kv_act_seqs"], dims.s1,
-                             lambda: "pypto output:\n" + self.last_report.text[-2000:])
+        return finish_output(out, tensors["kv_act_seqs"], dims.s1, self._captured_output)
+
+    def _captured_output(self) -> str:
+        """The tail of the last run's captured output for an error message, or "" when it printed nothing."""
+        text = self.last_report.text.strip() if self.last_report is not None else ""
+        return "pypto output:\n" + text[-2000:] if text else ""
 
     # -- AT-12 -------------------------------------------------------------------------------------
     def _at12(self, q, k, scale, q_scale, k_scale, execute: bool):

@@ -17,6 +17,7 @@ Names (kernels.get_backend, --backend):
 
     pypto-gym:PATH.py[:FUNCTION]       a kernel file, on the sim backend
     pypto-gym:package.module[:FUNCTION] an importable module, on the sim backend
+    pypto-gym-spec-codec:...           the same on the sim-spec-codec backend (the spec's E4M3, W13)
     pypto-gym-npu:...                  the same on an Ascend 950 (torch_npu)
 
 FUNCTION defaults to ``pfa_func_kernel_v2_bound``. The tile configuration follows PyPTO-Gym's own
@@ -71,14 +72,17 @@ def upstream_tile_config(*, g_tile: int, s2_tile: int, factory=None, overrides: 
     return (factory or UpstreamTileConfig)(**fields)
 
 
+_MODES = {"pypto-gym": "sim", "pypto-gym-spec-codec": "sim-spec-codec", "pypto-gym-npu": "npu"}
+
+
 def parse_name(name: str) -> tuple[str, str, str]:
-    """(mode, source, function) of ``pypto-gym[-npu]:SOURCE[:FUNCTION]``; ValueError otherwise."""
-    match = re.fullmatch(r"(pypto-gym|pypto-gym-npu):(.+?)(?::([A-Za-z_]\w*))?", name)
+    """(mode, source, function) of ``pypto-gym[-spec-codec|-npu]:SOURCE[:FUNCTION]``; mode is "sim",
+    "sim-spec-codec" or "npu"; ValueError otherwise."""
+    match = re.fullmatch(r"(pypto-gym|pypto-gym-spec-codec|pypto-gym-npu):(.+?)(?::([A-Za-z_]\w*))?", name)
     if not match:
         raise ValueError(f"name={name!r} must be pypto-gym:PATH.py[:FUNCTION] or pypto-gym:package.module[:FUNCTION] "
-                         "(pypto-gym-npu:... on a 950)")
-    mode = "npu" if match.group(1).endswith("npu") else "sim"
-    return mode, match.group(2), match.group(3) or UPSTREAM_FUNCTION
+                         "(pypto-gym-spec-codec:... for the spec's E4M3 on the sim, pypto-gym-npu:... on a 950)")
+    return _MODES[match.group(1)], match.group(2), match.group(3) or UPSTREAM_FUNCTION
 
 
 def _import(source: str):
@@ -132,9 +136,10 @@ class UpstreamKernelBackend(SimBackend):
 
     def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
                  supported: dict | None = None, **sim_options) -> None:
-        super().__init__(**sim_options)          # pypto from the overlay, W1-W11, before the kernel's import
+        super().__init__(**sim_options)          # pypto from the overlay, W1-W13, before the kernel's import
         self._fn, self._jit, self._module = load_kernel(source, function)
-        self.name = f"pypto-gym:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
+        prefix = "pypto-gym" if self.e4m3 == "pypto" else "pypto-gym-spec-codec"
+        self.name = f"{prefix}:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
         self.tile_overrides = dict(tiles or {})
         self.supported_shapes = dict(supported or KERNEL_SHAPES)
         self._factory = getattr(self._module, "PfaTileShapeConfig", None)
@@ -199,4 +204,8 @@ def make_backend(name: str, *, device=None, **options):
         return UpstreamNpuBackend(source, function, device=device, **options)
     if device is not None:
         raise ValueError(f"device={device!r} applies to pypto-gym-npu:..., not {name!r}")
+    if mode == "sim-spec-codec":
+        if options.get("e4m3", "spec") != "spec":
+            raise ValueError(f"e4m3={options['e4m3']!r} contradicts {name!r}; use pypto-gym:...")
+        options = {**options, "e4m3": "spec"}
     return UpstreamKernelBackend(source, function, **options)

@@ -3,6 +3,10 @@
 Each mutant replaces one snippet of the kernel's source (it must occur exactly once); the mutated
 module is written to the cache (pypto's parser reads a kernel's source from its file) and imported
 from there, and a sim backend runs it. kernels/pfa_fp8.py itself is never edited.
+
+A mutant runs on the plain sim (pypto's own E4M3) unless its ``e4m3`` says "spec": a defect that only
+touches E4M3 codes worth 256 to 448, or saturation, is invisible to pypto's calculator, which reads all
+of those as 240; such a mutant runs on the sim-spec-codec backend (kernels/pypto_workarounds/, W13).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ class KernelMutant:
     old: str
     new: str
     equivalent: str | None = None
+    e4m3: str = "pypto"           # the sim's E4M3 it runs on: "pypto" (sim) or "spec" (sim-spec-codec)
 
 
 KERNEL_MUTANTS = {
@@ -65,6 +70,12 @@ KERNEL_MUTANTS = {
     "running_max_not_updated": KernelMutant(
         "The running max m keeps the first tile's value (m = m' is never stored).",
         "            m_acc[:] = m_new\n", "            m_acc[:] = m_acc\n"),
+    "p_clamped_to_240": KernelMutant(
+        "P is clamped to 240 before its E4M3 cast, the largest value of the IEEE-style E4M3 (the one with "
+        "infinities) instead of E4M3FN's 448: every row's largest P codes (256 to 448) become 240.",
+        "p8 = pypto.cast(pypto.mul(p, p_quant_scale), pypto.DT_FP8E4M3)",
+        "p8 = pypto.cast(pypto.minimum(pypto.mul(p, p_quant_scale), 240.0), pypto.DT_FP8E4M3)",
+        e4m3="spec"),
 }
 
 
@@ -98,10 +109,13 @@ def _mutated_module(name: str):
 
 
 def make_kernel_mutant(name: str, **options):
-    """A sim backend running mutant ``name`` of our kernel (``none``: the kernel itself)."""
+    """A sim backend running mutant ``name`` of our kernel (``none``: the kernel itself), on the sim
+    variant the mutant names (its ``e4m3``) unless ``options`` give ``e4m3``."""
     from kernels.backends.sim import SimBackend
     if name != "none" and name not in KERNEL_MUTANTS:
         raise ValueError(f"kernel mutant {name!r} is not in the catalog; expected none or one of {sorted(KERNEL_MUTANTS)}")
+    if name != "none":
+        options = {"e4m3": KERNEL_MUTANTS[name].e4m3, **options}
 
     class KernelMutantBackend(SimBackend):
         def _pfa_kernel(self, execute: bool):

@@ -7,8 +7,8 @@ after the fixes below. Each fix says what it fixes and names the test that prove
 package: the platform fix works on a private overlay, the calculator is built from a copy of its
 sources into our cache, the others patch objects in this process.
 
-Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, W10), session
-(W5-W8, sim_session), execute (W9), native (W9's C++ side) and bridge (W11).
+Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, W10, W13), session
+(W5-W8, sim_session), execute (W9), native (W9's C++ side), bridge (W11) and bounds (W12).
 
   W1 overlay        a symbolic-link copy of the installed package whose lib/configs/A2A3.ini is a real
                     file describing an Ascend 950PR (DAV_3510), so FP8 matmuls pass the parser's
@@ -66,11 +66,26 @@ Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, 
                     pypto.PrecisionType.INTRINSIC); 0.2.0 has neither. A PrecisionType is added and
                     div accepts and drops the keyword (0.2.0 has one division); nothing is patched
                     on a pypto that has them.            test_precision_type_bridge
+  W12 bounds        the interpreter reads a kernel's scalar reads of its inputs (block_table[b, j])
+                    without comparing the index with the shape (a column past a row reads the next
+                    row, past the last row heap memory), and clips a view that starts past an input's
+                    end to nothing, silently. A shim loaded before pypto interposes both entry points
+                    (the GOT slots are checked): such a read or view is recorded, and the run raises
+                    OutOfBoundsRead naming the kernel's parameter and the index.
+                                                    tests/kernels/test_bounds.py
+  W13 spec E4M3     the calculator's E4M3 is not the spec's (exponent field 15 reads 240, encode
+                    saturates at 240 after rounding to an integer), so no CPU run can see a kernel bug
+                    in codes worth 256..448 or in saturation. Our build (W4) adds the spec codec
+                    (OCP E4M3FN, RNE, saturating, NaN kept) behind a per-run switch, e4m3_codec("spec")
+                    (the sim-spec-codec backend); off, the calculator is pypto's, bit for bit.
+                                                    tests/kernels/test_calculator_codec.py
 """
 from __future__ import annotations
 
 from kernels.pypto_workarounds._common import (SUPPORTED_PYPTO_VERSION, PyptoUnavailable, cache_root)
-from kernels.pypto_workarounds.calculator import build_calculator, load_calculator
+from kernels.pypto_workarounds.bounds import OutOfBoundsRead
+from kernels.pypto_workarounds.calculator import (E4M3_CODECS, build_calculator, current_e4m3_codec, e4m3_codec,
+                                                  load_calculator)
 from kernels.pypto_workarounds.execute import execute_kernel, forget_traces
 from kernels.pypto_workarounds.overlay import build_overlay, load_pypto
 from kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim_session
@@ -78,6 +93,7 @@ from kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim
 __all__ = [
     "SUPPORTED_PYPTO_VERSION",
     "PyptoUnavailable",
+    "OutOfBoundsRead",
     "cache_root",
     "load_pypto",
     "build_overlay",
@@ -86,6 +102,9 @@ __all__ = [
     "reset_pypto_state",
     "build_calculator",
     "load_calculator",
+    "E4M3_CODECS",
+    "e4m3_codec",
+    "current_e4m3_codec",
     "execute_kernel",
     "forget_traces",
 ]

@@ -43,7 +43,35 @@ def execute_kernel(wrapper, args) -> str:
     """W9. Run a pass-verify kernel (a pypto.frontend.jit wrapper) on ``args`` and return "trace" (the
     first call of its static signature: trace + calculator, no pass pipeline, no cost model) or
     "reverify" (the calculator alone on the kept graph). Call inside sim_session(). The result is in
-    the caller's tensors when it returns; a calculator failure raises RuntimeError."""
+    the caller's tensors when it returns; a calculator failure raises RuntimeError.
+
+    W12: a read of an input outside its shape during the run raises bounds.OutOfBoundsRead naming the
+    kernel's parameter and the index (also when the calculator failed afterwards: the read came first).
+    """
+    from kernels.pypto_workarounds import bounds
+
+    bounds.reset()
+    try:
+        path = _execute(wrapper, args)
+    except Exception as exc:
+        _raise_out_of_bounds(wrapper, exc)
+        raise
+    _raise_out_of_bounds(wrapper, None)
+    return path
+
+
+def _raise_out_of_bounds(wrapper, cause) -> None:
+    from kernels.pypto_workarounds import bounds
+
+    violation = bounds.first_violation()
+    if violation is None:
+        return
+    signature = getattr(wrapper, "_cached_signature", None)
+    names = [d.name for d in signature[0]] if signature else None
+    raise bounds.OutOfBoundsRead(violation.describe(names)) from cause
+
+
+def _execute(wrapper, args) -> str:
     import torch
 
     from kernels.pypto_workarounds import native as pypto_native

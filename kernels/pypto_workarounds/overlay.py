@@ -1,5 +1,6 @@
 """W1 (the 950PR platform overlay), W2 (FP8 dtypes in pypto.converter), W3 (pass verify on the
-caller's tensors), and load_pypto, which applies them (and W4's build hook, W11's API bridge) on import."""
+caller's tensors), and load_pypto, which applies them (and W4's build hook, W11's API bridge, W12's
+bounds shim, loaded before pypto and attached after) on import."""
 from __future__ import annotations
 
 import hashlib
@@ -121,6 +122,8 @@ def load_pypto() -> ModuleType:
         if shutil.which("cmake") is None or shutil.which("c++") is None and shutil.which("g++") is None:
             raise _common.PyptoUnavailable("cmake and a C++ compiler are needed to build pypto's calculator")
         root = build_overlay()
+        from kernels.pypto_workarounds import bounds
+        bounds.preload()                     # W12: before pypto's libraries bind their calls
         sys.path.insert(0, str(root))
         try:
             pypto = importlib.import_module("pypto")
@@ -136,6 +139,7 @@ def load_pypto() -> ModuleType:
         from kernels.pypto_workarounds import bridge, calculator
         calculator.patch_calculator_build(pypto)
         bridge.bridge_precision_type(pypto)
+        bounds.attach(pypto)
         _common.STATE["pypto"] = pypto
         return pypto
 

@@ -120,8 +120,8 @@ def sim_session(*, keep_output: bool = False, cost_model: bool = True):
                 shutil.rmtree(workdir, ignore_errors=True)
         if failed is not None:
             reset_pypto_state()
-            if hasattr(failed, "add_note"):
-                failed.add_note("pypto output (last 4000 characters):\n" + capture.text[-4000:])
+            if hasattr(failed, "add_note") and capture.text.strip():
+                failed.add_note("pypto output (last 4000 characters):\n" + capture.text.strip()[-4000:])
             raise failed
 
 

@@ -290,6 +290,26 @@ def test_finish_output_turns_untouched_rows_into_zeros_or_an_error():
         finish_output(scores)
 
 
+def test_an_unwritten_output_shows_pypto_output_only_when_there_is_some():
+    """Issue 20: a KernelRunError used to end with an empty "pypto output:" when the run printed nothing."""
+    from types import SimpleNamespace
+
+    from kernels.backends import KernelRunError, finish_output, unwritten_output
+    from kernels.backends.sim import SimBackend
+    from kernels.pypto_workarounds.session import RunCapture
+
+    lengths = torch.tensor([1], dtype=torch.int32)
+    quiet = SimpleNamespace(last_report=RunCapture(text=" \n"))
+    loud = SimpleNamespace(last_report=RunCapture(text="Errcode: FBF00C! dims\n"))
+    assert SimBackend._captured_output(quiet) == "" and SimBackend._captured_output(SimpleNamespace(last_report=None)) == ""
+    with pytest.raises(KernelRunError) as info:
+        finish_output(unwritten_output((1, 1, 4)), lengths, 1, lambda: SimBackend._captured_output(quiet))
+    assert str(info.value).endswith("unwritten (first at (0, 0, 0))")
+    with pytest.raises(KernelRunError) as info:
+        finish_output(unwritten_output((1, 1, 4)), lengths, 1, lambda: SimBackend._captured_output(loud))
+    assert str(info.value).endswith("(first at (0, 0, 0)); pypto output:\nErrcode: FBF00C! dims")
+
+
 def test_calculator_errors_are_found_in_the_captured_output():
     from kernels.backends.sim import calculator_error
 

@@ -1,8 +1,9 @@
-"""Conformance of golden.codec.PYPTO_CALCULATOR_CODEC with pypto 0.2.0's CPU calculator (SPEC §3).
+"""Conformance of the calculator's two E4M3 modes with their golden codecs (SPEC §3).
 
-The calculator's E4M3 is not E4M3FN. These tests measure it through the calculator itself (one-cast
-kernels of kernels/codec_probe.py run in SIM mode with pass verify) and require the codec model to
-agree bit for bit:
+pypto 0.2.0's own E4M3 is not E4M3FN: it must equal golden.codec.PYPTO_CALCULATOR_CODEC. Our build's
+spec mode (kernels/pypto_workarounds/, W13; the sim-spec-codec backend) must equal
+golden.codec.SPEC_CODEC. These tests measure both through the calculator itself (one-cast kernels of
+kernels/codec_probe.py run in SIM mode with pass verify) and require each model to agree bit for bit:
   decode  every one of the 256 codes (FP8 -> FP32, the path matmul operands take too)
   encode  every FP32 value class: +-0, the subnormal range, normals, every E4M3 grid value and
           rounding midpoint with their float32 neighbours, integer half-way points, the 240
@@ -20,18 +21,27 @@ pytestmark = pytest.mark.sim
 COLS = 256
 
 
-def _run_decode(codes: torch.Tensor) -> torch.Tensor:
+#: (calculator E4M3 mode, the golden codec it must equal)
+MODES = [("pypto", "pypto-0.2.0-calculator"), ("spec", "e4m3fn-sat")]
+
+
+def _codec(name: str):
+    from golden.codec import get_codec
+    return get_codec(name)
+
+
+def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
     from kernels import pypto_workarounds as pw
     from kernels.codec_probe import make_decode_probe
 
     rows = codes.numel() // COLS
     out = torch.zeros(rows, COLS)
-    with pw.sim_session():
+    with pw.sim_session(), pw.e4m3_codec(mode):
         make_decode_probe(rows, COLS)(codes.reshape(rows, COLS).contiguous().view(torch.float8_e4m3fn), out)
     return out.reshape(-1)
 
 
-def _run_encode(x: torch.Tensor) -> torch.Tensor:
+def _run_encode(x: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
     from kernels import pypto_workarounds as pw
     from kernels.codec_probe import make_encode_probe
 
@@ -40,7 +50,7 @@ def _run_encode(x: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(rows * COLS)
     padded[:n] = x
     out = torch.zeros(rows, COLS, dtype=torch.uint8)
-    with pw.sim_session():
+    with pw.sim_session(), pw.e4m3_codec(mode):
         make_encode_probe(rows, COLS)(padded.reshape(rows, COLS), out.view(torch.float8_e4m3fn))
     return out.reshape(-1)[:n]
 
@@ -75,13 +85,13 @@ def _encode_inputs() -> dict[str, torch.Tensor]:
     return {name: torch.cat([v, -v]).float() for name, v in classes.items()}
 
 
-def test_decode_all_256_codes(pypto_module):
-    from golden.codec import PYPTO_CALCULATOR_CODEC
-
+@pytest.mark.parametrize("mode, codec", MODES)
+def test_decode_all_256_codes(pypto_module, mode, codec):
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    measured = _run_decode(codes)
-    modelled = PYPTO_CALCULATOR_CODEC.decode(codes)
+    measured = _run_decode(codes, mode)
+    modelled = _codec(codec).decode(codes)
     same = (measured == modelled) | (measured.isnan() & modelled.isnan())
+    assert torch.equal(torch.signbit(measured[same]), torch.signbit(modelled[same]))
     bad = [(hex(int(c)), float(m), float(e)) for c, m, e in zip(codes[~same], measured[~same], modelled[~same])]
     assert not bad, f"{len(bad)} of 256 codes decode differently (code, calculator, model): {bad[:16]}"
 
@@ -98,15 +108,31 @@ def test_decode_differs_from_e4m3fn_exactly_in_the_top_binade(pypto_module):
     assert set(measured[top_binade].abs().tolist()) == {240.0}
 
 
-def test_encode_every_value_class(pypto_module):
-    from golden.codec import PYPTO_CALCULATOR_CODEC
-
+@pytest.mark.parametrize("mode, codec", MODES)
+def test_encode_every_value_class(pypto_module, mode, codec):
     classes = _encode_inputs()
     names = [name for name, v in classes.items() for _ in range(v.numel())]
     x = torch.cat(list(classes.values()))
-    measured = _run_encode(x)
-    modelled = PYPTO_CALCULATOR_CODEC.encode(x)
+    measured = _run_encode(x, mode)
+    modelled = _codec(codec).encode(x)
     bad = (measured != modelled).nonzero().flatten().tolist()
     lines = [f"{names[i]}: x={x[i].item()!r} calculator={int(measured[i]):#04x} model={int(modelled[i]):#04x}"
              for i in bad[:20]]
     assert not bad, f"{len(bad)} of {x.numel()} encodes differ:\n" + "\n".join(lines)
+
+
+def test_the_spec_mode_is_off_outside_its_block(pypto_module):
+    """W13's switch is process-wide: e4m3_codec('spec') puts pypto's own E4M3 back, also after an error,
+    so `--backend sim` in the same process still computes with pypto's codec."""
+    from kernels import pypto_workarounds as pw
+
+    with pytest.raises(RuntimeError, match="inside"):
+        with pw.e4m3_codec("spec"):
+            assert pw.current_e4m3_codec() == "spec"
+            raise RuntimeError("inside")
+    assert pw.current_e4m3_codec() == "pypto"
+    top = torch.tensor([0x7E, 0x7F, 0xFE], dtype=torch.uint8).repeat(COLS)
+    assert _run_decode(top)[:3].tolist() == [240.0, 240.0, -240.0]
+    with pytest.raises(ValueError, match="must be one of"):
+        with pw.e4m3_codec("e5m2"):
+            pass

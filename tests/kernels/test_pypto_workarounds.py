@@ -103,7 +103,8 @@ def test_compile_after_failed_compile(pypto_module):
     with pytest.raises(Exception, match="F21004|tile shape") as info:
         with pw.sim_session():
             _axpy_kernel(pypto_module, 16, fail=True)(x, x.clone(), torch.zeros(8, 16))
-    assert any("pypto output" in note for note in getattr(info.value, "__notes__", []))
+    notes = [n for n in getattr(info.value, "__notes__", []) if "pypto output" in n]
+    assert all(n.split(":\n", 1)[1].strip() for n in notes), f"an empty pypto-output note: {notes}"
     out = torch.zeros(8, 16)
     with pw.sim_session():
         _axpy_kernel(pypto_module, 16)(x, x.clone(), out)

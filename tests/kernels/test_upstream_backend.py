@@ -20,6 +20,7 @@ FILE = "tests/kernels/upstream_convention_kernels.py"
     ("pypto-gym:dir/k.py:other", ("sim", "dir/k.py", "other")),
     ("pypto-gym:pkg.mod:fn", ("sim", "pkg.mod", "fn")),
     ("pypto-gym-npu:k.py", ("npu", "k.py", "pfa_func_kernel_v2_bound")),
+    ("pypto-gym-spec-codec:k.py:fn", ("sim-spec-codec", "k.py", "fn")),
 ])
 def test_names(name, expected):
     assert parse_name(name) == expected
