@@ -22,6 +22,13 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from properties.generation import pin_local_constants
+
+# Derandomized examples depend on the test, the Hypothesis version and the profile only, never on
+# what else the session imported (another backend's module, a kernel file, the mutants): the
+# local-constant pool Hypothesis would mix into its draws is pinned empty (properties/generation.py).
+pin_local_constants()
+
 # Hypothesis profiles, chosen by --hypothesis-profile NAME (Hypothesis's own option), else the
 # HYPOTHESIS_PROFILE environment variable, else "ci" when CI is set and "dev" otherwise.
 #   ci       derandomized (the same examples on every run), bounded, no deadline, no database
