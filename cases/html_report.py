@@ -1,6 +1,7 @@
 """``pfa-verify run --html PATH``: one self-contained HTML file (inline CSS and SVG, no scripts, no URLs).
 
-Contents: the run's header (backend, how it was chosen, versions, summary), one table of every case
+Contents: the run's header (backend, how it was chosen, what was checked named by content: the
+selection's fingerprint, the kernel file's sha256, the model, the project's commit; versions, summary), one table of every case
 and comparison, then for each failing comparison its error picture:
 
 - a heat map of the worst error per output row (batch b, query position i) x query head, as
@@ -16,7 +17,7 @@ import html
 import math
 from pathlib import Path
 
-from cases.report import summarize
+from cases.report import provenance_lines, summarize
 from cases.run import RATIO_BINS
 from cases.versions import versions
 
@@ -164,6 +165,7 @@ def render_html(run) -> str:
     out.append(f'<p class="meta"><b>{_e(s["verdict"])}</b></p>')
     out.append(f'<p class="meta">Backend <b>{_e(run.backend)}</b> (codec {_e(run.codec)}): '
                f'{_e(run.backend_note)}. Seed {run.seed}.</p>')
+    out.extend(f'<p class="meta">{_e(line)}</p>' for line in provenance_lines(run))
     out.append('<p class="meta">' + ", ".join(f"{_e(k)} {_e(val)}" for k, val in v.items()) + "</p>")
     out.append('<p class="meta">Tolerance (SPEC \u00a74): |kernel - golden| &le; 1e-4 + |golden| / 128, '
                "elementwise, on float32 views.</p>")
