@@ -3,6 +3,8 @@
 the ``pfa-verify`` script are the same program.
 
     pfa-verify run [options]              regressions, catalog and generated cases on a backend
+    pfa-verify compare A.json B.json [--html PATH]   two reports of the same selection side by side
+                                          (cases/report_compare.py)
     pfa-verify bench [options]            the golden self-check and benchmark (cases/bench.py)
     pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/mutants.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line)
@@ -144,6 +146,27 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
                              "(0: capture the first failing case as it is; default 60)")
     parser.set_defaults(func=_cmd_run)
+
+
+# --- pfa-verify compare --------------------------------------------------------------------------
+
+def _cmd_compare(args) -> int:
+    from rich.console import Console
+
+    from cases import report_compare as rc
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    comparison = rc.compare(rc.load_report(args.a), rc.load_report(args.b), paths=(args.a, args.b))
+    rc.print_comparison(comparison, console)
+    if args.html:
+        console.print(f"HTML comparison: {rc.write_html(comparison, args.html)}", highlight=False)
+    return comparison.exit_status
+
+
+def _add_compare(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
+    parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
+    parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
+    parser.set_defaults(func=_cmd_compare)
 
 
 # --- pfa-verify mutants --------------------------------------------------------------------------
@@ -356,6 +379,8 @@ def _add_cases(parser: argparse.ArgumentParser) -> None:
 
 SUBCOMMANDS = {
     "run": ("run regressions, catalog and generated cases on a backend against the golden", _add_run),
+    "compare": ("two reports of the same selection side by side: verdicts that differ, worst error over the "
+                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)", _add_compare),
     "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
     "cases": ("list, show, replay and prune captured regression cases", _add_cases),
     "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
