@@ -116,9 +116,10 @@ def _skip_kinds(text: str) -> tuple[str, ...]:
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     from kernels import SKIP_KINDS
-    parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | package.module:factory | "
-                        "path/file.py:factory (default: auto = npu, else sim; falling back to the golden "
-                        "fails the run unless --allow-fallback)")
+    parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
+                        "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
+                        "mutant:NAME | package.module:factory | path/file.py:factory (default: auto = npu, else sim; "
+                        "falling back to the golden fails the run unless --allow-fallback)")
     parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
     parser.add_argument("--examples", type=_count, default=20, help="generated cases (default 20)")
     parser.add_argument("--seed", type=_count, default=0, help="seed of the generated cases (default 0)")
@@ -387,12 +388,20 @@ SUBCOMMANDS = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, without line breaks inside names such as pypto-gym:FILE.py."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pfa-verify", description="Verify the FP8 paged-attention kernel "
                                      "against the golden (SPEC.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_, add) in SUBCOMMANDS.items():
-        add(sub.add_parser(name, help=help_, description=help_))
+        add(sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter))
     return parser
 
 
