@@ -53,8 +53,9 @@ def generation_draws(n: int) -> int:
 
 
 def generated_cases(n: int, seed: int, *, supported: dict | None = None) -> list:
-    """``n`` distinct cases from :mod:`properties.strategies`, the same for the same seed and
-    hypothesis version (generation phase only, no database). ``supported`` (a backend's
+    """``n`` distinct cases from :mod:`properties.strategies`, the same for the same project version,
+    seed and hypothesis version whatever else the process imported (generation phase only, no
+    database; properties/generation.py pins Hypothesis' local constants). ``supported`` (a backend's
     ``supported_shapes``) narrows them to what its kernel is built for."""
     if n <= 0:
         return []
