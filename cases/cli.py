@@ -151,23 +151,10 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 
 # --- pfa-verify compare --------------------------------------------------------------------------
 
-def _cmd_compare(args) -> int:
-    from rich.console import Console
-
-    from cases import report_compare as rc
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    comparison = rc.compare(rc.load_report(args.a), rc.load_report(args.b), paths=(args.a, args.b))
-    rc.print_comparison(comparison, console)
-    if args.html:
-        console.print(f"HTML comparison: {rc.write_html(comparison, args.html)}", highlight=False)
-    return comparison.exit_status
-
-
 def _add_compare(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
-    parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
-    parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
-    parser.set_defaults(func=_cmd_compare)
+    from cases import report_compare
+    report_compare.add_arguments(parser)
+    parser.set_defaults(func=report_compare.run)
 
 
 # --- pfa-verify mutants --------------------------------------------------------------------------
