@@ -3,6 +3,8 @@
 the ``pfa-verify`` script are the same program.
 
     pfa-verify run [options]              regressions, catalog and generated cases on a backend
+    pfa-verify compare A.json B.json [--html PATH]   two reports of the same selection side by side
+                                          (cases/report_compare.py)
     pfa-verify bench [options]            the golden self-check and benchmark (cases/bench.py)
     pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/mutants.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line)
@@ -123,9 +125,10 @@ def _distributions(text: str) -> tuple[str, ...]:
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     from kernels import SKIP_KINDS
-    parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | package.module:factory | "
-                        "path/file.py:factory (default: auto = npu, else sim; falling back to the golden "
-                        "fails the run unless --allow-fallback)")
+    parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
+                        "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
+                        "mutant:NAME | package.module:factory | path/file.py:factory (default: auto = npu, else sim; "
+                        "falling back to the golden fails the run unless --allow-fallback)")
     parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
     parser.add_argument("--examples", type=_count, default=20, help="generated cases (default 20)")
     parser.add_argument("--seed", type=_count, default=0, help="seed of the generated cases (default 0)")
@@ -155,6 +158,14 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
                              "(0: capture the first failing case as it is; default 60)")
     parser.set_defaults(func=_cmd_run)
+
+
+# --- pfa-verify compare --------------------------------------------------------------------------
+
+def _add_compare(parser: argparse.ArgumentParser) -> None:
+    from cases import report_compare
+    report_compare.add_arguments(parser)
+    parser.set_defaults(func=report_compare.run)
 
 
 # --- pfa-verify mutants --------------------------------------------------------------------------
@@ -397,10 +408,20 @@ def _add_cases(parser: argparse.ArgumentParser) -> None:
 
 SUBCOMMANDS = {
     "run": ("run regressions, catalog and generated cases on a backend against the golden", _add_run),
+    "compare": ("two reports of the same selection side by side: verdicts that differ, worst error over the "
+                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)", _add_compare),
     "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
     "cases": ("list, show, replay and prune captured regression cases", _add_cases),
     "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
 }
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, without line breaks inside names such as pypto-gym:FILE.py."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "against the golden (SPEC.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_, add) in SUBCOMMANDS.items():
-        add(sub.add_parser(name, help=help_, description=help_))
+        add(sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter))
     return parser
 
 

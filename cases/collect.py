@@ -3,12 +3,20 @@
 The first stage of the cases/ pipeline (collect -> run -> report -> html_report -> cli). A captured
 case that cannot be loaded (malformed, over the memory limit) becomes an item that carries its load
 error: the run reports it as an ``error`` verdict instead of stopping, since a case file is data.
+
+The generated cases depend on the project's strategies, the Hypothesis version, the seed and the
+backend's ``supported_shapes`` only, never on what else the process imported
+(properties/generation.py). :func:`selection` fingerprints what was selected, so two reports show at a
+glance whether they checked the same cases (``pfa-verify compare`` refuses reports that did not).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
-__all__ = ["SOURCES", "Item", "generated_strategy", "generation_draws", "generated_cases", "collect_items"]
+__all__ = ["SOURCES", "Item", "generated_strategy", "generation_draws", "generated_cases", "collect_items",
+           "case_record", "fingerprint", "selection"]
 
 SOURCES = ("regression", "catalog", "generated")
 
@@ -48,8 +56,9 @@ def generation_draws(n: int) -> int:
 
 def generated_cases(n: int, seed: int, *, supported: dict | None = None,
                     distributions: tuple[str, ...] | None = None) -> list:
-    """``n`` distinct cases from :mod:`properties.strategies`, the same for the same seed and
-    hypothesis version (generation phase only, no database). ``supported`` (a backend's
+    """``n`` distinct cases from :mod:`properties.strategies`, the same for the same project version,
+    seed and hypothesis version whatever else the process imported (generation phase only, no
+    database; properties/generation.py pins Hypothesis' local constants). ``supported`` (a backend's
     ``supported_shapes``) narrows them to what its kernel is built for; ``distributions`` to those
     value distributions."""
     if n <= 0:
@@ -107,3 +116,28 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     items += [Item(f"generated_{k:02d}", "generated", c)
               for k, c in enumerate(generated_cases(examples, seed, supported=supported, distributions=distributions))]
     return items
+
+
+def case_record(item: Item) -> dict:
+    """What identifies one selected case: name, source, law, golden config and make_inputs seed."""
+    return {"name": item.name, "source": item.source, "law": item.law, "config": item.config, "seed": item.seed}
+
+
+def fingerprint(records: list) -> str:
+    """``sha256:<hex>`` of the canonical JSON (sorted keys, no spaces) of ``records`` in the given order."""
+    text = json.dumps(records, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def selection(items: list, *, cases: str, examples: int, seed: int, supported: dict | None,
+              distributions: tuple[str, ...] | None = None) -> dict:
+    """The run's selection as the report records it: the fingerprint of every selected case's record
+    (:func:`case_record`, in run order; skipped and failed cases included, so two kernels' runs of the
+    same selection match), one per source, and the options that made it."""
+    records = [case_record(item) for item in items]
+    by_source = {s: [r for r in records if r["source"] == s] for s in SOURCES}
+    return {"fingerprint": fingerprint(records), "cases": len(records),
+            "by_source": {s: {"cases": len(rs), "fingerprint": fingerprint(rs)} for s, rs in by_source.items()},
+            "options": {"cases": cases, "examples": examples, "seed": seed,
+                        "supported_shapes": {k: list(v) for k, v in supported.items()} if supported else None,
+                        "distributions": list(distributions) if distributions else None}}

@@ -1,6 +1,7 @@
 """``pfa-verify run --html PATH``: one self-contained HTML file (inline CSS and SVG, no scripts, no URLs).
 
-Contents: the run's header (backend, how it was chosen, versions, summary), one table of every case
+Contents: the run's header (backend, how it was chosen, what was checked named by content: the
+selection's fingerprint, the kernel file's sha256, the model, the project's commit; versions, summary), one table of every case
 and comparison, then for each failing comparison its error picture:
 
 - a heat map of the worst error per output row (batch b, query position i) x query head, as
@@ -16,11 +17,11 @@ import html
 import math
 from pathlib import Path
 
-from cases.report import summarize
+from cases.report import provenance_lines, summarize
 from cases.run import RATIO_BINS
 from cases.versions import versions
 
-__all__ = ["render_html", "write_html", "ratio_colour"]
+__all__ = ["render_html", "write_html", "ratio_colour", "CSS"]
 
 _ATTRIBUTION_TEXT = {
     "kernel logic": "Fails under the spec codec and under the backend's own codec (or the backend uses the spec "
@@ -32,7 +33,7 @@ _ATTRIBUTION_TEXT = {
                           "tolerated by widening.",
 }
 
-_CSS = """
+CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d1d1f;background:#fff}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px}h3{font-size:16px;margin:0 0 6px}
 .meta{color:#555;margin:2px 0}.ok{color:#1a7f37;font-weight:600}.bad{color:#c62828;font-weight:600}
@@ -158,12 +159,13 @@ def render_html(run) -> str:
     s = summarize(run)
     v = versions()
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>pfa-verify run: {_e(run.backend)}</title><style>{_CSS}</style></head><body>"]
+           f"<title>pfa-verify run: {_e(run.backend)}</title><style>{CSS}</style></head><body>"]
     verdict = '<span class="bad">FAILED</span>' if s["exit_status"] else '<span class="ok">OK</span>'
     out.append(f"<h1>pfa-verify run: {verdict}</h1>")
     out.append(f'<p class="meta"><b>{_e(s["verdict"])}</b></p>')
     out.append(f'<p class="meta">Backend <b>{_e(run.backend)}</b> (codec {_e(run.codec)}): '
                f'{_e(run.backend_note)}. Seed {run.seed}.</p>')
+    out.extend(f'<p class="meta">{_e(line)}</p>' for line in provenance_lines(run))
     out.append('<p class="meta">' + ", ".join(f"{_e(k)} {_e(val)}" for k, val in v.items()) + "</p>")
     out.append('<p class="meta">Tolerance (SPEC \u00a74): |kernel - golden| &le; 1e-4 + |golden| / 128, '
                "elementwise, on float32 views.</p>")

@@ -286,7 +286,13 @@ def should_capture() -> bool:
 
 
 def replay_command(regression_id: str, directory=None) -> str:
-    """The one command that replays a captured case (naming the folder when it is not the default)."""
+    """The one command that replays a captured case, naming the folder when it is not the default:
+    ``directory`` when given, else $PFA_VERIFY_REGRESSIONS when set to another folder (pytest's
+    capture), so the line works pasted into a shell without that variable."""
+    if directory is None:
+        env = os.environ.get("PFA_VERIFY_REGRESSIONS")
+        default = Path(__file__).resolve().parent / "regressions"
+        directory = env if env and Path(env).resolve() != default else None
     where = f" --dir {directory}" if directory is not None else ""
     return f"pfa-verify cases{where} replay {regression_id}"
 

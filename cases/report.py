@@ -14,7 +14,10 @@ on the backend it was asked for, and every comparison that counts passed. It fai
 
 The JSON report (schema: cases/report.schema.json, documented in README.md under "Report schema")
 has one object per case and comparison in ``results``, a ``summary`` whose ``verdict`` line says what
-was and was not checked on which backend, and the ``versions`` of what produced it.
+was and was not checked on which backend, the ``versions`` of what produced it, and what it checked
+named by content (cases/provenance.py: the backend's codec, model and kernel file with its sha256, the
+project's commit, the catalog's and regressions' fingerprints; cases/collect.py: the ``selection``
+fingerprint, which ``pfa-verify compare`` matches).
 """
 from __future__ import annotations
 
@@ -27,10 +30,10 @@ from pathlib import Path
 from cases.versions import versions
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
-           "render_table", "print_report"]
+           "render_table", "print_report", "provenance_lines", "short"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
-SCHEMA_ID = "pfa-verify-run-report/2"
+SCHEMA_ID = "pfa-verify-run-report/3"
 
 
 def _rows(run):
@@ -107,12 +110,17 @@ def to_json(run) -> dict:
             "reference": o.reference, "verdict": o.verdict, "counts": o.counts, "skip_kind": o.skip_kind,
             "max_abs_err": _num(o.max_abs_err), "max_rel_err": _num(o.max_rel_err),
             "mismatched": o.mismatched, "total": o.total, "worst_index": o.worst_index,
+            "worst_ratio": _num(o.worst_ratio),
             "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
             "attribution_detail": o.attribution_detail, "replay": o.replay})
+    prov = run.provenance or {}
     return {"schema": SCHEMA_ID,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": run.command, "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note},
-            "seed": run.seed, "versions": versions(), "summary": summarize(run), "results": results}
+            "command": run.command,
+            "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
+                        **prov.get("backend", {"model": None, "kernel": None})},
+            "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
+            "selection": run.selection, "summary": summarize(run), "results": results}
 
 
 def write_json(run, path) -> Path:
@@ -186,4 +194,34 @@ def print_report(run, console) -> None:
             console.print(f"\n[bold red]{o.verdict.upper()}[/] {r.name} ({o.reference})", highlight=False)
             console.print(o.message, highlight=False, markup=False)
     console.print(f"\n{run.backend_note}", highlight=False, markup=False)
+    for line in provenance_lines(run):
+        console.print(line, highlight=False, markup=False)
     console.print(summarize(run)["verdict"], highlight=False, markup=False)
+
+
+def short(fingerprint: str | None, n: int = 12) -> str:
+    """The first ``n`` hex digits of a ``sha256:...`` fingerprint or a bare sha256 (what people compare)."""
+    return "-" if not fingerprint else fingerprint.removeprefix("sha256:")[:n]
+
+
+def provenance_lines(run) -> list[str]:
+    """What the run checked, named by content, one fact a line (terminal and HTML)."""
+    prov, sel = run.provenance or {}, run.selection or {}
+    lines = []
+    if sel:
+        parts = ", ".join(f"{v['cases']} {k}" for k, v in sel["by_source"].items())
+        lines.append(f"Selection: {sel['cases']} cases ({parts}), fingerprint {short(sel['fingerprint'])}")
+    kernel = (prov.get("backend") or {}).get("kernel")
+    if kernel:
+        lines.append(f"Kernel: {kernel['source']}" + (f":{kernel['function']}" if kernel["function"] else "")
+                     + f", sha256 {kernel['sha256']}")
+    model = (prov.get("backend") or {}).get("model")
+    lines.append(f"Model: {model['describe']}" if model else "Model: none declared (judged by SPEC \u00a74.1 as written)")
+    project, inputs = prov.get("project"), prov.get("inputs")
+    if project:
+        commit = project["commit"][:12] if project["commit"] else "unknown commit"
+        lines.append(f"pfa-verify {project['version']} ({commit}{', modified' if project['dirty'] else ''})"
+                     + (f"; catalog sha256 {short(inputs['catalog']['sha256'])}, regressions "
+                        f"{inputs['regressions']['cases']} ({short(inputs['regressions']['fingerprint'])})"
+                        if inputs else ""))
+    return lines

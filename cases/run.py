@@ -47,6 +47,7 @@ class Outcome:
     mismatched: int | None = None
     total: int | None = None
     worst_index: dict | None = None   # {"row", "b", "i", "head", "d"}
+    worst_ratio: float | None = None  # max |actual - golden| / (atol + rtol |golden|); inf: non-finite
     message: str = ""
     attribution: str | None = None    # kernel logic | backend codec | E4M3 boundary flip
     attribution_detail: str | None = None
@@ -85,6 +86,8 @@ class RunResult:
     fallback: bool = False            # auto fell back to the golden: no kernel checked
     allow_fallback: bool = False
     allowed_skips: tuple = ()         # skip kinds that do not fail the run
+    selection: dict | None = None     # cases.collect.selection(): what was selected, fingerprinted
+    provenance: dict | None = None    # cases.provenance.run_provenance(): which kernel, project, inputs
 
 
 # --- the backend ---------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ def _outcome(ref, out, s1: int) -> Outcome:
     o = Outcome(reference=ref.reference, verdict="pass" if res.passed else "fail", counts=ref.counts,
                 total=res.total, mismatched=res.mismatched if res.attribute is None else res.total,
                 max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err, worst_index=_worst_index(res, s1),
-                message=ref.message, attribution_detail=ref.attribution_text)
+                worst_ratio=ref.worst_ratio, message=ref.message, attribution_detail=ref.attribution_text)
     if res.passed:   # compare reports maxima over mismatches only; a pass still shows its float32 noise
         from properties.compare import max_differences
         o.max_abs_err, o.max_rel_err = max_differences(out, ref.expected)
@@ -389,12 +392,17 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     command's fields (cli.py). ``on_items(items, note)`` hears what will run, and how the backend
     was chosen, before the first case starts. kernels.BackendUnavailable propagates: a backend that
     cannot start checks nothing."""
+    from cases.collect import selection
+    from cases.provenance import run_provenance
     start = time.perf_counter()
     backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
+    provenance = run_provenance(backend, regressions_dir=options.regressions)   # before anything is captured
     supported = getattr(backend, "supported_shapes", None)
     distributions = getattr(options, "distribution", None)
     items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
                           regressions_dir=options.regressions, distributions=distributions)
+    selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
+                         supported=supported, distributions=distributions)
     if on_items is not None:
         on_items(items, why)
     budget = options.budget if options.budget is not None else getattr(backend, "default_budget_s", 0)
@@ -409,4 +417,5 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
                      options.seed, results, time.perf_counter() - start,
                      "pfa-verify run " + " ".join(sys.argv[2:]), fallback=bool(getattr(backend, "fallback", False)),
-                     allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()))
+                     allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
+                     selection=selected, provenance=provenance)

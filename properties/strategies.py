@@ -25,6 +25,10 @@ from hypothesis import strategies as st
 
 import golden
 from kernels.config import KERNEL_SHAPES
+from properties.generation import pin_local_constants
+
+# The same seed gives the same cases whatever else the process imports (properties/generation.py).
+pin_local_constants()
 
 __all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "Dims", "BlockTable", "dims", "kv_act_seqs",
            "special_lengths", "block_tables", "configs", "kernel_configs", "kernel_supports", "cases",

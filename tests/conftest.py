@@ -1,7 +1,8 @@
 """The control panel of the suite: options, markers, Hypothesis profiles, the report header.
 
 Options
-  --backend NAME   golden | sim | npu | auto | package.module:factory (default: golden). Tests that
+  --backend NAME   golden | sim | npu | auto | pypto-gym:FILE.py[:FUNCTION] | mutant:NAME |
+                   package.module:factory | path/file.py:factory (default: golden). Tests that
                    take the ``backend`` fixture run against it. A backend that cannot run here fails
                    every such test with its reason (a property run that checked nothing is not a
                    pass); ``--allow-unavailable`` turns that into skips, counted in the summary.
@@ -21,6 +22,13 @@ from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+
+from properties.generation import pin_local_constants
+
+# Derandomized examples depend on the test, the Hypothesis version and the profile only, never on
+# what else the session imported (another backend's module, a kernel file, the mutants): the
+# local-constant pool Hypothesis would mix into its draws is pinned empty (properties/generation.py).
+pin_local_constants()
 
 # Hypothesis profiles, chosen by --hypothesis-profile NAME (Hypothesis's own option), else the
 # HYPOTHESIS_PROFILE environment variable, else "ci" when CI is set and "dev" otherwise.
@@ -47,7 +55,9 @@ settings.load_profile(DEFAULT_PROFILE)
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pfa-verify")
     group.addoption("--backend", default=os.environ.get("PFA_VERIFY_BACKEND", "golden"),
-                    help="backend under test: golden, sim, npu, auto or package.module:factory")
+                    help="backend under test: golden, sim, npu, auto, pypto-gym:FILE.py[:FUNCTION] (PyPTO-Gym's "
+                         "kernel on the sim; pypto-gym-npu:... on a 950), mutant:NAME, package.module:factory or "
+                         "path/file.py:factory")
     group.addoption("--device", type=int, default=None,
                     help="NPU device index for the npu backend")
     group.addoption("--allow-unavailable", action="store_true",

@@ -20,6 +20,9 @@ A backend has
             errors, W12; the npu backend: not detected, and why)
 with exactly the golden's arguments, validated by golden.validate (the same checks, not a copy).
 `codec`, if given, must be the backend's own codec: a kernel cannot change how its hardware rounds.
+Optional, for reports: `model` (a golden.model.ConformanceModel the backend declares) and
+`kernel_source` (a KernelSource: the file its kernel was loaded from, that file's sha256 and the
+function; get_backend sets it for our kernel, file and module factories, pypto-gym kernels).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from typing import Any, Callable
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
-           "BUILTIN_BACKENDS"]
+           "BUILTIN_BACKENDS", "KernelSource"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -103,6 +106,35 @@ class Skip:
 
     def __str__(self) -> str:
         return self.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """Where a backend's kernel came from, so a report says which kernel it checked: ``source`` as the
+    user named it (a path or a module), the resolved ``path`` of the file, the ``sha256`` of the file's
+    bytes when it was loaded, and the ``function`` (kernel or factory) taken from it."""
+    source: str
+    path: str
+    sha256: str
+    function: str | None
+
+    @classmethod
+    def of_file(cls, path, function: str | None, source: str | None = None) -> "KernelSource":
+        import hashlib
+        from pathlib import Path
+
+        file = Path(path).resolve()
+        return cls(str(source if source is not None else path), str(file),
+                   hashlib.sha256(file.read_bytes()).hexdigest(), function)
+
+    @classmethod
+    def of_module(cls, module, function: str | None, source: str | None = None) -> "KernelSource | None":
+        """The source of an imported module's file; None for a module without one (built in, namespace)."""
+        file = getattr(module, "__file__", None)
+        return cls.of_file(file, function, source or module.__name__) if file else None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 class Backend:
@@ -211,9 +243,17 @@ def _golden(**options):
     return GoldenBackend(**options)
 
 
+def _our_kernel(backend):
+    """``backend`` with the KernelSource of our kernel, kernels/pfa_fp8.py (read, not imported)."""
+    from pathlib import Path
+    backend.kernel_source = KernelSource.of_file(Path(__file__).resolve().parents[1] / "pfa_fp8.py", "make_kernel",
+                                                 "kernels/pfa_fp8.py")
+    return backend
+
+
 def _sim(**options):
     from kernels.backends.sim import SimBackend
-    return SimBackend(**options)
+    return _our_kernel(SimBackend(**options))
 
 
 def _sim_spec_codec(**options):
@@ -226,7 +266,7 @@ def _sim_spec_codec(**options):
 
 def _npu(device=None, **options):
     from kernels.backends.npu import NpuBackend
-    return NpuBackend(device=device, **options)
+    return _our_kernel(NpuBackend(device=device, **options))
 
 
 def _auto(device=None, **options):
@@ -304,12 +344,14 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if ".py:" in name:
         module, attr = _load_file_factory(name)
         module_name = module.__file__
+        source = name.rpartition(":")[0]
     else:
         module_name, _, attr = name.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise ValueError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
+        source = module_name
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"name={name!r}: {module_name} has no callable {attr!r}")
@@ -317,4 +359,9 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     missing = [a for a in ("name", "codec", "paged_attention_fp8", "qk_matmul_scale") if not hasattr(backend, a)]
     if missing:
         raise TypeError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
+    if getattr(backend, "kernel_source", None) is None:
+        try:
+            backend.kernel_source = KernelSource.of_module(module, attr, source)
+        except (AttributeError, OSError):   # a backend that refuses attributes, a file gone since: not named
+            pass
     return backend

@@ -25,7 +25,8 @@ FUNCTION defaults to ``pfa_func_kernel_v2_bound``. The tile configuration follow
 ``[[128, 128]] * 3``, v1 tile ``[128, 128]`` whatever s2_tile is (create_config's ``s2_tile`` local is
 128), v2 tile ``[128, 256]``; ``tiles={...}`` overrides any field. Built with the file's
 ``PfaTileShapeConfig`` when it has one. Shapes: head_dim and block_size 128, as upstream tests them
-(``supported=`` overrides); anything else is a Skip("unsupported").
+(``supported=`` overrides); anything else is a Skip("unsupported"). ``kernel_source`` names the file
+(or module) the kernel was loaded from, its sha256 and the function, for the reports.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import re
 import sys
 from pathlib import Path
 
-from kernels.backends import BackendUnavailable
+from kernels.backends import BackendUnavailable, KernelSource
 from kernels.backends.npu import NpuBackend
 from kernels.backends.sim import SimBackend
 from kernels.config import KERNEL_SHAPES
@@ -139,6 +140,7 @@ class UpstreamKernelBackend(SimBackend):
         super().__init__(**sim_options)          # pypto from the overlay, W1-W13, before the kernel's import
         self._fn, self._jit, self._module = load_kernel(source, function)
         prefix = "pypto-gym" if self.e4m3 == "pypto" else "pypto-gym-spec-codec"
+        self.kernel_source = KernelSource.of_module(self._module, function, source)
         self.name = f"{prefix}:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
         self.tile_overrides = dict(tiles or {})
         self.supported_shapes = dict(supported or KERNEL_SHAPES)
@@ -172,6 +174,7 @@ class UpstreamNpuBackend(NpuBackend):
                  supported: dict | None = None, device=None, **options) -> None:
         super().__init__(device=device, **options)   # torch_npu, the device, pypto, a DAV_3510 chip
         self._fn, self._jit, self._module = load_kernel(source, function)
+        self.kernel_source = KernelSource.of_module(self._module, function, source)
         self.name = f"pypto-gym-npu:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
         self.tile_overrides = dict(tiles or {})
         self.supported_shapes = dict(supported or KERNEL_SHAPES)

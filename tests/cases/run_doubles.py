@@ -82,3 +82,13 @@ class EstimatedSlow(GoldenBackend):
     def estimate(self, config):
         from kernels.backends.sim_cost import Estimate
         return Estimate(seconds=1000.0, peak_bytes=1e9, chunks=1, tile_iterations=1)
+
+
+class DeclaresExactModel(GoldenBackend):
+    """The golden, declaring the narrowest conformance model (golden.model.EXACT_MODEL) for reports."""
+    name = "tests/cases/run_doubles.py:DeclaresExactModel"
+
+    def __init__(self) -> None:
+        from golden.model import EXACT_MODEL
+        super().__init__()
+        self.model = EXACT_MODEL

@@ -58,7 +58,7 @@ def test_python_m_cases_cli_is_the_same_program():
     assert result.returncode == 0
     for name in cli.SUBCOMMANDS:
         assert name in result.stdout, result.stdout
-    assert set(cli.SUBCOMMANDS) == {"run", "bench", "cases", "mutants"}
+    assert set(cli.SUBCOMMANDS) == {"run", "compare", "bench", "cases", "mutants"}
 
 
 def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):
@@ -115,3 +115,37 @@ def test_a_kernel_that_writes_nothing_is_an_error_everywhere(tmp_path, capsys):
     import json
     result = json.loads(report.read_text())["results"][0]
     assert result["verdict"] == "error" and "KernelRunError" in result["message"]
+
+
+def test_run_help_lists_every_kind_of_backend(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for kind in ("auto", "golden", "sim", "npu", "pypto-gym:FILE.py[:FUNCTION]", "pypto-gym-npu:", "mutant:NAME",
+                 "package.module:factory", "path/file.py:factory"):
+        assert kind in text, kind
+
+
+def test_pytest_backend_help_lists_pypto_gym(tmp_path):
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=120)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0 and "--backend=BACKEND" in text
+    assert "pypto-gym:FILE.py[:FUNCTION]" in text and "mutant:NAME" in text
+
+
+@pytest.mark.parametrize("env, directory, expected", [
+    (None, None, "pfa-verify cases replay abc"),
+    ("{tmp}", None, "pfa-verify cases --dir {tmp} replay abc"),
+    ("{default}", None, "pfa-verify cases replay abc"),
+    ("{tmp}", "elsewhere", "pfa-verify cases --dir elsewhere replay abc"),
+], ids=["default folder", "PFA_VERIFY_REGRESSIONS", "variable naming the default", "--dir wins"])
+def test_replay_line_names_the_folder_it_needs(monkeypatch, tmp_path, env, directory, expected):
+    default = str(REPO_ROOT / "cases" / "regressions")
+    if env is None:
+        monkeypatch.delenv("PFA_VERIFY_REGRESSIONS", raising=False)
+    else:
+        monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", env.format(tmp=tmp_path, default=default))
+    assert regressions.replay_command("abc", directory) == expected.format(tmp=tmp_path)

@@ -64,3 +64,11 @@ def test_skips_are_listed_with_their_reason(tmp_path):
     assert "<h2>Not checked: skipped (1)</h2>" in text
     assert "limit (not allowed: fails the run): edge_causal_s1_3_short: too big here" in text
     assert "1 case was not checked (skips of kind limit are not allowed" in text
+
+
+def test_header_names_what_was_checked_by_content(failing_html):
+    run, text = failing_html
+    kernel = run.provenance["backend"]["kernel"]
+    assert f"sha256 {kernel['sha256']}" in text and "tests/cases/run_doubles.py:PerturbOne" in text
+    assert f"fingerprint {run.selection['fingerprint'][7:19]}" in text
+    assert "Model: none declared" in text and "catalog sha256 " in text

@@ -53,7 +53,7 @@ def test_json_of_a_two_codec_run_validates(codec_run):
     (lambda d: d["results"][0].update(worst_index={"row": 0}), "is not valid under any of the given schemas"),
     (lambda d: d["summary"].update(extra=1), "('extra' was unexpected)"),
     (lambda d: d["summary"]["skipped_by_kind"].update(lazy=1), "$.summary.skipped_by_kind: 'lazy' is not one of"),
-    (lambda d: d.update(schema="other/2"), "$.schema: 'pfa-verify-run-report/2' was expected"),
+    (lambda d: d.update(schema="pfa-verify-run-report/2"), "$.schema: 'pfa-verify-run-report/3' was expected"),
 ], ids=["missing field", "bad verdict", "negative count", "bad worst_index", "extra summary key", "bad skip kind",
         "other schema"])
 def test_schema_check_rejects(failing_run, mutate, expected):
@@ -80,3 +80,74 @@ def test_uncounted_codec_difference_is_shown(codec_run):
     report.print_report(codec_run, console)
     text = console.export_text()
     assert "fail (not counted): backend codec" in text and "-> OK" in text
+
+
+def test_report_names_what_it_checked_by_content(failing_run):
+    """Provenance (issue 20): the kernel file by sha256 and function, the catalog's sha256, the
+    regressions as the run found them (before its own captures), the selection's fingerprint."""
+    import hashlib
+    from pathlib import Path
+
+    from cases import regressions
+    from cases.catalog import CATALOG_PATH
+    from cases.collect import fingerprint
+    data = report.to_json(failing_run)
+    assert report.check_schema(data) == []
+    kernel = data["backend"]["kernel"]
+    assert kernel["function"] == "PerturbOne" and kernel["source"] == "tests/cases/run_doubles.py"
+    assert kernel["sha256"] == hashlib.sha256(Path(PERTURB.split(":")[0]).read_bytes()).hexdigest()
+    assert data["backend"]["model"] is None
+    assert data["inputs"]["catalog"]["sha256"] == hashlib.sha256(CATALOG_PATH.read_bytes()).hexdigest()
+    regs = data["inputs"]["regressions"]
+    assert regs["cases"] == 0 and regs["fingerprint"] == "sha256:" + hashlib.sha256(b"").hexdigest()
+    assert regressions.list_ids(directory=regs["directory"])                     # captured by this run, after
+    assert data["project"]["version"] == data["versions"]["pfa-verify"]
+    # The selection's fingerprint covers exactly the cases in results, whatever their verdicts.
+    seen = {}
+    for r in data["results"]:
+        seen.setdefault(r["name"], {"name": r["name"], "source": r["source"], "law": "acceptance",
+                                    "config": r["config"], "seed": r["seed"]})
+    assert data["selection"]["fingerprint"] == fingerprint(list(seen.values()))
+    assert data["selection"]["cases"] == 3 and data["selection"]["by_source"]["generated"]["cases"] == 1
+    text = Console(width=220, record=True, force_terminal=False)
+    report.print_report(failing_run, text)
+    out = text.export_text()
+    assert f"fingerprint {data['selection']['fingerprint'][7:19]}" in out and kernel["sha256"] in out
+
+
+def test_a_declared_model_is_reported(tmp_path):
+    from golden.model import EXACT_MODEL
+    run = runner.execute(_args(tmp_path, "tests/cases/run_doubles.py:DeclaresExactModel", cases="edge_causal_s1_3_short",
+                               examples=0))
+    data = report.to_json(run)
+    assert report.check_schema(data) == []
+    assert data["backend"]["model"] == {**EXACT_MODEL.to_dict(), "describe": EXACT_MODEL.describe()}
+    from cases import html_report
+    import html
+    assert html.escape(f"Model: {EXACT_MODEL.describe()}") in html_report.render_html(run)
+
+
+@pytest.mark.parametrize("change, same", [
+    ({}, True), ({"seed": 1}, False), ({"examples": 3}, False), ({"supported": {"head_dim": (128,), "block_size": (128,)}}, False),
+    ({"cases": "edge_causal_s1_3_short"}, False)], ids=["same", "seed", "examples", "supported shapes", "cases"])
+def test_the_selection_fingerprint_follows_the_selection(tmp_path, change, same):
+    from cases.collect import collect_items, selection
+    base = {"cases": "edge_causal_s1_3_short,edge_tail_tile_3_tokens", "examples": 2, "seed": 0, "supported": None}
+
+    def fp(opts):
+        items = collect_items(opts["cases"], examples=opts["examples"], seed=opts["seed"], supported=opts["supported"],
+                              regressions_dir=tmp_path)
+        return selection(items, **opts)["fingerprint"]
+    assert (fp(base) == fp({**base, **change})) is same
+
+
+def test_regressions_fingerprint_is_over_the_files(tmp_path):
+    from cases.provenance import regressions_fingerprint
+    empty = regressions_fingerprint(tmp_path / "none")
+    assert empty["cases"] == 0
+    (tmp_path / "abc.json").write_text("{}")
+    one = regressions_fingerprint(tmp_path)
+    (tmp_path / "abc.json").write_text("{} ")
+    changed = regressions_fingerprint(tmp_path)
+    assert one["cases"] == changed["cases"] == 1 and len({empty["fingerprint"], one["fingerprint"],
+                                                          changed["fingerprint"]}) == 3

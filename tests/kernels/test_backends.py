@@ -385,3 +385,30 @@ def test_chunks_are_planned_to_fit_the_memory_cap():
     shape = dict(s1=1, nkv=1, g_steps=1, s2_tile=128, block_size=128, head_dim=128, num_blocks=8)
     assert sim_cost.plan_chunks(lengths, cap=1e12, **shape) == [range(0, 8)]
     assert sim_cost.plan_chunks(lengths, cap=0, **shape) == [range(b, b + 1) for b in range(8)]   # the floor
+
+
+def test_a_backend_loaded_from_a_file_or_module_names_its_source_by_content():
+    import hashlib
+    from pathlib import Path
+
+    from kernels.backends import KernelSource
+    by_file = kernels.get_backend("tests/cases/run_doubles.py:PerturbOne")
+    digest = hashlib.sha256(Path("tests/cases/run_doubles.py").read_bytes()).hexdigest()
+    assert by_file.kernel_source == KernelSource("tests/cases/run_doubles.py",
+                                                 str(Path("tests/cases/run_doubles.py").resolve()), digest, "PerturbOne")
+    by_module = kernels.get_backend("tests.kernels.test_backends:make_recording_backend")
+    assert by_module.kernel_source.source == "tests.kernels.test_backends"
+    assert by_module.kernel_source.function == "make_recording_backend"
+    assert by_module.kernel_source.sha256 == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    assert getattr(kernels.get_backend("golden"), "kernel_source", None) is None   # no kernel file
+
+
+@pytest.mark.sim
+def test_our_sim_kernel_is_named_by_content(sim_backend):
+    import hashlib
+    from pathlib import Path
+
+    source = sim_backend.kernel_source
+    assert source.source == "kernels/pfa_fp8.py" and source.function == "make_kernel"
+    assert source.sha256 == hashlib.sha256(Path(source.path).read_bytes()).hexdigest()
+    assert Path(source.path) == Path(kernels.__file__).resolve().parent / "pfa_fp8.py"

@@ -83,3 +83,14 @@ def test_a_failed_compile_is_an_error_and_the_next_case_passes(pypto_module, tmp
         ("pfa_fp8_b2_s1_1_s2_1k", "spec", "fail", False),                    # the calculator's codec
         ("pfa_fp8_b2_s1_1_s2_1k", "pypto-0.2.0-calculator", "pass", True)]
     assert "does not compile for s2_tile > block_size" in results[0]["message"] and status == 1
+
+
+@pytest.mark.sim
+def test_the_kernel_file_is_named_by_its_sha256_and_function(pypto_module):
+    import hashlib
+    from pathlib import Path
+
+    from kernels.backends import KernelSource
+    backend = kernels.get_backend(f"pypto-gym:{FILE}:paged_attention")
+    assert backend.kernel_source == KernelSource(FILE, str(Path(FILE).resolve()),
+                                                 hashlib.sha256(Path(FILE).read_bytes()).hexdigest(), "paged_attention")

@@ -1,0 +1,60 @@
+"""What a report checked, named by content: the backend's codec, model and kernel file, the project's
+version and commit, the catalog's and the captured regressions' fingerprints.
+
+A path says where a kernel was; only its bytes say which kernel it was. So a report of
+``pfa-verify run`` carries (cases/report.schema.json, README "Report schema"):
+
+- ``backend.model``: the golden.model.ConformanceModel the backend declares (``backend.model``; null
+  when it declares none, i.e. it is judged by SPEC §4.1 as written), as ``to_dict()`` plus ``describe()``;
+- ``backend.kernel``: the kernels.backends.KernelSource of a kernel loaded from a file or module (our
+  kernels/pfa_fp8.py for sim and npu, a ``pypto-gym:`` file or module, a ``path.py:factory`` or
+  ``module:factory`` backend): the source as named, the resolved path, the sha256 of the file's bytes
+  and the function; null otherwise (the golden, the mutants);
+- ``project``: cases.versions.project() (version, git commit, whether tracked files differ from it);
+- ``inputs.catalog``: the sha256 of cases/catalog.json; ``inputs.regressions``: the captured cases the
+  run started with, as one fingerprint over every file's name and sha256.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+__all__ = ["backend_provenance", "catalog_fingerprint", "regressions_fingerprint", "run_provenance"]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def backend_provenance(backend) -> dict:
+    """``{"model", "kernel"}`` of ``backend`` (module docstring); each null when the backend has none."""
+    model = getattr(backend, "model", None)
+    source = getattr(backend, "kernel_source", None)
+    return {"model": None if model is None else {**model.to_dict(), "describe": model.describe()},
+            "kernel": None if source is None else source.to_dict()}
+
+
+def catalog_fingerprint() -> dict:
+    """``{"path", "sha256"}`` of cases/catalog.json."""
+    from cases.catalog import CATALOG_PATH
+    return {"path": "cases/catalog.json", "sha256": _sha256(CATALOG_PATH)}
+
+
+def regressions_fingerprint(directory=None) -> dict:
+    """``{"directory", "cases", "fingerprint"}`` of a captured-regressions folder: ``fingerprint`` is
+    ``sha256:`` of one line ``name sha256`` per .json and .npz file, sorted by name (an empty or missing
+    folder has the fingerprint of nothing)."""
+    from cases import regressions
+    folder = regressions.directory(directory)
+    files = sorted(p for p in folder.glob("*") if p.suffix in (".json", ".npz") and p.is_file()) \
+        if folder.is_dir() else []
+    lines = "".join(f"{p.name} {_sha256(p)}\n" for p in files)
+    return {"directory": str(folder), "cases": sum(p.suffix == ".json" for p in files),
+            "fingerprint": "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()}
+
+
+def run_provenance(backend, *, regressions_dir=None) -> dict:
+    """Everything above for one run, read when it starts (before any capture)."""
+    from cases.versions import project
+    return {"backend": backend_provenance(backend), "project": project(),
+            "inputs": {"catalog": catalog_fingerprint(), "regressions": regressions_fingerprint(regressions_dir)}}

@@ -1,0 +1,339 @@
+"""``pfa-verify compare A.json B.json [--html PATH]``: two run reports of the same selection, side by side.
+
+The use: two kernels on the same cases (PyPTO-Gym's file beside ours), or two versions of one kernel.
+Both reports must have checked the same selection, i.e. carry the same ``selection.fingerprint``
+(cases/collect.py: every selected case's name, source, law, config and seed): otherwise their cases
+are not the same inputs and a side-by-side table would compare unlike things, so :func:`compare`
+refuses with one line (:class:`SelectionMismatch`, exit 2) saying which part of the selection differs.
+
+Per case and report it shows the case's verdict as the run decided it (``error`` when a comparison
+ended in an error, ``skipped`` when none ran, ``fail`` when a comparison that counts failed, else
+``pass``: a failure that does not count, such as the sim's spec-codec difference, leaves a pass) and
+the worst error in units of the SPEC §4 tolerance, ``max |actual - golden| / (atol + rtol |golden|)``
+(1 = at the tolerance): the largest over the comparisons that count, with the ones that do not count
+shown beside it in brackets. Cases whose verdicts differ are listed first. Exit status: 0 when every
+case has the same verdict in both, 1 when some differ, 2 when the reports cannot be compared.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import math
+from pathlib import Path
+
+__all__ = ["SelectionMismatch", "CaseVerdict", "Row", "Comparison", "load_report", "case_verdict", "compare",
+           "format_ratio", "summary_line", "render_table", "print_comparison", "render_html", "write_html",
+           "add_arguments", "run"]
+
+
+class SelectionMismatch(ValueError):
+    """The two reports did not check the same cases (one line: which part of the selection differs)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseVerdict:
+    """One case in one report: the case's verdict, what it says (attribution, skip kind, error), and the
+    worst error over the tolerance per reference codec, with whether that comparison counts."""
+    verdict: str                 # pass | fail | error | skipped
+    detail: str
+    ratios: tuple                # ((reference, worst ratio or None, counts), ...)
+
+    @property
+    def worst(self) -> float | None:
+        """The largest worst ratio of the comparisons that count (inf: a counted failure with no finite
+        ratio, e.g. a misplaced NaN); None when no counted comparison ran."""
+        values = [(math.inf if r is None and self.verdict == "fail" else r) for _, r, counts in self.ratios if counts]
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    source: str
+    a: CaseVerdict
+    b: CaseVerdict
+
+    @property
+    def differs(self) -> bool:
+        return self.a.verdict != self.b.verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    paths: tuple                 # (A path, B path) as given
+    reports: tuple               # (A data, B data)
+    rows: tuple                  # Row per case, in run order
+
+    @property
+    def differing(self) -> list:
+        return [r for r in self.rows if r.differs]
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.differing else 0
+
+
+def load_report(path) -> dict:
+    """The JSON run report at ``path``, checked against cases/report.schema.json; a ValueError naming
+    the file when it is missing, not JSON, from another schema version, or invalid."""
+    from cases.report import SCHEMA_ID, check_schema
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"report {str(path)!r}: cannot read it ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"report {str(path)!r} is not JSON ({exc})") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA_ID:
+        raise ValueError(f"report {str(path)!r} has schema {schema!r}; compare reads {SCHEMA_ID!r} (written by "
+                         "`pfa-verify run --json` of this version; earlier reports carry no selection fingerprint)")
+    errors = check_schema(data)
+    if errors:
+        raise ValueError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}"
+                         + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+    return data
+
+
+def case_verdict(results: list) -> CaseVerdict:
+    """The verdict of one case from its result objects (one per comparison), as the run's rule decides it."""
+    verdicts = {r["verdict"] for r in results}
+    counted_fail = [r for r in results if r["verdict"] == "fail" and r.get("counts", True)]
+    if "error" in verdicts:
+        verdict = "error"
+        detail = next(r for r in results if r["verdict"] == "error")["message"].splitlines()[0][:160]
+    elif verdicts == {"skipped"}:
+        verdict, detail = "skipped", results[0].get("skip_kind") or "skipped"
+    elif counted_fail:
+        verdict = "fail"
+        detail = counted_fail[0].get("attribution") or counted_fail[0]["message"].splitlines()[0][:160]
+    else:
+        verdict, detail = "pass", ""
+    ratios = tuple((r["reference"], r.get("worst_ratio"), bool(r.get("counts", True)))
+                   for r in results if r["verdict"] in ("pass", "fail"))
+    return CaseVerdict(verdict, detail, ratios)
+
+
+def _by_case(data: dict) -> dict:
+    cases: dict = {}
+    for r in data["results"]:
+        cases.setdefault(r["name"], []).append(r)
+    return cases
+
+
+def _short(fp: str) -> str:
+    return fp.removeprefix("sha256:")[:12]
+
+
+def _mismatch(paths, a: dict, b: dict) -> str:
+    sa, sb = a["selection"], b["selection"]
+    parts = [f"{src} ({sa['by_source'][src]['cases']} vs {sb['by_source'][src]['cases']} cases)"
+             for src in sa["by_source"] if sa["by_source"][src]["fingerprint"] != sb["by_source"][src]["fingerprint"]]
+    options = [f"{k} {sa['options'][k]!r} vs {sb['options'][k]!r}" for k in sa["options"]
+               if sa["options"][k] != sb["options"][k]]
+    return (f"{paths[0]} and {paths[1]} did not check the same cases (selection fingerprint "
+            f"{_short(sa['fingerprint'])} vs {_short(sb['fingerprint'])}; differing: {', '.join(parts) or 'order'}"
+            + (f"; options: {', '.join(options)}" if options else "")
+            + "): compare runs of the same --cases, --examples and --seed, on backends with the same supported "
+              "shapes, started with the same captured regressions (--no-capture keeps the folder as it was)")
+
+
+def compare(a: dict, b: dict, *, paths=("A", "B")) -> Comparison:
+    """Pair the cases of reports ``a`` and ``b`` (dicts from :func:`load_report`); SelectionMismatch
+    when their selection fingerprints differ."""
+    if a["selection"]["fingerprint"] != b["selection"]["fingerprint"]:
+        raise SelectionMismatch(_mismatch(paths, a, b))
+    ca, cb = _by_case(a), _by_case(b)
+    if list(ca) != list(cb):   # the same fingerprint and other names: a report edited by hand
+        raise ValueError(f"{paths[0]} and {paths[1]} carry the same selection fingerprint but list different cases")
+    rows = tuple(Row(name, ca[name][0]["source"], case_verdict(ca[name]), case_verdict(cb[name])) for name in ca)
+    return Comparison(tuple(str(p) for p in paths), (a, b), rows)
+
+
+def format_ratio(x: float | None) -> str:
+    """A worst error over the tolerance for people: 3 significant digits, ``inf``, or ``-`` (not compared)."""
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def _ratio_text(v: CaseVerdict) -> str:
+    other = [f"{ref} {format_ratio(r)}" for ref, r, counts in v.ratios if not counts]
+    return format_ratio(v.worst) + (f" [{', '.join(other)}, not counted]" if other else "")
+
+
+def _who(data: dict) -> str:
+    be = data["backend"]
+    kernel = be.get("kernel")
+    return be["name"] + (f" (sha256 {kernel['sha256'][:12]})" if kernel else "")
+
+
+def summary_line(c: Comparison) -> str:
+    """One line: how many cases, how many verdicts differ and how, the shared fingerprint."""
+    n = len(c.rows)
+    ways: dict = {}
+    for r in c.differing:
+        ways.setdefault(f"{r.a.verdict} in A, {r.b.verdict} in B", []).append(r.name)
+    how = "; ".join(f"{k}: {len(v)} ({', '.join(v[:4])}{', ...' if len(v) > 4 else ''})" for k, v in ways.items())
+    return (f"{n} cases, the same selection (fingerprint {_short(c.reports[0]['selection']['fingerprint'])}): "
+            f"{n - len(c.differing)} with the same verdict, {len(c.differing)} differ" + (f": {how}" if how else "")
+            + f" -> {'DIFFERENT' if c.differing else 'SAME VERDICTS'}")
+
+
+def _ordered(c: Comparison) -> list:
+    return c.differing + [r for r in c.rows if not r.differs]
+
+
+def render_table(c: Comparison):
+    """A rich Table: one row per case, verdicts that differ first."""
+    from rich.markup import escape
+    from rich.table import Table
+    table = Table(title=escape(f"pfa-verify compare: A = {_who(c.reports[0])}, B = {_who(c.reports[1])}"),
+                  title_justify="left", header_style="bold")
+    for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("A verdict", {}), ("A worst/tol", {"justify": "right"}),
+                    ("B verdict", {}), ("B worst/tol", {"justify": "right"}), ("", {})):
+        table.add_column(col, **kw)
+    style = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped": "dim"}
+    for r in _ordered(c):
+        cells = []
+        for v in (r.a, r.b):
+            text = v.verdict + (f": {v.detail}" if v.detail and v.verdict != "pass" else "")
+            cells += [f"[{style[v.verdict]}]{escape(text)}[/]", escape(_ratio_text(v))]
+        table.add_row(escape(r.name), r.source, *cells, "[bold]differs[/]" if r.differs else "")
+    return table
+
+
+def print_comparison(c: Comparison, console) -> None:
+    console.print(render_table(c))
+    for label, path, data in zip("AB", c.paths, c.reports):
+        console.print(f"{label}: {path}: {data['summary']['verdict']}", highlight=False, markup=False)
+    console.print(summary_line(c), highlight=False, markup=False)
+
+
+# --- HTML ------------------------------------------------------------------------------------------
+
+_EXTRA_CSS = """
+table.results tr.differs td{background:#fff4e5}table.results td.ratio{text-align:right;font-variant-numeric:tabular-nums}
+td.v.pass{color:#1a7f37}td.v.fail{color:#c62828;font-weight:600}td.v.error{color:#8e24aa;font-weight:600}
+td.v.skipped{color:#888}span.sw{display:inline-block;width:10px;height:10px;margin-right:4px;border:1px solid #ccc;vertical-align:middle}
+table.sides{border-collapse:collapse;font-size:13px;margin:8px 0}table.sides th,table.sides td{padding:3px 10px;
+border-bottom:1px solid #e3e3e8;text-align:left;vertical-align:top;white-space:normal;word-break:break-all}
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _side_rows(c: Comparison) -> str:
+    def facts(d: dict) -> dict:
+        be, kernel, proj = d["backend"], d["backend"].get("kernel"), d["project"]
+        return {"report": None, "backend": be["name"], "codec": be["codec"],
+                "model": (be.get("model") or {}).get("describe", "none declared (SPEC \u00a74.1 as written)"),
+                "kernel": f"{kernel['source']}:{kernel['function']}" if kernel else "-",
+                "kernel sha256": kernel["sha256"] if kernel else "-",
+                "pfa-verify": f"{proj['version']} ({(proj['commit'] or 'unknown commit')[:12]}"
+                              f"{', modified' if proj['dirty'] else ''})",
+                "created": d["created"], "run verdict": d["summary"]["verdict"]}
+    fa, fb = facts(c.reports[0]), facts(c.reports[1])
+    fa["report"], fb["report"] = c.paths
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(fa[k])}</td><td>{_e(fb[k])}</td></tr>" for k in fa)
+    return f'<table class="sides"><thead><tr><th></th><th>A</th><th>B</th></tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _scatter(c: Comparison) -> str:
+    """Worst error over tolerance, A (x) against B (y), log scales from 1e-4 to 1e4; the tolerance (1)
+    marked on both axes; a case whose verdicts differ in red."""
+    size, pad, lo, hi = 320, 44, -4.0, 4.0
+
+    def pos(x: float) -> float:
+        t = (min(max(math.log10(max(x, 1e-300)), lo), hi) - lo) / (hi - lo)
+        return pad + t * size
+    parts = [f'<svg class="scatter" width="{size + pad + 16}" height="{size + pad + 16}" role="img" '
+             f'aria-label="worst error over tolerance, A against B">',
+             f'<rect x="{pad}" y="16" width="{size}" height="{size}" fill="#fafafc" stroke="#ccc"/>',
+             f'<line x1="{pad}" y1="{16 + size}" x2="{pad + size}" y2="16" stroke="#bbb" stroke-dasharray="3 3"/>']
+    one = pos(1.0)
+    parts.append(f'<line x1="{one}" y1="16" x2="{one}" y2="{16 + size}" stroke="#c62828" stroke-dasharray="4 3"/>'
+                 f'<line x1="{pad}" y1="{16 + size - (one - pad)}" x2="{pad + size}" y2="{16 + size - (one - pad)}" '
+                 f'stroke="#c62828" stroke-dasharray="4 3"/>')
+    for k in range(int(lo), int(hi) + 1, 2):
+        x = pos(10.0 ** k)
+        parts.append(f'<text x="{x}" y="{size + 30}" text-anchor="middle">1e{k}</text>'
+                     f'<text x="{pad - 4}" y="{16 + size - (x - pad) + 4}" text-anchor="end">1e{k}</text>')
+    for r in c.rows:
+        wa, wb = r.a.worst, r.b.worst
+        if wa is None or wb is None:
+            continue
+        x, y = pos(wa), 16 + size - (pos(wb) - pad)
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{"#c62828" if r.differs else "#607d8b"}" '
+                     f'fill-opacity="0.8"><title>{_e(r.name)}: A {format_ratio(wa)}, B {format_ratio(wb)}</title></circle>')
+    parts.append(f'<text x="{pad + size / 2}" y="{size + 44}" text-anchor="middle">A: worst error / tolerance</text>'
+                 f'<text x="12" y="{16 + size / 2}" transform="rotate(-90 12 {16 + size / 2})" text-anchor="middle">'
+                 "B: worst error / tolerance</text></svg>")
+    return "".join(parts)
+
+
+def _ratio_cell(v: CaseVerdict) -> str:
+    from cases.html_report import ratio_colour
+    w = v.worst
+    swatch = "" if w is None else f'<span class="sw" style="background:{ratio_colour(None if math.isinf(w) else w)}"></span>'
+    return f'<td class="ratio">{swatch}{_e(_ratio_text(v))}</td>'
+
+
+def render_html(c: Comparison) -> str:
+    """The comparison as one self-contained HTML string (inline CSS and SVG, no scripts)."""
+    from cases.html_report import CSS
+    differ = bool(c.differing)
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>pfa-verify compare</title><style>{CSS}{_EXTRA_CSS}</style></head><body>",
+           f'<h1>pfa-verify compare: <span class="{"bad" if differ else "ok"}">'
+           f'{"verdicts differ" if differ else "same verdicts"}</span></h1>',
+           f'<p class="meta"><b>{_e(summary_line(c))}</b></p>', _side_rows(c),
+           '<p class="meta">Worst error per case in units of the SPEC \u00a74 tolerance: max |actual - golden| / '
+           "(1e-4 + |golden| / 128) over the comparisons that count (1 = at the tolerance); comparisons that do "
+           "not count in brackets.</p>",
+           '<div class="pictures"><figure>' + _scatter(c) + "<figcaption>Each case's worst error over the tolerance, "
+           "A against B (log scales; dashed red: the tolerance; red points: verdicts differ).</figcaption></figure></div>",
+           "<h2>Cases</h2>",
+           '<table class="results"><thead><tr><th>case</th><th>source</th><th>A verdict</th><th>A worst/tol</th>'
+           "<th>B verdict</th><th>B worst/tol</th></tr></thead><tbody>"]
+    for r in _ordered(c):
+        cells = "".join(f'<td class="v {v.verdict}">{_e(v.verdict)}' + (f'<span class="why">{_e(v.detail)}</span>'
+                        if v.detail and v.verdict != "pass" else "") + "</td>" + _ratio_cell(v) for v in (r.a, r.b))
+        out.append(f'<tr class="{"differs" if r.differs else ""}"><td>{_e(r.name)}</td><td>{_e(r.source)}</td>{cells}</tr>')
+    out.append("</tbody></table></body></html>")
+    return "\n".join(out)
+
+
+def write_html(c: Comparison, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(c), encoding="utf-8")
+    return path
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    """``pfa-verify compare``'s arguments (cases/cli.py)."""
+    parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
+    parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
+    parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
+
+
+def run(args) -> int:
+    """``pfa-verify compare``: print the comparison (and write its HTML); the exit status of
+    :attr:`Comparison.exit_status`. A report that cannot be read, or a selection mismatch, is a
+    ValueError, which the command line prints as one line with exit 2."""
+    import sys
+
+    from rich.console import Console
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    comparison = compare(load_report(args.a), load_report(args.b), paths=(args.a, args.b))
+    print_comparison(comparison, console)
+    if args.html:
+        console.print(f"HTML comparison: {write_html(comparison, args.html)}", highlight=False)
+    return comparison.exit_status
