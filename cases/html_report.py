@@ -8,7 +8,7 @@ and comparison, then for each failing comparison its error picture:
   ``max over d of |actual - golden| / (atol + rtol * |golden|)`` (1 = the SPEC §4 tolerance;
   black = a non-finite value where the golden is finite);
 - the distribution of that ratio over every element (bars per decade, the tolerance marked);
-- the attribution of the difference: kernel logic, backend codec, or E4M3 boundary flip, with the
+- the attribution of the difference: kernel logic or backend codec, the envelope's part (SPEC §4.2), with the
   message of :mod:`properties.compare` and the replay command.
 """
 from __future__ import annotations
@@ -28,9 +28,6 @@ _ATTRIBUTION_TEXT = {
                     "codec): indexing, scales, softmax, tail handling or another part of the kernel's logic.",
     "backend codec": "Fails under the spec codec but passes under the codec the backend declares: the platform's "
                      "FP8 conversions (pypto's CPU calculator), not the kernel. Shown, not counted.",
-    "E4M3 boundary flip": "Every mismatch sits in a row whose P has an element within a few float32 ulps of a rounding "
-                          "boundary of the comparison's codec: one P8 code moved by one step. Reported, never "
-                          "tolerated by widening.",
 }
 
 CSS = """
@@ -189,6 +186,8 @@ def render_html(run) -> str:
             worst = "-" if not w else f"({w['row']}, {w['head']}, {w['d']})"
             note = o.attribution if o.verdict == "fail" else (o.message.splitlines()[0].removeprefix("skipped: ")
                                                               if o.message and o.verdict != "pass" else "")
+            if o.verdict == "pass" and o.envelope and o.envelope["inside_only"]:
+                note = f"{o.envelope['inside_only']} inside the envelope only"
             full = note or ""
             if o.verdict == "skipped" and len(full) > 60:   # the whole reason is in the Skipped list
                 note = full[:58].rstrip() + "\u2026"
@@ -225,6 +224,8 @@ def render_html(run) -> str:
             out.append(f'<p class="replay">Replay: <code>{_e(o.replay)}</code></p>')
         if o.attribution_detail:
             out.append(f"<p>Where: {_e(o.attribution_detail)}</p>")
+        if o.envelope:
+            out.append(f"<p>{_e(o.envelope['note'])}</p>")
         if o.error_map:
             out.append('<div class="pictures"><figure>' + _heatmap(o.error_map, s1) +
                        "<figcaption>Worst error over allowed per output row (b, i) and query head (max over d). "

@@ -10,6 +10,8 @@ A path says where a kernel was; only its bytes say which kernel it was. So a rep
   kernels/pfa_fp8.py for sim and npu, a ``pypto-gym:`` file or module, a ``path.py:factory`` or
   ``module:factory`` backend): the source as named, the resolved path, the sha256 of the file's bytes
   and the function; null otherwise (the golden, the mutants);
+- ``backend.spec_codec_not_applicable``: why the run made no comparison under the spec codec (the
+  backend's codec is its platform's and cannot be the spec's), or null;
 - ``project``: cases.versions.project() (version, git commit, whether tracked files differ from it);
 - ``inputs.catalog``: the sha256 of cases/catalog.json; ``inputs.regressions``: the captured cases the
   run started with, as one fingerprint over every file's name and sha256.
@@ -31,7 +33,8 @@ def backend_provenance(backend) -> dict:
     model = getattr(backend, "model", None)
     source = getattr(backend, "kernel_source", None)
     return {"model": None if model is None else {**model.to_dict(), "describe": model.describe()},
-            "kernel": None if source is None else source.to_dict()}
+            "kernel": None if source is None else source.to_dict(),
+            "spec_codec_not_applicable": getattr(backend, "spec_codec_not_applicable", None)}
 
 
 def catalog_fingerprint() -> dict:

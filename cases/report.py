@@ -79,16 +79,20 @@ def summarize(run) -> dict:
         reasons.append("auto fell back to the golden, so no kernel was checked (--allow-fallback accepts that; "
                        "--backend golden runs the golden on purpose)")
     n_skipped = sum(skipped_by_kind.values())
+    inside = sum((o.envelope or {}).get("inside_only", 0) for _, o in _rows(run) if o.counts and o.verdict == "pass")
     line = (f"{len(run.results)} cases: {checked} checked on {run.backend} ({checked - failed} passed, {failed} failed), "
             f"{n_skipped} skipped" + (f" ({_kinds(skipped_by_kind)})" if n_skipped else "")
             + f", {errors} errors; {sum(counts.values())} comparisons"
-            + (f", {not_counted} not counted" if not_counted else "") + f"; {run.seconds:.1f} s -> "
+            + (f", {not_counted} not counted" if not_counted else "")
+            + (f"; {inside} elements passed inside the envelope only (an E4M3 code of P can flip, SPEC \u00a74.2)"
+               if inside else "") + f"; {run.seconds:.1f} s -> "
             + ("FAILED: " + "; ".join(reasons) if reasons else "OK"))
     return {"cases": len(run.results), "checked_cases": checked, "passed_cases": checked - failed,
             "comparisons": sum(counts.values()), "passed": counts["pass"], "failed": counts["fail"],
             "errors": counts["error"], "skipped": counts["skipped"], "skipped_by_kind": dict(skipped_by_kind),
             "allowed_skips": sorted(run.allowed_skips), "fallback": bool(run.fallback),
-            "not_counted": not_counted, "failing_cases": failing, "seconds": round(run.seconds, 3),
+            "not_counted": not_counted, "failing_cases": failing, "inside_envelope_only": inside,
+            "seconds": round(run.seconds, 3),
             "exit_status": 1 if reasons else 0, "verdict": line}
 
 
@@ -112,13 +116,13 @@ def to_json(run) -> dict:
             "mismatched": o.mismatched, "total": o.total, "worst_index": o.worst_index,
             "worst_ratio": _num(o.worst_ratio),
             "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
-            "attribution_detail": o.attribution_detail, "replay": o.replay})
+            "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope})
     prov = run.provenance or {}
     return {"schema": SCHEMA_ID,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": run.command,
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
-                        **prov.get("backend", {"model": None, "kernel": None})},
+                        **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
             "selection": run.selection, "summary": summarize(run), "results": results}
 
@@ -217,6 +221,9 @@ def provenance_lines(run) -> list[str]:
                      + f", sha256 {kernel['sha256']}")
     model = (prov.get("backend") or {}).get("model")
     lines.append(f"Model: {model['describe']}" if model else "Model: none declared (judged by SPEC \u00a74.1 as written)")
+    not_applicable = (prov.get("backend") or {}).get("spec_codec_not_applicable")
+    if not_applicable:
+        lines.append(f"Spec codec: not applicable on this backend ({not_applicable})")
     project, inputs = prov.get("project"), prov.get("inputs")
     if project:
         commit = project["commit"][:12] if project["commit"] else "unknown commit"

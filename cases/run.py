@@ -47,9 +47,10 @@ class Outcome:
     mismatched: int | None = None
     total: int | None = None
     worst_index: dict | None = None   # {"row", "b", "i", "head", "d"}
-    worst_ratio: float | None = None  # max |actual - golden| / (atol + rtol |golden|); inf: non-finite
+    worst_ratio: float | None = None  # max error over what the one rule allows (1 = its edge); inf: non-finite
+    envelope: dict | None = None      # what the acceptance envelope did (SPEC §4.2): see _envelope_record
     message: str = ""
-    attribution: str | None = None    # kernel logic | backend codec | E4M3 boundary flip
+    attribution: str | None = None    # kernel logic | backend codec
     attribution_detail: str | None = None
     replay: str | None = None
     skip_kind: str | None = None      # kernels.backends.SKIP_KINDS, for skipped outcomes
@@ -139,7 +140,8 @@ def _outcome(ref, out, s1: int) -> Outcome:
     o = Outcome(reference=ref.reference, verdict="pass" if res.passed else "fail", counts=ref.counts,
                 total=res.total, mismatched=res.mismatched if res.attribute is None else res.total,
                 max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err, worst_index=_worst_index(res, s1),
-                worst_ratio=ref.worst_ratio, message=ref.message, attribution_detail=ref.attribution_text)
+                worst_ratio=ref.worst_ratio, message=ref.message, attribution_detail=ref.attribution_text,
+                envelope=_envelope_record(ref))
     if res.passed:   # compare reports maxima over mismatches only; a pass still shows its float32 noise
         from properties.compare import max_differences
         o.max_abs_err, o.max_rel_err = max_differences(out, ref.expected)
@@ -148,6 +150,19 @@ def _outcome(ref, out, s1: int) -> Outcome:
     if ref.ratio is not None:
         o.error_map, o.ratio_histogram = _picture(ref.ratio)
     return o
+
+
+def _envelope_record(ref) -> dict | None:
+    """The envelope's part in one comparison: elements that passed only inside it, P elements whose code
+    may flip, degenerate rows, and for a failure how far outside it the worst element lies (in units of
+    its tolerance); None when no envelope was used."""
+    env, res = ref.envelope, ref.comparison
+    if env is None or not res.envelope:
+        return None
+    return {"inside_only": res.by_envelope, "flippable": env.flippable, "p_elements": env.p_elements,
+            "degenerate_rows": env.degenerate_rows,
+            "outside_by": res.outside_envelope if res.outside_index is not None else None,
+            "note": ref.envelope_note()}
 
 
 def _run_paged(backend, backend_name: str, item: Item, *, capture: bool, regressions_dir) -> list:

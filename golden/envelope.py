@@ -143,12 +143,15 @@ def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: Con
     return lo, hi
 
 
-def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 bounds on ``exp(x)`` for x in [x_lo, x_hi] by an exp within ``ulps`` float32 ulps (F3):
-    the smallest float32 >= ``exp(x_lo) - ulps ulp(exp(x_lo))`` and the largest <= ``exp(x_hi) + ulps
-    ulp(...)`` (the float64 exp's own error is covered by a relative 2**-50)."""
-    low = torch.exp(x_lo.double()) * (1 - _F64)
-    high = torch.exp(x_hi.double()) * (1 + _F64)
+def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi: torch.Tensor,
+               ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 bounds on a kernel's ``P = exp(x)`` (F3: within ``ulps`` float32 ulps, ``exp(0) = 1``)
+    for ``x = RN(S - m)`` with ``S - m`` in ``[d_lo, min(0, d_hi)]``, from ``e_lo = exp(d_lo)`` and
+    ``e_hi = exp(d_hi)``: the rounding of x moves it by at most ``ulp(d)`` (a factor ``exp(+-ulp(d))``,
+    bounded by ``1 - ulp`` and ``1 + 2 ulp``), then the smallest float32 >= ``exp(x_lo) - ulps ulp(...)``
+    and the largest <= ``min(1, exp(x_hi)) + ulps ulp(...)`` (the float64 exp's own error: 2**-50)."""
+    low = e_lo * (1 - ulp32(d_lo).clamp(max=0.5)) * (1 - _F64)
+    high = torch.clamp(e_hi * (1 + 2 * ulp32(d_hi).clamp(max=0.5)), max=1.0) * (1 + _F64)
     # ulp of the exact exp, bounded above (an ulp is non-decreasing in the magnitude).
     return (up32((low - ulps * ulp32(low * (1 + 4 * _F64))).clamp(min=0.0)),
             down32(high + ulps * ulp32(high)))
@@ -194,16 +197,22 @@ class EnvelopeBuilder:
 
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
     def softmax(self, s_lo, s_hi, visible):
-        """(m_lo, m_hi, P_lo, P_hi, y codes lo/hi as P8 values, p_scale bounds) of one tile layout."""
+        """Steps 3-4 on one tile layout: (m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi).
+
+        ``e_lo = exp(S_lo - m_hi)`` and ``e_hi = exp(S_hi - m_lo)`` (float64, 0 off the visible columns)
+        are the only exponentials of the envelope: P's bounds, the row widths and the denominator are
+        all read from them."""
         neg = torch.tensor(-math.inf, dtype=torch.float32)
         s_lo = torch.where(visible, s_lo, neg)
         s_hi = torch.where(visible, s_hi, neg)
         m_lo = s_lo.amax(dim=-1, keepdim=True).double()
         m_hi = s_hi.amax(dim=-1, keepdim=True).double()
-        x_lo = down32(s_lo.double() - m_hi)
-        x_hi = torch.clamp(up32(s_hi.double() - m_lo), max=0.0)
-        certain = x_lo == 0                                  # x is 0 in every execution: P = exp(0) = 1
-        p_lo, p_hi = exp_bounds(x_lo, x_hi, self.model.exp_ulps)
+        d_lo = s_lo.double() - m_hi                           # exact: a difference of two float32 values
+        d_hi = s_hi.double() - m_lo
+        e_lo = torch.exp(torch.where(visible, d_lo, -math.inf))
+        e_hi = torch.exp(torch.where(visible, d_hi, -math.inf))
+        certain = visible & (d_lo >= 0)                       # x is 0 in every execution: P = exp(0) = 1
+        p_lo, p_hi = exp_bounds(e_lo, e_hi, d_lo, d_hi, self.model.exp_ulps)
         p_lo = torch.where(visible, torch.where(certain, 1.0, p_lo), 0.0)
         p_hi = torch.where(visible, torch.where(certain, 1.0, p_hi), 0.0)
         p_max_hi = torch.clamp(p_hi.double().amax(dim=-1, keepdim=True), min=1.0)
@@ -214,28 +223,30 @@ class EnvelopeBuilder:
         p8_lo, p8_hi = self.codec.round(y_lo), self.codec.round(y_hi)
         ps_lo = down32(torch.full_like(p_max_hi, 1.0 / FP8_MAX) * (1 - U32 - _F64))
         ps_hi = up32(p_max_hi / FP8_MAX / (1 - U32) * (1 + U32) * (1 + _F64))
-        return m_lo, m_hi, p8_lo, p8_hi, ps_lo, ps_hi
+        return m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi
 
     @staticmethod
-    def _wide_rows(s_lo, s_hi, m_hi, visible) -> torch.Tensor:
+    def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> torch.Tensor:
         """bool, tile layout: the scores of rows whose l may move by more than :data:`SHARPEN_WIDTH`
         relative (the P-weighted mean width of their scores, ``P ~ exp(S_hi - m_hi)``)."""
-        weight = torch.exp(torch.where(visible, s_hi.double() - m_hi, -math.inf))
+        weight = e_hi * torch.exp(m_lo - m_hi)
         width = torch.where(visible, (s_hi - s_lo).double(), 0.0)
         mean = (weight * width).sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True).clamp(min=1e-300)
         return visible & (mean > SHARPEN_WIDTH) & (width > 0)
 
-    def denominator(self, s_lo, s_hi, m_hi, visible):
-        """(L_lo, L_hi) [..., 1]: ``w_j l_j`` relative to ``exp(m_hi - mu)`` (module docstring, step 6):
-        ``sum_t exp(S_t - m_hi)``, widened for x's rounding, exp's error and the row sum's (F1)."""
+    def denominator(self, s_lo, m_lo, m_hi, e_lo, e_hi, visible):
+        """(L_lo, L_hi, n) [..., 1]: ``w_j l_j`` relative to ``exp(m_hi - mu)`` (module docstring, step 6):
+        ``sum_t exp(S_t - m_hi)`` between ``e_lo`` and ``e_hi exp(m_lo - m_hi)``, widened for x's rounding
+        (``exp(-+slack)``, ``|RN(S - m) - (S - m)| <= slack``), exp's error and the row sum's (F1)."""
         n = visible.sum(dim=-1, keepdim=True).double()
-        s_lo64, s_hi64 = s_lo.double(), s_hi.double()
-        slack = U32 * (1 + 2 * U32) * (m_hi - s_lo64)                      # |RN(S - m) - (S - m)|
-        low = torch.exp(torch.where(visible, s_lo64 - m_hi - slack, -math.inf))
-        high = torch.exp(torch.where(visible, s_hi64 - m_hi + slack, -math.inf))
+        slack = torch.where(visible, U32 * (1 + 2 * U32) * (m_hi - s_lo.double()), 0.0)
+        slack = slack.clamp(max=0.5)           # beyond, exp(slack) <= 1 + 2 slack fails; the term is then ~0 anyway
+        low = (e_lo * (1 - slack)).sum(dim=-1, keepdim=True)
+        too_far = (m_hi - s_lo.double()) * U32 > 0.5                       # such terms: bounded by e^(-far) ~ 0
+        high = (torch.where(too_far, 1.0, e_hi * torch.exp(m_lo - m_hi) * (1 + 2 * slack)) * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
-        l_lo = low.sum(dim=-1, keepdim=True) * (1 - self.exp_rel - _F64) * (1 - rel)
-        l_hi = high.sum(dim=-1, keepdim=True) * (1 + self.exp_rel + _F64) * (1 + rel) + n * self.model.exp_ulps * TINY32
+        l_lo = low * (1 - self.exp_rel - _F64) * (1 - rel)
+        l_hi = high * (1 + self.exp_rel + _F64) * (1 + rel) + n * self.model.exp_ulps * TINY32
         return l_lo, l_hi, n
 
     # -- step 5 -----------------------------------------------------------------------------------------
@@ -269,13 +280,19 @@ class EnvelopeBuilder:
 
         Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
         softmax; ``p8`` (blocks) and ``mm2`` (tiles, exact) are the golden's own."""
-        k_grid = torch.from_numpy(np.take(grid_of_codes(self.codec), k_codes).min(axis=2, keepdims=True))  # [Q, N, 1, BS]
         abs_sum = torch.matmul(q_blocks.abs(), k_blocks.abs())
-        grid = q_grid * k_grid
+        # The exactness certificate needs M1 <= 2**24 g; K's grid is read only where some K grid could give it.
+        table = grid_of_codes(self.codec)
+        coarsest = float(table[np.isfinite(table)].max())
+        if bool(((abs_sum + raw64.abs()) / 2 <= 2.0 ** 24 * q_grid * coarsest).any()):
+            k_grid = torch.from_numpy(np.take(table, k_codes).min(axis=2, keepdims=True))   # [Q, N, 1, BS]
+            grid = q_grid * k_grid
+        else:
+            grid = torch.zeros(())
         s_lo, s_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale)
         tiles = self.softmax(to_tiles(s_lo), to_tiles(s_hi), visible)
-        flip = visible & (tiles[2] != tiles[3])
-        wide = self._wide_rows(to_tiles(s_lo), to_tiles(s_hi), tiles[1], visible)
+        flip = visible & (tiles[4] != tiles[5])
+        wide = self._wide_rows(to_tiles(s_lo), to_tiles(s_hi), tiles[0], tiles[1], tiles[3], visible)
         if self.model.sums == "any-order" and bool((flip | wide).any()):
             # The margin test found codes that may flip, or rows whose scores are uncertain enough to move
             # l by a visible share of the tolerance: sharpen E1 (the residue bound) for those scores and,
@@ -288,12 +305,12 @@ class EnvelopeBuilder:
             e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at])))
             s_lo, s_hi = self._scaled(raw64, e1, q_scale, k_scale)
             tiles = self.softmax(to_tiles(s_lo), to_tiles(s_hi), visible)
-            flip = visible & (tiles[2] != tiles[3])
-        m_lo, m_hi, p8_lo, p8_hi, ps_lo, ps_hi = tiles
+            flip = visible & (tiles[4] != tiles[5])
+        m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi = tiles
         s_lo_t, s_hi_t = to_tiles(s_lo), to_tiles(s_hi)
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
-        l_lo, l_hi, n = self.denominator(s_lo_t, s_hi_t, m_hi, visible)
+        l_lo, l_hi, n = self.denominator(s_lo_t, m_lo, m_hi, e_lo, e_hi, visible)
         # The flippable codes' deviations from the golden's P8, multiplied out with V's positive and negative parts.
         low_dev = high_dev = torch.zeros_like(mm2)
         if bool(flip.any()):

@@ -51,26 +51,36 @@ U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
 TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
 
 
+def _step(f: torch.Tensor, toward_negative: bool) -> torch.Tensor:
+    """float32: the next float32 below (``toward_negative``) or above each finite ``f``, by its bits
+    (float32 bit patterns are ordered like the values within each sign)."""
+    bits = f.view(torch.int32)
+    away_from_zero = (f < 0) if toward_negative else (f > 0)
+    stepped = torch.where(away_from_zero, bits + 1, bits - 1).view(torch.float32)
+    tiny = torch.tensor(-2.0 ** -149 if toward_negative else 2.0 ** -149, dtype=torch.float32)
+    return torch.where(f == 0, tiny, stepped)
+
+
 def down32(x: torch.Tensor) -> torch.Tensor:
     """float32: the largest float32 <= x (x float64; -inf stays -inf, NaN stays NaN)."""
     f = x.float()
-    return torch.where(f.double() > x, torch.nextafter(f, torch.tensor(-math.inf)), f)
+    return torch.where(f.double() > x, _step(f, True), f)
 
 
 def up32(x: torch.Tensor) -> torch.Tensor:
     """float32: the smallest float32 >= x (x float64)."""
     f = x.float()
-    return torch.where(f.double() < x, torch.nextafter(f, torch.tensor(math.inf)), f)
+    return torch.where(f.double() < x, _step(f, False), f)
 
 
 def ulp32(x: torch.Tensor) -> torch.Tensor:
     """float64: the float32 spacing in the binade of |x| (``2**(floor(log2|x|) - 23)``, >= 2**-149).
 
-    Non-decreasing in |x|, so the ulp of a bound on a magnitude bounds the ulp of the magnitude."""
-    magnitude = x.double().abs()
-    _, exponent = torch.frexp(magnitude)               # |x| = m 2**e, m in [0.5, 1): floor(log2|x|) = e - 1
-    exponent = torch.where(magnitude == 0, -149 + 24, exponent)
-    return torch.ldexp(torch.ones_like(x, dtype=torch.float64), (exponent - 24).clamp(min=-149))
+    Non-decreasing in |x|, so the ulp of a bound on a magnitude bounds the ulp of the magnitude. Read
+    from the float64 exponent bits (a float64 subnormal is far below 2**-149, where the floor applies)."""
+    biased = (x.double().view(torch.int64) >> 52) & 0x7FF          # floor(log2|x|) + 1023 for normal |x|
+    power = (biased - 1023 - 23).clamp(min=-149, max=1000)
+    return ((power + 1023) << 52).view(torch.float64)
 
 
 def lowbit(x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,9 @@ backend codec       the spec comparison fails but the one under the backend's ow
                     the platform's FP8 conversions, not the kernel (shown, never counted)
 ==================  =============================================================================
 
-A pass says how many elements needed the envelope ("12 elements inside the envelope only: an E4M3
+A backend that says a comparison under the spec codec cannot judge its kernel
+(``spec_codec_not_applicable``: pypto 0.2.0's calculator, whose E4M3 is its own) is compared under its
+own codec only; the reports say so in one line. A pass says how many elements needed the envelope ("12 elements inside the envelope only: an E4M3
 code of P can flip there"); a failure says how far outside the envelope its worst element lies, in
 units of the tolerance. Which comparisons count: the one under the backend's declared codec always; the
 spec one unless the backend's own comparison passes. A judgement passes when every comparison that
@@ -123,6 +125,7 @@ class Judgement:
     backend: str
     references: tuple[Reference, ...]
     output: torch.Tensor = dataclasses.field(repr=False, compare=False)
+    spec_not_applicable: str | None = None    # why no spec-codec comparison was made (the backend says)
 
     @property
     def passed(self) -> bool:
@@ -182,7 +185,10 @@ def judge(backend, case, *, tags: dict | None = None) -> Judgement:
     out = call(backend, tensors, tags=tags, **scalars)
     spec = golden.SPEC_CODEC
     own = getattr(backend, "codec", None) or spec
-    codecs = [("spec", spec)] + ([(own.name, own)] if own is not spec else [])
+    not_applicable = getattr(backend, "spec_codec_not_applicable", None) if own is not spec else None
+    # A backend whose codec cannot be the spec's (pypto's calculator) is not compared under the spec codec
+    # at all: that comparison would measure the platform, never the kernel (the report says so once).
+    codecs = ([] if not_applicable else [("spec", spec)]) + ([(own.name, own)] if own is not spec else [])
     model = backend_model(backend)
     refs = [_reference(out, golden.paged_attention_envelope(**tensors, **scalars, codec=codec, model=model), name=name,
                        s1=case.config.s1, tensors=tensors, scalars=scalars, tags=tags)
@@ -192,4 +198,4 @@ def judge(backend, case, *, tags: dict | None = None) -> Judgement:
                 "is the platform's FP8 conversions, not the kernel (shown, not counted)")
         refs[0] = dataclasses.replace(refs[0], counts=False, category="backend codec",
                                       message=refs[0].message + "\n" + note)
-    return Judgement(case.label(), backend.name, tuple(refs), out)
+    return Judgement(case.label(), backend.name, tuple(refs), out, not_applicable)
