@@ -1,7 +1,7 @@
 """The layout's one-way dependencies, checked from the import lines of every module:
 
 - packages: golden <- kernels <- properties <- cases (tests may use all);
-- cases/ is a pipeline: catalog, ledger, versions, regressions, collect, shrink, bench, mutants -> run
+- cases/ is a pipeline: catalog, ledger, versions, regressions, collect, shrink, bench_stages, bench, mutants -> run
   -> report -> html_report -> cli, and nothing imports cli;
 - no cycle between modules of the project (a module may import its own package's __init__).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases")
-CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "shrink", "bench", "mutants", "run", "report", "html_report", "cli")
+CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "shrink", "bench_stages", "bench", "mutants", "run", "report", "html_report", "cli")
 
 
 def module_name(path: Path) -> str:
