@@ -152,6 +152,7 @@ class Fp8Codec:
             raise ValueError(f"{type(self).__name__}: code 0x00 must decode to +0.0, got {self._decode_table[0].item()}")
         self._decode_table_np = self._decode_table.numpy()
         self._decode_table_np64 = self._decode_table.double().numpy()
+        self._reads_nan = bool(np.isnan(self._decode_table_np).any())
         self._tables: tuple[np.ndarray, np.ndarray] | None = None   # encode codes, round values (lazy)
         self._pairs: dict[bool, np.ndarray] = {}                     # decode pairs by ``double`` (lazy)
 
@@ -236,18 +237,21 @@ class Fp8Codec:
         """``decode`` for a uint8 numpy array: float32 values, or float64 with ``double``, into ``out``
         (codes' shape, that dtype) when given.
 
-        The golden gathers cache rows with numpy and decodes them here, in one lookup per call. A
-        contiguous array of an even number of codes is read two codes at a time, as uint16 indices
+        The golden gathers cache rows with numpy and decodes them here, in one lookup per call. An
+        array of an even number of codes (made contiguous) is read two codes at a time, as uint16 indices
         into a table of value pairs (about twice as fast as one code at a time); the pairs are moved
         as unsigned integers of the same width, so no float (and no NaN payload) is touched.
         """
         table = self._decode_table_np64 if double else self._decode_table_np
-        if codes.size >= _PAIR_DECODE_MIN and codes.size % 2 == 0 and codes.flags.c_contiguous:
+        if codes.size >= _PAIR_DECODE_MIN and codes.size % 2 == 0:
             if out is None:
                 out = np.empty(codes.shape, table.dtype)
             if out.flags.c_contiguous and out.dtype == table.dtype and out.shape == codes.shape:
                 pairs = self._pair_table(double)
-                np.take(pairs, codes.reshape(-1).view(np.uint16), out=out.reshape(-1).view(pairs.dtype), mode="clip")
+                # A strided view is copied first (one byte a code): a lookup through a strided index
+                # costs more than the copy.
+                flat = np.ascontiguousarray(codes).reshape(-1)
+                np.take(pairs, flat.view(np.uint16), out=out.reshape(-1).view(pairs.dtype), mode="clip")
                 return out
         # np.take is about 1.5x faster than fancy indexing (table[codes]) for uint8 codes; with
         # ``out`` it is buffered unless the mode is 'clip' (a uint8 code never leaves the table).
@@ -277,13 +281,15 @@ class Fp8Codec:
         out = torch.empty(flat.shape, dtype=torch.float32)
         values = out.numpy()
         table = self._lookup_tables()[1]
+        reads_nan = self._reads_nan  # only then can a value read back be NaN
         for start in range(0, flat.size, _ENCODE_CHUNK):
             chunk = flat[start:start + _ENCODE_CHUNK]
             got = np.take(table, _table_index(self._table_input(chunk).view(np.uint32)),
                           out=values[start:start + _ENCODE_CHUNK], mode="clip")
-            nan = np.isnan(got)
-            if nan.any():
-                got.view(np.uint32)[nan] = chunk.view(np.uint32)[nan] | np.uint32(0x00400000)
+            if reads_nan:
+                nan = np.isnan(got)
+                if nan.any():
+                    got.view(np.uint32)[nan] = chunk.view(np.uint32)[nan] | np.uint32(0x00400000)
         return out.reshape(x32.shape)
 
     def to_fp8(self, x: torch.Tensor) -> torch.Tensor:
