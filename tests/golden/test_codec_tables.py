@@ -139,7 +139,8 @@ def test_decode_array_any_layout_and_out(codec):
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS, ids=ids)
 def test_tables_match_reference_on_every_float32_pattern(codec):
-    """All 2^32 float32 patterns, in 2^22-pattern slices (about 4 minutes per codec)."""
+    """All 2^32 float32 patterns, in 2^22-pattern slices. Slow: the reference encodes about 20 M
+    elements/s on an idle core (1024 slices, encode and round, for each codec)."""
     step = 1 << 22
     for start in range(0, 1 << 32, step):
         assert_same_as_reference(codec, _patterns(np.arange(start, start + step, dtype=np.uint64)), f"patterns from {start:#x}")
