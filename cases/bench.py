@@ -2,14 +2,16 @@
 
 It lives in cases/ because its upstream workload is the case catalog's (golden/ depends on nothing).
 
-Two workloads: every upstream case of SPEC §5, and a property-testing-shaped one (200 small ragged
-cases drawn from the parameter space of the property suite's strategies: B <= 6, S1 <= 3, lengths up
-to 600 including 0, 1 and block and tile boundaries, block sizes 16-128, several s2_tile values).
-For each it reports both goldens' time, the speed-up, cases per second, and whether the two agree
-(count of outputs that are not bit-identical).
+Three workloads: every upstream case of SPEC §5; kernel-sized cases as ``pfa-verify run`` generates
+them for a kernel backend (20 by default, a fixed seed); and a property-testing-shaped one (200
+small ragged cases drawn from the parameter space of the property suite's strategies: B <= 6,
+S1 <= 3, lengths up to 600 including 0, 1 and block and tile boundaries, block sizes 16-128, several
+s2_tile values). For each it reports both goldens' time, the speed-up, cases per second, and whether
+the two agree (count of outputs that are not bit-identical). With ``--stages`` it adds the suite's
+cost per example, stage by stage on one core, with issue 17's budget (cases/bench_stages.py).
 
-Run: ``python -m cases.bench [--repeat N] [--workload upstream|small|all] [--small-cases N] [--json PATH]``.
-Speed goals live here, not in tests.
+Run: ``python -m cases.bench [--repeat N] [--workload upstream|kernel|small|all] [--small-cases N]
+[--kernel-cases N] [--stages] [--json PATH]``. Speed goals live here, not in tests.
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ import torch
 from golden import (DISTRIBUTIONS, InputBundle, PagedAttentionConfig, make_inputs, paged_attention_fp8,
                     paged_attention_fp8_loop)
 
-__all__ = ["upstream_cases", "small_workload", "BenchRow", "run_bench", "main"]
+__all__ = ["WORKLOADS", "upstream_cases", "kernel_workload", "small_workload", "BenchRow", "run_bench",
+           "run_stages", "main"]
+
+WORKLOADS = ("upstream", "kernel", "small", "all")
 
 def upstream_cases() -> dict[str, InputBundle]:
     """The six upstream cases of SPEC §5, by name, from the case catalog (cases/catalog.json)."""
@@ -34,6 +39,14 @@ def upstream_cases() -> dict[str, InputBundle]:
 
     catalog = load_catalog()
     return {name: catalog[name].inputs() for name in SPEC_CASE_NAMES}
+
+
+def kernel_workload(count: int = 20, seed: int = 0) -> list:
+    """``count`` kernel-sized cases (properties.case.Case) as ``pfa-verify run`` generates them for a
+    kernel built for ``kernels.config.KERNEL_SHAPES`` (cases.collect.generated_cases; same seed, same cases)."""
+    from cases.collect import generated_cases
+    from kernels.config import KERNEL_SHAPES
+    return generated_cases(count, seed, supported=KERNEL_SHAPES)
 
 
 # The parameter space of the property suite's default strategies (properties/strategies.py:
@@ -125,21 +138,58 @@ def _shape(c: PagedAttentionConfig) -> str:
     return f"B={c.batch} S1={c.s1} S2={c.s2} NQ={c.nq} NKV={c.nkv} D={c.head_dim} s2_tile={c.s2_tile}"
 
 
-def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
+def _check_workload(workload: str) -> None:
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r} must be one of {WORKLOADS}")
+
+
+def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200, kernel_cases: int = 20,
               report: Callable[[str], None] = print) -> list[BenchRow]:
-    """Benchmark rows for the chosen workload (``upstream``, ``small`` or ``all``); prints as it goes."""
-    if workload not in ("upstream", "small", "all"):
-        raise ValueError(f"workload={workload!r} must be 'upstream', 'small' or 'all'")
+    """Benchmark rows for the chosen workload (one of WORKLOADS); prints as it goes."""
+    _check_workload(workload)
     rows = []
     if workload in ("upstream", "all"):
         for name, bundle in upstream_cases().items():
             rows.append(_bench(name, [bundle], repeat))
             report(_format_row(rows[-1]))
+    if workload in ("kernel", "all"):
+        bundles = [case.inputs() for case in kernel_workload(kernel_cases)]
+        rows.append(_bench(f"kernel-sized workload ({kernel_cases} cases)", bundles, repeat))
+        report(_format_row(rows[-1]))
     if workload in ("small", "all"):
         bundles = [make_inputs(c, seed=i) for i, c in enumerate(small_workload(small_cases))]
         rows.append(_bench(f"small ragged workload ({small_cases} cases)", bundles, repeat))
         report(_format_row(rows[-1]))
     return rows
+
+
+def run_stages(workload: str = "all", *, repeat: int = 1, small_cases: int = 200, kernel_cases: int = 20,
+               report: Callable[[str], None] = print) -> tuple[list, list]:
+    """(stage rows, codec rows) of cases/bench_stages.py for the chosen workload; prints as it goes."""
+    from cases import bench_stages as bs
+    from cases.catalog import SPEC_CASE_NAMES, load_catalog
+    from properties.case import Case
+
+    _check_workload(workload)
+    report(bs.CODEC_HEADER)
+    codecs = bs.codec_rows()
+    for row in codecs:
+        report(bs.format_codec_row(row))
+    workloads = []
+    if workload in ("kernel", "all"):
+        workloads.append(("kernel", kernel_workload(kernel_cases)))
+    if workload in ("upstream", "all"):
+        catalog = load_catalog()
+        workloads.append(("upstream", [catalog[name] for name in SPEC_CASE_NAMES]))
+    if workload in ("small", "all"):
+        workloads.append(("small", [Case(c, seed=i) for i, c in enumerate(small_workload(small_cases))]))
+    report(bs.STAGE_HEADER)
+    stages = []
+    for name, cases in workloads:
+        for row in bs.stage_rows(name, cases, repeat=repeat):
+            stages.append(row)
+            report(bs.format_stage_row(row))
+    return stages, codecs
 
 
 _HEADER = (f"{'workload':<44} {'shape':<50} {'cases':>5} {'loop s':>8} {'vector s':>9} {'speed-up':>8} "
@@ -159,21 +209,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=("upstream", "small", "all"), default="all")
+    parser.add_argument("--workload", choices=WORKLOADS, default="all")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
     parser.add_argument("--small-cases", type=int, default=200, help="size of the small ragged workload")
+    parser.add_argument("--kernel-cases", type=int, default=20, help="size of the kernel-sized workload")
+    parser.add_argument("--stages", action="store_true",
+                        help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or args.small_cases < 1:
-        raise SystemExit("pfa-verify bench: --repeat and --small-cases must be >= 1")
+    if args.repeat < 1 or args.small_cases < 1 or args.kernel_cases < 1:
+        raise SystemExit("pfa-verify bench: --repeat, --small-cases and --kernel-cases must be >= 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}")
     print(_HEADER)
-    rows = run_bench(args.workload, repeat=args.repeat, small_cases=args.small_cases)
+    sizes = {"small_cases": args.small_cases, "kernel_cases": args.kernel_cases}
+    rows = run_bench(args.workload, repeat=args.repeat, **sizes)
+    stages, codecs = [], []
+    if args.stages:
+        print(f"\nThe suite's cost per example, on one core (torch 1 thread), best of {args.repeat} per stage and case:")
+        stages, codecs = run_stages(args.workload, repeat=args.repeat, **sizes)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump([r.to_dict() for r in rows], f, indent=2)
+            data = [r.to_dict() for r in rows]
+            if args.stages:
+                data = {"goldens": data, "stages": [r.to_dict() for r in stages], "codecs": [r.to_dict() for r in codecs]}
+            json.dump(data, f, indent=2)
     disagree = sum(r.non_identical for r in rows)
     not_finite = [r.name for r in rows if not r.finite]
     print(f"{len(rows)} rows; {disagree} non-identical outputs between the two goldens; "

@@ -18,6 +18,22 @@ Decisions recorded here (SPEC §3), each with its test in tests/golden/test_code
   The 950's saturating cast writes 0 for NaN instead (``test_encode_keeps_nan``).
 - Signed zero keeps its sign (-0.0 -> 0x80), as every IEEE conversion does.
 
+How it runs at memory speed (issue 17). The rule of each codec is written once, as float arithmetic
+on the magnitude (``_round_to_e4m3_grid``, ``_e4m3_code_of``, ``_encode_magnitude``), and ``encode``
+and ``round`` read it from a table of 2 x 65536 entries built from that rule on first use. The
+index of a float32 x is its top 16 bits (sign, exponent, 7 mantissa bits) and one more bit saying
+whether its low 16 bits are nonzero. That is enough: every rounding boundary of the spec codec is a
+grid midpoint, a float32 with at most 5 significant bits (tests/golden/test_codec.py), so its low
+16 bits are zero, and the code can only change between two patterns of the same top 16 bits at the
+first one (the midpoint itself, which ties to even) or the next (just above it): the code of
+``top | 1`` stands for every ``top | low`` with ``low != 0``. The calculator's codec rounds to an
+integer first; ``np.rint`` does that exactly in float32 (half to even), and an integer below 2^8
+has zero low bits, larger ones saturate. tests/golden/test_codec_tables.py holds the tables equal to
+the float-arithmetic encoder as it was before them (tests/golden/codec_reference.py) on every
+midpoint, NaN, infinity, subnormal and signed zero, on a dense sample of the 2^32 patterns (all of
+them under ``slow``).
+``decode_array`` reads two codes at once from a 65536-entry table of value pairs.
+
 A second codec, ``PYPTO_CALCULATOR_CODEC``, models the E4M3 of PyPTO 0.2.0's CPU calculator (the
 engine that executes a kernel's tensor graph without an NPU). It is not E4M3FN; the rules were
 measured through the calculator itself (tests/kernels/test_calculator_codec.py) and are listed
@@ -45,7 +61,10 @@ _MANTISSA_BITS = 3
 _MIN_NORMAL_EXPONENT = 1 - _EXPONENT_BIAS  # 2^-6
 _NAN_CODE = 0x7F
 _SIGN_BIT = 0x80
-_ENCODE_SLICE = 1 << 20   # elements encoded at once (bounds encode's temporaries, see Fp8Codec.encode)
+# Elements encoded at once: the index temporaries of one chunk (256 KiB) stay in the core's cache.
+_ENCODE_CHUNK = 1 << 16
+# Below this many codes decode_array reads one code at a time (the pair table is built on first use).
+_PAIR_DECODE_MIN = 1 << 12
 
 
 def _e4m3fn_decode_table() -> torch.Tensor:
@@ -101,6 +120,20 @@ def _as_float32(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.float()
 
 
+def _table_index(bits: np.ndarray) -> np.ndarray:
+    """uint32 table index of float32 bit patterns: ``(bits >> 16) * 2 + (low 16 bits != 0)``."""
+    index = bits >> np.uint32(15)
+    index &= np.uint32(0x1FFFE)
+    index |= (bits & np.uint32(0xFFFF)) != 0
+    return index
+
+
+def _table_patterns() -> torch.Tensor:
+    """float32 [131072]: the pattern that stands for each table index (``top << 16`` and ``top << 16 | 1``)."""
+    index = torch.arange(1 << 17, dtype=torch.int64)
+    return ((index >> 1) << 16 | (index & 1)).to(torch.int32).view(torch.float32)
+
+
 class Fp8Codec:
     """A float <-> E4M3 code conversion: ``encode`` rounds floats to codes, ``decode`` reads them.
 
@@ -119,6 +152,9 @@ class Fp8Codec:
             raise ValueError(f"{type(self).__name__}: code 0x00 must decode to +0.0, got {self._decode_table[0].item()}")
         self._decode_table_np = self._decode_table.numpy()
         self._decode_table_np64 = self._decode_table.double().numpy()
+        self._reads_nan = bool(np.isnan(self._decode_table_np).any())
+        self._tables: tuple[np.ndarray, np.ndarray] | None = None   # encode codes, round values (lazy)
+        self._pairs: dict[bool, np.ndarray] = {}                     # decode pairs by ``double`` (lazy)
 
     def _build_decode_table(self) -> torch.Tensor:
         raise NotImplementedError
@@ -130,14 +166,11 @@ class Fp8Codec:
     def _nan_code(self) -> int:
         return _NAN_CODE
 
-    def _round_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor | None:
-        """``decode(encode(m))`` for magnitudes m >= 0 (float32, or float64 from ``encode``), in m's
-        dtype, or None to go through codes.
-
-        A shortcut for ``round``, which the golden calls on every P tile; tests hold it equal to
-        the code path on dense grids (tests/golden/test_codec.py).
-        """
-        return None
+    def _table_input(self, x: np.ndarray) -> np.ndarray:
+        """float32 values whose table index decides the code: ``x`` itself, or what the codec's rule
+        computes first when that moves its rounding boundaries off the table's (the calculator's
+        integer rounding)."""
+        return x
 
     @property
     def decode_table(self) -> torch.Tensor:
@@ -146,26 +179,41 @@ class Fp8Codec:
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 codes of ``x`` (any float dtype; converted to float32 first, as the kernel does)."""
-        _as_float32(x, "x")
-        flat = x.reshape(-1)
-        out = torch.empty(flat.shape, dtype=torch.uint8)
-        # In slices: the float64 and int64 temporaries of one element cost about 90 bytes, which on
-        # an upstream-sized cache (33 M elements) would be 3 GB; a slice keeps them to ~100 MB.
-        for start in range(0, flat.numel(), _ENCODE_SLICE):
-            out[start:start + _ENCODE_SLICE] = self._encode_slice(flat[start:start + _ENCODE_SLICE])
+        x32 = _as_float32(x, "x").detach().contiguous().reshape(-1).numpy()
+        out = torch.empty(x32.shape, dtype=torch.uint8)
+        codes = out.numpy()
+        table = self._lookup_tables()[0]
+        for start in range(0, x32.size, _ENCODE_CHUNK):
+            chunk = self._table_input(x32[start:start + _ENCODE_CHUNK])
+            np.take(table, _table_index(chunk.view(np.uint32)), out=codes[start:start + _ENCODE_CHUNK], mode="clip")
+        if x.dtype != torch.float32:
+            # The sign of NaN comes from the input itself: torch's float16 -> float32 conversion drops
+            # it in its scalar tail (not in its vector body), which would make -NaN encode as 0x7F or
+            # 0xFF depending on its position (tests/golden/test_codec.py::test_encode_keeps_nan).
+            source = x.detach()
+            nan = torch.isnan(source).reshape(-1)
+            if bool(nan.any()):
+                sign = torch.signbit(source).reshape(-1)[nan].to(torch.uint8) * _SIGN_BIT
+                out[nan] = (out[nan] & 0x7F) | sign
         return out.reshape(x.shape)
 
-    def _encode_slice(self, source: torch.Tensor) -> torch.Tensor:
-        x = source.float()
-        # The sign comes from the input itself: torch's float16 -> float32 conversion drops the sign
-        # of NaN in its scalar tail (not in its vector body), which would make -NaN encode as 0x7F
-        # or 0xFF depending on its position (tests/golden/test_codec.py::test_encode_keeps_nan).
-        sign = torch.signbit(source).to(torch.int64) * _SIGN_BIT
+    def _encode_by_rule(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 codes of float32 ``x`` by the codec's rule (float arithmetic on the magnitude,
+        elementwise): the definition the lookup tables are built from."""
+        sign = torch.signbit(x).to(torch.int64) * _SIGN_BIT
         magnitude = x.abs().double()
         nan = torch.isnan(x)
         codes = self._encode_magnitude(torch.where(nan, 0.0, magnitude))
         codes = torch.where(nan, self._nan_code(), codes)
         return (codes | sign).to(torch.uint8)
+
+    def _lookup_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 codes, float32 values read back) [131072] by table index (module docstring), built
+        from ``_encode_by_rule`` on first use (a few milliseconds)."""
+        if self._tables is None:
+            codes = self._encode_by_rule(_table_patterns())
+            self._tables = (codes.numpy(), self._decode_table_np[codes.numpy()])
+        return self._tables
 
     def decode(self, codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``decode_table[codes]`` as float32 or float64 (every E4M3 value is exact in both).
@@ -188,20 +236,60 @@ class Fp8Codec:
         """``decode`` for a uint8 numpy array: float32 values, or float64 with ``double``, into ``out``
         (codes' shape, that dtype) when given.
 
-        The golden gathers cache rows with numpy and decodes them here, in one lookup per call.
+        The golden gathers cache rows with numpy and decodes them here, in one lookup per call. An
+        array of an even number of codes (made contiguous) is read two codes at a time, as uint16 indices
+        into a table of value pairs (about twice as fast as one code at a time); the pairs are moved
+        as unsigned integers of the same width, so no float (and no NaN payload) is touched.
         """
+        table = self._decode_table_np64 if double else self._decode_table_np
+        if codes.size >= _PAIR_DECODE_MIN and codes.size % 2 == 0:
+            if out is None:
+                out = np.empty(codes.shape, table.dtype)
+            if out.flags.c_contiguous and out.dtype == table.dtype and out.shape == codes.shape:
+                pairs = self._pair_table(double)
+                # A strided view is copied first (one byte a code): a lookup through a strided index
+                # costs more than the copy.
+                flat = np.ascontiguousarray(codes).reshape(-1)
+                np.take(pairs, flat.view(np.uint16), out=out.reshape(-1).view(pairs.dtype), mode="clip")
+                return out
         # np.take is about 1.5x faster than fancy indexing (table[codes]) for uint8 codes; with
         # ``out`` it is buffered unless the mode is 'clip' (a uint8 code never leaves the table).
-        return np.take(self._decode_table_np64 if double else self._decode_table_np, codes, out=out, mode="clip")
+        return np.take(table, codes, out=out, mode="clip")
+
+    def _pair_table(self, double: bool) -> np.ndarray:
+        """[65536] pairs of values by uint16 index (two codes, first code in the low byte on a
+        little-endian machine, as a uint16 view of the codes reads them), as uint64 (float32 pairs)
+        or 16-byte items (float64 pairs)."""
+        pairs = self._pairs.get(double)
+        if pairs is None:
+            table = self._decode_table_np64 if double else self._decode_table_np
+            index = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)  # each uint16's bytes in memory order
+            values = np.ascontiguousarray(table[index])                                 # [65536, 2]
+            pairs = values.view(np.dtype((np.void, 16)) if double else np.uint64).reshape(-1)
+            self._pairs[double] = pairs
+        return pairs
 
     def round(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 ``decode(encode(x))``: x as it reads back after one pass through FP8."""
-        x = _as_float32(x, "x")
-        magnitude = self._round_magnitude(x.abs())
-        if magnitude is None:
-            return self.decode(self.encode(x))
-        # NaN stays NaN through copysign; the sign of zero is kept like encode's sign bit.
-        return torch.copysign(magnitude, x)
+        """float32 ``decode(encode(x))``: x as it reads back after one pass through FP8.
+
+        Where the value read back is NaN (the spec codec, for NaN), it is x's own NaN, quieted, as
+        IEEE arithmetic would give it; the sign of zero is kept like encode's sign bit.
+        """
+        x32 = _as_float32(x, "x").detach().contiguous()
+        flat = x32.reshape(-1).numpy()
+        out = torch.empty(flat.shape, dtype=torch.float32)
+        values = out.numpy()
+        table = self._lookup_tables()[1]
+        reads_nan = self._reads_nan  # only then can a value read back be NaN
+        for start in range(0, flat.size, _ENCODE_CHUNK):
+            chunk = flat[start:start + _ENCODE_CHUNK]
+            got = np.take(table, _table_index(self._table_input(chunk).view(np.uint32)),
+                          out=values[start:start + _ENCODE_CHUNK], mode="clip")
+            if reads_nan:
+                nan = np.isnan(got)
+                if nan.any():
+                    got.view(np.uint32)[nan] = chunk.view(np.uint32)[nan] | np.uint32(0x00400000)
+        return out.reshape(x32.shape)
 
     def to_fp8(self, x: torch.Tensor) -> torch.Tensor:
         """``encode(x)`` as a torch.float8_e4m3fn tensor (a bit view: torch rounds nothing)."""
@@ -260,10 +348,7 @@ class E4M3FNSaturating(Fp8Codec):
         return _e4m3fn_decode_table()
 
     def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
-        return _e4m3_code_of(self._round_magnitude(magnitude))
-
-    def _round_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(_round_to_e4m3_grid(magnitude), max=self.max_value)
+        return _e4m3_code_of(torch.clamp(_round_to_e4m3_grid(magnitude), max=self.max_value))
 
 
 class PyptoCalculatorE4M3(Fp8Codec):
@@ -301,6 +386,12 @@ class PyptoCalculatorE4M3(Fp8Codec):
 
     def _nan_code(self) -> int:
         return 0x7E  # the calculator saturates NaN like any value >= 240 (sign bit ORed in by encode)
+
+    def _table_input(self, x: np.ndarray) -> np.ndarray:
+        # The rule's first step, exactly (float32 round half to even; NaN and inf pass): its result
+        # has zero low 16 bits below 2^8, and saturates above, so the table index decides the code.
+        with np.errstate(invalid="ignore"):  # a signalling NaN is quieted, as the rule's NaN is
+            return np.rint(x)
 
 
 SPEC_CODEC = E4M3FNSaturating()

@@ -196,7 +196,7 @@ class InputBundle:
 
 def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator) -> torch.Tensor:
     """bfloat16 values of ``distribution`` (upstream: uniform(-1, 1) in bf16)."""
-    uniform = torch.rand(shape, generator=generator) * 2 - 1
+    uniform = torch.rand(shape, generator=generator).mul_(2).sub_(1)  # in place: the same two roundings
     if distribution == "uniform":
         x = uniform
     elif distribution == "normal":
@@ -214,8 +214,11 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
         x = uniform
     else:  # pragma: no cover - PagedAttentionConfig validates the name
         raise ValueError(f"distribution={distribution!r}")
-    # Zero would make a whole constant row unquantizable; nudge exact zeros to a tiny value.
-    x = torch.where(x == 0, 2.0 ** -20, x)
+    # Zero would make a whole constant row unquantizable; nudge exact zeros to a tiny value (rare:
+    # the copy is made only when there is one).
+    zero = x == 0
+    if bool(zero.any()):
+        x = torch.where(zero, 2.0 ** -20, x)
     return x.bfloat16()
 
 

@@ -143,15 +143,17 @@ def quantize_per_channel(
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
     if not -x.ndim <= dim < x.ndim:
         raise ValueError(f"dim={dim!r} must be an int in [{-x.ndim}, {x.ndim}) for {name} of shape {tuple(x.shape)}")
-    xf = x.float()
-    if valid is not None:
+    if valid is None:
+        xf = x.float()
+    else:
         if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
             raise TypeError(f"valid must be a bool tensor, got {type(valid).__name__ if not isinstance(valid, torch.Tensor) else valid.dtype}")
         try:
-            valid = valid.expand_as(xf)
+            valid = valid.expand_as(x)
         except RuntimeError:
             raise ValueError(f"valid of shape {tuple(valid.shape)} does not broadcast to {name} of shape {tuple(x.shape)}") from None
-        xf = torch.where(valid, xf, 0.0)
+        # A copy of its own (never the caller's tensor), zeroed in place where invalid.
+        xf = x.to(torch.float32, copy=True).masked_fill_(~valid, 0.0)
     amax = xf.abs().amax(dim=dim, keepdim=True)
     scale, dequant = _scales_from_amax(amax, dim=dim % x.ndim, zero_rows=zero_rows, name=name)
     return SPEC_CODEC.to_fp8(xf * scale), dequant

@@ -1,8 +1,8 @@
 """The layout's one-way dependencies, checked from the import lines of every module:
 
 - packages: golden <- kernels <- properties <- cases (tests may use all);
-- cases/ is a pipeline: catalog, ledger, versions, regressions, collect, provenance, shrink, bench, mutants -> run
-  -> report -> html_report -> report_compare -> cli, and nothing imports cli;
+- cases/ is a pipeline: catalog, ledger, versions, regressions, collect, provenance, shrink, tightness, bench_stages,
+  bench, mutants, conforming -> run -> report -> html_report -> report_compare -> cli, and nothing imports cli;
 - no cycle between modules of the project (a module may import its own package's __init__).
 
 ``python tests/test_import_graph.py`` prints the package graph and the largest modules.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases")
-CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "provenance", "shrink", "tightness", "bench",
-               "mutants", "conforming", "run", "report", "html_report", "report_compare", "cli")
+CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "provenance", "shrink", "tightness",
+               "bench_stages", "bench", "mutants", "conforming", "run", "report", "html_report", "report_compare", "cli")
 
 
 def module_name(path: Path) -> str:

@@ -31,3 +31,84 @@ def test_run_bench_reports_agreement_of_the_two_goldens():
     assert row.non_identical == 0 and row.outputs > 0 and row.finite and row.shape == "4 configs"
     assert row.loop_s > 0 and row.vectorized_s > 0
     assert "0 / " in lines[0]
+
+
+# ---------------------------------------------------------------- the per-stage table (cases/bench_stages.py)
+
+
+def test_kernel_workload_is_the_runs_kernel_sized_generation():
+    from cases.bench import kernel_workload
+    from kernels.config import KERNEL_SHAPES
+    cases = kernel_workload(3)
+    assert len(cases) == 3 and cases == kernel_workload(3)
+    for case in cases:
+        assert case.config.head_dim in KERNEL_SHAPES["head_dim"] and case.config.block_size in KERNEL_SHAPES["block_size"]
+
+
+def test_stage_rows_time_every_stage_and_total_them():
+    import pytest
+
+    from cases import bench_stages as bs
+    from cases.bench import small_workload
+    from properties.case import Case
+    cases = [Case(c, seed=i) for i, c in enumerate(small_workload(3))]
+    rows = {r.stage: r for r in bs.stage_rows("small", cases)}
+    assert list(rows) == ["inputs", "golden spec", "golden calculator", "envelope", "comparison",
+                          "inputs + golden(s) + envelope + comparison"]
+    for name in ("inputs", "golden spec", "golden calculator", "comparison"):
+        assert rows[name].cases == 3 and 0 < rows[name].mean <= rows[name].worst
+    parts = sum(rows[n].mean for n in ("inputs", "golden spec", "golden calculator", "comparison"))
+    if bs.envelope_function() is None:
+        assert rows["envelope"].mean is None and "not built" in rows["envelope"].note
+    else:
+        parts += rows["envelope"].mean
+    assert rows["inputs + golden(s) + envelope + comparison"].mean == pytest.approx(parts)
+
+
+def test_stage_rows_call_the_envelope_hook_when_golden_has_it(monkeypatch):
+    import golden
+    from cases import bench_stages as bs
+    from cases.bench import small_workload
+    from properties.case import Case
+    calls = []
+    monkeypatch.setattr(golden, bs.ENVELOPE_HOOK, lambda **kw: calls.append(kw["codec"]), raising=False)
+    rows = {r.stage: r for r in bs.stage_rows("small", [Case(small_workload(1)[0], seed=0)])}
+    assert rows["envelope"].mean is not None and rows["envelope"].note == ""
+    assert [c.name for c in calls] == [golden.SPEC_CODEC.name, golden.PYPTO_CALCULATOR_CODEC.name]
+
+
+def test_goal_lines_are_judged_on_the_worst_case():
+    from cases import bench_stages as bs
+    met = bs.StageRow("kernel", "inputs", 2, 0.01, 0.04)
+    missed = bs.StageRow("kernel", "inputs", 2, 0.01, 0.06)
+    assert "<= 0.05 s per case: met" in bs.format_stage_row(met)
+    assert "MISSED" in bs.format_stage_row(missed)
+    slow = bs.StageRow("upstream", "golden spec speed-up over FP32 loop oracle", 6, 2.0, 1.2, unit="x")
+    assert ">= 1.5x on every case: MISSED" in bs.format_stage_row(slow)
+    assert "MISSED" in bs.format_codec_row(bs.CodecRow("e4m3fn-sat", "decode float64", 250.0))
+    assert "met" in bs.format_codec_row(bs.CodecRow("e4m3fn-sat", "encode", 250.0))
+
+
+def test_codec_rows_cover_both_codecs_and_every_operation():
+    from cases import bench_stages as bs
+    rows = bs.codec_rows(repeat=1, elements=1 << 12)
+    assert [(r.codec, r.operation) for r in rows] == [
+        (c, op) for c in ("e4m3fn-sat", "pypto-0.2.0-calculator")
+        for op in ("encode", "decode float32", "decode float64", "round")]
+    assert all(r.rate > 0 for r in rows)
+
+
+def test_fp32_loop_oracle_is_within_spec_tolerance_of_the_golden():
+    """The speed baseline computes SPEC §2 (in float32 sums): on uniform inputs it passes SPEC §4
+    against the golden, on ragged, causal, GQA and multi-tile cases."""
+    import golden
+    from cases.bench_stages import fp32_loop_oracle
+    from properties import compare as cmp
+    for config in (golden.PagedAttentionConfig(batch=3, s1=2, s2=300, nq=4, nkv=2, head_dim=64, block_size=32,
+                                               s2_tile=64, kv_act_seqs=(300, 1, 0), num_blocks=12, garbage="nan"),
+                   golden.PagedAttentionConfig(batch=2, s1=1, s2=1024, nq=12, nkv=1)):
+        kwargs = golden.make_inputs(config, 0).kwargs()
+        for codec in (golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC):
+            res = cmp.compare(fp32_loop_oracle(**kwargs, codec=codec), golden.paged_attention_fp8(**kwargs, codec=codec),
+                              kind="attention", s1=config.s1)
+            assert res.passed, cmp.make_mismatch_message(res, identifier=f"FP32 loop oracle vs golden ({codec.name})")

@@ -1,0 +1,258 @@
+"""The suite's own cost per example, stage by stage (``pfa-verify bench --stages``; issue 17).
+
+On a 950 the kernel takes microseconds; everything else in an example is the suite's work on the
+host CPU, and it decides how many examples a run checks per hour. This table times that work on one
+core (torch set to one thread; numpy is single-threaded), per case, for three workloads:
+
+- ``kernel``: kernel-sized cases, as ``pfa-verify run`` generates them for a kernel backend
+  (``cases.collect.generated_cases`` with ``kernels.config.KERNEL_SHAPES``, a fixed seed);
+- ``upstream``: the six cases of SPEC §5, where the golden is also timed against a plain FP32 loop
+  oracle (:func:`fp32_loop_oracle`, what a kernel's own test would use as its reference);
+- ``small``: the small ragged workload of ``cases.bench.small_workload``.
+
+Stages: ``inputs`` (``Case.inputs()``, i.e. ``golden.make_inputs``), ``golden spec`` and ``golden
+calculator`` (the vectorized golden under each codec), ``envelope`` (see :data:`ENVELOPE_HOOK`),
+``comparison`` (``properties.compare.compare``, kind ``attention``), and the codecs' throughput.
+The goals of issue 17 are printed beside the figures as lines to meet (:data:`GOALS`); they are
+never asserted (speed goals live in benchmarks, not in tests) and never change the exit status.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+import golden
+from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, InputBundle
+from golden.codec import get_codec
+from golden.quant import quantize_rows
+from golden.validate import check_paged_attention_args
+from properties import compare as cmp
+
+__all__ = ["GOALS", "ENVELOPE_HOOK", "StageRow", "CodecRow", "fp32_loop_oracle", "envelope_function",
+           "stage_rows", "codec_rows", "format_stage_row", "format_codec_row", "STAGE_HEADER", "CODEC_HEADER"]
+
+#: The per-example budget of issue 17: (stage, workload) -> (kind, figure), where kind ``max_s`` is
+#: at most that many seconds per case (every case), ``min_speedup`` at least that loop-oracle / golden
+#: time ratio (every case), ``min_rate`` at least that many M elements/s (workload ``codec``).
+GOALS: dict[tuple[str, str], tuple[str, float]] = {
+    ("inputs", "kernel"): ("max_s", 0.05),
+    ("inputs + golden(s) + envelope + comparison", "kernel"): ("max_s", 0.15),
+    ("golden spec speed-up over FP32 loop oracle", "upstream"): ("min_speedup", 1.5),
+    ("encode", "codec"): ("min_rate", 100.0),
+    ("decode float32", "codec"): ("min_rate", 300.0),
+    ("decode float64", "codec"): ("min_rate", 300.0),
+}
+
+#: The name under which golden will export the acceptance envelope of SPEC §4.2: ``golden.<name>(**
+#: bundle.kwargs(), codec=...)``. Until it exists the ``envelope`` stage is shown as not built.
+ENVELOPE_HOOK = "paged_attention_envelope"
+
+_CODEC_ELEMENTS = 1 << 22
+
+
+def envelope_function() -> Callable | None:
+    """``golden.paged_attention_envelope`` when golden has it, else None (the stage is skipped)."""
+    return getattr(golden, ENVELOPE_HOOK, None)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside the block (the budgets are per core), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage over a workload's cases: the mean and the worst case (the most seconds, or for a
+    speed-up the least), in ``unit`` ("s" per case, "x" for a speed-up); ``None`` when not run."""
+
+    workload: str
+    stage: str
+    cases: int
+    mean: float | None
+    worst: float | None
+    unit: str = "s"
+    note: str = ""
+
+    def goal(self) -> tuple[str, float] | None:
+        return GOALS.get((self.stage, self.workload))
+
+    def to_dict(self) -> dict:
+        return {"workload": self.workload, "stage": self.stage, "cases": self.cases, "mean": self.mean,
+                "worst": self.worst, "unit": self.unit, "note": self.note, "goal": self.goal()}
+
+
+@dataclass(frozen=True)
+class CodecRow:
+    """Throughput of one codec operation, in M elements/s (best of the repeats)."""
+
+    codec: str
+    operation: str
+    rate: float
+
+    def goal(self) -> tuple[str, float] | None:
+        return GOALS.get((self.operation, "codec"))
+
+    def to_dict(self) -> dict:
+        return {"codec": self.codec, "operation": self.operation, "rate_m_per_s": self.rate, "goal": self.goal()}
+
+
+def fp32_loop_oracle(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, *,
+                     softmax_scale=None, s2_tile=128, g_tile=None, codec=None) -> torch.Tensor:
+    """bfloat16 [B*S1, NQ, D]: SPEC §2 as a kernel's own test would write its reference, the baseline
+    of the golden's speed goal: per batch and KV head, tile by tile, MM1 and MM2 as float32 matmuls,
+    ``exp`` in float32, P quantized with ``golden.quant.quantize_rows`` (the codec's ``round``).
+
+    Not exact (float32 sums in BLAS order), so it is a speed baseline, never a reference: on uniform
+    inputs it agrees with the golden within SPEC §4 (tests/cases/test_bench_stages.py).
+    """
+    dims = check_paged_attention_args(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                                      softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile)
+    codec = get_codec(codec)
+    s1, group, d, bs = dims.s1, dims.group, dims.head_dim, dims.block_size
+    scale = torch.tensor(dims.softmax_scale, dtype=torch.float32)
+    out = torch.zeros(q.shape)
+    behind = torch.arange(s1 - 1, -1, -1).repeat_interleave(group)[:, None]  # [S1*G, 1]: S1 - 1 - i
+    with torch.inference_mode():
+        for b in range(dims.batch):
+            length = int(kv_act_seqs[b])
+            if length == 0:
+                continue
+            tokens = torch.arange(length)
+            blocks, rows = block_table[b, tokens // bs].long(), tokens % bs
+            k, v, k_s = codec.from_fp8(k_cache[blocks, rows]), codec.from_fp8(v_cache[blocks, rows]), k_scale[blocks, rows]
+            cur = (length - behind).clamp(min=0)  # SPEC §2.1, per row (i, g)
+            for n in range(dims.nkv):
+                heads = slice(n * group, (n + 1) * group)
+                q_n = codec.from_fp8(q[b * s1:(b + 1) * s1, heads]).reshape(s1 * group, d)
+                q_s = q_scale[b * s1:(b + 1) * s1, heads].reshape(s1 * group, 1)
+                m = torch.full((s1 * group, 1), -torch.inf)
+                l, o = torch.zeros((s1 * group, 1)), torch.zeros((s1 * group, d))
+                started = torch.zeros((s1 * group, 1), dtype=torch.bool)
+                for start in range(0, length, dims.s2_tile):
+                    end = min(start + dims.s2_tile, length)
+                    s = (q_n @ k[start:end, n].T) * q_s * k_s[start:end, n].T * scale
+                    visible = torch.arange(start, end)[None, :] < cur
+                    s = torch.where(visible, s, -torch.inf)
+                    m_j = s.amax(dim=-1, keepdim=True)
+                    has = m_j > -torch.inf
+                    p = torch.exp(torch.where(visible, s - torch.where(has, m_j, 0.0), -torch.inf))
+                    p8, p_scale = quantize_rows(p, codec=codec)
+                    o_j = (p8 @ v[start:end, n]) * p_scale * v_scale[b, n][None, :]
+                    m_new = torch.maximum(m, m_j)
+                    a = torch.exp(torch.where(started, m - m_new, 0.0))
+                    c = torch.exp(torch.where(has, m_j - m_new, -torch.inf))
+                    l, o = a * l + c * p.sum(dim=-1, keepdim=True), a * o + c * o_j
+                    m, started = torch.where(has, m_new, m), started | has
+                out[b * s1:(b + 1) * s1, heads] = torch.where(started, o / torch.where(started, l, 1.0), 0.0).view(s1, group, d)
+    return out.bfloat16()
+
+
+def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def _per_case(workload: str, stage: str, seconds: Sequence[float | None], note: str = "") -> StageRow:
+    got = [s for s in seconds if s is not None]
+    if not got:
+        return StageRow(workload, stage, len(seconds), None, None, note=note)
+    return StageRow(workload, stage, len(got), statistics.fmean(got), max(got), note=note)
+
+
+def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1) -> list[StageRow]:
+    """Per-case seconds of every stage over ``cases`` (properties.case.Case values), on one thread;
+    each stage of each case is timed ``repeat`` times and the best kept."""
+    envelope = envelope_function()
+    times: dict[str, list[float | None]] = {k: [] for k in ("inputs", "golden spec", "golden calculator",
+                                                              "envelope", "comparison", "fp32 loop oracle")}
+    with one_thread():
+        for case in cases:
+            t_inputs, bundle = _timed(case.inputs, repeat)
+            kwargs = bundle.kwargs()
+            t_spec, spec = _timed(lambda: golden.paged_attention_fp8(**kwargs), repeat)
+            t_calc, calc = _timed(lambda: golden.paged_attention_fp8(**kwargs, codec=PYPTO_CALCULATOR_CODEC), repeat)
+            t_env = None
+            if envelope is not None:
+                t_env = sum(_timed(lambda c=c: envelope(**kwargs, codec=c), repeat)[0] for c in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC))
+            t_cmp, _ = _timed(lambda: cmp.compare(calc, spec, kind="attention", s1=bundle.config.s1), repeat)
+            t_oracle = _timed(lambda: fp32_loop_oracle(**kwargs), repeat)[0] if workload == "upstream" else None
+            for key, t in zip(times, (t_inputs, t_spec, t_calc, t_env, t_cmp, t_oracle)):
+                times[key].append(t)
+    rows = [_per_case(workload, k, v, "" if k != "envelope" or envelope else f"not built (golden.{ENVELOPE_HOOK})")
+            for k, v in times.items() if k != "fp32 loop oracle" or workload == "upstream"]
+    totals = [sum(t for t in per if t is not None) for per in zip(*(times[k] for k in (
+        "inputs", "golden spec", "golden calculator", "envelope", "comparison")))]
+    rows.append(_per_case(workload, "inputs + golden(s) + envelope + comparison", totals,
+                          "" if envelope else "envelope not built"))
+    if workload == "upstream":
+        ratios = [o / g for o, g in zip(times["fp32 loop oracle"], times["golden spec"])]
+        rows.append(StageRow(workload, "golden spec speed-up over FP32 loop oracle", len(ratios),
+                             statistics.fmean(ratios), min(ratios), unit="x", note="oracle s / golden s"))
+    return rows
+
+
+def codec_rows(*, repeat: int = 3, elements: int = _CODEC_ELEMENTS) -> list[CodecRow]:
+    """encode, decode (``decode_array``, float32 and float64) and round of both codecs, M elements/s,
+    on ``elements`` float32 values spread over the E4M3 range (normal, scaled by 100). Decode writes
+    into a buffer allocated once, as the golden does (a fresh array of this size costs a page fault
+    per 4 KiB, the kernel's work rather than the codec's)."""
+    x = torch.randn(elements, generator=torch.Generator().manual_seed(0)) * 100
+    out32, out64 = np.empty(elements, np.float32), np.empty(elements, np.float64)
+    rows = []
+    with one_thread():
+        for codec in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC):
+            codes = codec.encode(x).numpy()
+            for name, fn in (("encode", lambda: codec.encode(x)),
+                             ("decode float32", lambda: codec.decode_array(codes, out=out32)),
+                             ("decode float64", lambda: codec.decode_array(codes, True, out=out64)),
+                             ("round", lambda: codec.round(x))):
+                rows.append(CodecRow(codec.name, name, elements / _timed(fn, repeat)[0] / 1e6))
+    return rows
+
+
+STAGE_HEADER = f"{'workload':<9} {'stage':<44} {'cases':>5} {'mean':>10} {'worst':>10}  goal"
+CODEC_HEADER = f"{'codec':<24} {'operation':<16} {'M elem/s':>9}  goal"
+
+
+def _verdict(kind: str, limit: float, value: float | None) -> str:
+    if value is None:
+        return ""
+    met = value <= limit if kind == "max_s" else value >= limit
+    wanted = {"max_s": f"<= {limit:g} s per case", "min_rate": f">= {limit:g} M/s",
+              "min_speedup": f">= {limit:g}x on every case"}[kind]
+    return f"{wanted}: {'met' if met else 'MISSED'}"
+
+
+def _figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return f"{'-':>10}"
+    return f"{value:9.2f}x" if unit == "x" else f"{value:9.4f}s"
+
+
+def format_stage_row(row: StageRow) -> str:
+    goal = row.goal()
+    verdict = _verdict(*goal, row.worst) if goal else ""  # judged on the worst case
+    notes = "; ".join(t for t in (verdict, row.note) if t)
+    return (f"{row.workload:<9} {row.stage:<44} {row.cases:>5} {_figure(row.mean, row.unit)} "
+            f"{_figure(row.worst, row.unit)}  {notes}")
+
+
+def format_codec_row(row: CodecRow) -> str:
+    goal = row.goal()
+    return f"{row.codec:<24} {row.operation:<16} {row.rate:9.1f}  {_verdict(*goal, row.rate) if goal else ''}"
