@@ -140,7 +140,8 @@ def _shape(c: PagedAttentionConfig) -> str:
 
 def _check_workload(workload: str) -> None:
     if workload not in WORKLOADS:
-        raise ValueError(f"workload={workload!r} must be one of {WORKLOADS}")
+        from golden.errors import UsageError
+        raise UsageError(f"workload={workload!r} must be one of {WORKLOADS}")
 
 
 def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200, kernel_cases: int = 20,

@@ -2,7 +2,7 @@
 
 The file holds ``defaults`` (the SPEC §5 defaults, as data) and two sections, ``upstream`` and
 ``edge``, mapping a case name to only what differs from the defaults. :func:`load_catalog` returns
-:class:`~properties.case.Case` values by name. It rejects, with a ValueError naming the key:
+:class:`~properties.case.Case` values by name. It rejects, with a UsageError (golden.errors, a ValueError) naming the key:
 duplicate keys anywhere in the file, unknown sections or keys, values of the wrong type, names
 that are not identifiers, a name in both sections, and anything the golden's config rejects.
 """
@@ -12,6 +12,8 @@ import json
 import math
 import re
 from pathlib import Path
+
+from golden.errors import UsageError
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
 
@@ -33,7 +35,7 @@ def _no_duplicates(pairs):
     seen = {}
     for key, value in pairs:
         if key in seen:
-            raise ValueError(f"duplicate key {key!r} in the catalog")
+            raise UsageError(f"duplicate key {key!r} in the catalog")
         seen[key] = value
     return seen
 
@@ -42,36 +44,36 @@ def _check_value(name: str, key: str, value) -> None:
     where = f"case {name!r}, key {key!r}"
     if value is None:
         if key not in _NULLABLE:
-            raise ValueError(f"{where}: null is not allowed here")
+            raise UsageError(f"{where}: null is not allowed here")
         return
     if key in _INT_KEYS:
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"{where}: {value!r} must be an integer")
+            raise UsageError(f"{where}: {value!r} must be an integer")
         if value < (0 if key == "seed" else 1):
-            raise ValueError(f"{where}: {value!r} must be >= {0 if key == 'seed' else 1}")
+            raise UsageError(f"{where}: {value!r} must be >= {0 if key == 'seed' else 1}")
     elif key == "kv_act_seqs":
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                    for v in value):
-            raise ValueError(f"{where}: {value!r} must be a list of integers >= 0")
+            raise UsageError(f"{where}: {value!r} must be a list of integers >= 0")
     elif key in ("distribution", "garbage", "comment"):
         if not isinstance(value, str):
-            raise ValueError(f"{where}: {value!r} must be a string")
+            raise UsageError(f"{where}: {value!r} must be a string")
     elif key == "softmax_scale":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{where}: {value!r} must be a positive number")
+            raise UsageError(f"{where}: {value!r} must be a positive number")
 
 
 def entry_config(name: str, entry: dict, defaults: dict):
     """(golden.PagedAttentionConfig, seed) of one catalog entry laid over ``defaults``."""
     import golden
     if not isinstance(entry, dict):
-        raise ValueError(f"case {name!r}: entry must be an object, got {type(entry).__name__}")
+        raise UsageError(f"case {name!r}: entry must be an object, got {type(entry).__name__}")
     unknown = sorted(set(entry) - _KEYS)
     if unknown:
-        raise ValueError(f"case {name!r}: unknown key(s) {unknown}; expected some of {sorted(_KEYS)}")
+        raise UsageError(f"case {name!r}: unknown key(s) {unknown}; expected some of {sorted(_KEYS)}")
     missing = [k for k in _REQUIRED if k not in entry and k not in defaults]
     if missing:
-        raise ValueError(f"case {name!r}: missing key(s) {missing}")
+        raise UsageError(f"case {name!r}: missing key(s) {missing}")
     merged = {**defaults, **entry}
     merged.pop("comment", None)
     for key, value in merged.items():
@@ -80,7 +82,7 @@ def entry_config(name: str, entry: dict, defaults: dict):
     try:
         config = golden.PagedAttentionConfig.from_dict(merged)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"case {name!r}: {exc}") from None
+        raise UsageError(f"case {name!r}: {exc}") from None
     return config, seed
 
 
@@ -90,30 +92,30 @@ def parse_catalog(text: str) -> dict:
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"catalog is not valid JSON: {exc}") from None
+        raise UsageError(f"catalog is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError("catalog must be a JSON object")
+        raise UsageError("catalog must be a JSON object")
     unknown = sorted(set(data) - set(_SECTIONS))
     if unknown:
-        raise ValueError(f"unknown catalog section(s) {unknown}; expected {list(_SECTIONS)}")
+        raise UsageError(f"unknown catalog section(s) {unknown}; expected {list(_SECTIONS)}")
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
-        raise ValueError("'defaults' must be an object")
+        raise UsageError("'defaults' must be an object")
     bad = sorted(set(defaults) - _KEYS)
     if bad:
-        raise ValueError(f"defaults: unknown key(s) {bad}")
+        raise UsageError(f"defaults: unknown key(s) {bad}")
     for key, value in defaults.items():
         _check_value("defaults", key, value)
     out: dict = {}
     for section in ("upstream", "edge"):
         entries = data.get(section, {})
         if not isinstance(entries, dict):
-            raise ValueError(f"section {section!r} must be an object")
+            raise UsageError(f"section {section!r} must be an object")
         for name, entry in entries.items():
             if not _NAME.match(name):
-                raise ValueError(f"case name {name!r} must be lower-case letters, digits and underscores")
+                raise UsageError(f"case name {name!r} must be lower-case letters, digits and underscores")
             if name in out:
-                raise ValueError(f"case {name!r} appears in more than one section")
+                raise UsageError(f"case {name!r} appears in more than one section")
             config, seed = entry_config(name, entry, defaults)
             out[name] = Case(config, seed, name)
     return out

@@ -14,7 +14,8 @@ the ``pfa-verify`` script are the same program.
                                           backend they were captured on
 
 Exit status: 0 passed, 1 failed (see cases/report.py for the rule), 2 the command could not run (a
-usage error, a backend that cannot start here, a case file that cannot be loaded).
+usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
+one line). Any other exception is a bug of ours and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -293,6 +294,7 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_list(args) -> int:
     from cases import regressions
+    from golden.errors import UsageError
     ids = regressions.list_ids(directory=args.dir)
     if not ids:
         print(f"no captured regressions in {regressions.directory(args.dir)}")
@@ -300,7 +302,7 @@ def _cmd_list(args) -> int:
     for rid in ids:
         try:
             print(regressions.load(rid, directory=args.dir).summary())
-        except ValueError as exc:
+        except UsageError as exc:
             print(f"{rid}  unreadable: {exc}")
     return 0
 
@@ -340,6 +342,7 @@ def _cmd_replay(args) -> int:
 
 def _cmd_prune(args) -> int:
     from cases import ledger, regressions
+    from golden.errors import UsageError
     from kernels import BackendUnavailable, get_backend
     folder = regressions.directory(args.dir)
     removed = 0
@@ -347,7 +350,7 @@ def _cmd_prune(args) -> int:
     for rid in regressions.list_ids(directory=args.dir):
         try:
             reg = regressions.load(rid, directory=args.dir)
-        except ValueError as exc:
+        except UsageError as exc:
             print(f"kept {rid}: unreadable ({exc})")
             continue
         if args.backend and args.backend != reg.backend:
@@ -434,7 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run one subcommand. A :class:`golden.errors.UsageError` (bad names, case files, catalog, sizes,
+    arguments) or a backend that cannot start is one line on stderr and exit 2; anything else is a bug
+    of ours and propagates with its traceback (never reported as "could not run")."""
     args = build_parser().parse_args(argv)
+    from golden.errors import UsageError
     from kernels import BackendUnavailable
     if getattr(args, "max_bytes", None):
         from golden.inputs import MAX_BYTES_ENV
@@ -444,7 +451,7 @@ def main(argv=None) -> int:
     except BackendUnavailable as exc:
         print(f"pfa-verify: error: the backend cannot run here: {exc.reason}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError) as exc:
+    except UsageError as exc:
         print(f"pfa-verify: error: {exc}", file=sys.stderr)
         return 2
 

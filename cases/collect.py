@@ -89,6 +89,7 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     """
     from cases import regressions
     from cases.catalog import load_catalog
+    from golden.errors import UsageError
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)
     if selection in ("all", "catalog", "regressions"):
@@ -98,7 +99,7 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
         names = [n.strip() for n in selection.split(",") if n.strip()]
         unknown = [n for n in names if n not in catalog and n not in ids]
         if unknown or not names:
-            raise ValueError(f"--cases {selection!r}: unknown name(s) {unknown}; expected all, catalog, "
+            raise UsageError(f"--cases {selection!r}: unknown name(s) {unknown}; expected all, catalog, "
                              f"regressions, or names from `pfa-verify cases list` and the catalog "
                              f"({', '.join(list(catalog)[:3])}, ...)")
         want_regs = [n for n in names if n in ids]
@@ -107,7 +108,7 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     for rid in want_regs:
         try:
             reg = regressions.load(rid, directory=regressions_dir)
-        except ValueError as exc:
+        except UsageError as exc:
             items.append(Item(rid, "regression", regression=rid, law="unknown", load_error=str(exc)))
             continue
         case = reg.to_case() if reg.case.get("kind") == "paged" else None

@@ -135,13 +135,11 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
     catalog, ``examples`` examples per law; ``workers`` processes, one variant each at a time."""
     from kernels.conforming import VARIANTS
     from properties.law_examples import PAGED_LAWS
+    from golden.errors import check_known
     chosen = list(names or VARIANTS)
-    unknown = [n for n in chosen if n not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown conforming variant(s) {unknown}; expected some of {sorted(VARIANTS)}")
+    check_known("--mutants", "conforming variant", chosen, sorted(VARIANTS))
     laws = tuple(laws or PAGED_LAWS)
-    if set(laws) - set(PAGED_LAWS):
-        raise ValueError(f"--laws: unknown law(s) {sorted(set(laws) - set(PAGED_LAWS))}; expected some of {PAGED_LAWS}")
+    check_known("--laws", "law", laws, PAGED_LAWS)
     start = time.perf_counter()
     options = dict(examples=examples, seed=seed, laws=laws, catalog=catalog)
     if workers <= 1:

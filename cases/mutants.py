@@ -220,20 +220,16 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
                 allowed_survivors=(), progress=None) -> MutantsRun:
     """The baseline and every mutant of ``level`` (or ``names``) through every paged-attention law,
     in ``workers`` processes (one mutant each at a time); each first kill shrunk for ``shrink_s`` s."""
+    from golden.errors import check_known
     from kernels import mutants
     from properties.law_examples import PAGED_LAWS
-    if level not in mutants.LEVELS:
-        raise ValueError(f"--level {level!r} must be one of {mutants.LEVELS}")
+    check_known("--level", "level", [level], mutants.LEVELS)
     chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
-    unknown = [n for n in chosen if n not in mutants.MUTANTS]
-    if unknown:
-        raise ValueError(f"unknown mutant(s) {unknown}; `pfa-verify mutants --list` shows the catalog")
-    unknown = [n for n in allowed_survivors if n not in mutants.MUTANTS]
-    if unknown:
-        raise ValueError(f"--allow-survivors: unknown mutant(s) {unknown}; `pfa-verify mutants --list` shows the catalog")
+    listing = "`pfa-verify mutants --list` shows the catalog"
+    check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint=listing)
+    check_known("--allow-survivors", "mutant", allowed_survivors, mutants.MUTANTS, hint=listing)
     laws = tuple(laws or PAGED_LAWS)
-    if set(laws) - set(PAGED_LAWS):
-        raise ValueError(f"--laws: unknown law(s) {sorted(set(laws) - set(PAGED_LAWS))}; expected some of {PAGED_LAWS}")
+    check_known("--laws", "law", laws, PAGED_LAWS)
     start = time.perf_counter()
     base, *results = rows([None] + chosen, level=level, workers=workers, progress=progress, examples=examples,
                           seed=seed, laws=laws, catalog=catalog, shrink_s=shrink_s)

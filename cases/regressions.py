@@ -12,7 +12,7 @@ the backend, the tolerance in force, the failure message and the package version
 was run on are stored next to it in an .npz (fp8 as uint8 codes; never pickle, loaded with
 allow_pickle=False), so a replay does not depend on ``golden.make_inputs`` staying the same.
 
-A case file is data: :func:`load` rejects, with a ValueError naming the file, anything malformed, and
+A case file is data: :func:`load` rejects, with a UsageError (a ValueError) naming the file, anything malformed, and
 a case whose tensors would exceed ``golden.memory_limit()`` (checked from the config and the .npz
 headers before anything is allocated).
 
@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from golden.errors import UsageError
 
 __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "FORMAT_VERSION", "MAX_FILE_BYTES"]
@@ -75,7 +77,7 @@ def _case_from_dict(d: dict, explicit: dict | None):
         return At12Case(**{k: v for k, v in d.items() if k != "kind"})
     if kind == "array":
         return np.array(d["values"], dtype=np.float32).reshape(d["shape"])
-    raise ValueError(f"case.kind={kind!r} must be 'paged', 'at12' or 'array'")
+    raise UsageError(f"case.kind={kind!r} must be 'paged', 'at12' or 'array'")
 
 
 def _tolerance(law: str) -> dict:
@@ -166,13 +168,13 @@ def _check_npz(path: Path, limit: int) -> None:
                     read = {(1, 0): np.lib.format.read_array_header_1_0,
                             (2, 0): np.lib.format.read_array_header_2_0}.get(version)
                     if read is None:
-                        raise ValueError(f"member {info.filename}: .npy format {version} is not supported")
+                        raise UsageError(f"member {info.filename}: .npy format {version} is not supported")
                     shape, _, dtype = read(member)
                     total += int(np.prod(shape, dtype=object)) * dtype.itemsize
     except (OSError, zipfile.BadZipFile, ValueError, TypeError) as exc:
-        raise ValueError(f"{path.name}: not a readable .npz ({exc})") from None
+        raise UsageError(f"{path.name}: not a readable .npz ({exc})") from None
     if total > limit:
-        raise ValueError(f"{path.name}: its arrays would hold {total} bytes, over the limit of {limit} "
+        raise UsageError(f"{path.name}: its arrays would hold {total} bytes, over the limit of {limit} "
                          "(--max-bytes or PFA_VERIFY_MAX_BYTES)")
 
 
@@ -189,7 +191,7 @@ def _load_npz(path: Path) -> dict:
                 t = torch.from_numpy(np.array(z[key]))
                 out[key] = t.view(_DTYPES[dtype]) if dtype in _DTYPES else t
     except (OSError, ValueError, KeyError, MemoryError) as exc:
-        raise ValueError(f"{path.name}: cannot read its tensors ({exc})") from None
+        raise UsageError(f"{path.name}: cannot read its tensors ({exc})") from None
     return out
 
 
@@ -201,70 +203,70 @@ _AT12_INTS = ("q_tile", "k_tile", "head_dim", "seed")
 def _check_types(name: str, data: dict) -> None:
     for key, kind in _TYPES.items():
         if key in data and not isinstance(data[key], kind):
-            raise ValueError(f"{name}: field {key!r} must be {getattr(kind, '__name__', 'a string or null')}, "
+            raise UsageError(f"{name}: field {key!r} must be {getattr(kind, '__name__', 'a string or null')}, "
                          f"got {type(data[key]).__name__}")
     case = data["case"]
     if case.get("kind") == "at12":
         bad = [k for k in _AT12_INTS if not (isinstance(case.get(k), int) and not isinstance(case.get(k), bool)
                                               and case.get(k) >= (0 if k == "seed" else 1))]
         if bad or not isinstance(case.get("distribution"), str):
-            raise ValueError(f"{name}: an AT-12 case needs positive integers {list(_AT12_INTS)} (seed >= 0) and a "
+            raise UsageError(f"{name}: an AT-12 case needs positive integers {list(_AT12_INTS)} (seed >= 0) and a "
                              f"distribution name; bad: {bad or ['distribution']}")
     if case.get("kind") == "array":
         shape, values = case.get("shape"), case.get("values")
         if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)
                 and isinstance(values, list) and len(values) == math.prod(shape)
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
-            raise ValueError(f"{name}: an array case needs a shape of non-negative ints and that many numbers")
+            raise UsageError(f"{name}: an array case needs a shape of non-negative ints and that many numbers")
 
 
 def load(id_or_path, *, directory=None) -> Regression:
-    """Read a regression by id (in the folder) or by path. A ValueError naming the file for anything
+    """Read a regression by id (in the folder) or by path. A UsageError naming the file for anything
     that is not a well-formed case: unknown or missing fields, bad JSON, a config the golden rejects,
     a case over the memory limit (golden.check_size), tensors that do not load."""
     p = Path(id_or_path)
     if p.suffix != ".json":
         p = globals()["directory"](directory) / f"{id_or_path}.json"
     if not p.is_file():
-        raise ValueError(f"regression {id_or_path!r}: no file {p}")
+        raise UsageError(f"regression {id_or_path!r}: no file {p}")
     if p.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{p.name}: {p.stat().st_size} bytes is too large for a case file (at most {MAX_FILE_BYTES})")
+        raise UsageError(f"{p.name}: {p.stat().st_size} bytes is too large for a case file (at most {MAX_FILE_BYTES})")
     try:
         data = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{p.name}: not valid JSON ({exc})") from None
+        raise UsageError(f"{p.name}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{p.name}: must hold a JSON object")
+        raise UsageError(f"{p.name}: must hold a JSON object")
     unknown, missing = set(data) - _FIELDS, _FIELDS - {"tensors"} - set(data)
     if unknown or missing:
-        raise ValueError(f"{p.name}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}; "
+        raise UsageError(f"{p.name}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}; "
                          f"expected {sorted(_FIELDS)}")
     fmt = data.pop("format", None)
     if fmt not in (1, FORMAT_VERSION):
-        raise ValueError(f"{p.name}: format must be 1 or {FORMAT_VERSION}, got {fmt!r}")
+        raise UsageError(f"{p.name}: format must be 1 or {FORMAT_VERSION}, got {fmt!r}")
     _check_types(p.name, data)
     case = data["case"]
     if fmt == 1 and not data.get("tensors") and (case.get("config") or {}).get("distribution") == "tiny":
-        raise ValueError(f"{p.name}: a format-1 case of distribution 'tiny' without its tensors cannot be rebuilt "
+        raise UsageError(f"{p.name}: a format-1 case of distribution 'tiny' without its tensors cannot be rebuilt "
                          "(make_inputs' 'tiny' changed in format 2); capture it again")
     try:
         reg = Regression(**data)
         probe = _case_from_dict(case, None)          # validates the config; allocates nothing
     except (TypeError, ValueError, KeyError) as exc:
-        raise ValueError(f"{p.name}: {exc}") from None
+        raise UsageError(f"{p.name}: {exc}") from None
     from properties.laws import LAWS
     if reg.law not in LAWS:
-        raise ValueError(f"{p.name}: law {reg.law!r} is not a law; expected one of {sorted(LAWS)}")
+        raise UsageError(f"{p.name}: law {reg.law!r} is not a law; expected one of {sorted(LAWS)}")
     import golden
     if case.get("kind") == "paged":
         try:
             golden.check_size(probe.config, name=reg.id)
         except ValueError as exc:
-            raise ValueError(f"{p.name}: {exc}") from None
+            raise UsageError(f"{p.name}: {exc}") from None
     elif case.get("kind") == "at12":
         need = 4 * probe.q_tile * probe.k_tile + 16 * (probe.q_tile + probe.k_tile) * probe.head_dim
         if need > golden.memory_limit():
-            raise ValueError(f"{p.name}: an AT-12 case of {probe.q_tile} x {probe.k_tile} x {probe.head_dim} needs "
+            raise UsageError(f"{p.name}: an AT-12 case of {probe.q_tile} x {probe.k_tile} x {probe.head_dim} needs "
                              f"{need} bytes, over the limit of {golden.memory_limit()}")
     if data.get("tensors"):
         reg = dataclasses.replace(reg, explicit=_load_npz(p.parent / Path(data["tensors"]).name))

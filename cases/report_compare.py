@@ -22,12 +22,14 @@ import json
 import math
 from pathlib import Path
 
+from golden.errors import UsageError
+
 __all__ = ["SelectionMismatch", "CaseVerdict", "Row", "Comparison", "load_report", "case_verdict", "compare",
            "format_ratio", "summary_line", "render_table", "print_comparison", "render_html", "write_html",
            "add_arguments", "run"]
 
 
-class SelectionMismatch(ValueError):
+class SelectionMismatch(UsageError):
     """The two reports did not check the same cases (one line: which part of the selection differs)."""
 
 
@@ -76,23 +78,23 @@ class Comparison:
 
 
 def load_report(path) -> dict:
-    """The JSON run report at ``path``, checked against cases/report.schema.json; a ValueError naming
+    """The JSON run report at ``path``, checked against cases/report.schema.json; a UsageError naming
     the file when it is missing, not JSON, from another schema version, or invalid."""
     from cases.report import SCHEMA_ID, check_schema
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ValueError(f"report {str(path)!r}: cannot read it ({exc.strerror or exc})") from None
+        raise UsageError(f"report {str(path)!r}: cannot read it ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"report {str(path)!r} is not JSON ({exc})") from None
+        raise UsageError(f"report {str(path)!r} is not JSON ({exc})") from None
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != SCHEMA_ID:
-        raise ValueError(f"report {str(path)!r} has schema {schema!r}; compare reads {SCHEMA_ID!r} (written by "
+        raise UsageError(f"report {str(path)!r} has schema {schema!r}; compare reads {SCHEMA_ID!r} (written by "
                          "`pfa-verify run --json` of this version; earlier reports carry no selection fingerprint)")
     errors = check_schema(data)
     if errors:
-        raise ValueError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}"
+        raise UsageError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}"
                          + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     return data
 
@@ -147,7 +149,7 @@ def compare(a: dict, b: dict, *, paths=("A", "B")) -> Comparison:
         raise SelectionMismatch(_mismatch(paths, a, b))
     ca, cb = _by_case(a), _by_case(b)
     if list(ca) != list(cb):   # the same fingerprint and other names: a report edited by hand
-        raise ValueError(f"{paths[0]} and {paths[1]} carry the same selection fingerprint but list different cases")
+        raise UsageError(f"{paths[0]} and {paths[1]} carry the same selection fingerprint but list different cases")
     rows = tuple(Row(name, ca[name][0]["source"], case_verdict(ca[name]), case_verdict(cb[name])) for name in ca)
     return Comparison(tuple(str(p) for p in paths), (a, b), rows)
 
@@ -327,7 +329,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """``pfa-verify compare``: print the comparison (and write its HTML); the exit status of
     :attr:`Comparison.exit_status`. A report that cannot be read, or a selection mismatch, is a
-    ValueError, which the command line prints as one line with exit 2."""
+    UsageError, which the command line prints as one line with exit 2."""
     import sys
 
     from rich.console import Console

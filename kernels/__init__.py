@@ -8,6 +8,7 @@ or test session that named it fails with the reason. A case a backend does not r
 kernels.Skip(kind, reason) from its skip_reason(config). pypto is imported only by the sim and npu
 backends, and only when they are created.
 """
+from golden.errors import UsageError
 from kernels.backends import SKIP_KINDS, Backend, BackendUnavailable, KernelRunError, Skip, resolve_device_index
 from kernels.backends import get_backend as _builtin_backend
 
@@ -22,12 +23,12 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     issue 16). Both build on the backends, so they are resolved here, above them."""
     if isinstance(name, str) and name.startswith("mutant:"):
         if device is not None:
-            raise ValueError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
+            raise UsageError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
         from kernels.mutants import get_mutant
         return get_mutant(name.removeprefix("mutant:"), **options)
     if isinstance(name, str) and name.startswith("conforming:"):
         if device is not None:
-            raise ValueError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
+            raise UsageError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
         from kernels.conforming import get_variant
         return get_variant(name.removeprefix("conforming:"), **options)
     return _builtin_backend(name, device=device, **options)

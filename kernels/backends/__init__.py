@@ -32,6 +32,8 @@ import os
 import re
 from typing import Any, Callable
 
+from golden.errors import UsageError
+
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
            "BUILTIN_BACKENDS", "KernelSource"]
@@ -301,7 +303,7 @@ def _load_file_factory(name: str):
     candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
     file = next((c for c in candidates if c.is_file()), None)
     if file is None:
-        raise ValueError(f"name={name!r}: no file {path!r} here or in the project root")
+        raise UsageError(f"name={name!r}: no file {path!r} here or in the project root")
     module_name = "_pfa_backend_" + re.sub(r"\W", "_", str(file.resolve()))
     module = sys.modules.get(module_name)
     if module is None:
@@ -326,20 +328,21 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
 
     - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
     - options: passed to the backend (sim: level="execute" or "compile").
-    Raises BackendUnavailable(reason) when the backend cannot run here, ValueError for a bad name.
+    Raises BackendUnavailable(reason) when the backend cannot run here, golden.errors.UsageError (a
+    ValueError) for a bad name or a factory that returns no backend.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name={name!r} must be golden, sim, npu, auto or 'package.module:factory'")
+        raise UsageError(f"name={name!r} must be golden, sim, npu, auto or 'package.module:factory'")
     if name.startswith(("pypto-gym:", "pypto-gym-spec-codec:", "pypto-gym-npu:")):
         from kernels.backends.upstream import make_backend
         return make_backend(name, device=device, **options)
     if name in BUILTIN_BACKENDS:
         if device is not None and name in ("golden", "sim", "sim-spec-codec"):
-            raise ValueError(f"device={device!r} applies to the npu backend only, not {name!r}")
+            raise UsageError(f"device={device!r} applies to the npu backend only, not {name!r}")
         factory = BUILTIN_BACKENDS[name]
         return factory(device=device, **options) if name in ("npu", "auto") else factory(**options)
     if ":" not in name:
-        raise ValueError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
+        raise UsageError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
                          "or an import path 'package.module:factory'")
     if ".py:" in name:
         module, attr = _load_file_factory(name)
@@ -350,15 +353,15 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ValueError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
+            raise UsageError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
         source = module_name
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ValueError(f"name={name!r}: {module_name} has no callable {attr!r}")
+        raise UsageError(f"name={name!r}: {module_name} has no callable {attr!r}")
     backend = factory(device=device, **options) if device is not None else factory(**options)
     missing = [a for a in ("name", "codec", "paged_attention_fp8", "qk_matmul_scale") if not hasattr(backend, a)]
     if missing:
-        raise TypeError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
+        raise UsageError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
     if getattr(backend, "kernel_source", None) is None:
         try:
             backend.kernel_source = KernelSource.of_module(module, attr, source)

@@ -38,6 +38,8 @@ import re
 import sys
 from pathlib import Path
 
+from golden.errors import UsageError
+
 from kernels.backends import BackendUnavailable, KernelSource
 from kernels.backends.npu import NpuBackend
 from kernels.backends.sim import SimBackend
@@ -81,7 +83,7 @@ def parse_name(name: str) -> tuple[str, str, str]:
     "sim-spec-codec" or "npu"; ValueError otherwise."""
     match = re.fullmatch(r"(pypto-gym|pypto-gym-spec-codec|pypto-gym-npu):(.+?)(?::([A-Za-z_]\w*))?", name)
     if not match:
-        raise ValueError(f"name={name!r} must be pypto-gym:PATH.py[:FUNCTION] or pypto-gym:package.module[:FUNCTION] "
+        raise UsageError(f"name={name!r} must be pypto-gym:PATH.py[:FUNCTION] or pypto-gym:package.module[:FUNCTION] "
                          "(pypto-gym-spec-codec:... for the spec's E4M3 on the sim, pypto-gym-npu:... on a 950)")
     return _MODES[match.group(1)], match.group(2), match.group(3) or UPSTREAM_FUNCTION
 
@@ -90,7 +92,7 @@ def _import(source: str):
     if source.endswith(".py") or "/" in source:
         path = Path(source)
         if not path.is_file():
-            raise ValueError(f"kernel source {source!r}: no such file")
+            raise UsageError(f"kernel source {source!r}: no such file")
         module_name = "_pfa_upstream_" + re.sub(r"\W", "_", str(path.resolve()))
         if module_name in sys.modules:
             return sys.modules[module_name]
@@ -101,12 +103,12 @@ def _import(source: str):
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[module_name]
-            raise ValueError(f"kernel source {source!r} failed to import: {type(exc).__name__}: {exc}") from None
+            raise UsageError(f"kernel source {source!r} failed to import: {type(exc).__name__}: {exc}") from None
         return module
     try:
         return importlib.import_module(source)
     except ImportError as exc:
-        raise ValueError(f"kernel source {source!r}: cannot import it ({exc})") from None
+        raise UsageError(f"kernel source {source!r}: cannot import it ({exc})") from None
 
 
 def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
@@ -118,10 +120,10 @@ def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
     module = _import(source)
     wrapped = getattr(module, function, None)
     if wrapped is None:
-        raise ValueError(f"kernel source {source!r} has no {function!r}")
+        raise UsageError(f"kernel source {source!r} has no {function!r}")
     fn = getattr(wrapped, "_original_func", wrapped)
     if not inspect.isfunction(fn):
-        raise ValueError(f"{source}:{function} is a {type(wrapped).__name__}, not a kernel function")
+        raise UsageError(f"{source}:{function} is a {type(wrapped).__name__}, not a kernel function")
     params = list(inspect.signature(fn).parameters.values())
     tensors = [p for p in params[:9] if "Tensor" in repr(p.annotation)]
     if len(params) != _PARAMETERS or len(tensors) != 9:

@@ -8,6 +8,8 @@ false reds (goal 0); tests/golden/test_envelope.py holds the envelope against th
 """
 from __future__ import annotations
 
+from golden.errors import UsageError
+
 from kernels.conforming.kernel import ConformingKernel, Variant
 
 __all__ = ["VARIANTS", "Variant", "ConformingKernel", "get_variant"]
@@ -42,5 +44,5 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 def get_variant(name: str, **options) -> ConformingKernel:
     """The backend of conforming variant ``name`` (options: ``codec``, ``seed``)."""
     if name not in VARIANTS:
-        raise ValueError(f"conforming variant {name!r} is not in the catalog; expected one of {sorted(VARIANTS)}")
+        raise UsageError(f"conforming variant {name!r} is not in the catalog; expected one of {sorted(VARIANTS)}")
     return ConformingKernel(VARIANTS[name], **options)

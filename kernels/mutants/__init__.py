@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from golden.errors import UsageError
+
 __all__ = ["Mutant", "MUTANTS", "LEVELS", "get_mutant", "reference"]
 
 LEVELS = ("golden", "sim")
@@ -56,11 +58,11 @@ def get_mutant(name: str, **options):
     if name.startswith("sim/"):
         from kernels.mutants.kernel_level import make_kernel_mutant
         return make_kernel_mutant(name.removeprefix("sim/"), **options)
-    raise ValueError(f"mutant {name!r} is not in the catalog; expected none, sim/none or one of {sorted(MUTANTS)}")
+    raise UsageError(f"mutant {name!r} is not in the catalog; expected none, sim/none or one of {sorted(MUTANTS)}")
 
 
 def reference(level: str, **options):
     """The unmutated backend of ``level``: the staged golden, or our kernel on the sim backend."""
     if level not in LEVELS:
-        raise ValueError(f"level={level!r} must be one of {LEVELS}")
+        raise UsageError(f"level={level!r} must be one of {LEVELS}")
     return get_mutant("none" if level == "golden" else "sim/none", **options)

@@ -16,6 +16,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from golden.errors import UsageError
+
 __all__ = ["KernelMutant", "KERNEL_MUTANTS", "make_kernel_mutant", "mutated_source"]
 
 _SOURCE = Path(__file__).resolve().parent.parent / "pfa_fp8.py"
@@ -82,7 +84,7 @@ KERNEL_MUTANTS = {
 def mutated_source(name: str) -> str:
     """kernels/pfa_fp8.py with mutant ``name``'s change (ValueError when its snippet is not there once)."""
     if name not in KERNEL_MUTANTS:
-        raise ValueError(f"kernel mutant {name!r} is not in the catalog; expected one of {sorted(KERNEL_MUTANTS)}")
+        raise UsageError(f"kernel mutant {name!r} is not in the catalog; expected one of {sorted(KERNEL_MUTANTS)}")
     mutant = KERNEL_MUTANTS[name]
     text = _SOURCE.read_text()
     if text.count(mutant.old) != 1:
@@ -113,7 +115,7 @@ def make_kernel_mutant(name: str, **options):
     variant the mutant names (its ``e4m3``) unless ``options`` give ``e4m3``."""
     from kernels.backends.sim import SimBackend
     if name != "none" and name not in KERNEL_MUTANTS:
-        raise ValueError(f"kernel mutant {name!r} is not in the catalog; expected none or one of {sorted(KERNEL_MUTANTS)}")
+        raise UsageError(f"kernel mutant {name!r} is not in the catalog; expected none or one of {sorted(KERNEL_MUTANTS)}")
     if name != "none":
         options = {"e4m3": KERNEL_MUTANTS[name].e4m3, **options}
 

@@ -72,6 +72,35 @@ def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch):
+    """Issue 18: a TypeError inside the report or HTML code is a bug of ours, not "could not run":
+    it propagates (a traceback and exit 1 from Python), never one line and exit 2."""
+    from cases import html_report
+
+    def broken(run):
+        return len(run.seed)                  # TypeError: an int has no len()
+    monkeypatch.setattr(html_report, "render_html", broken)
+    with pytest.raises(TypeError, match="has no len"):
+        cli.main(["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short", "--examples", "0",
+                  "--no-capture", "--html", str(tmp_path / "r.html")])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--backend", "gpu", "--cases", "catalog", "--examples", "0"], "name='gpu' is not a backend"),
+    (["run", "--backend", "mutant:nope", "--cases", "catalog", "--examples", "0"], "mutant 'nope' is not in the catalog"),
+    (["run", "--backend", "conforming:nope", "--cases", "catalog", "--examples", "0"], "conforming variant 'nope'"),
+    (["run", "--backend", "no/such/file.py:f", "--cases", "catalog", "--examples", "0"], "no file 'no/such/file.py'"),
+    (["run", "--backend", "golden", "--device", "0", "--cases", "catalog", "--examples", "0"],
+     "applies to the npu backend only"),
+    (["run", "--backend", "golden", "--cases", "no_such_case", "--examples", "0"], "unknown name(s) ['no_such_case']"),
+    (["cases", "show", "nope"], "regression 'nope': no file"),
+], ids=["backend name", "mutant name", "conforming name", "backend file", "device", "case name", "case id"])
+def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pfa-verify: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
 def test_prune_keeps_cases_captured_on_another_backend(tmp_path, capsys):
     rid = _capture(tmp_path, backend="sim")
     assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--backend", "golden"]) == 0

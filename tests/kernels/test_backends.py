@@ -159,12 +159,14 @@ def test_import_path_backend():
                                   "no_such_module_xyz:factory"],
                          ids=lambda n: e("get_backend", name=n))
 def test_get_backend_rejects_unknown_names(name):
-    with pytest.raises(ValueError, match="name="):
+    from golden.errors import UsageError
+    with pytest.raises(UsageError, match="name="):
         kernels.get_backend(name)
 
 
 def test_get_backend_rejects_a_factory_that_returns_no_backend():
-    with pytest.raises(TypeError, match="lacks"):
+    from golden.errors import UsageError
+    with pytest.raises(UsageError, match="lacks"):
         kernels.get_backend("builtins:object")
 
 
