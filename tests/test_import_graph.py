@@ -1,110 +1,59 @@
-"""The layout's one-way dependencies, checked from the import lines of every module:
+"""The layout's one-way dependencies, held by the import-linter contracts in pyproject.toml
+([tool.importlinter]; ``lint-imports`` at the project root checks them by hand):
 
-- packages: golden <- kernels <- properties <- cases (tests may use all);
-- cases/ is a pipeline: catalog, ledger, versions, regressions, collect, provenance, shrink, tightness, bench_stages,
-  bench, mutants, conforming -> run -> report -> html_report -> report_compare -> cli, and nothing imports cli;
-- no cycle between modules of the project (a module may import its own package's __init__).
+- ``packages``: golden <- kernels <- properties <- cases (tests may use all);
+- ``cases-pipeline``: cases/ is a pipeline, catalog, ledger, versions, regressions, collect, provenance,
+  shrink, tightness, bench_stages, bench, (pool), mutants, conforming -> run -> report -> html_report ->
+  report_compare -> cli; nothing imports cli, and a new module of cases/ must take its place in the list;
+- ``no-cycles``: no import cycle between the modules of a package (a module importing its own package's
+  __init__, as kernels.backends.sim takes Backend from kernels.backends, is how a package shares its
+  base, not a cycle).
 
-``python tests/test_import_graph.py`` prints the package graph and the largest modules.
+Imports inside functions count, and so do chains through other modules. The contracts are also shown to
+break: a copy of the tree with one upward import, one import against the pipeline and one cycle planted.
 """
 from __future__ import annotations
 
-import ast
-import collections
-import itertools
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases")
-CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "provenance", "shrink", "tightness",
-               "bench_stages", "bench", "mutants", "conforming", "run", "report", "html_report", "report_compare", "cli")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` on the tree at ``root`` (its pyproject.toml), in a fresh process whose import
+    path starts there (in this one the packages are already imported from the checkout)."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
+                           "--config", str(root / "pyproject.toml"), "--no-cache"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+def test_the_import_contracts_hold():
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout, done.stdout
 
 
-def imports() -> dict[str, set[str]]:
-    """Project modules each project module imports (at any depth of its code)."""
-    known = modules()
-    graph: dict[str, set[str]] = {}
-    for name, path in known.items():
-        targets = set()
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                found = [base] + [f"{base}.{a.name}" for a in node.names]
-            else:
-                continue
-            for target in found:
-                while target and target not in known:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    targets.add(target)
-        graph[name] = targets
-    return graph
+def _plant(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n\ndef _planted():\n    {line}  # noqa: F401 - planted by the test\n")
 
 
-def package_graph() -> dict[str, set[str]]:
-    out = collections.defaultdict(set)
-    for src, targets in imports().items():
-        for t in targets:
-            a, b = src.split(".")[0], t.split(".")[0]
-            if a != b:
-                out[a].add(b)
-    return {p: out[p] for p in PACKAGES}
-
-
-def test_packages_depend_one_way():
-    graph = package_graph()
-    for pkg, deps in graph.items():
-        later = {d for d in deps if PACKAGES.index(d) > PACKAGES.index(pkg)}
-        assert not later, f"{pkg} imports {sorted(later)}, against golden <- kernels <- properties <- cases"
-
-
-def test_cases_is_a_one_way_pipeline():
-    graph = imports()
-    for src, targets in graph.items():
-        if not src.startswith("cases."):
-            continue
-        for t in targets:
-            if t.startswith("cases."):
-                a, b = src.split(".")[1], t.split(".")[1]
-                assert CASES_ORDER.index(b) < CASES_ORDER.index(a), f"{src} imports {t}: against the pipeline order"
-
-
-def test_no_module_cycles():
-    """No cycle between modules; a module importing its own package's __init__ (kernels.backends.sim
-    taking Backend from kernels.backends) is how a package shares its base, not a cycle."""
-    graph = {src: {t for t in targets if not src.startswith(t + ".")} for src, targets in imports().items()}
-    state: dict[str, int] = {}
-
-    def visit(node, path):
-        state[node] = 1
-        for t in graph.get(node, ()):
-            if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(t):] + [t]))
-            if t not in state:
-                visit(t, path + [t])
-        state[node] = 2
-
-    for name in graph:
-        if name not in state:
-            visit(name, [name])
-
-
-if __name__ == "__main__":
-    for pkg, deps in package_graph().items():
-        print(f"{pkg:<11} imports {', '.join(sorted(deps)) or '(nothing of the project)'}")
-    sizes = sorted(((len(p.read_text().splitlines()), n) for n, p in modules().items()), reverse=True)
-    print("largest modules: " + ", ".join(f"{n} {lines}" for lines, n in itertools.islice(sizes, 6)))
+def test_a_planted_upward_import_breaks_the_contracts(tmp_path):
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    _plant(tmp_path / "golden" / "quant.py", "from cases import report")          # upward: golden -> cases
+    _plant(tmp_path / "cases" / "catalog.py", "from cases import html_report")    # against the pipeline
+    _plant(tmp_path / "golden" / "paging.py", "from golden import attention")     # attention imports paging
+    done = lint_imports(tmp_path)
+    out = done.stdout
+    assert done.returncode == 1 and "Contracts: 0 kept, 3 broken." in out, out + done.stderr
+    assert "golden is not allowed to import cases:" in out and "golden.quant -> cases.report" in out
+    assert "cases.catalog is not allowed to import cases.html_report:" in out
+    cycles = out.split("no import cycle")[-1]
+    assert "No cycles are allowed in golden." in cycles and "- .paging -> .attention (1 import)" in cycles
