@@ -27,10 +27,29 @@ def test_catalog_entries_list_only_differences_from_defaults():
             assert not same, f"{name} repeats defaults {same}"
 
 
-def test_edge_cases_build_inputs():
-    for name, case in catalog.load_catalog().items():
-        if name.startswith("edge_"):
-            case.inputs()
+EDGE = [name for name in catalog.load_catalog() if name.startswith("edge_")]
+
+
+@pytest.mark.parametrize("name", EDGE)
+def test_edge_cases_build_the_inputs_their_entries_describe(name):
+    """Each edge case builds inputs of the SPEC §1 shapes for its entry: its lengths, its table width
+    (-1 past each batch's valid blocks, SPEC §2 item 2), its physical blocks (every valid column a
+    distinct block in range), and, where it asks for garbage, NaN in the cache blocks nothing reads."""
+    import torch
+    c = catalog.load_catalog()[name].config
+    b = catalog.load_catalog()[name].inputs()
+    nb, maxb = c.physical_blocks, c.table_columns
+    assert b.q.shape == (c.batch * c.s1, c.nq, c.head_dim) and b.q_scale.shape == (c.batch * c.s1, c.nq, 1)
+    assert b.k_cache.shape == b.v_cache.shape == (nb, c.block_size, c.nkv, c.head_dim)
+    assert b.k_scale.shape == (nb, c.block_size, c.nkv, 1) and b.v_scale.shape == (c.batch, c.nkv, c.head_dim)
+    assert b.block_table.shape == (c.batch, maxb) and b.kv_act_seqs.tolist() == list(c.lengths)
+    valid = [b.block_table[k, :math.ceil(n / c.block_size)].tolist() for k, n in enumerate(c.lengths)]
+    used = [blk for row in valid for blk in row]
+    assert all(0 <= blk < nb for blk in used) and len(set(used)) == len(used), b.block_table
+    assert all((b.block_table[k, len(row):] == -1).all() for k, row in enumerate(valid)), b.block_table
+    unread = sorted(set(range(nb)) - set(used))
+    if c.garbage == "nan" and unread:
+        assert torch.isnan(b.k_cache[unread].float()).all() and torch.isnan(b.v_cache[unread].float()).all()
 
 
 GOOD = {"batch": 1, "s1": 1, "s2": 16, "nq": 2, "nkv": 1, "block_size": 16, "s2_tile": 16}
