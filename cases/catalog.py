@@ -1,18 +1,19 @@
 """The case catalog (cases/catalog.json): SPEC §5's six upstream cases by name, plus named edge cases.
 
 The file holds ``defaults`` (the SPEC §5 defaults, as data) and two sections, ``upstream`` and
-``edge``, mapping a case name to only what differs from the defaults. :func:`load_catalog` returns
-:class:`~properties.case.Case` values by name. It rejects, with a UsageError (golden.errors, a ValueError) naming the key:
-duplicate keys anywhere in the file, unknown sections or keys, values of the wrong type, names
-that are not identifiers, a name in both sections, and anything the golden's config rejects.
+``edge``, mapping a case name to only what differs from the defaults; its JSON Schema is
+cases/catalog.schema.json (section and key names, types, ranges, name spelling). :func:`load_catalog`
+returns :class:`~properties.case.Case` values by name. It rejects, with a UsageError (golden.errors,
+a ValueError) naming the case and key: anything the schema rejects, then what a schema cannot say:
+duplicate keys anywhere in the file, a key an entry needs from itself or the defaults, a name in both
+sections, and anything the golden's config rejects.
 """
 from __future__ import annotations
 
 import json
-import math
-import re
 from pathlib import Path
 
+from cases import schemas
 from golden.errors import UsageError
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
@@ -22,13 +23,8 @@ SPEC_CASE_NAMES = (
     "pfa_fp8_b1_s1_2_s2_2048_nkv_8", "pfa_fp8_b16_s1_1_s2_8195_nkv_2", "pfa_fp8_b16_s1_1_s2_8k_nkv_1",
     "pfa_fp8_b16_s1_1_s2_8k_nkv_2", "pfa_fp8_b2_s1_1_s2_1k", "pfa_fp8_b16_s1_1_s2_256_nkv_4",
 )
-_SECTIONS = ("comment", "defaults", "upstream", "edge")
-_INT_KEYS = ("batch", "s1", "s2", "nq", "nkv", "head_dim", "block_size", "s2_tile", "g_tile", "max_blocks",
-             "num_blocks", "seed")
-_NULLABLE = ("g_tile", "max_blocks", "num_blocks", "garbage", "kv_act_seqs", "softmax_scale")
-_KEYS = set(_INT_KEYS) | {"kv_act_seqs", "distribution", "garbage", "softmax_scale", "comment"}
+_SECTIONS = ("upstream", "edge")
 _REQUIRED = ("batch", "s1", "s2", "nq", "nkv")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def _no_duplicates(pairs):
@@ -40,44 +36,30 @@ def _no_duplicates(pairs):
     return seen
 
 
-def _check_value(name: str, key: str, value) -> None:
-    where = f"case {name!r}, key {key!r}"
-    if value is None:
-        if key not in _NULLABLE:
-            raise UsageError(f"{where}: null is not allowed here")
-        return
-    if key in _INT_KEYS:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UsageError(f"{where}: {value!r} must be an integer")
-        if value < (0 if key == "seed" else 1):
-            raise UsageError(f"{where}: {value!r} must be >= {0 if key == 'seed' else 1}")
-    elif key == "kv_act_seqs":
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                   for v in value):
-            raise UsageError(f"{where}: {value!r} must be a list of integers >= 0")
-    elif key in ("distribution", "garbage", "comment"):
-        if not isinstance(value, str):
-            raise UsageError(f"{where}: {value!r} must be a string")
-    elif key == "softmax_scale":
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise UsageError(f"{where}: {value!r} must be a positive number")
+def _schema_error(error) -> str:
+    """A catalog schema violation as the case and key it concerns, then what is wrong."""
+    path = list(error.absolute_path)
+    if "propertyNames" in error.relative_schema_path:
+        return f"case name {error.instance!r} must be lower-case letters, digits and underscores"
+    if not path and error.validator == "additionalProperties":
+        return (f"unknown catalog section(s) {sorted(set(error.instance) - set(error.schema['properties']))}; "
+                f"expected {sorted(error.schema['properties'])}")
+    if not path:
+        return f"catalog: {error.message}"
+    head, rest = (f"case {path[1]!r}", path[2:]) if path[0] in _SECTIONS and len(path) > 1 else (str(path[0]), path[1:])
+    key = f", key {rest[0]!r}" + "".join(f"[{p}]" for p in rest[1:]) if rest else ""
+    return f"{head}{key}: {schemas.describe(error)}"
 
 
 def entry_config(name: str, entry: dict, defaults: dict):
-    """(golden.PagedAttentionConfig, seed) of one catalog entry laid over ``defaults``."""
+    """(golden.PagedAttentionConfig, seed) of one catalog entry (already valid by the schema) laid
+    over ``defaults``."""
     import golden
-    if not isinstance(entry, dict):
-        raise UsageError(f"case {name!r}: entry must be an object, got {type(entry).__name__}")
-    unknown = sorted(set(entry) - _KEYS)
-    if unknown:
-        raise UsageError(f"case {name!r}: unknown key(s) {unknown}; expected some of {sorted(_KEYS)}")
     missing = [k for k in _REQUIRED if k not in entry and k not in defaults]
     if missing:
         raise UsageError(f"case {name!r}: missing key(s) {missing}")
     merged = {**defaults, **entry}
     merged.pop("comment", None)
-    for key, value in merged.items():
-        _check_value(name, key, value)
     seed = merged.pop("seed", 0)
     try:
         config = golden.PagedAttentionConfig.from_dict(merged)
@@ -93,27 +75,13 @@ def parse_catalog(text: str) -> dict:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise UsageError(f"catalog is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError("catalog must be a JSON object")
-    unknown = sorted(set(data) - set(_SECTIONS))
-    if unknown:
-        raise UsageError(f"unknown catalog section(s) {unknown}; expected {list(_SECTIONS)}")
+    found = schemas.violations(data, "catalog")
+    if found:
+        raise UsageError(_schema_error(found[0]) + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
     defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise UsageError("'defaults' must be an object")
-    bad = sorted(set(defaults) - _KEYS)
-    if bad:
-        raise UsageError(f"defaults: unknown key(s) {bad}")
-    for key, value in defaults.items():
-        _check_value("defaults", key, value)
     out: dict = {}
-    for section in ("upstream", "edge"):
-        entries = data.get(section, {})
-        if not isinstance(entries, dict):
-            raise UsageError(f"section {section!r} must be an object")
-        for name, entry in entries.items():
-            if not _NAME.match(name):
-                raise UsageError(f"case name {name!r} must be lower-case letters, digits and underscores")
+    for section in _SECTIONS:
+        for name, entry in data.get(section, {}).items():
             if name in out:
                 raise UsageError(f"case {name!r} appears in more than one section")
             config, seed = entry_config(name, entry, defaults)

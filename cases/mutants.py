@@ -245,8 +245,9 @@ def _cell_json(c: LawKill) -> dict:
 
 
 def to_json(run: MutantsRun) -> dict:
-    """The report: ``mutants`` (name, level, killed, killing_laws, examples_to_kill, seconds,
-    counterexample, ...), ``baseline`` (examples, failures), ``kill_ratio``."""
+    """The report (schema: cases/mutants.schema.json, checked here): ``mutants`` (name, level, killed,
+    killing_laws, examples_to_kill, seconds, counterexample, ...), ``baseline`` (examples, failures),
+    ``kill_ratio``."""
     def one(m: MutantResult) -> dict:
         first = m.first_kill
         kills = [c for c in m.cells if c.killed]
@@ -259,7 +260,7 @@ def to_json(run: MutantsRun) -> dict:
                 "cells": [_cell_json(c) for c in m.cells]}
     counted = [m for m in run.mutants if m.equivalent is None]
     to_kill = [one(m)["examples_to_kill"] for m in counted if m.killed]
-    return {"schema": "pfa-verify-mutants/1", "level": run.level, "examples": run.examples, "seed": run.seed,
+    data = {"schema": "pfa-verify-mutants/1", "level": run.level, "examples": run.examples, "seed": run.seed,
             "baseline": {"examples": sum(c.examples for c in run.baseline.cells),
                          "failures": [_cell_json(c) for c in run.baseline.cells if c.killed],
                          "error": run.baseline.error},
@@ -269,6 +270,9 @@ def to_json(run: MutantsRun) -> dict:
             "worst_examples_to_kill": max(to_kill) if to_kill else None,
             "allowed_survivors": list(run.allowed_survivors),
             "seconds": round(run.seconds, 1), "exit_status": run.exit_status}
+    from cases.schemas import check_written
+    check_written(data, "mutants")
+    return data
 
 
 def _cell_text(c: LawKill) -> str:

@@ -12,9 +12,10 @@ the backend, the tolerance in force, the failure message and the package version
 was run on are stored next to it in an .npz (fp8 as uint8 codes; never pickle, loaded with
 allow_pickle=False), so a replay does not depend on ``golden.make_inputs`` staying the same.
 
-A case file is data: :func:`load` rejects, with a UsageError (a ValueError) naming the file, anything malformed, and
-a case whose tensors would exceed ``golden.memory_limit()`` (checked from the config and the .npz
-headers before anything is allocated).
+A case file is data: its JSON Schema is cases/regression.schema.json, checked where it is written
+(:func:`save`) and read (:func:`load`). :func:`load` rejects, with a UsageError (a ValueError) naming
+the file, anything malformed, and a case whose tensors would exceed ``golden.memory_limit()`` (checked
+from the config and the .npz headers before anything is allocated).
 
 The id is a hash of (law, backend, case, parameters): capturing the same failure twice rewrites the
 same file. Hypothesis's database is a cache; this folder is the record. The folder is
@@ -42,8 +43,6 @@ __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_captur
 # Format 2 (pfa-verify after issue 9): make_inputs' "tiny" distribution shrinks Q and K only. A
 # format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
 FORMAT_VERSION = 2
-_FIELDS = {"format", "id", "law", "backend", "case", "params", "tolerance", "message", "versions",
-           "created", "tensors"}
 _TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
 
@@ -143,6 +142,9 @@ _DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "bfloat16": torch.bfloat16}
 
 def save(reg: Regression, *, directory=None) -> Path:
     """Write ``<id>.json`` (and ``<id>.npz``) into the regressions folder; return the JSON path."""
+    from cases.schemas import check_written
+    data = reg.to_json()
+    check_written(data, "regression")
     folder = globals()["directory"](directory)
     folder.mkdir(parents=True, exist_ok=True)
     if reg.explicit:
@@ -151,7 +153,7 @@ def save(reg: Regression, *, directory=None) -> Path:
         np.savez(folder / f"{reg.id}.npz", **arrays)
     path = folder / f"{reg.id}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(reg.to_json(), indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     tmp.replace(path)
     return path
 
@@ -195,29 +197,20 @@ def _load_npz(path: Path) -> dict:
     return out
 
 
-_TYPES = {"id": str, "law": str, "backend": str, "case": dict, "params": dict, "tolerance": dict, "message": str,
-          "versions": dict, "created": str, "tensors": (str, type(None))}
-_AT12_INTS = ("q_tile", "k_tile", "head_dim", "seed")
-
-
-def _check_types(name: str, data: dict) -> None:
-    for key, kind in _TYPES.items():
-        if key in data and not isinstance(data[key], kind):
-            raise UsageError(f"{name}: field {key!r} must be {getattr(kind, '__name__', 'a string or null')}, "
-                         f"got {type(data[key]).__name__}")
+def _check_schema(name: str, data) -> None:
+    """The file against cases/regression.schema.json, then what a schema cannot say (an array case's
+    values fill its shape)."""
+    from cases import schemas
+    found = schemas.violations(data, "regression")
+    if found:
+        e = found[0]
+        place = f"field {schemas.where(e.absolute_path)!r}: " if e.absolute_path else ""
+        raise UsageError(f"{name}: {place}{schemas.describe(e, noun='field')}"
+                         + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
     case = data["case"]
-    if case.get("kind") == "at12":
-        bad = [k for k in _AT12_INTS if not (isinstance(case.get(k), int) and not isinstance(case.get(k), bool)
-                                              and case.get(k) >= (0 if k == "seed" else 1))]
-        if bad or not isinstance(case.get("distribution"), str):
-            raise UsageError(f"{name}: an AT-12 case needs positive integers {list(_AT12_INTS)} (seed >= 0) and a "
-                             f"distribution name; bad: {bad or ['distribution']}")
-    if case.get("kind") == "array":
-        shape, values = case.get("shape"), case.get("values")
-        if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)
-                and isinstance(values, list) and len(values) == math.prod(shape)
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
-            raise UsageError(f"{name}: an array case needs a shape of non-negative ints and that many numbers")
+    if case["kind"] == "array" and len(case["values"]) != math.prod(case["shape"]):
+        raise UsageError(f"{name}: an array case of shape {case['shape']} needs {math.prod(case['shape'])} values, "
+                         f"got {len(case['values'])}")
 
 
 def load(id_or_path, *, directory=None) -> Regression:
@@ -235,16 +228,8 @@ def load(id_or_path, *, directory=None) -> Regression:
         data = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{p.name}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{p.name}: must hold a JSON object")
-    unknown, missing = set(data) - _FIELDS, _FIELDS - {"tensors"} - set(data)
-    if unknown or missing:
-        raise UsageError(f"{p.name}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}; "
-                         f"expected {sorted(_FIELDS)}")
-    fmt = data.pop("format", None)
-    if fmt not in (1, FORMAT_VERSION):
-        raise UsageError(f"{p.name}: format must be 1 or {FORMAT_VERSION}, got {fmt!r}")
-    _check_types(p.name, data)
+    _check_schema(p.name, data)
+    fmt = data.pop("format")
     case = data["case"]
     if fmt == 1 and not data.get("tensors") and (case.get("config") or {}).get("distribution") == "tiny":
         raise UsageError(f"{p.name}: a format-1 case of distribution 'tiny' without its tensors cannot be rebuilt "

@@ -128,22 +128,23 @@ def to_json(run) -> dict:
 
 
 def write_json(run, path) -> Path:
+    """Write the report, checked against cases/report.schema.json first (a report that breaks it is a
+    bug of ours: RuntimeError, nothing written)."""
+    from cases.schemas import check_written
+    data = to_json(run)
+    check_written(data, "report")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # inf / nan are not JSON: the maxima of a comparison are finite or null by construction
-    path.write_text(json.dumps(to_json(run), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
     return path
 
 
 def check_schema(instance, schema: dict | None = None) -> list[str]:
     """Errors of ``instance`` against ``schema`` (default: cases/report.schema.json), as
-    ``"$.path: message"`` lines; [] when valid (the jsonschema package, draft 2020-12)."""
-    import jsonschema
-    if schema is None:
-        schema = json.loads(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    return [f"{error.json_path}: {error.message}"
-            for error in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))]
+    ``"$.path: message"`` lines; [] when valid (cases/schemas.py: the jsonschema package, draft 2020-12)."""
+    from cases import schemas
+    return schemas.errors(instance, "report" if schema is None else schema)
 
 
 # --- the terminal ------------------------------------------------------------------------------

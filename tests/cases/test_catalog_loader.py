@@ -1,4 +1,5 @@
-"""cases/catalog.py and catalog.json: SPEC §5 names verbatim, defaults as data, bad input rejected."""
+"""cases/catalog.py, catalog.json and catalog.schema.json: SPEC §5 names verbatim, defaults as data, bad input
+rejected naming the case and the key."""
 from __future__ import annotations
 
 import json
@@ -63,14 +64,18 @@ def doc(**entry):
     ('{"edge": {"x": {}, "x": {}}}', "duplicate key 'x'"),
     ('{"defaults": {}, "defaults": {}}', "duplicate key 'defaults'"),
     (doc(batchs=2), r"case 'x': unknown key\(s\) \['batchs'\]"),
-    (doc(batch=0), "case 'x', key 'batch': 0 must be >= 1"),
-    (doc(batch=True), "case 'x', key 'batch': True must be an integer"),
+    (doc(batch=0), "case 'x', key 'batch': 0 is less than the minimum of 1"),
+    (doc(batch=True), "case 'x', key 'batch': True is not of type 'integer'"),
+    (doc(batch=2.5), "case 'x', key 'batch': 2.5 is not of type 'integer'"),
+    (doc(softmax_scale=0), "case 'x', key 'softmax_scale': 0 is less than or equal to the minimum of 0"),
     (doc(s2_tile=24), "case 'x': s2_tile=24 must be a multiple of block_size=16"),
     (doc(nq=3, nkv=2), "case 'x': nq=3 must be a multiple of nkv=2"),
     (doc(kv_act_seqs=[17]), r"case 'x': kv_act_seqs\[0\]=17 must be <= s2=16"),
-    (doc(kv_act_seqs=[-1]), "case 'x', key 'kv_act_seqs'"),
+    (doc(kv_act_seqs=[-1]), r"case 'x', key 'kv_act_seqs'\[0\]: -1 is less than the minimum of 0"),
     (doc(distribution="zipf"), "case 'x': distribution='zipf'"),
-    (doc(seed=None), "case 'x', key 'seed': null is not allowed"),
+    (doc(seed=None), "case 'x', key 'seed': None is not of type 'integer'"),
+    (json.dumps({"defaults": {"head_dim": "16"}}), "defaults, key 'head_dim': '16' is not of type 'integer'"),
+    ("[]", "catalog: \\[\\] is not of type 'object'"),
     (json.dumps({"cases": {}}), r"unknown catalog section\(s\) \['cases'\]"),
     (json.dumps({"edge": {"Bad-Name": GOOD}}), "case name 'Bad-Name'"),
     (json.dumps({"upstream": {"x": GOOD}, "edge": {"x": GOOD}}), "case 'x' appears in more than one section"),
@@ -78,9 +83,15 @@ def doc(**entry):
     ("{", "not valid JSON"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 60 else None)
 def test_loader_rejects_bad_input_naming_the_key(text, match):
-    with pytest.raises(ValueError, match=match):
+    from golden.errors import UsageError
+    with pytest.raises(UsageError, match=match):
         catalog.parse_catalog(text)
 
 
 def test_loader_accepts_a_minimal_entry():
     assert catalog.parse_catalog(doc())["x"].config.head_dim == 16
+
+
+def test_the_catalog_file_matches_its_schema():
+    from cases import schemas
+    assert schemas.errors(json.loads(catalog.CATALOG_PATH.read_text()), "catalog") == []

@@ -56,16 +56,19 @@ def test_npz_is_loaded_without_pickle(tmp_path):
 
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
-    (lambda d: d.update(format=99), "format must be 1 or 2, got 99"),
-    (lambda d: d.update(law=["a"]), "field 'law' must be str, got list"),
-    (lambda d: d.update(tensors=5), "field 'tensors' must be a string or null, got int"),
-    (lambda d: d.update(message=5), "field 'message' must be str, got int"),
+    (lambda d: d.pop("law"), r"missing field\(s\) \['law'\]"),
+    (lambda d: d.update(format=99), r"field 'format': 99 is not one of \[1, 2\]"),
+    (lambda d: d.update(law=["a"]), "field 'law': \\['a'\\] is not of type 'string'"),
+    (lambda d: d.update(tensors=5), "field 'tensors': 5 is not of type 'string', 'null'"),
+    (lambda d: d.update(message=5), "field 'message': 5 is not of type 'string'"),
+    (lambda d: d["case"].update(seed=-1), "field 'case.seed': -1 is less than the minimum of 0"),
+    (lambda d: d["case"].update(kind="tensor"), "field 'case.kind': 'tensor' is not one of"),
     (lambda d: d.update(law="no_such_law"), "law 'no_such_law' is not a law"),
     (lambda d: d.update(format=1, tensors=None) or d["case"]["config"].update(distribution="tiny"),
      "distribution 'tiny' without its tensors cannot be rebuilt"),
     (lambda d: d["case"]["config"].update(nq=3), "nq=3 must be a multiple of nkv=2"),
-], ids=["unknown field", "future format", "law not a string", "tensors not a name", "message not a string",
-        "unknown law", "format 1 tiny", "bad config"])
+], ids=["unknown field", "missing field", "future format", "law not a string", "tensors not a name",
+        "message not a string", "negative seed", "unknown kind", "unknown law", "format 1 tiny", "bad config"])
 def test_bad_regression_files_are_rejected(tmp_path, edit, match):
     reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
     path = regressions.save(reg, directory=tmp_path)
@@ -74,6 +77,23 @@ def test_bad_regression_files_are_rejected(tmp_path, edit, match):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=match):
         regressions.load(reg.id, directory=tmp_path)
+
+
+def test_a_case_file_breaking_its_schema_is_never_written(tmp_path):
+    """cases/regression.schema.json is checked where files are written too: a record our own code got
+    wrong (here a message that is not text) is a bug, raised before anything lands in the folder."""
+    import dataclasses
+    reg = dataclasses.replace(regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m"), message=5)
+    with pytest.raises(RuntimeError, match="breaks cases/regression.schema.json: \\$.message: 5 is not of type"):
+        regressions.save(reg, directory=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_captured_cases_match_their_schema():
+    from cases import schemas
+    for rid in regressions.list_ids():
+        data = json.loads((regressions.directory() / f"{rid}.json").read_text())
+        assert schemas.errors(data, "regression") == [], rid
 
 
 def test_missing_regression_is_a_value_error(tmp_path):
