@@ -10,18 +10,22 @@ and comparison, then for each failing comparison its error picture:
 - the distribution of that ratio over every element (bars per decade, the tolerance marked);
 - the attribution of the difference: kernel logic or backend codec, the envelope's part (SPEC §4.2), with the
   message of :mod:`properties.compare` and the replay command.
+
+The page is cases/templates/run_report.html.j2 (cases/html_pages.py); its table is the terminal's
+(:func:`cases.report.table_rows`); this module computes the pictures' geometry.
 """
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 
-from cases.report import provenance_lines, summarize
+from cases import html_pages
+from cases.html_pages import ratio_colour
+from cases.report import provenance_lines, skipped_groups, summarize, table_rows
 from cases.run import RATIO_BINS
 from cases.versions import versions
 
-__all__ = ["render_html", "write_html", "ratio_colour", "CSS"]
+__all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]
 
 _ATTRIBUTION_TEXT = {
     "kernel logic": "Fails under the spec codec and under the backend's own codec (or the backend uses the spec "
@@ -46,36 +50,19 @@ table.results td.be{white-space:normal;word-break:break-all;max-width:240px}
 section.failure{border:1px solid #e3e3e8;border-left:4px solid #c62828;border-radius:6px;padding:12px 16px;margin:16px 0}
 section.failure.uncounted{border-left-color:#e0a100}
 .badge{display:inline-block;border-radius:10px;padding:1px 10px;font-size:12px;font-weight:600;color:#fff}
-.badge.kernel-logic{background:#c62828}.badge.backend-codec{background:#e0a100}.badge.e4m3-boundary-flip{background:#1565c0}
+.badge.kernel-logic{background:#c62828}.badge.backend-codec{background:#e0a100}
 .pictures{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start;margin:8px 0}
 .pictures figure{margin:0}.pictures figcaption{font-size:12px;color:#555;max-width:520px}
 pre{background:#f7f7f9;border-radius:4px;padding:8px;font-size:12px;white-space:pre-wrap;margin:6px 0}
 svg text{font:11px system-ui,sans-serif;fill:#333}
 """
 
-
-def _e(x) -> str:
-    return html.escape(str(x), quote=True)
+_LEGEND = (("1e3", 1e3), ("10", 10.0), ("1 (tol)", 1.0), ("1e-2", 1e-2), ("1e-4", 1e-4), ("NaN/inf", None))
 
 
-def _fmt(x, spec=".1e") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def ratio_colour(ratio: float | None) -> str:
-    """Fill for an error/allowed ratio: greys up to 1 (within tolerance), orange to red above."""
-    if ratio is None or not math.isfinite(ratio):
-        return "#000000"
-    if ratio <= 1.0:
-        t = min(1.0, max(0.0, (math.log10(max(ratio, 1e-4)) + 4) / 4))   # 1e-4 .. 1 -> 0 .. 1
-        g = int(245 - 90 * t)
-        return f"#{g:02x}{g:02x}{min(255, g + 6):02x}"
-    t = min(1.0, math.log10(ratio) / 3)                                  # 1 .. 1e3 -> 0 .. 1
-    r, gr, b = 255, int(196 - 176 * t), int(80 - 60 * t)
-    return f"#{r:02x}{max(gr, 0):02x}{max(b, 0):02x}"
-
-
-def _heatmap(error_map: list, s1: int) -> str:
+def heatmap(error_map: list, s1: int) -> dict:
+    """The heat map's geometry: one cell per output row (b, i) (the first 256) and query head, filled by
+    the worst error over allowed in it (:func:`ratio_colour`), with head and row labels and a legend."""
     rows = len(error_map)
     heads = len(error_map[0]) if rows else 0
     shown = min(rows, 256)
@@ -83,160 +70,77 @@ def _heatmap(error_map: list, s1: int) -> str:
     ch = max(6, min(26, 420 // max(shown, 1)))
     left, top = 78, 30
     width, height = left + heads * cw + 90, max(top + shown * ch, top + 6 * 18) + 28
-    parts = [f'<svg class="heatmap" width="{width}" height="{height}" role="img" '
-             f'aria-label="worst error over allowed per output row and query head">']
-    parts.append(f'<text x="{left}" y="12">query head &#8594;</text>')
-    step = max(1, heads // 12)
-    for h in range(0, heads, step):
-        parts.append(f'<text x="{left + h * cw + cw / 2:.1f}" y="{top - 4}" text-anchor="middle">{h}</text>')
     rstep = max(1, shown // 24)
-    for r in range(shown):
-        if r % rstep == 0:
-            parts.append(f'<text x="{left - 4}" y="{top + r * ch + ch * 0.75:.1f}" text-anchor="end">'
-                         f'b{r // s1} i{r % s1}</text>')
-        for h, v in enumerate(error_map[r]):
-            title = "non-finite" if v is None else f"{v:.3g}x allowed"
-            parts.append(f'<rect x="{left + h * cw}" y="{top + r * ch}" width="{cw - 1}" height="{ch - 1}" '
-                         f'fill="{ratio_colour(v)}"><title>b={r // s1} i={r % s1} head={h}: {title}</title></rect>')
-    # legend
-    lx = left + heads * cw + 16
-    for k, (label, v) in enumerate((("1e3", 1e3), ("10", 10.0), ("1 (tol)", 1.0), ("1e-2", 1e-2),
-                                     ("1e-4", 1e-4), ("NaN/inf", None))):
-        y = top + k * 18
-        parts.append(f'<rect x="{lx}" y="{y}" width="14" height="14" fill="{ratio_colour(v)}" stroke="#ccc"/>'
-                     f'<text x="{lx + 18}" y="{y + 11}">{label}</text>')
-    if shown < rows:
-        parts.append(f'<text x="{left}" y="{height - 8}">first {shown} of {rows} rows</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    lines = [{"label": (top + r * ch + ch * 0.75, f"b{r // s1} i{r % s1}") if r % rstep == 0 else None,
+              "cells": [{"x": left + h * cw, "y": top + r * ch, "fill": ratio_colour(v),
+                         "title": f"b={r // s1} i={r % s1} head={h}: "
+                                  + ("non-finite" if v is None else f"{v:.3g}x allowed")}
+                        for h, v in enumerate(error_map[r])]}
+             for r in range(shown)]
+    return {"width": width, "height": height, "left": left, "top": top, "cw": cw, "ch": ch, "rows": rows,
+            "shown": shown, "lines": lines, "legend_x": left + heads * cw + 16,
+            "head_labels": [(left + h * cw + cw / 2, h) for h in range(0, heads, max(1, heads // 12))],
+            "legend": [(top + k * 18, ratio_colour(v), label) for k, (label, v) in enumerate(_LEGEND)]}
 
 
 def _edge(x: float) -> str:
     return "\u221e" if math.isinf(x) else (f"{x:g}" if x >= 0.1 or x == 0 else f"1e{round(math.log10(x))}")
 
 
-def _histogram(counts: list) -> str:
-    n = len(counts)                          # one bar per RATIO_BINS interval, then non-finite
+def histogram(counts: list) -> dict:
+    """The histogram's geometry: one bar per RATIO_BINS interval, then the non-finite bin, heights on a
+    log scale; bars at or over the tolerance (1) in red, the non-finite one black."""
+    n = len(counts)
     bw, gap, left, top, ph = 46, 8, 40, 26, 170
-    width, height = left + n * (bw + gap) + 10, top + ph + 48
     peak = max(math.log10(c + 1) for c in counts) or 1.0
-    parts = [f'<svg class="histogram" width="{width}" height="{height}" role="img" '
-             f'aria-label="distribution of error over allowed">']
     tol_bin = RATIO_BINS.index(1.0)          # bars from here on are over the tolerance
+    bars = []
     for k, c in enumerate(counts):
         h = ph * math.log10(c + 1) / peak
-        x = left + k * (bw + gap)
         last = k == n - 1
-        colour = "#9e9e9e" if k < tol_bin else ("#000000" if last else "#e53935")
-        label = "NaN/inf" if last else f"{_edge(RATIO_BINS[k])} to {_edge(RATIO_BINS[k + 1])}"
-        parts.append(f'<rect x="{x}" y="{top + ph - h:.1f}" width="{bw}" height="{h:.1f}" fill="{colour}">'
-                     f'<title>{label}: {c} elements</title></rect>')
-        parts.append(f'<text x="{x + bw / 2}" y="{top + ph - h - 3:.1f}" text-anchor="middle">{c}</text>')
-        if last:
-            parts.append(f'<text x="{x + bw / 2}" y="{top + ph + 14}" text-anchor="middle">NaN/inf</text>')
-    for k, edge in enumerate(RATIO_BINS[:-1]):   # boundary ticks between the bars
-        x = left + k * (bw + gap) - gap / 2
-        parts.append(f'<line x1="{x}" y1="{top + ph}" x2="{x}" y2="{top + ph + 4}" stroke="#888"/>'
-                     f'<text x="{x}" y="{top + ph + 15}" text-anchor="middle">{_edge(edge)}</text>')
-    tx = left + tol_bin * (bw + gap) - gap / 2
-    parts.append(f'<line x1="{tx}" y1="{top - 8}" x2="{tx}" y2="{top + ph}" stroke="#c62828" stroke-dasharray="4 3"/>'
-                 f'<text x="{tx + 4}" y="{top - 12}">tolerance (SPEC \u00a74)</text>')
-    parts.append(f'<line x1="{left - 4}" y1="{top + ph}" x2="{width - 6}" y2="{top + ph}" stroke="#888"/>')
-    parts.append(f'<text x="{left}" y="{height - 8}">|actual - golden| / (atol + rtol |golden|); '
-                 f'elements per bin, log scale</text></svg>')
-    return "".join(parts)
+        bars.append({"x": left + k * (bw + gap), "y": top + ph - h, "h": h, "count": c,
+                     "fill": "#9e9e9e" if k < tol_bin else ("#000000" if last else "#e53935"),
+                     "label": "NaN/inf" if last else f"{_edge(RATIO_BINS[k])} to {_edge(RATIO_BINS[k + 1])}"})
+    return {"width": left + n * (bw + gap) + 10, "height": top + ph + 48, "left": left, "top": top, "bw": bw,
+            "axis_y": top + ph, "bars": bars, "tol_x": left + tol_bin * (bw + gap) - gap / 2,
+            "ticks": [(left + k * (bw + gap) - gap / 2, _edge(edge)) for k, edge in enumerate(RATIO_BINS[:-1])]}
 
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower())
 
 
+def _anchor(name: str, reference: str) -> str:
+    return f"f-{_slug(name)}-{_slug(reference)}"
+
+
+def _shown_note(row) -> str:
+    """A row's note as the table shows it: a skip's reason cut at 60 characters (the whole reason is
+    in the Skipped list and the cell's title)."""
+    if row.outcome.verdict == "skipped" and len(row.note) > 60:
+        return row.note[:58].rstrip() + "\u2026"
+    return row.note
+
+
+def _failure(r, o) -> dict:
+    att = o.attribution or "kernel logic"
+    pictures = bool(o.error_map)
+    return {"name": r.name, "source": r.source, "reference": o.reference, "anchor": _anchor(r.name, o.reference),
+            "counts": o.counts, "attribution": att, "attribution_text": _ATTRIBUTION_TEXT.get(att, ""),
+            "replay": o.replay, "detail": o.attribution_detail, "envelope_note": (o.envelope or {}).get("note"),
+            "heatmap": heatmap(o.error_map, (r.config or {}).get("s1") or 1) if pictures else None,
+            "histogram": histogram(o.ratio_histogram) if pictures else None, "message": o.message}
+
+
 def render_html(run) -> str:
     """The report as one HTML string."""
     s = summarize(run)
-    v = versions()
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>pfa-verify run: {_e(run.backend)}</title><style>{CSS}</style></head><body>"]
-    verdict = '<span class="bad">FAILED</span>' if s["exit_status"] else '<span class="ok">OK</span>'
-    out.append(f"<h1>pfa-verify run: {verdict}</h1>")
-    out.append(f'<p class="meta"><b>{_e(s["verdict"])}</b></p>')
-    out.append(f'<p class="meta">Backend <b>{_e(run.backend)}</b> (codec {_e(run.codec)}): '
-               f'{_e(run.backend_note)}. Seed {run.seed}.</p>')
-    out.extend(f'<p class="meta">{_e(line)}</p>' for line in provenance_lines(run))
-    out.append('<p class="meta">' + ", ".join(f"{_e(k)} {_e(val)}" for k, val in v.items()) + "</p>")
-    out.append('<p class="meta">Tolerance (SPEC \u00a74): |kernel - golden| &le; 1e-4 + |golden| / 128, '
-               "elementwise, on float32 views.</p>")
-    out.append("<h2>Cases</h2>")
-    out.append('<table class="results"><thead><tr><th>case</th><th>source</th><th>backend</th><th>reference</th>'
-               "<th>max abs</th><th>max rel</th><th>mismatched/total</th><th>worst (row, head, d)</th><th>s</th>"
-               "<th>verdict</th></tr></thead><tbody>")
-    failures = []
-    for r in run.results:
-        for k, o in enumerate(r.outcomes):
-            cls = o.verdict + (" uncounted" if o.verdict == "fail" and not o.counts else "")
-            anchor = f"f-{_slug(r.name)}-{_slug(o.reference)}"
-            text = o.verdict + ("" if o.counts or o.verdict in ("pass", "skipped") else " (not counted)")
-            text += f" ({o.skip_kind})" if o.skip_kind else ""
-            if o.verdict == "fail":
-                text = f'<a href="#{anchor}">{_e(text)}</a>'
-                failures.append((r, o, anchor))
-            else:
-                text = _e(text)
-            w = o.worst_index
-            worst = "-" if not w else f"({w['row']}, {w['head']}, {w['d']})"
-            note = o.attribution if o.verdict == "fail" else (o.message.splitlines()[0].removeprefix("skipped: ")
-                                                              if o.message and o.verdict != "pass" else "")
-            if o.verdict == "pass" and o.envelope and o.envelope["inside_only"]:
-                note = f"{o.envelope['inside_only']} inside the envelope only"
-            full = note or ""
-            if o.verdict == "skipped" and len(full) > 60:   # the whole reason is in the Skipped list
-                note = full[:58].rstrip() + "\u2026"
-            why = f'<span class="why" title="{_e(full)}">{_e(note)}</span>' if note else ""
-            out.append(f'<tr class="{cls}"><td>{_e(r.name) if k == 0 else ""}</td><td>{_e(r.source) if k == 0 else ""}'
-                       f'</td><td class="be">{_e(r.backend) if k == 0 else ""}</td><td>{_e(o.reference)}</td>'
-                       f'<td class="num">{_fmt(o.max_abs_err)}</td><td class="num">{_fmt(o.max_rel_err)}</td>'
-                       f'<td class="num">{"-" if o.total is None else f"{o.mismatched}/{o.total}"}</td>'
-                       f'<td>{worst}</td><td class="num">{f"{r.seconds:.2f}" if k == 0 else ""}</td>'
-                       f'<td class="v">{text}{why}</td></tr>')
-    out.append("</tbody></table>")
-    skipped: dict = {}
-    for r in run.results:
-        for o in r.outcomes:
-            if o.verdict == "skipped":
-                skipped.setdefault((o.skip_kind, o.message.removeprefix("skipped: ")), []).append(r.name)
-    if skipped:
-        allowed = set(run.allowed_skips)
-        out.append(f"<h2>Not checked: skipped ({sum(map(len, skipped.values()))})</h2><ul class=\"skips\">")
-        for (kind, why), names in skipped.items():
-            status = "allowed" if kind in allowed or "all" in allowed else "not allowed: fails the run"
-            out.append(f"<li><b>{len(names)}</b> {_e(kind)} ({status}): {_e(', '.join(names))}: {_e(why)}</li>")
-        out.append("</ul>")
-    if failures:
-        out.append("<h2>Failures</h2>")
-    for r, o, anchor in failures:
-        s1 = (r.config or {}).get("s1") or 1
-        cls = "failure" + ("" if o.counts else " uncounted")
-        att = o.attribution or "kernel logic"
-        out.append(f'<section class="{cls}" id="{anchor}"><h3>{_e(r.name)} <small>({_e(r.source)}, '
-                   f'reference {_e(o.reference)})</small></h3>')
-        out.append(f'<p><span class="badge {_slug(att)}">{_e(att)}</span> {_e(_ATTRIBUTION_TEXT.get(att, ""))}</p>')
-        if o.replay:
-            out.append(f'<p class="replay">Replay: <code>{_e(o.replay)}</code></p>')
-        if o.attribution_detail:
-            out.append(f"<p>Where: {_e(o.attribution_detail)}</p>")
-        if o.envelope:
-            out.append(f"<p>{_e(o.envelope['note'])}</p>")
-        if o.error_map:
-            out.append('<div class="pictures"><figure>' + _heatmap(o.error_map, s1) +
-                       "<figcaption>Worst error over allowed per output row (b, i) and query head (max over d). "
-                       "Grey: within tolerance; orange to red: over; black: non-finite.</figcaption></figure>")
-            out.append("<figure>" + _histogram(o.ratio_histogram) +
-                       "<figcaption>How far every output element is from the golden, relative to the "
-                       "tolerance.</figcaption></figure></div>")
-        out.append(f"<pre>{_e(o.message)}</pre>")
-        out.append("</section>")
-    out.append("</body></html>")
-    return "\n".join(out)
+    failures = [_failure(r, o) for r in run.results for o in r.outcomes if o.verdict == "fail"]
+    return html_pages.render(
+        "run_report.html.j2", css=CSS, failed=bool(s["exit_status"]), verdict=s["verdict"], backend=run.backend,
+        codec=run.codec, backend_note=run.backend_note, seed=run.seed, provenance=provenance_lines(run),
+        versions=versions(), rows=table_rows(run), anchor=lambda row: _anchor(row.name, row.reference),
+        shown_note=_shown_note, skipped=skipped_groups(run), allowed=set(run.allowed_skips), failures=failures)
 
 
 def write_html(run, path) -> Path:

@@ -18,7 +18,6 @@ rendered by :func:`render_table` and :func:`render_html`.
 from __future__ import annotations
 
 import dataclasses
-import html
 import statistics
 import time
 
@@ -344,30 +343,22 @@ def _cell_class(baseline: bool, c: LawKill) -> str:
     return ("e" if c.by == "error" else "k") if c.killed else "s"
 
 
+_CSS = ("body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid #ddd;"
+        "padding:3px 8px;font-size:12px}td.k{background:#c8e6c9}td.s{background:#fff3e0}tr.eq td{color:#888}"
+        "td.b{background:#ffcdd2}td.e{background:#dcedc8}td.n{background:#eeeeee;color:#777}"
+        "td.bug{min-width:360px;max-width:560px}th{vertical-align:bottom}")
+
+
 def render_html(run: MutantsRun) -> str:
-    """The kill matrix as one self-contained HTML page (no scripts, no network)."""
-    e = lambda x: html.escape(str(x))  # noqa: E731 - local shorthand
-    columns = _columns(run)
-    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>pfa-verify mutants</title><style>",
-           "body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid #ddd;"
-           "padding:3px 8px;font-size:12px}td.k{background:#c8e6c9}td.s{background:#fff3e0}tr.eq td{color:#888}"
-           "td.b{background:#ffcdd2}td.e{background:#dcedc8}td.n{background:#eeeeee;color:#777}td.bug{min-width:480px;max-width:640px}</style></head><body>",
-           f"<h1>pfa-verify mutants ({e(run.level)})</h1><p><b>{e(summary_line(run))}</b></p>",
-           "<table><tr><th>mutant</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "<th>bug</th></tr>"]
+    """The kill matrix as one self-contained HTML page (cases/templates/mutants.html.j2; no scripts, no network)."""
+    from cases import html_pages
+    rows = []
     for m in [run.baseline] + run.mutants:
-        if m.equivalent is not None:
-            out.append(f"<tr class='eq'><td>{e(m.name)}</td><td colspan='{len(columns)}'>equivalent: {e(m.equivalent)}"
-                       f"</td><td>{e(m.bug)}</td></tr>")
-            continue
-        if m.error:
-            out.append(f"<tr><td>{e(m.name)}</td><td class='b' colspan='{len(columns)}'>error: {e(m.error)}</td>"
-                       f"<td>{e(m.bug)}</td></tr>")
-            continue
-        cells = "".join(f"<td class='{_cell_class(m is run.baseline, c)}' title='{e(c.message)}'>{e(_cell_text(c))}</td>"
-                        for c in m.cells)
         first = m.first_kill
-        shrunk = (f"<br><small>smallest: {e(counterexample_text(first.law, first.counterexample))}</small>"
-                  if first and first.counterexample else "")
-        out.append(f"<tr><td>{e(m.name)}</td>{cells}<td class='bug'>{e(m.bug)}{shrunk}</td></tr>")
-    out.append("</table></body></html>")
-    return "\n".join(out)
+        rows.append({"name": m.name, "bug": m.bug, "equivalent": m.equivalent, "error": m.error,
+                     "cells": [{"cls": _cell_class(m is run.baseline, c), "message": c.message, "text": _cell_text(c)}
+                               for c in m.cells],
+                     "smallest": counterexample_text(first.law, first.counterexample)
+                     if first and first.counterexample else None})
+    return html_pages.render("mutants.html.j2", css=_CSS, level=run.level, summary=summary_line(run),
+                             columns=_columns(run), rows=rows)

@@ -22,6 +22,7 @@ fingerprint, which ``pfa-verify compare`` matches).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import json
 import math
@@ -30,7 +31,7 @@ from pathlib import Path
 from cases.versions import versions
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
-           "render_table", "print_report", "provenance_lines", "short"]
+           "Row", "table_rows", "skipped_groups", "render_table", "print_report", "provenance_lines", "short"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
 SCHEMA_ID = "pfa-verify-run-report/3"
@@ -147,22 +148,74 @@ def check_schema(instance, schema: dict | None = None) -> list[str]:
     return schemas.errors(instance, "report" if schema is None else schema)
 
 
-# --- the terminal ------------------------------------------------------------------------------
+# --- the table: one row model, rendered by the terminal (below) and the HTML page (html_report) ------
 
-_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped": "dim"}
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of the run's table: one comparison of one case. Tables show the case's own cells (name,
+    source, backend, seconds) on its first comparison only (``first``)."""
+    outcome: object              # cases.run.Outcome
+    first: bool                  # the case's first comparison
+    name: str
+    source: str
+    backend: str
+    seconds: str
+    reference: str
+    max_abs: str
+    max_rel: str
+    mismatched: str              # "mismatched/total", or "-" when nothing was compared
+    worst: str                   # "(row, head, d)" of the greatest absolute difference, or "-"
+    verdict: str                 # e.g. "pass", "fail (not counted)", "skipped (limit)"
+    style: str                   # pass | fail | error | skipped | uncounted (a failure that does not count)
+    note: str                    # a failure's attribution; a skip's or an error's reason; a pass's envelope share
 
 
 def _fmt(x, spec=".1e") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _worst(o) -> str:
-    w = o.worst_index
-    return "-" if not w else f"({w['row']}, {w['head']}, {w['d']})"
+def _note(o) -> str:
+    if o.verdict == "fail":
+        return o.attribution or ""
+    if o.verdict == "pass":
+        inside = (o.envelope or {}).get("inside_only")
+        return f"{inside} inside the envelope only" if inside else ""
+    return o.message.splitlines()[0].removeprefix("skipped: ") if o.message else ""
+
+
+def table_rows(run) -> list[Row]:
+    """The rows of the run's table, in run order (one per case and comparison)."""
+    rows = []
+    for r in run.results:
+        for k, o in enumerate(r.outcomes):
+            uncounted = o.verdict in ("fail", "error") and not o.counts
+            w = o.worst_index
+            rows.append(Row(
+                o, k == 0, r.name, r.source, r.backend, f"{r.seconds:.2f}", o.reference, _fmt(o.max_abs_err),
+                _fmt(o.max_rel_err),
+                "-" if o.total is None else f"{o.mismatched}/{o.total}",
+                "-" if not w else f"({w['row']}, {w['head']}, {w['d']})",
+                o.verdict + (" (not counted)" if uncounted else "") + (f" ({o.skip_kind})" if o.skip_kind else ""),
+                "uncounted" if uncounted and o.verdict == "fail" else o.verdict, _note(o)))
+    return rows
+
+
+def skipped_groups(run) -> dict:
+    """Skipped cases by (kind of skip, reason): ``{(kind, why): [case names]}``, in run order."""
+    groups: dict = {}
+    for r, o in _rows(run):
+        if o.verdict == "skipped":
+            groups.setdefault((o.skip_kind, o.message.removeprefix("skipped: ")), []).append(r.name)
+    return groups
+
+
+# --- the terminal ------------------------------------------------------------------------------
+
+_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped": "dim", "uncounted": "yellow"}
 
 
 def render_table(run):
-    """A rich Table: one row per case and comparison."""
+    """A rich Table of :func:`table_rows`."""
     from rich.table import Table
     table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold")
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("backend", {"overflow": "fold"}), ("reference", {}),
@@ -170,29 +223,19 @@ def render_table(run):
                     ("mismatched/total", {"justify": "right"}), ("worst (row, head, d)", {}),
                     ("s", {"justify": "right"}), ("verdict", {"no_wrap": True})):
         table.add_column(col, **kw)
-    for r in run.results:
-        for k, o in enumerate(r.outcomes):
-            verdict = o.verdict if o.counts or o.verdict in ("pass", "skipped") else f"{o.verdict} (not counted)"
-            verdict += f" ({o.skip_kind})" if o.skip_kind else ""
-            if o.attribution and o.verdict == "fail":
-                verdict += f": {o.attribution}"
-            mm = "-" if o.total is None else f"{o.mismatched}/{o.total}"
-            style = "yellow" if o.verdict == "fail" and not o.counts else _STYLE[o.verdict]
-            table.add_row(r.name if k == 0 else "", r.source if k == 0 else "", r.backend if k == 0 else "",
-                          o.reference, _fmt(o.max_abs_err), _fmt(o.max_rel_err), mm, _worst(o),
-                          f"{r.seconds:.2f}" if k == 0 else "", f"[{style}]{verdict}[/]")
+    for row in table_rows(run):
+        verdict = row.verdict + (f": {row.note}" if row.outcome.verdict == "fail" and row.note else "")
+        case = (row.name, row.source, row.backend) if row.first else ("", "", "")
+        table.add_row(*case, row.reference, row.max_abs, row.max_rel, row.mismatched, row.worst,
+                      row.seconds if row.first else "", f"[{_STYLE[row.style]}]{verdict}[/]")
     return table
 
 
 def print_report(run, console) -> None:
     console.print(render_table(run))
-    skipped: dict = {}
-    for r, o in _rows(run):
-        if o.verdict == "skipped":
-            skipped.setdefault(o.message, []).append(r.name)
-    for why, names in skipped.items():
+    for (_, why), names in skipped_groups(run).items():
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        console.print(f"[dim]Skipped {len(names)}: {shown}: {why.removeprefix('skipped: ')}[/]", highlight=False,
+        console.print(f"[dim]Skipped {len(names)}: {shown}: {why}[/]", highlight=False,
                       markup=True)
     for r, o in _rows(run):
         if o.verdict in ("fail", "error") and o.counts:

@@ -17,7 +17,6 @@ case has the same verdict in both, 1 when some differ, 2 when the reports cannot
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import math
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 from golden.errors import UsageError
 
 __all__ = ["SelectionMismatch", "CaseVerdict", "Row", "Comparison", "load_report", "case_verdict", "compare",
-           "format_ratio", "summary_line", "render_table", "print_comparison", "render_html", "write_html",
+           "format_ratio", "summary_line", "render_table", "print_comparison", "scatter", "render_html", "write_html",
            "add_arguments", "run"]
 
 
@@ -225,11 +224,8 @@ border-bottom:1px solid #e3e3e8;text-align:left;vertical-align:top;white-space:n
 """
 
 
-def _e(x) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _side_rows(c: Comparison) -> str:
+def _side_rows(c: Comparison) -> list:
+    """(fact, A's, B's) for the header table: where each report came from and what it checked."""
     def facts(d: dict) -> dict:
         be, kernel, proj = d["backend"], d["backend"].get("kernel"), d["project"]
         return {"report": None, "backend": be["name"], "codec": be["codec"],
@@ -241,73 +237,33 @@ def _side_rows(c: Comparison) -> str:
                 "created": d["created"], "run verdict": d["summary"]["verdict"]}
     fa, fb = facts(c.reports[0]), facts(c.reports[1])
     fa["report"], fb["report"] = c.paths
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(fa[k])}</td><td>{_e(fb[k])}</td></tr>" for k in fa)
-    return f'<table class="sides"><thead><tr><th></th><th>A</th><th>B</th></tr></thead><tbody>{rows}</tbody></table>'
+    return [(k, fa[k], fb[k]) for k in fa]
 
 
-def _scatter(c: Comparison) -> str:
-    """Worst error over tolerance, A (x) against B (y), log scales from 1e-4 to 1e4; the tolerance (1)
-    marked on both axes; a case whose verdicts differ in red."""
+def scatter(c: Comparison) -> dict:
+    """The scatter's geometry: worst error over tolerance, A (x) against B (y), log scales from 1e-4 to
+    1e4; the tolerance (1) marked on both axes; a case whose verdicts differ in red."""
     size, pad, lo, hi = 320, 44, -4.0, 4.0
 
     def pos(x: float) -> float:
         t = (min(max(math.log10(max(x, 1e-300)), lo), hi) - lo) / (hi - lo)
         return pad + t * size
-    parts = [f'<svg class="scatter" width="{size + pad + 16}" height="{size + pad + 16}" role="img" '
-             f'aria-label="worst error over tolerance, A against B">',
-             f'<rect x="{pad}" y="16" width="{size}" height="{size}" fill="#fafafc" stroke="#ccc"/>',
-             f'<line x1="{pad}" y1="{16 + size}" x2="{pad + size}" y2="16" stroke="#bbb" stroke-dasharray="3 3"/>']
     one = pos(1.0)
-    parts.append(f'<line x1="{one}" y1="16" x2="{one}" y2="{16 + size}" stroke="#c62828" stroke-dasharray="4 3"/>'
-                 f'<line x1="{pad}" y1="{16 + size - (one - pad)}" x2="{pad + size}" y2="{16 + size - (one - pad)}" '
-                 f'stroke="#c62828" stroke-dasharray="4 3"/>')
-    for k in range(int(lo), int(hi) + 1, 2):
-        x = pos(10.0 ** k)
-        parts.append(f'<text x="{x}" y="{size + 30}" text-anchor="middle">1e{k}</text>'
-                     f'<text x="{pad - 4}" y="{16 + size - (x - pad) + 4}" text-anchor="end">1e{k}</text>')
-    for r in c.rows:
-        wa, wb = r.a.worst, r.b.worst
-        if wa is None or wb is None:
-            continue
-        x, y = pos(wa), 16 + size - (pos(wb) - pad)
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{"#c62828" if r.differs else "#607d8b"}" '
-                     f'fill-opacity="0.8"><title>{_e(r.name)}: A {format_ratio(wa)}, B {format_ratio(wb)}</title></circle>')
-    parts.append(f'<text x="{pad + size / 2}" y="{size + 44}" text-anchor="middle">A: worst error / tolerance</text>'
-                 f'<text x="12" y="{16 + size / 2}" transform="rotate(-90 12 {16 + size / 2})" text-anchor="middle">'
-                 "B: worst error / tolerance</text></svg>")
-    return "".join(parts)
-
-
-def _ratio_cell(v: CaseVerdict) -> str:
-    from cases.html_report import ratio_colour
-    w = v.worst
-    swatch = "" if w is None else f'<span class="sw" style="background:{ratio_colour(None if math.isinf(w) else w)}"></span>'
-    return f'<td class="ratio">{swatch}{_e(_ratio_text(v))}</td>'
+    ticks = [(pos(10.0 ** k), 16 + size - (pos(10.0 ** k) - pad) + 4, f"1e{k}") for k in range(int(lo), int(hi) + 1, 2)]
+    points = [{"x": pos(r.a.worst), "y": 16 + size - (pos(r.b.worst) - pad), "fill": "#c62828" if r.differs else "#607d8b",
+               "title": f"{r.name}: A {format_ratio(r.a.worst)}, B {format_ratio(r.b.worst)}"}
+              for r in c.rows if r.a.worst is not None and r.b.worst is not None]
+    return {"size": size, "pad": pad, "one": one, "one_y": 16 + size - (one - pad), "ticks": ticks, "points": points}
 
 
 def render_html(c: Comparison) -> str:
-    """The comparison as one self-contained HTML string (inline CSS and SVG, no scripts)."""
+    """The comparison as one self-contained HTML string (cases/templates/compare.html.j2; inline CSS and
+    SVG, no scripts)."""
+    from cases import html_pages
     from cases.html_report import CSS
-    differ = bool(c.differing)
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>pfa-verify compare</title><style>{CSS}{_EXTRA_CSS}</style></head><body>",
-           f'<h1>pfa-verify compare: <span class="{"bad" if differ else "ok"}">'
-           f'{"verdicts differ" if differ else "same verdicts"}</span></h1>',
-           f'<p class="meta"><b>{_e(summary_line(c))}</b></p>', _side_rows(c),
-           '<p class="meta">Worst error per case in units of the SPEC \u00a74 tolerance: max |actual - golden| / '
-           "(1e-4 + |golden| / 128) over the comparisons that count (1 = at the tolerance); comparisons that do "
-           "not count in brackets.</p>",
-           '<div class="pictures"><figure>' + _scatter(c) + "<figcaption>Each case's worst error over the tolerance, "
-           "A against B (log scales; dashed red: the tolerance; red points: verdicts differ).</figcaption></figure></div>",
-           "<h2>Cases</h2>",
-           '<table class="results"><thead><tr><th>case</th><th>source</th><th>A verdict</th><th>A worst/tol</th>'
-           "<th>B verdict</th><th>B worst/tol</th></tr></thead><tbody>"]
-    for r in _ordered(c):
-        cells = "".join(f'<td class="v {v.verdict}">{_e(v.verdict)}' + (f'<span class="why">{_e(v.detail)}</span>'
-                        if v.detail and v.verdict != "pass" else "") + "</td>" + _ratio_cell(v) for v in (r.a, r.b))
-        out.append(f'<tr class="{"differs" if r.differs else ""}"><td>{_e(r.name)}</td><td>{_e(r.source)}</td>{cells}</tr>')
-    out.append("</tbody></table></body></html>")
-    return "\n".join(out)
+    return html_pages.render("compare.html.j2", css=CSS + _EXTRA_CSS, differ=bool(c.differing),
+                             summary=summary_line(c), sides=_side_rows(c), plot=scatter(c), rows=_ordered(c),
+                             ratio_text=_ratio_text, inf=math.inf)
 
 
 def write_html(c: Comparison, path) -> Path:
