@@ -13,7 +13,8 @@ Options
   --allow-quarantined  captured cases the ledger quarantines are skips (else failures).
 
 Fixtures: ``backend``; ``check_law(name, case, **params)``, which runs a law of properties.laws on
-the backend under test and captures a failure in cases/regressions (cases.regressions.check).
+the backend under test and captures a failure in cases/regressions (cases.regressions.check);
+``suite_pytester``, pytest's ``pytester`` set up to run a pytest session with this suite's conftest.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from properties.generation import pin_local_constants
+
+pytest_plugins = ("pytester",)
 
 # Derandomized examples depend on the test, the Hypothesis version and the profile only, never on
 # what else the session imported (another backend's module, a kernel file, the mutants): the
@@ -151,3 +154,16 @@ def check_law(backend, request: pytest.FixtureRequest):
         except kernels.BackendUnavailable as exc:   # e.g. AT-12 on a paged-attention-only kernel
             pytest.skip(f"{backend.name} cannot run law {name}: {exc.reason}")
     return check
+
+
+@pytest.fixture
+def suite_pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytest's ``pytester`` for tests that run a pytest session of their own (``runpytest_subprocess``):
+    its folder has a conftest.py that is this one (options, fixtures, profiles), the project root is on
+    the import path, and the session is not taken for an xdist worker of ours."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pytester.makeconftest("from tests.conftest import *  # noqa: F401,F403\n")
+    return pytester

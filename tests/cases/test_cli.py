@@ -155,13 +155,10 @@ def test_run_help_lists_every_kind_of_backend(capsys):
         assert kind in text, kind
 
 
-def test_pytest_backend_help_lists_pypto_gym(tmp_path):
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"], capture_output=True,
-                          text=True, cwd=tmp_path, env=env, timeout=120)
-    text = " ".join(proc.stdout.split())
-    assert proc.returncode == 0 and "--backend=BACKEND" in text
+def test_pytest_backend_help_lists_pypto_gym(suite_pytester):
+    result = suite_pytester.runpytest_subprocess("-p", "no:cacheprovider", "--help", timeout=120)
+    text = " ".join(result.stdout.str().split())
+    assert result.ret == 0 and "--backend=BACKEND" in text
     assert "pypto-gym:FILE.py[:FUNCTION]" in text and "mutant:NAME" in text
 
 

@@ -8,15 +8,12 @@ under its own codec too). Before the one rule, the first passed in ``run`` and f
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 import golden
 from cases import cli, regressions
-from properties.case import REPO_ROOT, Case
+from properties.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=4, nkv=2, head_dim=32, block_size=32, s2_tile=64,
                                         kv_act_seqs=(300, 70)), seed=3)
@@ -25,7 +22,7 @@ DOUBLES = {"codec only": ("tests/cases/run_doubles.py:CalculatorCodec", "pass"),
 
 
 @pytest.mark.parametrize("which", list(DOUBLES))
-def test_the_same_verdict_in_run_replay_prune_and_pytest(tmp_path, capsys, which):
+def test_the_same_verdict_in_run_replay_prune_and_pytest(tmp_path, capsys, monkeypatch, suite_pytester, which):
     backend, expected = DOUBLES[which]
     folder = tmp_path / "regs"
     reg = regressions.Regression.from_failure("acceptance", backend, CASE, {}, "captured on the calculator")
@@ -45,12 +42,12 @@ def test_the_same_verdict_in_run_replay_prune_and_pytest(tmp_path, capsys, which
     cli.main(["cases", "--dir", str(folder), "prune", "--dry-run"])
     verdicts["prune"] = "pass" if f"would remove {reg.id}" in capsys.readouterr().out else "fail"
 
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PFA_VERIFY_REGRESSIONS=str(folder))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "--backend", backend, "tests/cases/test_replay_captured.py"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert "1 passed" in proc.stdout or "1 failed" in proc.stdout, proc.stdout + proc.stderr
-    verdicts["pytest"] = "pass" if proc.returncode == 0 else "fail"
+    monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(folder))
+    suite_pytester.makepyfile(test_replay="from tests.cases.test_replay_captured import *  # noqa: F401,F403\n")
+    result = suite_pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--backend", backend,
+                                                 timeout=300)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 1 and len(outcomes) == 1, result.stdout.str()
+    verdicts["pytest"] = "pass" if result.ret == 0 else "fail"
 
     assert verdicts == dict.fromkeys(("run", "replay", "prune", "pytest"), expected)

@@ -246,30 +246,24 @@ def test_auto_says_what_it_chose(monkeypatch):
 
 
 @pytest.mark.parametrize("allow", [False, True], ids=["named", "allow-unavailable"])
-def test_backend_fixture_fails_a_session_whose_backend_cannot_run(tmp_path, allow):
+def test_backend_fixture_fails_a_session_whose_backend_cannot_run(suite_pytester, allow):
     """tests/conftest.py's `backend` fixture: --backend npu on a machine without one fails the tests
     that need it, with the reason (a property run that checked nothing is not a pass); with
     --allow-unavailable they are skips with the reason, never passes."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
-    (tmp_path / "test_it.py").write_text("def test_it(backend):\n    pass\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "--backend", "npu", *(["--allow-unavailable"] if allow else []),
-                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-    if "torch_npu is not installed" not in proc.stdout and proc.returncode == 0:
+    suite_pytester.makepyfile(test_it="def test_it(backend):\n    pass\n")
+    result = suite_pytester.runpytest_subprocess("-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                                 "--backend", "npu", *(["--allow-unavailable"] if allow else []),
+                                                 timeout=120)
+    out = result.stdout.str()
+    if "torch_npu is not installed" not in out and result.ret == 0:
         pytest.skip("an NPU backend is available here")
-    assert "backend 'npu' cannot run here: npu backend: torch_npu is not installed" in proc.stdout
+    assert "backend 'npu' cannot run here: npu backend: torch_npu is not installed" in out
     if allow:
-        assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+        result.assert_outcomes(skipped=1)
+        assert result.ret == 0
     else:
-        assert proc.returncode == 1 and "1 error" in proc.stdout, proc.stdout + proc.stderr
+        result.assert_outcomes(errors=1)
+        assert result.ret == 1
 
 
 # --- outputs the kernel did not write ---------------------------------------------------------------
@@ -321,33 +315,26 @@ def test_calculator_errors_are_found_in_the_captured_output():
 
 
 @pytest.mark.parametrize("allow", [False, True], ids=["fallback", "allow-fallback"])
-def test_backend_fixture_fails_a_session_that_fell_back_to_the_golden(tmp_path, allow):
+def test_backend_fixture_fails_a_session_that_fell_back_to_the_golden(suite_pytester, allow):
     """--backend auto that finds no kernel backend gives the golden with `fallback` set: the tests that
     need the backend fail with auto's reasons unless --allow-fallback (then they run on the golden)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
-    (tmp_path / "test_it.py").write_text("def test_it(backend):\n    assert backend.name == 'golden'\n")
-    (tmp_path / "fell_back.py").write_text(
+    suite_pytester.makepyfile(test_it="def test_it(backend):\n    assert backend.name == 'golden'\n")
+    suite_pytester.makepyfile(fell_back=(
         "from kernels.backends.golden_backend import GoldenBackend\n"
         "def auto(**options):\n"
         "    backend = GoldenBackend()\n"
         "    backend.fallback, backend.selection = True, 'auto fell back to the golden: no kernel (not sim: test)'\n"
-        "    return backend\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "--backend", f"{tmp_path / 'fell_back.py'}:auto", *(["--allow-fallback"] if allow else []),
-                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        "    return backend\n"))
+    result = suite_pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--backend",
+                                                 f"{suite_pytester.path / 'fell_back.py'}:auto",
+                                                 *(["--allow-fallback"] if allow else []), "test_it.py", timeout=120)
     if allow:
-        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+        result.assert_outcomes(passed=1)
+        assert result.ret == 0
     else:
-        assert proc.returncode == 1 and "1 error" in proc.stdout, proc.stdout + proc.stderr
-        assert "auto fell back to the golden: no kernel (not sim: test) (--allow-fallback" in proc.stdout
+        result.assert_outcomes(errors=1)
+        assert result.ret == 1
+        assert "auto fell back to the golden: no kernel (not sim: test) (--allow-fallback" in result.stdout.str()
 
 
 # --- sim cost model and batch chunks (no pypto needed) ------------------------------------------------
