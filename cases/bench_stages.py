@@ -115,7 +115,7 @@ def fp32_loop_oracle(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table
     ``exp`` in float32, P quantized with ``golden.quant.quantize_rows`` (the codec's ``round``).
 
     Not exact (float32 sums in BLAS order), so it is a speed baseline, never a reference: on uniform
-    inputs it agrees with the golden within SPEC §4 (tests/cases/test_bench_stages.py).
+    inputs it agrees with the golden within SPEC §4 (tests/cases/test_bench.py).
     """
     dims = check_paged_attention_args(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
                                       softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile)
