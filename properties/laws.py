@@ -97,12 +97,16 @@ def acceptance_width(backend, tensors: dict, scalars: dict) -> torch.Tensor:
     (SPEC §4.1: each call takes its freedoms independently) may differ by that much. 0 where the golden
     is not finite (non-finite placement is compared on its own)."""
     import golden
+    from golden.intervals import ulp32, up32
     env = golden.paged_attention_envelope(**tensors, **scalars, codec=getattr(backend, "codec", None),
                                           model=backend_model(backend))
-    g = env.golden.float()
+    g = env.golden.double()
     rtol, atol = cmp.get_tolerance("attention")
-    width = torch.maximum(env.hi.float(), g + (atol + rtol * g.abs())) - torch.minimum(env.lo.float(), g - (atol + rtol * g.abs()))
-    return torch.nan_to_num(width, nan=0.0, posinf=0.0)
+    # The compare core rounds |k - g| and the tolerance to float32: one float32 ulp of room on each side.
+    tol = (atol + rtol * g.abs()).float().double()
+    high = torch.maximum(env.hi.double(), g + tol + ulp32(g.abs() + tol))
+    low = torch.minimum(env.lo.double(), g - tol - ulp32(g.abs() + tol))
+    return torch.nan_to_num(up32(high - low), nan=0.0, posinf=0.0)
 
 
 _PAIR_NOTE = ("Allowed per element: the width of the acceptance interval of the original call (SPEC §4.2), the most "
