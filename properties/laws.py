@@ -295,7 +295,15 @@ def _e4m3_half_spacing(y: torch.Tensor) -> torch.Tensor:
 @law("quant_round_trip", tolerance="bound")
 def quant_round_trip(backend, x) -> None:
     """SPEC §3: per-token quantization errs by at most half an E4M3 spacing of ``x * scale`` (plus
-    a float32 ulp of the scaling), and the largest |x| of a row maps to 448."""
+    2**-22 of it), and the largest |x| of a row maps to 448.
+
+    Derivation: the golden encodes ``z = RN(x * scale)``, so ``|x8 - z| <= h(z)``, half the E4M3 spacing
+    at z (round to nearest on the grid; saturation only past 448). The law compares with ``y = RN(x / dq)``,
+    ``dq = RN(1 / scale)``: three float32 roundings apart, ``|y - z| <= 3.0001 u |y|`` (u = 2**-24), inside
+    the 2**-22 = 4u allowed. Where z and y straddle a power of two 2**e the spacings differ: if z >= 2**e > y,
+    x8 = 2**e (z is within 3u of it, far nearer than half a spacing) and ``|x8 - y| <= |z - y|``; if
+    y >= 2**e > z, ``h(z) < h(y)``. Either way ``|x8 - y| <= h(y) + 2**-22 |y|``. Reached exactly at the
+    E4M3 midpoints (tests/properties/test_bounds.py)."""
     __tracebackhide__ = True
     import golden
     x = torch.as_tensor(x, dtype=torch.float32)
