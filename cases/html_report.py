@@ -147,6 +147,10 @@ def _histogram(counts: list) -> str:
     return "".join(parts)
 
 
+def _node(r) -> str:
+    return (r.node or "-") + (f" (attempt {r.attempts})" if r.attempts > 1 else "")
+
+
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower())
 
@@ -167,9 +171,10 @@ def render_html(run) -> str:
     out.append('<p class="meta">Tolerance (SPEC \u00a74): |kernel - golden| &le; 1e-4 + |golden| / 128, '
                "elementwise, on float32 views.</p>")
     out.append("<h2>Cases</h2>")
+    nodes = (run.execution or {}).get("executor") == "ray"     # a cluster run names each case's node
     out.append('<table class="results"><thead><tr><th>case</th><th>source</th><th>backend</th><th>reference</th>'
                "<th>max abs</th><th>max rel</th><th>mismatched/total</th><th>worst (row, head, d)</th><th>s</th>"
-               "<th>verdict</th></tr></thead><tbody>")
+               + ("<th>node</th>" if nodes else "") + "<th>verdict</th></tr></thead><tbody>")
     failures = []
     for r in run.results:
         for k, o in enumerate(r.outcomes):
@@ -197,7 +202,8 @@ def render_html(run) -> str:
                        f'<td class="num">{_fmt(o.max_abs_err)}</td><td class="num">{_fmt(o.max_rel_err)}</td>'
                        f'<td class="num">{"-" if o.total is None else f"{o.mismatched}/{o.total}"}</td>'
                        f'<td>{worst}</td><td class="num">{f"{r.seconds:.2f}" if k == 0 else ""}</td>'
-                       f'<td class="v">{text}{why}</td></tr>')
+                       + (f'<td>{_e(_node(r)) if k == 0 else ""}</td>' if nodes else "")
+                       + f'<td class="v">{text}{why}</td></tr>')
     out.append("</tbody></table>")
     skipped: dict = {}
     for r in run.results:

@@ -30,10 +30,10 @@ from pathlib import Path
 from cases.versions import versions
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
-           "render_table", "print_report", "provenance_lines", "short"]
+           "render_table", "print_report", "provenance_lines", "execution_line", "short"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
-SCHEMA_ID = "pfa-verify-run-report/3"
+SCHEMA_ID = "pfa-verify-run-report/4"
 
 
 def _rows(run):
@@ -116,7 +116,8 @@ def to_json(run) -> dict:
             "mismatched": o.mismatched, "total": o.total, "worst_index": o.worst_index,
             "worst_ratio": _num(o.worst_ratio),
             "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
-            "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope})
+            "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope,
+            "node": r.node, "attempts": r.attempts})
     prov = run.provenance or {}
     return {"schema": SCHEMA_ID,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -124,7 +125,15 @@ def to_json(run) -> dict:
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
-            "selection": run.selection, "summary": summarize(run), "results": results}
+            "selection": run.selection, "execution": execution(run), "summary": summarize(run), "results": results}
+
+
+def execution(run) -> dict:
+    """What executed the cases (cases.pool.Pool.describe()) and how many each node ran."""
+    described = dict(run.execution or {"executor": "here", "workers": 1, "cluster": None, "task_resources": {"CPU": 1},
+                                       "resources": None, "nodes": []})
+    described["cases_per_node"] = dict(collections.Counter(r.node for r in run.results if r.node))
+    return described
 
 
 def write_json(run, path) -> Path:
@@ -164,10 +173,12 @@ def render_table(run):
     """A rich Table: one row per case and comparison."""
     from rich.table import Table
     table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold")
+    nodes = (run.execution or {}).get("executor") == "ray"     # a cluster run names each case's node
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("backend", {"overflow": "fold"}), ("reference", {}),
                     ("max abs", {"justify": "right"}), ("max rel", {"justify": "right"}),
                     ("mismatched/total", {"justify": "right"}), ("worst (row, head, d)", {}),
-                    ("s", {"justify": "right"}), ("verdict", {"no_wrap": True})):
+                    ("s", {"justify": "right"})) + ((("node", {"overflow": "fold"}),) if nodes else ()) + (
+                    ("verdict", {"no_wrap": True}),):
         table.add_column(col, **kw)
     for r in run.results:
         for k, o in enumerate(r.outcomes):
@@ -177,9 +188,11 @@ def render_table(run):
                 verdict += f": {o.attribution}"
             mm = "-" if o.total is None else f"{o.mismatched}/{o.total}"
             style = "yellow" if o.verdict == "fail" and not o.counts else _STYLE[o.verdict]
+            node = ((r.node or "-") + (f" (attempt {r.attempts})" if r.attempts > 1 else "") if k == 0 else "",) \
+                if nodes else ()
             table.add_row(r.name if k == 0 else "", r.source if k == 0 else "", r.backend if k == 0 else "",
                           o.reference, _fmt(o.max_abs_err), _fmt(o.max_rel_err), mm, _worst(o),
-                          f"{r.seconds:.2f}" if k == 0 else "", f"[{style}]{verdict}[/]")
+                          f"{r.seconds:.2f}" if k == 0 else "", *node, f"[{style}]{verdict}[/]")
     return table
 
 
@@ -203,6 +216,20 @@ def print_report(run, console) -> None:
     console.print(summarize(run)["verdict"], highlight=False, markup=False)
 
 
+def execution_line(run) -> str:
+    """Where the cases ran, in one line (terminal and HTML)."""
+    ex = execution(run)
+    per_node = ", ".join(f"{n} {c}" for n, c in sorted(ex["cases_per_node"].items()))
+    if ex["executor"] == "ray":
+        res = ", ".join(f"{k} {v:g}" for k, v in sorted((ex["resources"] or {}).items()) if k in ("CPU", "NPU", "GPU"))
+        retried = sum(1 for r in run.results if r.attempts > 1)
+        return (f"Executed on Ray cluster {ex['cluster']}: {len(ex['nodes'])} node(s), {res}; each case asked for "
+                + ", ".join(f"{k} {v:g}" for k, v in ex["task_resources"].items()) + f"; cases per node: {per_node}"
+                + (f"; {retried} case(s) ran twice (a worker died)" if retried else ""))
+    where = "this process" if ex["executor"] == "here" else f"{ex['workers']} local worker processes"
+    return f"Executed in {where}" + (f" on {per_node}" if per_node else "")
+
+
 def short(fingerprint: str | None, n: int = 12) -> str:
     """The first ``n`` hex digits of a ``sha256:...`` fingerprint or a bare sha256 (what people compare)."""
     return "-" if not fingerprint else fingerprint.removeprefix("sha256:")[:n]
@@ -211,7 +238,7 @@ def short(fingerprint: str | None, n: int = 12) -> str:
 def provenance_lines(run) -> list[str]:
     """What the run checked, named by content, one fact a line (terminal and HTML)."""
     prov, sel = run.provenance or {}, run.selection or {}
-    lines = []
+    lines = [execution_line(run)] if run.execution else []
     if sel:
         parts = ", ".join(f"{v['cases']} {k}" for k, v in sel["by_source"].items())
         lines.append(f"Selection: {sel['cases']} cases ({parts}), fingerprint {short(sel['fingerprint'])}")

@@ -2,7 +2,7 @@
 
 - packages: golden <- kernels <- properties <- cases (tests may use all);
 - cases/ is a pipeline: catalog, ledger, versions, regressions, collect, provenance, shrink, tightness, bench_stages,
-  bench, mutants, conforming -> run -> report -> html_report -> report_compare -> cli, and nothing imports cli;
+  bench, pool, mutants, conforming, search -> run -> report -> html_report -> report_compare -> cli, and nothing imports cli;
 - no cycle between modules of the project (a module may import its own package's __init__).
 
 ``python tests/test_import_graph.py`` prints the package graph and the largest modules.
@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases")
 CASES_ORDER = ("catalog", "ledger", "versions", "regressions", "collect", "provenance", "shrink", "tightness",
-               "bench_stages", "bench", "mutants", "conforming", "run", "report", "html_report", "report_compare", "cli")
+               "bench_stages", "bench", "pool", "mutants", "conforming", "search", "run", "report", "html_report",
+               "report_compare", "cli")
 
 
 def module_name(path: Path) -> str:
