@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 import time
 from typing import Callable
 
@@ -166,14 +167,35 @@ def _node() -> str:
     return host
 
 
+def _retire() -> str | None:
+    """Why this process must not run another task (pypto's state after a failure inside its trace,
+    kernels.pypto_workarounds.spoiled), or None."""
+    if "kernels.pypto_workarounds" not in sys.modules:
+        return None
+    from kernels.pypto_workarounds import spoiled
+    return spoiled()
+
+
 def _call(fn: Callable, payload) -> tuple:
-    """What a worker runs: ``fn(payload)``, with the node and process that ran it."""
+    """What a worker runs: ``fn(payload)``, with the node and process that ran it, and why the process
+    must be replaced before another task (None: it need not)."""
     worker_setup()
-    return fn(payload), _node(), os.getpid()
+    return fn(payload), _node(), os.getpid(), _retire()
+
+
+class _Spoiled(RuntimeError):
+    """A Ray worker refusing a task because an earlier task left its process unusable (it exits)."""
 
 
 def _ray_call(fn: Callable, payload) -> tuple:
     _SLOT.update(ray=True, slot=None)
+    why = _retire()
+    if why:
+        # Ray cannot retire a task's worker on request: this one refuses the task (the driver hands it
+        # out again, uncharged) and exits a moment later, once the refusal has gone back.
+        import threading
+        threading.Timer(0.5, os._exit, args=(0,)).start()
+        raise _Spoiled(why)
     return _call(fn, payload)
 
 
@@ -183,15 +205,16 @@ class Pool:
     """Run tasks here, in ``workers`` local processes, or on ``cluster``; see the module docstring.
 
     Use as a context manager: entering connects to the cluster (or starts a local Ray) and checks that
-    it has ``resources`` (per task, e.g. ``{"NPU": 1}``); leaving disconnects (and stops a local Ray)."""
+    it has ``resources`` (per task, e.g. ``{"NPU": 1}``); leaving disconnects (and stops a local Ray).
+    ``spawn``: worker processes even for one worker."""
 
     def __init__(self, *, workers: int = 1, cluster: Cluster | None = None, resources: dict | None = None,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, spawn: bool = False) -> None:
         self.workers = max(1, int(workers or 1))
         self.cluster = cluster
         self.resources = dict(resources or {"CPU": 1})
         self.fresh = fresh
-        self.executor = "ray" if cluster else ("local" if self.workers > 1 or fresh else "here")
+        self.executor = "ray" if cluster else ("local" if self.workers > 1 or fresh or spawn else "here")
         self.cluster_resources: dict | None = None
         self.nodes: list = []
         self._ray = None
@@ -259,17 +282,27 @@ class Pool:
 
     # -- running --
     def map(self, fn: Callable, payloads: list, *, on_start: Callable | None = None,
-            on_done: Callable | None = None) -> list:
+            on_done: Callable | None = None, here: Callable | None = None) -> list:
         """``fn(payload)`` for each payload (``fn`` a module-level function); TaskResults in payload
-        order. ``on_start(k)`` when task k is handed to a worker, ``on_done(k, result)`` as it comes back."""
+        order. ``on_start(k)`` when task k is handed to a worker, ``on_done(k, result)`` as it comes back.
+        ``here`` replaces ``fn`` in this process (the ``here`` executor: it may use the caller's objects);
+        if a task leaves this process unusable (W7), the rest go to a new worker process, with ``fn``."""
         start = on_start or (lambda k: None)
         done = on_done or (lambda k, r: None)
         if not payloads:
             return []
-        if self.executor == "here":
-            return [self._here(fn, k, p, start, done) for k, p in enumerate(payloads)]
-        run = self._ray_tasks if self.executor == "ray" else self._local_tasks
-        return run(fn, payloads, start, done)
+        if self.executor == "ray":
+            return self._ray_tasks(fn, payloads, start, done)
+        if self.executor == "local":
+            return self._local_tasks(fn, payloads, start, done)
+        results = []
+        for k, payload in enumerate(payloads):
+            results.append(self._here(here or fn, k, payload, start, done))
+            if _retire() and k + 1 < len(payloads):
+                rest = Pool(workers=1, spawn=True)._local_tasks(
+                    fn, payloads[k + 1:], lambda j: start(k + 1 + j), lambda j, r: done(k + 1 + j, _shifted(r, k + 1)))
+                return results + [_shifted(r, k + 1) for r in rest]
+        return results
 
     @staticmethod
     def _here(fn, k, payload, start, done) -> TaskResult:
@@ -282,6 +315,10 @@ class Pool:
         return result
 
     def _local_tasks(self, fn, payloads, start, done) -> list:
+        """Spawned processes, at most ``workers`` tasks at a time. A pool whose worker died, or whose
+        worker is unusable (W7), takes no more tasks: once its running tasks are back it is replaced. A
+        death fails every task then running in that pool (ProcessPoolExecutor ends them all); each runs
+        again, alone when several died, so only a task that kills its worker dies twice."""
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
         from concurrent.futures.process import BrokenProcessPool
@@ -290,25 +327,24 @@ class Pool:
         results: dict = {}
         attempts = [0] * len(payloads)
         causes: dict = {}
+        alone: set = set()      # died beside others: the retry runs alone, so only the culprit dies again
         queue = list(range(len(payloads)))
         while queue:
             slots = ctx.Queue()
             for s in range(self.workers):
                 slots.put(s)
-            died, processes = [], {}
+            died, retired, processes = [], False, {}
             with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_local_init, initargs=(slots,),
                                      max_tasks_per_child=1 if self.fresh else None) as pool:
                 running: dict = {}
                 while queue or running:
-                    while queue and len(running) < self.workers and not died:
-                        k = queue.pop(0)
-                        try:
-                            running[pool.submit(_call, fn, payloads[k])] = k
-                        except BrokenProcessPool:
-                            queue.insert(0, k)
+                    while queue and len(running) < self.workers and not (died or retired):
+                        if running and (queue[0] in alone or alone & set(running.values())):
                             break
+                        k = queue.pop(0)
+                        running[pool.submit(_call, fn, payloads[k])] = k
                         attempts[k] += 1
-                        processes.update(getattr(pool, "_processes", None) or {})
+                        processes.update(getattr(pool, "_processes", None) or {})   # for the exit codes
                         start(k)
                     if not running:
                         break
@@ -316,8 +352,9 @@ class Pool:
                     for fut in finished:
                         k = running.pop(fut)
                         try:
-                            value, node, pid = fut.result()
+                            value, node, pid, retire = fut.result()
                             results[k] = TaskResult(k, value, node=node, pid=pid, attempts=attempts[k])
+                            retired = retired or bool(retire)
                         except BrokenProcessPool:
                             died.append(k)
                             continue
@@ -327,14 +364,15 @@ class Pool:
                         results[k].retry_cause = causes.get(k)
                         done(k, results[k])
             cause = _death(processes)
-            for k in sorted(died):
+            for k in died:
                 if attempts[k] <= RETRIES:
                     causes[k] = cause
-                else:
-                    results[k] = TaskResult(k, error=f"the worker process died running this task, {attempts[k]} times "
-                                            f"(first: {causes.get(k)}; last: {cause})", node=socket.gethostname(),
-                                            attempts=attempts[k], retry_cause=causes.get(k))
-                    done(k, results[k])
+                    alone.update([k] if len(died) > 1 else [])
+                    continue
+                results[k] = TaskResult(k, error=f"the worker process died running this task, {attempts[k]} times "
+                                        f"(first: {causes.get(k)}; last: {cause})", node=socket.gethostname(),
+                                        attempts=attempts[k], retry_cause=causes.get(k))
+                done(k, results[k])
             queue = sorted([k for k in died if k not in results] + queue)
         return [results[k] for k in range(len(payloads))]
 
@@ -360,10 +398,14 @@ class Pool:
             for ref in ready:
                 k = running.pop(ref)
                 try:
-                    value, node, pid = ray.get(ref)
+                    value, node, pid, _ = ray.get(ref)      # an unusable worker retires itself (_ray_call)
                     results[k] = TaskResult(k, value, node=node, pid=pid, attempts=attempts[k])
                 except ray.exceptions.RayTaskError as exc:   # the task raised: reported, not retried
                     cause = getattr(exc, "cause", None)
+                    if isinstance(cause, _Spoiled):          # refused by a worker on its way out: again
+                        attempts[k] -= 1
+                        queue.insert(0, k)
+                        continue
                     results[k] = TaskResult(k, error=_raised(cause) if isinstance(cause, BaseException)
                                             else str(exc).splitlines()[0], attempts=attempts[k])
                 except ray.exceptions.RayError as exc:       # the worker or its node died
@@ -377,6 +419,10 @@ class Pool:
                 results[k].retry_cause = causes.get(k)
                 done(k, results[k])
         return [results[k] for k in range(len(payloads))]
+
+
+def _shifted(result: TaskResult, by: int) -> TaskResult:
+    return dataclasses.replace(result, index=result.index + by)
 
 
 def _raised(exc: BaseException) -> str:

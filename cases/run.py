@@ -341,17 +341,15 @@ def run_items(backend, backend_name: str, items: list, *, workers: int = 1, devi
                                                              0.0, _error(f"worker failed: {task.error}"))
         r.node, r.attempts = task.node, task.attempts
         for o in r.outcomes if task.retry_cause else ():
-            o.message += f"\n(ran twice: the first worker died: {task.retry_cause})"
+            o.message += f"\n(ran again: its first run was lost when a worker died ({task.retry_cause}))"
         results[k] = _captured(backend_name, it, r, capture=capture, regressions_dir=regressions_dir)
         note("done", it, results[k])
 
     started = lambda n: note("start", items[order[n]], None)  # noqa: E731 - a local shorthand
-    if local:
-        Pool().map(lambda k: run_item(backend, backend_name, items[k], regressions_dir=regressions_dir,
-                                      deadline=deadline), order, on_start=started, on_done=done)
-        return [results[k] for k in range(len(items))]
-    with contextlib.nullcontext(pool) if pool is not None else Pool(workers=workers) as running:
-        running.map(_case_task, [(backend_name, options, items[k]) for k in order], on_start=started, on_done=done)
+    here = lambda p: run_item(backend, backend_name, p[2], regressions_dir=regressions_dir, deadline=deadline)  # noqa: E731
+    with contextlib.nullcontext(pool) if pool is not None else Pool(workers=1 if local else workers) as running:
+        running.map(_case_task, [(backend_name, options, items[k]) for k in order], on_start=started, on_done=done,
+                    here=here)
     return [results[k] for k in range(len(items))]
 
 
