@@ -1,31 +1,27 @@
-"""The one worker pool of the many-case commands: ``pfa-verify run``, ``mutants`` (every level) and ``search``.
+"""The one worker pool of the many-case commands: ``pfa-verify run``, ``mutants`` (every level), ``search``.
 
-A command hands :meth:`Pool.map` a module-level function and a list of payloads (one task each) and
-gets one :class:`TaskResult` per payload, in payload order, whatever ran where. Three executors:
+:meth:`Pool.map` takes a module-level function and payloads (one task each) and gives one
+:class:`TaskResult` per payload, in payload order, whatever ran where. Executors:
 
-- ``here``: this process, one task after another (``workers`` <= 1, no cluster, not ``fresh``);
-- ``local``: ``workers`` spawned processes (a ``ProcessPoolExecutor``), one OpenMP thread each (the sim
-  calculator runs thousands of tiny libtorch ops, between which extra threads only spin;
-  kernels/backends/sim_cost.py); ``fresh=True`` gives every task a new process (``max_tasks_per_child=1``:
-  the sim mutants, each of which may leave pypto's state behind it);
-- ``ray``: tasks on a Ray cluster (``--cluster ray=HOST:PORT``; ``--cluster ray`` starts a local Ray
-  and stops it with the command). A task asks for what its backend needs (:func:`task_resources`: one
-  ``"NPU"`` for the npu backends, one CPU otherwise); Ray sets ``ASCEND_RT_VISIBLE_DEVICES`` for an NPU
-  task, so its process sees one device (kernels.backends.resolve_device_index). ``ray`` is the optional
-  extra ``pip install 'pfa-verify[ray]'``; nothing here imports it for the other executors.
+- ``here``: this process, one task after another (one worker, no cluster);
+- ``local``: ``workers`` spawned processes (ProcessPoolExecutor), one OpenMP thread each (the sim's
+  calculator runs thousands of tiny libtorch ops between which extra threads only spin:
+  kernels/backends/sim_cost.py); ``fresh``: a new process per task (max_tasks_per_child=1, sim mutants);
+- ``ray``: Ray tasks (``--cluster ray=HOST:PORT`` joins a cluster; ``--cluster ray`` starts a local Ray
+  for the command). Each task asks for what its backend needs (:func:`task_resources`: one ``"NPU"``
+  for the npu backends, Ray then sets ASCEND_RT_VISIBLE_DEVICES for it; one CPU otherwise). Ray is
+  the optional extra ``pip install 'pfa-verify[ray]'``, imported only here and only for a cluster.
 
-Tasks are handed out in payload order (the caller's schedule: run puts regressions first, then the
-cost model's longest), at most as many at a time as there are workers (Ray: as the cluster has of the
-resource a task needs), so the order holds and ``on_start`` means started.
+Tasks go out in payload order (the caller's schedule), at most as many at once as there are workers
+(Ray: as the cluster has of the scarcest resource a task needs), so ``on_start`` means started.
 
-Faults (no result lost, none counted twice): a task whose worker process dies (killed, out of memory,
-a crash inside pypto, a lost node) is run once more in a new process (Ray: wherever it schedules it);
-if that dies too, its TaskResult carries ``error`` naming the cause. An exception raised by the task
-itself is not retried (it would fail the same way) and comes back as ``error``. A task writes nothing
-the driver owns: captured cases and shrinking happen on the driver, after the results come back.
-
-Before any task, :meth:`Pool.__enter__` connects: a cluster that cannot be reached, or that has none of
-a resource the tasks need, is a :class:`ClusterError` (the CLI's one line, exit 2).
+Faults, with no result lost and none counted twice: a task whose worker dies (killed, out of memory,
+a crash, a lost node) runs once more in a new process; if that dies too, its result is an ``error``
+naming the cause. An exception of the task itself is not retried: it comes back as ``error``. A worker
+that a task left unusable (pypto after a failure inside its trace, W7) is replaced before the next
+task. Tasks write nothing the driver owns: captures and shrinking happen on the driver. Entering a
+cluster pool connects first: unreachable, or without a resource the tasks need, is a
+:class:`ClusterError` (one line, exit 2) before any task.
 """
 from __future__ import annotations
 
@@ -33,10 +29,9 @@ import dataclasses
 import os
 import socket
 import sys
-import time
 from typing import Callable
 
-__all__ = ["Cluster", "ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
+__all__ = ["ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
            "worker_setup", "worker_backend", "add_cluster_argument", "RETRIES"]
 
 #: A task whose worker died is run this many more times before it is reported as an error.
@@ -51,30 +46,20 @@ class ClusterError(ValueError):
     """The cluster cannot take the tasks: unreachable, the extra not installed, or a resource missing."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """``--cluster ray[=ADDRESS]``: ``address`` None starts a local Ray for the command."""
-    kind: str = "ray"
-    address: str | None = None
-
-    def __str__(self) -> str:
-        return self.kind + (f"={self.address}" if self.address else "")
-
-
-def parse_cluster(text: str) -> Cluster:
-    """``ray`` or ``ray=HOST:PORT`` (``ray=auto``: Ray's own discovery of a cluster started on this machine)."""
-    kind, _, address = text.partition("=")
-    if kind != "ray" or (_ and not address):
+def parse_cluster(text: str) -> str:
+    """``text`` when it is ``ray`` (a local Ray for the command) or ``ray=HOST:PORT``; else ValueError."""
+    kind, eq, address = text.partition("=")
+    if kind != "ray" or (eq and not address):
         raise ValueError(f"--cluster {text!r} must be 'ray' (a local Ray for this command) or 'ray=HOST:PORT' "
                          "(the head of a running cluster; 'ray start --head' prints it)")
-    return Cluster("ray", address or None)
+    return text
 
 
 def add_cluster_argument(parser, what: str) -> None:
     """``--cluster ray[=HOST:PORT]`` on an argparse parser (run, mutants, search)."""
     import argparse
 
-    def cluster(text: str) -> Cluster:
+    def cluster(text: str) -> str:
         try:
             return parse_cluster(text)
         except ValueError as exc:
@@ -208,7 +193,7 @@ class Pool:
     it has ``resources`` (per task, e.g. ``{"NPU": 1}``); leaving disconnects (and stops a local Ray).
     ``spawn``: worker processes even for one worker."""
 
-    def __init__(self, *, workers: int = 1, cluster: Cluster | None = None, resources: dict | None = None,
+    def __init__(self, *, workers: int = 1, cluster: str | None = None, resources: dict | None = None,
                  fresh: bool = False, spawn: bool = False) -> None:
         self.workers = max(1, int(workers or 1))
         self.cluster = cluster
@@ -236,14 +221,15 @@ class Pool:
             import ray
         except ImportError:
             raise ClusterError(f"{where}: Ray is not installed here (pip install 'pfa-verify[ray]')") from None
-        address = self.cluster.address
+        address = self.cluster.partition("=")[2] or None
         if address and address != "auto":
             _reachable(address, where)
         env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
         options = dict(log_to_driver=False, include_dashboard=False, configure_logging=False)
         if address:
             options.update(address=address, runtime_env={"env_vars": env} if env else None)
-        else:
+        else:   # a local Ray on loopback for this command: no token (it would replace ~/.ray/auth_token)
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             options.update(num_cpus=self.workers if self.workers > 1 else None)
         try:
             ray.init(**options)
@@ -255,8 +241,7 @@ class Pool:
         self.nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive"))
         missing = {k: v for k, v in self.resources.items() if have.get(k, 0) < v}
         if missing:
-            ray.shutdown()
-            self._ray = None
+            self.__exit__()
             shown = ", ".join(f"{k} {v:g}" for k, v in sorted(self.cluster_resources.items())
                               if k in ("CPU", "NPU", "GPU", "memory") or k in self.resources)
             raise ClusterError(f"{where}: the cluster has no {', '.join(missing)} resource, which every task of this "
@@ -266,14 +251,8 @@ class Pool:
     def describe(self) -> dict:
         """What executed the tasks, for reports: executor, workers, cluster address, its resources and nodes."""
         return {"executor": self.executor, "workers": self._slots() if self.executor == "ray" else self.workers,
-                "cluster": str(self.cluster) if self.cluster else None, "task_resources": dict(self.resources),
+                "cluster": self.cluster, "task_resources": dict(self.resources),
                 "resources": self.cluster_resources, "nodes": list(self.nodes) or [socket.gethostname()]}
-
-    def where(self) -> str:
-        """The cluster in one line: its address, nodes and the resources tasks ask for."""
-        res = self.cluster_resources or {}
-        return (f"Ray cluster {self.cluster} ({len(self.nodes)} node(s), "
-                + ", ".join(f"{k} {v:g}" for k, v in sorted(res.items()) if k in ("CPU", "NPU", "GPU")) + ")")
 
     def _slots(self) -> int:
         """Tasks a cluster runs at once: what it has of the scarcest resource a task needs."""
@@ -297,22 +276,17 @@ class Pool:
             return self._local_tasks(fn, payloads, start, done)
         results = []
         for k, payload in enumerate(payloads):
-            results.append(self._here(here or fn, k, payload, start, done))
+            start(k)
+            try:
+                results.append(TaskResult(k, (here or fn)(payload), node=socket.gethostname(), pid=os.getpid()))
+            except Exception as exc:  # noqa: BLE001 - a task that raised is reported, never retried
+                results.append(TaskResult(k, error=_raised(exc), node=socket.gethostname(), pid=os.getpid()))
+            done(k, results[-1])
             if _retire() and k + 1 < len(payloads):
                 rest = Pool(workers=1, spawn=True)._local_tasks(
                     fn, payloads[k + 1:], lambda j: start(k + 1 + j), lambda j, r: done(k + 1 + j, _shifted(r, k + 1)))
                 return results + [_shifted(r, k + 1) for r in rest]
         return results
-
-    @staticmethod
-    def _here(fn, k, payload, start, done) -> TaskResult:
-        start(k)
-        try:
-            result = TaskResult(k, fn(payload), node=socket.gethostname(), pid=os.getpid())
-        except Exception as exc:  # noqa: BLE001 - a task that raised is reported, never retried
-            result = TaskResult(k, error=_raised(exc), node=socket.gethostname(), pid=os.getpid())
-        done(k, result)
-        return result
 
     def _local_tasks(self, fn, payloads, start, done) -> list:
         """Spawned processes, at most ``workers`` tasks at a time. A pool whose worker died, or whose
@@ -379,9 +353,8 @@ class Pool:
     def _ray_tasks(self, fn, payloads, start, done) -> list:
         ray = self._ray
         custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
-        remote = ray.remote(_ray_call).options(num_cpus=self.resources.get("CPU", 0),
-                                               resources=custom or None, max_retries=0,
-                                               max_calls=1 if self.fresh else 0)
+        remote = ray.remote(num_cpus=self.resources.get("CPU", 0), resources=custom or None, max_retries=0,
+                            max_calls=1 if self.fresh else 0)(_ray_call)
         results: dict = {}
         attempts = [0] * len(payloads)
         causes: dict = {}
@@ -433,24 +406,17 @@ def _raised(exc: BaseException) -> str:
 def _death(processes: dict) -> str:
     """Why a local pool broke, from its processes' exit codes (those it terminated itself left out)."""
     import signal
-    codes = set()
-    for p in processes.values():
-        code = getattr(p, "exitcode", None)
-        if code is not None and code != 0 and code != -signal.SIGTERM:
-            codes.add(f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-    return ("a worker process ended: " + ", ".join(sorted(codes))) if codes else \
+    codes = {p.exitcode for p in processes.values() if getattr(p, "exitcode", None) not in (None, 0, -signal.SIGTERM)}
+    return ("a worker process ended: " + ", ".join(sorted(f"killed by {signal.Signals(-c).name}" if c < 0 else
+                                                          f"exit status {c}" for c in codes))) if codes else \
         "a worker process terminated abruptly (BrokenProcessPool)"
 
 
 def _reachable(address: str, where: str, timeout_s: float = 5.0) -> None:
     """Fail fast on an address nothing listens on (Ray itself retries a dead address for minutes)."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ClusterError(f"{where}: {address!r} is not HOST:PORT (the head's address, as 'ray start --head' prints it)")
-    start = time.monotonic()
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise ClusterError(f"{where}: the cluster cannot be reached ({host}:{port}: {exc.strerror or exc}, after "
-                           f"{time.monotonic() - start:.1f} s); start it with 'ray start --head --port {port}'") from None
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"{where}: the cluster cannot be reached at {address} ({getattr(exc, 'strerror', None) or exc}); "
+                           "'ray start --head --port PORT' starts one, and prints its address") from None

@@ -376,7 +376,8 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
         selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
                              supported=supported, distributions=distributions)
         if on_items is not None:
-            on_items(items, why + (f"; cases run on {pool.where()}" if cluster else ""))
+            on_items(items, why + (f"; cases run on the Ray cluster {cluster} ({len(pool.nodes)} node(s), "
+                                   f"{pool.describe()['workers']} at a time)" if cluster else ""))
         budget = options.budget if options.budget is not None else getattr(backend, "default_budget_s", 0)
         deadline = time.time() + budget if budget else None
         results = run_items(backend, name, items, workers=options.workers, device=options.device,
