@@ -230,7 +230,9 @@ class Pool:
             options.update(address=address, runtime_env={"env_vars": env} if env else None)
         else:   # a local Ray on loopback for this command: no token (it would replace ~/.ray/auth_token)
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            options.update(num_cpus=self.workers if self.workers > 1 else None)
+            # address 'local': a new Ray even where /tmp/ray names another cluster (a stale file left by
+            # a stopped head made ray.init() join that address and refuse num_cpus)
+            options.update(address="local", num_cpus=self.workers if self.workers > 1 else None)
         try:
             ray.init(**options)
         except Exception as exc:  # noqa: BLE001 - any failure to connect is the one line
