@@ -7,6 +7,7 @@ the ``pfa-verify`` script are the same program.
                                           (cases/report_compare.py)
     pfa-verify bench [options]            the golden self-check and benchmark (cases/bench.py)
     pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/mutants.py)
+    pfa-verify search [options]           law searches split into tasks, on a cluster too (cases/search.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line)
     pfa-verify cases show ID              the whole record of one
     pfa-verify cases replay ID [--backend NAME]   run it again under its rule; exit 1 if it still fails
@@ -68,25 +69,35 @@ def _cmd_run(args) -> int:
         console.print(f"{len(items)} cases: " + ", ".join(
             f"{sum(i.source == s for i in items)} {s}" for s in SOURCES), highlight=False)
 
-    if console.is_terminal:
-        with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
-                      transient=True) as bar:
-            progress.bar, progress.task = bar, bar.add_task("choosing backend", total=None)
+    from cases.pool import ClusterError
+    try:
+        if console.is_terminal:
+            with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
+                          transient=True) as bar:
+                progress.bar, progress.task = bar, bar.add_task("choosing backend", total=None)
 
-            def hook(event, item, result):
-                if progress.total is not None and bar.tasks[0].total is None:
-                    bar.update(progress.task, total=progress.total)
-                progress(event, item, result)
-            run = runner.execute(args, progress=hook, on_items=announce)
-    else:
-        run = runner.execute(args, progress=progress, on_items=announce)
+                def hook(event, item, result):
+                    if progress.total is not None and bar.tasks[0].total is None:
+                        bar.update(progress.task, total=progress.total)
+                    progress(event, item, result)
+                run = runner.execute(args, progress=hook, on_items=announce)
+        else:
+            run = runner.execute(args, progress=progress, on_items=announce)
+    except ClusterError as exc:
+        return _cluster_refused(exc)
     report.print_report(run, console)
     if args.json:
         console.print(f"JSON report: {report.write_json(run, args.json)}", highlight=False)
     if args.html:
         console.print(f"HTML report: {html_report.write_html(run, args.html)}", highlight=False)
     return report.exit_status(run)
+
+
+def _cluster_refused(exc) -> int:
+    """A cluster that cannot take the work: one line, exit 2, before any case ran (cases/pool.py)."""
+    print(f"pfa-verify: error: {exc}", file=sys.stderr)
+    return 2
 
 
 def _count(text: str) -> int:
@@ -125,6 +136,7 @@ def _distributions(text: str) -> tuple[str, ...]:
 
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
+    from cases.pool import add_cluster_argument
     from kernels import SKIP_KINDS
     parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
                         "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
@@ -139,6 +151,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     parser.add_argument("--device", type=_count, default=None, help="NPU index (npu: the first of the workers')")
     parser.add_argument("--workers", type=_count, default=1, help="processes (npu: one device each)")
+    add_cluster_argument(parser, "the cases")
     parser.add_argument("--budget", type=_count, default=None, metavar="SECONDS",
                         help="do not start a case that the backend estimates would end after this many seconds "
                              "of the run (0: no limit; default: the backend's, 600 on sim, else no limit)")
@@ -178,7 +191,7 @@ def _conforming(args, console, names, laws) -> int:
 
     from cases import conforming
     run = conforming.false_reds(examples=args.examples, seed=args.seed, names=names, laws=laws,
-                                catalog=not args.no_catalog, workers=args.workers)
+                                catalog=not args.no_catalog, workers=args.workers, cluster=args.cluster)
     console.print(conforming.render_table(run))
     for v in run.variants:
         for c in v.cells:
@@ -218,17 +231,24 @@ def _cmd_mutants(args) -> int:
 
     names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
     laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
+    from cases.pool import ClusterError
     if args.level == "conforming":
-        return _conforming(args, console, names, laws)
+        try:
+            return _conforming(args, console, names, laws)
+        except ClusterError as exc:
+            return _cluster_refused(exc)
     from kernels import BackendUnavailable
     try:
         run = matrix.kill_matrix(args.level, examples=args.examples, seed=args.seed, names=names, laws=laws,
                                  catalog=not args.no_catalog, goal=args.goal, workers=args.workers,
                                  shrink_s=args.shrink_seconds, progress=progress if args.verbose else None,
-                                 allowed_survivors=[n.strip() for n in args.allow_survivors.split(",") if n.strip()])
+                                 allowed_survivors=[n.strip() for n in args.allow_survivors.split(",") if n.strip()],
+                                 cluster=args.cluster)
     except BackendUnavailable as exc:
         print(f"pfa-verify: error: the {args.level} level cannot run here: {exc}", file=sys.stderr)
         return 2
+    except ClusterError as exc:
+        return _cluster_refused(exc)
     console.print(matrix.render_table(run))
     for m in run.mutants:
         first = m.first_kill
@@ -258,6 +278,7 @@ def _fraction(text: str) -> float:
 
 
 def _add_mutants(parser: argparse.ArgumentParser) -> None:
+    from cases.pool import add_cluster_argument
     parser.add_argument("--level", choices=("golden", "sim", "conforming"), default="golden",
                         help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the sim; "
                              "conforming: correct variants (SPEC §4.1), whose every failure is a false red")
@@ -272,6 +293,7 @@ def _add_mutants(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
     parser.add_argument("--html", metavar="PATH", help="write the kill matrix as one HTML file")
     parser.add_argument("--workers", type=_count, default=1, help="processes, one mutant each at a time (default 1)")
+    add_cluster_argument(parser, "the rows (one mutant or variant per task)")
     parser.add_argument("--shrink-seconds", type=_count, default=30, metavar="S",
                         help="time for Hypothesis to shrink each mutant's first kill (default 30; 0: not shrunk)")
     parser.add_argument("--allow-survivors", default="", metavar="NAME,...",
@@ -280,6 +302,14 @@ def _add_mutants(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the catalog of mutants and stop")
     parser.add_argument("--verbose", action="store_true", help="one line per (mutant, law) as it finishes")
     parser.set_defaults(func=_cmd_mutants)
+
+
+# --- pfa-verify search ---------------------------------------------------------------------------
+
+def _add_search(parser: argparse.ArgumentParser) -> None:
+    from cases import search
+    search.add_arguments(parser)
+    parser.set_defaults(func=search.main)
 
 
 # --- pfa-verify bench ----------------------------------------------------------------------------
@@ -416,6 +446,8 @@ SUBCOMMANDS = {
     "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
     "cases": ("list, show, replay and prune captured regression cases", _add_cases),
     "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
+    "search": ("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
+               "cluster; failures shrunk and captured once per signature", _add_search),
 }
 
 

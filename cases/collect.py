@@ -30,6 +30,7 @@ class Item:
     regression: str | None = None  # id, for source == "regression"
     law: str = "acceptance"
     load_error: str | None = None  # why a captured case could not be loaded
+    record: object = dataclasses.field(default=None, compare=False, repr=False)  # its Regression (another law)
 
     @property
     def config(self) -> dict | None:
@@ -112,7 +113,7 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
             items.append(Item(rid, "regression", regression=rid, law="unknown", load_error=str(exc)))
             continue
         case = reg.to_case() if reg.case.get("kind") == "paged" else None
-        items.append(Item(rid, "regression", case, rid, reg.law))
+        items.append(Item(rid, "regression", case, rid, reg.law, record=None if reg.law == "acceptance" else reg))
     items += [Item(name, "catalog", catalog[name]) for name in want_cat]
     items += [Item(f"generated_{k:02d}", "generated", c)
               for k, c in enumerate(generated_cases(examples, seed, supported=supported, distributions=distributions))]

@@ -129,10 +129,17 @@ def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool)
                              error=f"{type(exc).__name__}: {exc}")
 
 
+def _variant_task(payload) -> VariantResult:
+    """One variant in a worker of cases/pool.py."""
+    name, options = payload
+    return _variant(name, **options)
+
+
 def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, catalog: bool = True,
-               workers: int = 1) -> ConformingRun:
+               workers: int = 1, cluster=None) -> ConformingRun:
     """Every conforming variant (or ``names``) through every paged-attention law (or ``laws``) and the
-    catalog, ``examples`` examples per law; ``workers`` processes, one variant each at a time."""
+    catalog, ``examples`` examples per law; ``workers`` processes or ``cluster`` (cases/pool.py), one
+    variant each at a time. A variant whose worker died twice is a broken row (exit 1)."""
     from kernels.conforming import VARIANTS
     from properties.law_examples import PAGED_LAWS
     from golden.errors import check_known
@@ -142,15 +149,11 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
     check_known("--laws", "law", laws, PAGED_LAWS)
     start = time.perf_counter()
     options = dict(examples=examples, seed=seed, laws=laws, catalog=catalog)
-    if workers <= 1:
-        results = [_variant(n, **options) for n in chosen]
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        from cases.mutants import _worker_init
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
-            results = list(pool.map(_variant, chosen, *[[v] * len(chosen) for v in options.values()]))
+    from cases.pool import Pool
+    with Pool(workers=workers, cluster=cluster) as pool:
+        tasks = pool.map(_variant_task, [(n, options) for n in chosen])
+    results = [t.value if t.error is None else VariantResult(n, VARIANTS[n].description, [], error=t.error.splitlines()[0])
+               for n, t in zip(chosen, tasks)]
     return ConformingRun(examples, seed, results, time.perf_counter() - start)
 
 

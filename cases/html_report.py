@@ -139,7 +139,8 @@ def render_html(run) -> str:
     return html_pages.render(
         "run_report.html.j2", css=CSS, failed=bool(s["exit_status"]), verdict=s["verdict"], backend=run.backend,
         codec=run.codec, backend_note=run.backend_note, seed=run.seed, provenance=provenance_lines(run),
-        versions=versions(), rows=table_rows(run), anchor=lambda row: _anchor(row.name, row.reference),
+        versions=versions(), rows=table_rows(run), nodes=(run.execution or {}).get("executor") == "ray",
+        anchor=lambda row: _anchor(row.name, row.reference),
         shown_note=_shown_note, skipped=skipped_groups(run), allowed=set(run.allowed_skips), failures=failures)
 
 

@@ -143,11 +143,6 @@ def catalog_kill(backend) -> LawKill:
     return LawKill(CATALOG, False, len(cases), time.perf_counter() - start)
 
 
-def _worker_init() -> None:
-    import torch
-    torch.set_num_threads(1)
-
-
 def _one(name: str | None, *, level: str, examples: int, seed: int, laws: tuple, catalog: bool,
          shrink_s: float = 30.0, first_kill_only: bool = False, progress=None) -> MutantResult:
     """One row of the matrix: ``name`` (None: the baseline) through ``laws``, then the catalog; with
@@ -194,20 +189,33 @@ def _one_or_error(name: str | None, **options) -> MutantResult:
                             None, [], error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
-def rows(names: list, *, level: str, workers: int = 1, progress=None, **options) -> list:
+def _row_task(payload) -> MutantResult:
+    """One row in a worker of cases/pool.py."""
+    name, options = payload
+    return _one_or_error(name, **options)
+
+
+def rows(names: list, *, level: str, workers: int = 1, progress=None, cluster=None, **options) -> list:
     """:func:`_one_or_error` for each of ``names`` (None: the baseline), results in that order. Golden
-    rows run here when ``workers`` is 1; otherwise, and always at the sim level, each row runs in a
-    spawned process (one OpenMP thread each), a fresh one per sim row: a kernel that failed inside
-    pypto's trace spoils the process it ran in."""
+    rows run here when ``workers`` is 1 and no ``cluster`` is given; otherwise, and always at the sim
+    level, each row runs in a worker of cases/pool.py (one OpenMP thread each), a fresh process per sim
+    row: a kernel that failed inside pypto's trace may leave the process behind it unusable. A row whose
+    worker died twice is a broken row (its error), never a kill."""
+    from cases.pool import Pool
     note = progress or (lambda *a: None)
-    if workers <= 1 and level != "sim":
+    if workers <= 1 and level != "sim" and cluster is None:
         return [_one_or_error(n, level=level, progress=note, **options) for n in names]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                             max_tasks_per_child=1 if level == "sim" else None) as pool:
-        futures = [pool.submit(_one_or_error, n, level=level, **options) for n in names]
-        results = [f.result() for f in futures]
+    with Pool(workers=workers, cluster=cluster, fresh=level == "sim") as pool:
+        tasks = pool.map(_row_task, [(n, dict(options, level=level)) for n in names])
+    results = []
+    for name, task in zip(names, tasks):
+        if task.error is None:
+            results.append(task.value)
+            continue
+        from kernels import mutants
+        entry = None if name is None else mutants.MUTANTS.get(name)
+        results.append(MutantResult(name or "none (baseline)", level, entry.bug if entry else "the unmutated reference",
+                                    None, [], error=task.error.splitlines()[0]))
     for r in results:
         for cell in r.cells:
             note(r.name, cell)
@@ -216,9 +224,10 @@ def rows(names: list, *, level: str, workers: int = 1, progress=None, **options)
 
 def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, names=None, laws=None,
                 catalog: bool = True, goal: float | None = None, workers: int = 1, shrink_s: float = 30.0,
-                allowed_survivors=(), progress=None) -> MutantsRun:
+                allowed_survivors=(), progress=None, cluster=None) -> MutantsRun:
     """The baseline and every mutant of ``level`` (or ``names``) through every paged-attention law,
-    in ``workers`` processes (one mutant each at a time); each first kill shrunk for ``shrink_s`` s."""
+    in ``workers`` processes or on ``cluster`` (cases/pool.py; one mutant each at a time); each first
+    kill shrunk for ``shrink_s`` s."""
     from golden.errors import check_known
     from kernels import mutants
     from properties.law_examples import PAGED_LAWS
@@ -230,8 +239,8 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     laws = tuple(laws or PAGED_LAWS)
     check_known("--laws", "law", laws, PAGED_LAWS)
     start = time.perf_counter()
-    base, *results = rows([None] + chosen, level=level, workers=workers, progress=progress, examples=examples,
-                          seed=seed, laws=laws, catalog=catalog, shrink_s=shrink_s)
+    base, *results = rows([None] + chosen, level=level, workers=workers, progress=progress, cluster=cluster,
+                          examples=examples, seed=seed, laws=laws, catalog=catalog, shrink_s=shrink_s)
     listed = [mutants.MUTANTS[m] for m in mutants.MUTANTS if mutants.MUTANTS[m].level == level
               and mutants.MUTANTS[m].equivalent is not None and (names is None or m in names)]
     results += [MutantResult(m.name, level, m.bug, m.equivalent, []) for m in listed]

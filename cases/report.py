@@ -31,10 +31,11 @@ from pathlib import Path
 from cases.versions import versions
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
-           "Row", "table_rows", "skipped_groups", "render_table", "print_report", "provenance_lines", "short"]
+           "Row", "table_rows", "skipped_groups", "render_table", "print_report", "provenance_lines",
+           "execution_line", "short"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
-SCHEMA_ID = "pfa-verify-run-report/3"
+SCHEMA_ID = "pfa-verify-run-report/4"
 
 
 def _rows(run):
@@ -117,7 +118,8 @@ def to_json(run) -> dict:
             "mismatched": o.mismatched, "total": o.total, "worst_index": o.worst_index,
             "worst_ratio": _num(o.worst_ratio),
             "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
-            "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope})
+            "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope,
+            "node": r.node, "attempts": r.attempts})
     prov = run.provenance or {}
     return {"schema": SCHEMA_ID,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -125,7 +127,15 @@ def to_json(run) -> dict:
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
-            "selection": run.selection, "summary": summarize(run), "results": results}
+            "selection": run.selection, "execution": execution(run), "summary": summarize(run), "results": results}
+
+
+def execution(run) -> dict:
+    """What executed the cases (cases.pool.Pool.describe()) and how many each node ran."""
+    described = dict(run.execution or {"executor": "here", "workers": 1, "cluster": None, "task_resources": {"CPU": 1},
+                                       "resources": None, "nodes": []})
+    described["cases_per_node"] = dict(collections.Counter(r.node for r in run.results if r.node))
+    return described
 
 
 def write_json(run, path) -> Path:
@@ -168,6 +178,7 @@ class Row:
     verdict: str                 # e.g. "pass", "fail (not counted)", "skipped (limit)"
     style: str                   # pass | fail | error | skipped | uncounted (a failure that does not count)
     note: str                    # a failure's attribution; a skip's or an error's reason; a pass's envelope share
+    node: str                    # the cluster node that ran the case ("-" when unknown), "(attempt 2)" if retried
 
 
 def _fmt(x, spec=".1e") -> str:
@@ -196,7 +207,8 @@ def table_rows(run) -> list[Row]:
                 "-" if o.total is None else f"{o.mismatched}/{o.total}",
                 "-" if not w else f"({w['row']}, {w['head']}, {w['d']})",
                 o.verdict + (" (not counted)" if uncounted else "") + (f" ({o.skip_kind})" if o.skip_kind else ""),
-                "uncounted" if uncounted and o.verdict == "fail" else o.verdict, _note(o)))
+                "uncounted" if uncounted and o.verdict == "fail" else o.verdict, _note(o),
+                (r.node or "-") + (f" (attempt {r.attempts})" if r.attempts > 1 else "")))
     return rows
 
 
@@ -218,16 +230,19 @@ def render_table(run):
     """A rich Table of :func:`table_rows`."""
     from rich.table import Table
     table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold")
+    nodes = (run.execution or {}).get("executor") == "ray"     # a cluster run names each case's node
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("backend", {"overflow": "fold"}), ("reference", {}),
                     ("max abs", {"justify": "right"}), ("max rel", {"justify": "right"}),
                     ("mismatched/total", {"justify": "right"}), ("worst (row, head, d)", {}),
-                    ("s", {"justify": "right"}), ("verdict", {"no_wrap": True})):
+                    ("s", {"justify": "right"})) + ((("node", {"overflow": "fold"}),) if nodes else ()) + (
+                    ("verdict", {"no_wrap": True}),):
         table.add_column(col, **kw)
     for row in table_rows(run):
         verdict = row.verdict + (f": {row.note}" if row.outcome.verdict == "fail" and row.note else "")
         case = (row.name, row.source, row.backend) if row.first else ("", "", "")
+        node = (row.node if row.first else "",) if nodes else ()
         table.add_row(*case, row.reference, row.max_abs, row.max_rel, row.mismatched, row.worst,
-                      row.seconds if row.first else "", f"[{_STYLE[row.style]}]{verdict}[/]")
+                      row.seconds if row.first else "", *node, f"[{_STYLE[row.style]}]{verdict}[/]")
     return table
 
 
@@ -247,6 +262,20 @@ def print_report(run, console) -> None:
     console.print(summarize(run)["verdict"], highlight=False, markup=False)
 
 
+def execution_line(run) -> str:
+    """Where the cases ran, in one line (terminal and HTML)."""
+    ex = execution(run)
+    per_node = ", ".join(f"{n} {c}" for n, c in sorted(ex["cases_per_node"].items()))
+    if ex["executor"] == "ray":
+        res = ", ".join(f"{k} {v:g}" for k, v in sorted((ex["resources"] or {}).items()) if k in ("CPU", "NPU", "GPU"))
+        retried = sum(1 for r in run.results if r.attempts > 1)
+        return (f"Executed on Ray cluster {ex['cluster']}: {len(ex['nodes'])} node(s), {res}; each case asked for "
+                + ", ".join(f"{k} {v:g}" for k, v in ex["task_resources"].items()) + f"; cases per node: {per_node}"
+                + (f"; {retried} case(s) ran twice (a worker died)" if retried else ""))
+    where = "this process" if ex["executor"] == "here" else f"{ex['workers']} local worker processes"
+    return f"Executed in {where}" + (f" on {per_node}" if per_node else "")
+
+
 def short(fingerprint: str | None, n: int = 12) -> str:
     """The first ``n`` hex digits of a ``sha256:...`` fingerprint or a bare sha256 (what people compare)."""
     return "-" if not fingerprint else fingerprint.removeprefix("sha256:")[:n]
@@ -255,7 +284,7 @@ def short(fingerprint: str | None, n: int = 12) -> str:
 def provenance_lines(run) -> list[str]:
     """What the run checked, named by content, one fact a line (terminal and HTML)."""
     prov, sel = run.provenance or {}, run.selection or {}
-    lines = []
+    lines = [execution_line(run)] if run.execution else []
     if sel:
         parts = ", ".join(f"{v['cases']} {k}" for k, v in sel["by_source"].items())
         lines.append(f"Selection: {sel['cases']} cases ({parts}), fingerprint {short(sel['fingerprint'])}")

@@ -15,15 +15,18 @@ kernel is not built for it, it is over a limit, the budget is spent, the ledger 
 backend could not run it) or an error (the backend raised, a worker could not start its backend, the
 case file would not load). Errors always fail the run; skips fail it unless their kind was allowed
 (``--allow-skips``); :mod:`cases.report` applies the rule.
+
+Cases run in :mod:`cases.pool` (here, in local worker processes, or on a Ray cluster); whatever ran
+them, a counted failure is captured here, on the driver, as its result comes back (:func:`_captured`),
+and every result names the node that ran it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
@@ -68,6 +71,9 @@ class CaseResult:
     backend: str
     seconds: float
     outcomes: list
+    node: str | None = None            # the host (and Ray node) that ran the case
+    attempts: int = 1                  # 2: its first worker died (cases/pool.py) and it ran again
+    to_capture: str | None = None      # a counted catalog failure's message, captured on the driver
 
     @property
     def checked(self) -> bool:
@@ -89,6 +95,7 @@ class RunResult:
     allowed_skips: tuple = ()         # skip kinds that do not fail the run
     selection: dict | None = None     # cases.collect.selection(): what was selected, fingerprinted
     provenance: dict | None = None    # cases.provenance.run_provenance(): which kernel, project, inputs
+    execution: dict | None = None     # cases.pool.Pool.describe(): executor, workers, cluster resources, nodes
 
 
 # --- the backend ---------------------------------------------------------------------------------
@@ -165,84 +172,44 @@ def _envelope_record(ref) -> dict | None:
             "note": ref.envelope_note()}
 
 
-def _run_paged(backend, backend_name: str, item: Item, *, capture: bool, regressions_dir) -> list:
+def _run_paged(backend, item: Item, regressions_dir) -> tuple[list, str | None]:
+    """The outcomes of one paged case, and the message to capture a counted catalog failure with (the
+    driver captures it, :func:`_captured`; a generated one is captured once per signature, shrunk)."""
     from cases import regressions
     from properties.acceptance import judge
     verdict = judge(backend, item.case, tags={"case": item.name, "backend": backend.name})
     outcomes = [_outcome(ref, verdict.output, item.case.config.s1) for ref in verdict.references]
     counted = [o for o in outcomes if o.verdict == "fail" and o.counts]
     if counted and item.source == "generated":
-        # Captured after the run, once per signature and shrunk (cases/shrink.py, capture_generated).
         from cases.shrink import signature
         counted[0].signature = signature(verdict)
-        return outcomes
-    if counted and item.source == "regression":
+    elif counted and item.source == "regression":
         command = regressions.replay_command(item.regression, regressions_dir)
-        line = f"Replay: {command}"
+        for o in counted:
+            o.replay, o.message = command, o.message + f"\nReplay: {command}"
     elif counted:
-        command, line = regressions.capture("acceptance", backend_name, item.case, {}, verdict.message(),
-                                            enabled=capture, directory=regressions_dir)
-    for o in counted:
-        o.replay = command
-        o.message += f"\n{line}"
-    return outcomes
+        return outcomes, verdict.message()
+    return outcomes, None
 
 
-class _FailsLikeTheGroup(AssertionError):
-    """A replayed case failed with the group's signature (carries its verdict, not judged again)."""
-
-    def __init__(self, verdict):
-        super().__init__("fails like the group")
-        self.verdict = verdict
-
-
-def capture_generated(backend, backend_name: str, items: list, results: list, *, seed: int, supported,
-                      capture: bool, regressions_dir, shrink_s: float, examples: int, distributions=None) -> dict:
-    """Capture the generated cases' failures once per signature, each shrunk by Hypothesis from the
-    generation that produced it (cases/shrink.py); every failing outcome gets its group's replay line.
-    Returns {signature: (captured case, member names)}."""
+def _captured(backend_name: str, item: Item, result: CaseResult, *, capture: bool, regressions_dir) -> CaseResult:
+    """``result`` after capturing its counted catalog failure through the one writer (here, on the driver)."""
+    if result.to_capture is None:
+        return result
     from cases import regressions
-    from cases.collect import generated_strategy, generation_draws
-    from cases.shrink import hunt, signature
-    from properties.acceptance import judge
-    groups: dict = {}
-    for item, result in zip(items, results):
-        for o in result.outcomes:
-            if o.signature is not None:
-                groups.setdefault(o.signature, []).append((item, result))
-    captured = {}
-    strategy = generated_strategy(supported, distributions)
-    for sig, members in groups.items():
-        def fails_like(case, sig=sig):
-            try:
-                verdict = judge(backend, case)
-            except Exception:  # noqa: BLE001 - another failure is another bug, not this group's
-                return
-            if signature(verdict) == sig:
-                raise _FailsLikeTheGroup(verdict)
-        found = hunt(strategy, fails_like, seed=seed, examples=generation_draws(examples), shrink_s=shrink_s)
-        shrunk = shrink_s > 0 and found.error is not None
-        case = found.example if shrunk else members[0][0].case
-        verdict = found.error.verdict if shrunk else judge(backend, case)
-        names = [item.name for item, _ in members]
-        how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
-               f"lengths={list(case.config.lengths)}" if shrunk else "not shrunk")
-        note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
-        command, line = regressions.capture("acceptance", backend_name, case, {}, verdict.message() + "\n" + note,
-                                            enabled=capture, directory=regressions_dir)
-        short = f"one of {len(names)} generated case(s) that fail like this, captured once; {how}"
-        for item, result in members:
-            for o in result.outcomes:
-                if o.verdict == "fail" and o.counts:
-                    o.replay = command
-                    o.message += f"\n{short}\n{line}"
-        captured[sig] = (case, names)
-    return captured
+    command, line = regressions.capture("acceptance", backend_name, item.case, {}, result.to_capture,
+                                        enabled=capture, directory=regressions_dir)
+    for o in result.outcomes:
+        if o.verdict == "fail" and o.counts:
+            o.replay, o.message = command, o.message + f"\n{line}"
+    result.to_capture = None
+    return result
 
 
 def _run_regression_law(backend, item: Item, regressions_dir) -> list:
+    """Replay a captured case of another law (``item.record``: its file, read by the driver)."""
     from cases import regressions
-    reg = regressions.load(item.regression, directory=regressions_dir)
+    reg = item.record
     try:
         regressions.replay(reg, backend, directory=regressions_dir)
     except AssertionError as exc:
@@ -277,10 +244,10 @@ def _error(message: str) -> list:
     return [Outcome("spec", "error", message=message)]
 
 
-def run_item(backend, backend_name: str, item: Item, *, capture: bool = True, regressions_dir=None,
-             deadline: float | None = None) -> CaseResult:
-    """Run one item and return its result; never raises for a backend failure (verdict ``error``).
-    ``deadline`` (``time.time()`` value): past it, the item is skipped with the reason."""
+def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, deadline: float | None = None) -> CaseResult:
+    """Run one item and return its result (a counted catalog failure's ``to_capture`` set, captured by
+    the driver); never raises for a backend failure (verdict ``error``). ``deadline`` (``time.time()``
+    value): past it, the item is skipped with the reason."""
     start = time.perf_counter()
     from cases import ledger
     from kernels import BackendUnavailable, Skip
@@ -295,12 +262,13 @@ def run_item(backend, backend_name: str, item: Item, *, capture: bool = True, re
         skip = Skip("quarantined", f"quarantined: {known.reason}")
     elif item.case is not None:
         skip = backend.skip_reason(item.case.config) if hasattr(backend, "skip_reason") else None
+    to_capture = None
     if item.load_error is None and skip is not None:
         outcomes = _skipped(skip)
     elif item.load_error is None:
         try:
             if item.case is not None and item.law == "acceptance":
-                outcomes = _run_paged(backend, backend_name, item, capture=capture, regressions_dir=regressions_dir)
+                outcomes, to_capture = _run_paged(backend, item, regressions_dir)
             else:
                 outcomes = _run_regression_law(backend, item, regressions_dir)
         except InputsModified as exc:
@@ -322,35 +290,24 @@ def run_item(backend, backend_name: str, item: Item, *, capture: bool = True, re
         else:
             outcomes = [Outcome(outcomes[0].reference, "fail", message=f"ledger entry no longer fails: remove "
                                 f"it ({known.reason})", attribution="kernel logic")]
+        to_capture = None
+    if not any(o.verdict == "fail" and o.counts for o in outcomes):
+        to_capture = None
     return CaseResult(item.name, item.source, item.config, item.seed, getattr(backend, "name", backend_name),
-                      time.perf_counter() - start, outcomes)
+                      time.perf_counter() - start, outcomes, to_capture=to_capture)
 
 
-# --- many cases, in one process or in workers ----------------------------------------------------
+# --- many cases, through the pool (cases/pool.py) ---------------------------------------------------
 
-_WORKER: dict = {}
-
-
-def _worker_init(backend_name: str, device, slots, options: dict) -> None:
-    torch.set_num_threads(1)
-    index = slots.get() if slots is not None else 0
-    dev = (device or 0) + index if backend_name == "npu" else None   # one NPU per worker
+def _case_task(payload) -> CaseResult:
+    """One case in a worker of cases/pool.py: the worker's backend (built once), then the item."""
+    from cases.pool import worker_backend
+    name, options, item = payload
     try:
-        backend, _, _ = choose_backend(backend_name, device=dev, max_seconds=options.get("max_seconds"))
-        _WORKER.update(backend=backend, error=None)
-    except Exception as exc:  # noqa: BLE001 - reported as an error for each of its cases
-        reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
-        _WORKER.update(backend=None, error=f"worker {index} could not start backend {backend_name!r}: {reason}")
-    _WORKER.update(name=backend_name, options=options)
-
-
-def _worker_run(item: Item) -> CaseResult:
-    if _WORKER.get("backend") is None:
-        return CaseResult(item.name, item.source, item.config, item.seed, _WORKER["name"], 0.0,
-                          _error(_WORKER["error"]))
-    opts = _WORKER["options"]
-    return run_item(_WORKER["backend"], _WORKER["name"], item, capture=opts["capture"],
-                    regressions_dir=opts["regressions_dir"], deadline=opts["deadline"])
+        backend = worker_backend(name, device=options["device"], max_seconds=options["max_seconds"])
+    except Exception as exc:  # noqa: BLE001 - reported as an error for each of its cases, never a skip
+        return CaseResult(item.name, item.source, item.config, item.seed, name, 0.0, _error(str(exc)))
+    return run_item(backend, name, item, regressions_dir=options["regressions_dir"], deadline=options["deadline"])
 
 
 def schedule(backend, items: list) -> list[int]:
@@ -364,67 +321,68 @@ def schedule(backend, items: list) -> list[int]:
 
 def run_items(backend, backend_name: str, items: list, *, workers: int = 1, device=None, capture: bool = True,
               regressions_dir=None, progress=None, deadline: float | None = None,
-              max_seconds: float | None = None) -> list:
+              max_seconds: float | None = None, pool=None) -> list:
     """Results in ``items`` order. ``progress(event, item, result)`` sees ``start`` and ``done``.
-    With ``workers`` > 1 each spawned worker builds its own backend by name; one that cannot turns
-    each of its cases into an ``error`` (never a skip)."""
+    In this process with one worker and no ``pool``; else through ``pool`` (a cases.pool.Pool, default
+    ``workers`` local processes), whose workers build their own backend by name (one that cannot turns
+    each of its cases into an ``error``, never a skip), in :func:`schedule` order. Counted catalog
+    failures are captured here as their results arrive."""
+    from cases.pool import Pool
     note = progress or (lambda *a: None)
-    if workers <= 1 or len(items) <= 1:
-        results = []
-        for item in items:
-            note("start", item, None)
-            r = run_item(backend, backend_name, item, capture=capture, regressions_dir=regressions_dir,
-                         deadline=deadline)
-            note("done", item, r)
-            results.append(r)
-        return results
-    ctx = multiprocessing.get_context("spawn")
-    slots = ctx.Queue()
-    for k in range(workers):
-        slots.put(k)
-    options = dict(capture=capture, regressions_dir=regressions_dir, deadline=deadline, max_seconds=max_seconds)
+    local = pool is None and (workers <= 1 or len(items) <= 1)
+    order = list(range(len(items))) if local else schedule(backend, items)
+    options = dict(device=device, max_seconds=max_seconds, regressions_dir=regressions_dir, deadline=deadline)
     results: dict = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                             initargs=(backend_name, device, slots, options)) as pool:
-        futures = {}
-        for n, k in enumerate(schedule(backend, items)):
-            futures[pool.submit(_worker_run, items[k])] = k
-            note("start", items[k], None) if n < workers else None
-        for fut in as_completed(futures):
-            k = futures[fut]
-            try:
-                results[k] = fut.result()
-            except Exception as exc:  # noqa: BLE001 - a worker that died is an error for its case
-                it = items[k]
-                results[k] = CaseResult(it.name, it.source, it.config, it.seed, backend_name, 0.0,
-                                        _error(f"worker failed: {type(exc).__name__}: {exc}"))
-            note("done", items[k], results[k])
+
+    def done(n, task):
+        k = order[n]
+        it = items[k]
+        r = task.value if task.error is None else CaseResult(it.name, it.source, it.config, it.seed, backend_name,
+                                                             0.0, _error(f"worker failed: {task.error}"))
+        r.node, r.attempts = task.node, task.attempts
+        for o in r.outcomes if task.retry_cause else ():
+            o.message += f"\n(ran again: its first run was lost when a worker died ({task.retry_cause}))"
+        results[k] = _captured(backend_name, it, r, capture=capture, regressions_dir=regressions_dir)
+        note("done", it, results[k])
+
+    started = lambda n: note("start", items[order[n]], None)  # noqa: E731 - a local shorthand
+    here = lambda p: run_item(backend, backend_name, p[2], regressions_dir=regressions_dir, deadline=deadline)  # noqa: E731
+    with contextlib.nullcontext(pool) if pool is not None else Pool(workers=1 if local else workers) as running:
+        running.map(_case_task, [(backend_name, options, items[k]) for k in order], on_start=started, on_done=done,
+                    here=here)
     return [results[k] for k in range(len(items))]
 
 
 def execute(options, *, progress=None, on_items=None) -> RunResult:
-    """The run behind ``pfa-verify run`` (no printing): choose, collect, run. ``options`` has the
-    command's fields (cli.py). ``on_items(items, note)`` hears what will run, and how the backend
-    was chosen, before the first case starts. kernels.BackendUnavailable propagates: a backend that
-    cannot start checks nothing."""
+    """The run behind ``pfa-verify run`` (no printing): choose, connect, collect, run, capture. ``options``
+    has the command's fields (cli.py). ``on_items(items, note)`` hears what will run, and how the backend
+    was chosen, before the first case starts. kernels.BackendUnavailable propagates (a backend that
+    cannot start checks nothing), and so does cases.pool.ClusterError (a cluster that cannot take the
+    cases: both before any case runs)."""
     from cases.collect import selection
+    from cases.pool import Pool, task_resources
     from cases.provenance import run_provenance
+    from cases.shrink import capture_generated
     start = time.perf_counter()
     backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
-    provenance = run_provenance(backend, regressions_dir=options.regressions)   # before anything is captured
-    supported = getattr(backend, "supported_shapes", None)
-    distributions = getattr(options, "distribution", None)
-    items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
-                          regressions_dir=options.regressions, distributions=distributions)
-    selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
-                         supported=supported, distributions=distributions)
-    if on_items is not None:
-        on_items(items, why)
-    budget = options.budget if options.budget is not None else getattr(backend, "default_budget_s", 0)
-    deadline = time.time() + budget if budget else None
-    results = run_items(backend, name, items, workers=options.workers, device=options.device,
-                        capture=not options.no_capture, regressions_dir=options.regressions, progress=progress,
-                        deadline=deadline, max_seconds=options.max_seconds)
+    cluster = getattr(options, "cluster", None)
+    pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
+    with pool if cluster else contextlib.nullcontext():
+        provenance = run_provenance(backend, regressions_dir=options.regressions)   # before anything is captured
+        supported = getattr(backend, "supported_shapes", None)
+        distributions = getattr(options, "distribution", None)
+        items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
+                              regressions_dir=options.regressions, distributions=distributions)
+        selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
+                             supported=supported, distributions=distributions)
+        if on_items is not None:
+            on_items(items, why + (f"; cases run on the Ray cluster {cluster} ({len(pool.nodes)} node(s), "
+                                   f"{pool.describe()['workers']} at a time)" if cluster else ""))
+        budget = options.budget if options.budget is not None else getattr(backend, "default_budget_s", 0)
+        deadline = time.time() + budget if budget else None
+        results = run_items(backend, name, items, workers=options.workers, device=options.device,
+                            capture=not options.no_capture, regressions_dir=options.regressions, progress=progress,
+                            deadline=deadline, max_seconds=options.max_seconds, pool=pool if cluster else None)
     capture_generated(backend, name, items, results, seed=options.seed, supported=supported,
                       capture=not options.no_capture, regressions_dir=options.regressions,
                       shrink_s=getattr(options, "shrink_seconds", 60), examples=options.examples,
@@ -433,4 +391,4 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
                      options.seed, results, time.perf_counter() - start,
                      "pfa-verify run " + " ".join(sys.argv[2:]), fallback=bool(getattr(backend, "fallback", False)),
                      allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
-                     selection=selected, provenance=provenance)
+                     selection=selected, provenance=provenance, execution=pool.describe())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-__all__ = ["Hunt", "hunt", "signature"]
+__all__ = ["Hunt", "hunt", "signature", "capture_generated"]
 
 
 @dataclasses.dataclass
@@ -35,12 +35,17 @@ def _kind(exc: BaseException) -> str:
     return "law" if isinstance(exc, AssertionError) else "error"
 
 
-def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0) -> Hunt:
+def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0, database=None,
+         key: str | None = None) -> Hunt:
     """Draw up to ``examples`` from ``strategy`` under ``seed`` and call ``check(example)`` (it raises
     on failure) until one fails; then let Hypothesis shrink it for ``shrink_s`` seconds (0: not
     shrunk). While shrinking, only a failure of the first one's kind (an AssertionError, or another
     exception) counts: a different failure is another bug, not a smaller case of this one. Past the
-    budget every attempt passes, so the shrinker stops at the smallest failure it has."""
+    budget every attempt passes, so the shrinker stops at the smallest failure it has.
+
+    ``database`` (a Hypothesis ExampleDatabase) is read first (failures saved there by any search
+    under the same ``key``, on any node, are replayed before the seed's draws) and receives the
+    failure found; without it nothing is saved."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as fixed_seed
     from hypothesis.errors import HypothesisException
@@ -48,10 +53,12 @@ def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0) ->
     found = Hunt()
     start = time.perf_counter()
 
-    @fixed_seed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, report_multiple_bugs=False,
-              phases=[Phase.generate, Phase.shrink] if shrink_s > 0 else [Phase.generate],
+    phases = ([Phase.reuse] if database is not None else []) + [Phase.generate] + ([Phase.shrink] if shrink_s > 0 else [])
+
+    # settings outside seed: hypothesis.seed() alone would switch the database off.
+    @settings(max_examples=examples, database=database, deadline=None, report_multiple_bugs=False, phases=phases,
               suppress_health_check=list(HealthCheck))
+    @fixed_seed(seed)
     @given(strategy)
     def run(example):
         if found.error is None:
@@ -68,6 +75,10 @@ def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0) ->
             found.example, found.error = example, exc
             raise _Failed from None
 
+    if key is not None:
+        # The database key is the test's digest; this extra part (what the pytest plugin uses to tell
+        # parametrized tests apart) keeps each law's saved failures under its own key.
+        run.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
     try:
         run()
     except (_Failed, HypothesisException):
@@ -102,3 +113,55 @@ def signature(verdict) -> tuple | None:
     else:
         where = "rows of any length"
     return (ref.category, where)
+
+
+class _FailsLikeTheGroup(AssertionError):
+    """A replayed case failed with the group's signature (carries its verdict, not judged again)."""
+
+    def __init__(self, verdict):
+        super().__init__("fails like the group")
+        self.verdict = verdict
+
+
+def capture_generated(backend, backend_name: str, items: list, results: list, *, seed: int, supported,
+                      capture: bool, regressions_dir, shrink_s: float, examples: int, distributions=None) -> dict:
+    """Capture ``pfa-verify run``'s generated failures once per signature (on the driver, after every
+    result came back), each shrunk by Hypothesis from the generation that produced it (:func:`hunt`);
+    every failing outcome (cases.run.Outcome) gets its group's replay line. Returns {signature:
+    (captured case, member names)}."""
+    from cases import regressions
+    from cases.collect import generated_strategy, generation_draws
+    from properties.acceptance import judge
+    groups: dict = {}
+    for item, result in zip(items, results):
+        for o in result.outcomes:
+            if o.signature is not None:
+                groups.setdefault(o.signature, []).append((item, result))
+    captured = {}
+    strategy = generated_strategy(supported, distributions)
+    for sig, members in groups.items():
+        def fails_like(case, sig=sig):
+            try:
+                verdict = judge(backend, case)
+            except Exception:  # noqa: BLE001 - another failure is another bug, not this group's
+                return
+            if signature(verdict) == sig:
+                raise _FailsLikeTheGroup(verdict)
+        found = hunt(strategy, fails_like, seed=seed, examples=generation_draws(examples), shrink_s=shrink_s)
+        shrunk = shrink_s > 0 and found.error is not None
+        case = found.example if shrunk else members[0][0].case
+        verdict = found.error.verdict if shrunk else judge(backend, case)
+        names = [item.name for item, _ in members]
+        how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
+               f"lengths={list(case.config.lengths)}" if shrunk else "not shrunk")
+        note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
+        command, line = regressions.capture("acceptance", backend_name, case, {}, verdict.message() + "\n" + note,
+                                            enabled=capture, directory=regressions_dir)
+        short = f"one of {len(names)} generated case(s) that fail like this, captured once; {how}"
+        for item, result in members:
+            for o in result.outcomes:
+                if o.verdict == "fail" and o.counts:
+                    o.replay = command
+                    o.message += f"\n{short}\n{line}"
+        captured[sig] = (case, names)
+    return captured

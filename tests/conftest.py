@@ -76,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sim: needs pypto 0.2.0 (SIM mode on the CPU)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "regression: replays a captured case from cases/regressions (runs first)")
+    config.addinivalue_line("markers", "cluster: needs Ray (the ray extra) and starts a local Ray; run by tox -e cluster")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

@@ -3,7 +3,7 @@
 
 - ``packages``: golden <- kernels <- properties <- cases (tests may use all);
 - ``cases-pipeline``: cases/ is a pipeline, catalog, ledger, versions, regressions, collect, provenance,
-  shrink, tightness, bench_stages, bench, (pool), mutants, conforming -> run -> report -> html_report ->
+  shrink, tightness, bench_stages, bench, pool, mutants, conforming, search -> run -> report -> html_report ->
   report_compare -> cli; nothing imports cli, and a new module of cases/ must take its place in the list;
 - ``no-cycles``: no import cycle between the modules of a package (a module importing its own package's
   __init__, as kernels.backends.sim takes Backend from kernels.backends, is how a package shares its

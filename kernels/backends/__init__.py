@@ -216,11 +216,15 @@ _WORKER = re.compile(r"^gw(\d+)$")
 def resolve_device_index(device: int | str | None = None, environ=None) -> tuple[int, str]:
     """(device index, where it came from) for the npu backend.
 
-    Order: the explicit `device` argument (an int, "3" or "npu:3"), the TILE_FWK_DEVICE_ID
-    environment variable, the pytest-xdist worker index (PYTEST_XDIST_WORKER=gwN -> N), else 0.
-    A value that is not a non-negative integer is a ValueError naming where it came from.
+    Order: the explicit `device` argument (an int, "3" or "npu:3"); 0 when ASCEND_RT_VISIBLE_DEVICES
+    names exactly one device (what Ray gives a task that asked for one "NPU": the process sees that
+    device only, as npu:0, whatever TILE_FWK_DEVICE_ID it inherited); the TILE_FWK_DEVICE_ID environment
+    variable; the pytest-xdist worker index (PYTEST_XDIST_WORKER=gwN -> N); else 0. Indices count the
+    devices the process sees. A value that is not a non-negative integer is a ValueError naming where it
+    came from.
     """
     env = os.environ if environ is None else environ
+    visible = [v.strip() for v in env.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if v.strip()]
 
     def parse(value, source: str) -> int:
         text = str(value).strip()
@@ -232,6 +236,8 @@ def resolve_device_index(device: int | str | None = None, environ=None) -> tuple
 
     if device is not None:
         return parse(device, "device"), "device argument"
+    if len(visible) == 1:
+        return 0, f"ASCEND_RT_VISIBLE_DEVICES={visible[0]} (the one NPU this process sees)"
     if env.get("TILE_FWK_DEVICE_ID", "").strip():
         return parse(env["TILE_FWK_DEVICE_ID"], "TILE_FWK_DEVICE_ID"), "TILE_FWK_DEVICE_ID"
     match = _WORKER.match(env.get("PYTEST_XDIST_WORKER", ""))

@@ -35,6 +35,9 @@ Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, 
   W7 reset          a failed compile leaves pypto's function stack open, and the next compile in the
                     process fails with "function nested is not allowed". After a failure we reset
                     pypto's global state.           test_compile_after_failed_compile
+                    A failure inside RecordFunc.EndFunction (the calculator, while it verifies the
+                    traced graph) cannot be reset: spoiled() says so, and cases/pool.py replaces the
+                    process.       tests/cases/test_pool.py::test_a_spoiled_worker_is_replaced
   W8 cost model     the SIM-mode cost model that runs after the compile (CostModelRunOnceDataFromHost)
                     dies with SIGSEGV on large grids (pfa_fp8_b16_s1_1_s2_8195_nkv_2, B=16 x 65
                     tiles x 2 heads), taking the process with it: with upstream's
@@ -88,7 +91,7 @@ from kernels.pypto_workarounds.calculator import (E4M3_CODECS, build_calculator,
                                                   load_calculator)
 from kernels.pypto_workarounds.execute import execute_kernel, forget_traces
 from kernels.pypto_workarounds.overlay import build_overlay, load_pypto
-from kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim_session
+from kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim_session, spoiled
 
 __all__ = [
     "SUPPORTED_PYPTO_VERSION",
@@ -100,6 +103,7 @@ __all__ = [
     "sim_session",
     "RunCapture",
     "reset_pypto_state",
+    "spoiled",
     "build_calculator",
     "load_calculator",
     "E4M3_CODECS",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kernels.pypto_workarounds import _common
 
-__all__ = ["RunCapture", "sim_session", "reset_pypto_state"]
+__all__ = ["RunCapture", "sim_session", "reset_pypto_state", "spoiled"]
 
 
 # --- W5, W6, W7: one SIM run --------------------------------------------------------------------------
@@ -74,6 +74,22 @@ def reset_pypto_state() -> None:
         impl.Reset()
     with contextlib.suppress(Exception):
         importlib.import_module("pypto.runtime")._pto_verify_datas.reset()
+
+
+def spoiled() -> str | None:
+    """W7's limit: why pypto cannot trace again in this process, or None.
+
+    A failure inside RecordFunc.EndFunction (the calculator refusing a view while it verifies the traced
+    graph, e.g. a W12 view before a cache's start) skips the rest of pypto.function(): the class flag
+    pypto._controller.Controller.in_function stays set and the C++ function stack is left half closed.
+    The next trace fails ("function nested is not allowed"); with the flag cleared by hand it died of
+    SIGSEGV instead (measured 2026-11-30, the sim mutant minus_one_not_clamped on B=2, S2=512,
+    s2_tile=256, lengths (512, 100), then a sim case). No reset recovers the process: cases/pool.py
+    replaces a worker for which this is not None, and runs the rest of a serial run in a new process."""
+    controller = getattr(sys.modules.get("pypto._controller"), "Controller", None)
+    if controller is not None and getattr(controller, "in_function", False):
+        return "a kernel failed inside pypto's trace, which pypto 0.2.0 cannot close again in this process (W7)"
+    return None
 
 
 @contextlib.contextmanager

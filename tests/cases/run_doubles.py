@@ -92,3 +92,44 @@ class DeclaresExactModel(GoldenBackend):
         from golden.model import EXACT_MODEL
         super().__init__()
         self.model = EXACT_MODEL
+
+
+class DiesOnTheTailCase(GoldenBackend):
+    """The golden, except that a worker process running the catalog's edge_tail_tile_3_tokens (a [1, 5]
+    block table, 8 query heads) kills itself with SIGKILL, as the OOM killer or a crash would: once per
+    marker file in $PFA_VERIFY_TEST_DEATHS (so the retry passes), or every time when that folder holds a
+    file named ``always``. Never in the process named by $PFA_VERIFY_TEST_DRIVER (the driver)."""
+    name = "tests/cases/run_doubles.py:DiesOnTheTailCase"
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
+        import os
+        import signal
+        from pathlib import Path
+        deaths = Path(os.environ.get("PFA_VERIFY_TEST_DEATHS", "/nonexistent"))
+        worker = str(os.getpid()) != os.environ.get("PFA_VERIFY_TEST_DRIVER")
+        if worker and deaths.is_dir() and tuple(block_table.shape) == (1, 5) and q.shape[1] == 8:
+            marker = deaths / f"died-{os.getpid()}"
+            if (deaths / "always").exists() or not any(deaths.glob("died-*")):
+                marker.write_text("killed itself on edge_tail_tile_3_tokens\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw)
+
+
+class Slow(GoldenBackend):
+    """The golden, taking a second longer per case and writing its pid to $PFA_VERIFY_TEST_PIDS/<pid>
+    while it works (so a test can kill a busy worker from outside)."""
+    name = "tests/cases/run_doubles.py:Slow"
+
+    def paged_attention_fp8(self, *args, **kwargs):
+        import os
+        import time
+        from pathlib import Path
+        folder = Path(os.environ.get("PFA_VERIFY_TEST_PIDS", "/nonexistent"))
+        busy = folder / str(os.getpid())
+        if folder.is_dir():
+            busy.write_text("busy\n")
+        try:
+            time.sleep(1.0)
+            return super().paged_attention_fp8(*args, **kwargs)
+        finally:
+            busy.unlink(missing_ok=True)

@@ -71,4 +71,4 @@ def test_header_names_what_was_checked_by_content(failing_html):
     kernel = run.provenance["backend"]["kernel"]
     assert f"sha256 {kernel['sha256']}" in text and "tests/cases/run_doubles.py:PerturbOne" in text
     assert f"fingerprint {run.selection['fingerprint'][7:19]}" in text
-    assert "Model: none declared" in text and "catalog sha256 " in text
+    assert "Model: exact (the golden" in text and "catalog sha256 " in text      # a double built on the golden

@@ -55,14 +55,30 @@ def test_json_of_a_two_codec_run_validates(codec_run):
     (lambda d: d["results"][0].update(worst_index={"row": 0}), "is not valid under any of the given schemas"),
     (lambda d: d["summary"].update(extra=1), "('extra' was unexpected)"),
     (lambda d: d["summary"]["skipped_by_kind"].update(lazy=1), "$.summary.skipped_by_kind: 'lazy' is not one of"),
-    (lambda d: d.update(schema="pfa-verify-run-report/2"), "$.schema: 'pfa-verify-run-report/3' was expected"),
+    (lambda d: d.update(schema="pfa-verify-run-report/3"), "$.schema: 'pfa-verify-run-report/4' was expected"),
+    (lambda d: d["results"][0].pop("node"), "$.results[0]: 'node' is a required property"),
+    (lambda d: d["results"][0].update(attempts=3), "$.results[0].attempts: 3 is greater than the maximum of 2"),
+    (lambda d: d["execution"].update(executor="slurm"), "$.execution.executor: 'slurm' is not one of"),
+    (lambda d: d.pop("execution"), "'execution' is a required property"),
 ], ids=["missing field", "bad verdict", "negative count", "bad worst_index", "extra summary key", "bad skip kind",
-        "other schema"])
+        "other schema", "no node", "three attempts", "unknown executor", "no execution"])
 def test_schema_check_rejects(failing_run, mutate, expected):
     data = copy.deepcopy(report.to_json(failing_run))
     mutate(data)
     errors = report.check_schema(data)
     assert any(expected in e for e in errors), errors
+
+
+def test_every_result_names_its_node_and_the_report_its_executor(failing_run):
+    """Issue 19: each case names the host that ran it; the report says what executed the cases."""
+    import socket
+    data = report.to_json(failing_run)
+    assert {r["node"] for r in data["results"]} == {socket.gethostname()}
+    assert {r["attempts"] for r in data["results"]} == {1}
+    assert data["execution"]["executor"] == "here" and data["execution"]["cluster"] is None
+    assert data["execution"]["cases_per_node"] == {socket.gethostname(): len(failing_run.results)}
+    assert report.execution_line(failing_run) == f"Executed in this process on {socket.gethostname()} " \
+                                                 f"{len(failing_run.results)}"
 
 
 def test_table_has_the_columns_and_verdicts(failing_run):

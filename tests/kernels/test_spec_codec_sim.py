@@ -27,12 +27,12 @@ def _catalog(name):
 
 
 def test_the_variant_names_its_codec_and_the_plain_sim_says_why_the_spec_comparison_is_not_its(spec_sim, sim_backend):
-    from golden.model import SPEC_MODEL
+    from golden.model import DETERMINISTIC_MODEL
 
     assert (spec_sim.name, spec_sim.codec, spec_sim.spec_codec_not_applicable) == ("sim-spec-codec", golden.SPEC_CODEC, None)
     assert sim_backend.codec is golden.PYPTO_CALCULATOR_CODEC
     assert "read as 240" in sim_backend.spec_codec_not_applicable and "sim-spec-codec" in sim_backend.spec_codec_not_applicable
-    assert spec_sim.model is SPEC_MODEL and sim_backend.model is SPEC_MODEL
+    assert spec_sim.model is DETERMINISTIC_MODEL and sim_backend.model is DETERMINISTIC_MODEL
     with pytest.raises(ValueError, match="sim-spec-codec is the sim with e4m3='spec'"):
         kernels.get_backend("sim-spec-codec", e4m3="pypto")
     with pytest.raises(ValueError, match="applies to the npu backend only"):

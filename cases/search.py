@@ -1,0 +1,303 @@
+"""``pfa-verify search``: long law searches (the nightly kind), split into tasks, on any pool (issue 19).
+
+Each law's search of ``examples`` examples is split into ``tasks`` tasks of about ``examples / tasks``
+examples, each under its own seed (:func:`task_seed`: distinct per law and task, the same for the same
+``--seed``), and the tasks run through :mod:`cases.pool` (here, local processes or a Ray cluster). A
+task is one :func:`cases.shrink.hunt` over the law's examples (properties/law_examples.py, the same
+domains as pytest's law tests and the mutants): it stops at its first failure and does not shrink it.
+
+With ``--database`` the tasks share Hypothesis's example database (a directory every node can reach,
+or ``redis://HOST:PORT[/DB]``, Hypothesis's RedisExampleDatabase, which needs the ``redis`` package):
+a failure saved by one task is replayed first by every later task of the same law and backend, on any
+node, and by tomorrow's search.
+
+The failures come back to the driver, grouped by :func:`failure_signature` (law, kind of failure);
+the first of each group, in law and task order, is shrunk here by Hypothesis for ``shrink_s``
+seconds (the task's seed replayed, or the database) and captured once through cases/regressions.py;
+every other member points at it. Exit 1 when anything failed, or a task ended in an error (its worker
+died twice, the backend could not start); 0 when every example of every law held.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+
+__all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
+           "summary_line", "render_table", "add_arguments", "main"]
+
+
+@dataclasses.dataclass
+class TaskReport:
+    """One task: ``law``, its index, its seed, the examples it drew, its seconds, where it ran, and its
+    failure (``case``, ``params``, ``kind``, ``message``) or ``error`` (the task itself broke)."""
+    law: str
+    task: int
+    seed: int
+    examples: int = 0
+    seconds: float = 0.0
+    node: str | None = None
+    failure: dict | None = None
+    error: str | None = None
+    replay: str | None = None
+
+
+@dataclasses.dataclass
+class SearchRun:
+    backend: str
+    laws: tuple
+    examples: int
+    tasks_per_law: int
+    seed: int
+    database: str | None
+    tasks: list
+    captured: list
+    seconds: float
+    execution: dict | None = None
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if any(t.failure or t.error for t in self.tasks) else 0
+
+
+def task_seed(seed: int, law: str, task: int) -> int:
+    """The seed of task ``task`` of ``law``: a 32-bit hash of (seed, law, task), so tasks never share draws."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{law}:{task}".encode()).digest()[:4], "big")
+
+
+def failure_signature(law: str, kind: str, message: str) -> tuple:
+    """How failures are grouped: the law and the kind (``law``: the law's assertion; ``error``: the
+    backend raised, with the exception's type). Coarse on purpose, as cases/shrink.py's: one bug, one
+    signature, one captured case."""
+    return (law, kind) if kind == "law" else (law, kind, message.split(":", 1)[0])
+
+
+def open_database(spec: str | None):
+    """The Hypothesis example database named by ``spec``: None, a directory, or ``redis://...``."""
+    if not spec:
+        return None
+    if spec.startswith(("redis://", "rediss://")):
+        try:
+            import redis
+        except ImportError:
+            raise ValueError(f"--database {spec!r}: the redis package is not installed (pip install redis)") from None
+        from hypothesis.extra.redis import RedisExampleDatabase
+        return RedisExampleDatabase(redis.Redis.from_url(spec))
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    return DirectoryBasedExampleDatabase(spec)
+
+
+def _key(law: str, backend_name: str) -> str:
+    return f"pfa-verify search {law} {backend_name}"
+
+
+def _search_task(payload) -> TaskReport:
+    """One task in a worker (cases/pool.py): the worker's backend, then the law's search."""
+    from cases.pool import worker_backend
+    from cases.shrink import hunt
+    from properties import law_examples, laws
+    law, task, seed, examples, backend_name, database = payload
+    report = TaskReport(law, task, seed)
+    backend = worker_backend(backend_name)
+    found = hunt(law_examples.examples(law, backend), lambda ex: laws.run(law, backend, ex[0], **ex[1]), seed=seed,
+                 examples=examples, database=open_database(database), key=_key(law, backend_name))
+    report.examples, report.seconds = found.examples, found.seconds
+    if found.error is not None:
+        case, params = found.example
+        kind = "law" if isinstance(found.error, AssertionError) else "error"
+        text = str(found.error).strip()
+        message = f"{type(found.error).__name__}: {text}" if kind == "error" else text
+        report.failure = {"case": case, "params": dict(params), "kind": kind, "message": message}
+    return report
+
+
+def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples: int, database, shrink_s: float):
+    """``(case, params, message, how)`` of the group's first failure, shrunk by Hypothesis when it
+    reproduces (the task's seed, or the database, replayed here on the driver); else as the task found it."""
+    from cases.shrink import hunt
+    from properties import law_examples, laws
+    if shrink_s > 0:
+        def check(example):
+            try:
+                laws.run(law, backend, example[0], **example[1])
+            except Exception as exc:  # noqa: BLE001 - judged by its signature below
+                kind = "law" if isinstance(exc, AssertionError) else "error"
+                if failure_signature(law, kind, f"{type(exc).__name__}: {exc}") == signature:
+                    raise
+        found = hunt(law_examples.examples(law, backend), check, seed=first.seed, examples=examples,
+                     shrink_s=shrink_s, database=database, key=_key(law, backend.name))
+        if found.error is not None:
+            case, params = found.example
+            return case, dict(params), str(found.error), "shrunk by Hypothesis on the driver"
+    return first.failure["case"], first.failure["params"], first.failure["message"], "not shrunk"
+
+
+def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: int = 0, database: str | None = None,
+           workers: int = 1, cluster=None, shrink_s: float = 60.0, capture: bool = True, regressions_dir=None,
+           progress=None) -> SearchRun:
+    """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool; failures grouped,
+    the first of each group shrunk and captured once, here."""
+    import kernels
+    from cases import regressions
+    from cases.pool import Pool, task_resources
+    from properties.law_examples import PAGED_LAWS
+    unknown = sorted(set(laws) - set(PAGED_LAWS))
+    if unknown or not laws:
+        raise ValueError(f"--laws: unknown law(s) {unknown or 'none given'}; expected some of {', '.join(PAGED_LAWS)}")
+    if tasks < 1 or examples < 1:
+        raise ValueError(f"--tasks {tasks} and --examples {examples} must be at least 1")
+    start = time.perf_counter()
+    backend = kernels.get_backend(backend_name)        # the driver shrinks: it needs the backend too
+    db = open_database(database)
+    per_task = math.ceil(examples / tasks)
+    payloads = [(law, k, task_seed(seed, law, k), per_task, backend_name, database) for law in laws for k in range(tasks)]
+    with Pool(workers=workers, cluster=cluster, resources=task_resources(backend)) as pool:
+        results = pool.map(_search_task, payloads, on_done=progress and (lambda n, r: progress(payloads[n], r)))
+    reports = []
+    for payload, r in zip(payloads, results):
+        rep = r.value if r.error is None else TaskReport(payload[0], payload[1], payload[2], error=r.error)
+        rep.node = r.node
+        reports.append(rep)
+    groups: dict = {}
+    for rep in reports:
+        if rep.failure is not None:
+            sig = failure_signature(rep.law, rep.failure["kind"], rep.failure["message"])
+            groups.setdefault(sig, []).append(rep)
+    captured = []
+    for sig, members in groups.items():
+        first = members[0]
+        case, params, message, how = _shrunk(first.law, backend, first, sig, examples=per_task, database=db,
+                                             shrink_s=shrink_s)
+        names = [f"{m.law}#{m.task}" for m in members]
+        note = f"{len(members)} search task(s) failed like this ({', '.join(names)}); {how}"
+        command, line = regressions.capture(first.law, backend_name, case, params, f"{message}\n{note}",
+                                            enabled=capture, directory=regressions_dir)
+        for m in members:
+            m.replay = command
+        captured.append({"signature": list(sig), "law": first.law, "tasks": names, "replay": command, "line": line,
+                         "how": how})
+    return SearchRun(backend_name, tuple(laws), examples, tasks, seed, database, reports, captured,
+                     time.perf_counter() - start, pool.describe())
+
+
+def _law_totals(run: SearchRun) -> dict:
+    out = {}
+    for law in run.laws:
+        mine = [t for t in run.tasks if t.law == law]
+        n, s = sum(t.examples for t in mine), sum(t.seconds for t in mine)
+        out[law] = {"examples": n, "task_seconds": round(s, 2), "examples_per_task_second": round(n / s, 3) if s else None,
+                    "failures": sum(1 for t in mine if t.failure), "errors": sum(1 for t in mine if t.error)}
+    return out
+
+
+def to_json(run: SearchRun) -> dict:
+    """The search report (schema ``pfa-verify-search/1``): tasks, per-law totals, captured cases."""
+    def task(t: TaskReport) -> dict:
+        failure = None if t.failure is None else {
+            "config": t.failure["case"].config.to_dict(), "seed": t.failure["case"].seed,
+            "params": t.failure["params"], "kind": t.failure["kind"], "message": t.failure["message"].split("\n")[0]}
+        return {"law": t.law, "task": t.task, "seed": t.seed, "examples": t.examples, "seconds": round(t.seconds, 3),
+                "node": t.node, "failure": failure, "error": t.error, "replay": t.replay}
+    examples = sum(t.examples for t in run.tasks)
+    return {"schema": "pfa-verify-search/1", "backend": run.backend, "laws": list(run.laws), "examples": run.examples,
+            "tasks_per_law": run.tasks_per_law, "seed": run.seed, "database": run.database, "execution": run.execution,
+            "tasks": [task(t) for t in run.tasks], "laws_summary": _law_totals(run),
+            "captured": [{k: v for k, v in c.items() if k != "line"} for c in run.captured],
+            "examples_run": examples, "seconds": round(run.seconds, 2),
+            "examples_per_second": round(examples / run.seconds, 3) if run.seconds else None,
+            "exit_status": run.exit_status}
+
+
+def summary_line(run: SearchRun) -> str:
+    data = to_json(run)
+    failed = sum(1 for t in run.tasks if t.failure)
+    broke = sum(1 for t in run.tasks if t.error)
+    return (f"search on {run.backend}: {len(run.laws)} law(s) x {run.tasks_per_law} task(s), {data['examples_run']} examples "
+            f"in {run.seconds:.1f} s ({data['examples_per_second']} per second); {failed} task(s) found a failure, "
+            f"{len(run.captured)} captured once per signature" + (f", {broke} task(s) broke" if broke else "")
+            + " -> " + ("OK" if run.exit_status == 0 else "FAILED"))
+
+
+def render_table(run: SearchRun):
+    """A rich Table: one row per task."""
+    from rich.table import Table
+    table = Table(title=f"pfa-verify search: backend {run.backend}", title_justify="left")
+    for col in ("law", "task", "seed", "examples", "s", "node", "result"):
+        table.add_column(col)
+    for t in run.tasks:
+        result = ("[bold magenta]error: " + t.error + "[/]") if t.error else (
+            f"[bold red]{t.failure['kind']}: {t.failure['message'].splitlines()[0][:80]}[/]" if t.failure else "[green]held[/]")
+        table.add_row(t.law, str(t.task), str(t.seed), str(t.examples), f"{t.seconds:.1f}", t.node or "-", result)
+    return table
+
+
+# --- the command line (cases/cli.py) -------------------------------------------------------------
+
+def main(args) -> int:
+    """``pfa-verify search`` (cases/cli.py): run, print, write the JSON report; exit 0, 1, or 2 (a
+    cluster that cannot take the tasks, one line)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from cases.pool import ClusterError
+    from properties.law_examples import PAGED_LAWS
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws else PAGED_LAWS
+
+    def progress(payload, result):
+        law, task = payload[0], payload[1]
+        found = result.error or (result.value.failure and result.value.failure["kind"]) or "held"
+        print(f"  {law} task {task}: {found} ({result.node or '-'})", flush=True)
+    try:
+        run = search(args.backend, laws, examples=args.examples, tasks=args.tasks, seed=args.seed,
+                            database=args.database, workers=args.workers, cluster=args.cluster,
+                            shrink_s=args.shrink_seconds, capture=not args.no_capture, regressions_dir=args.regressions,
+                            progress=progress if args.verbose else None)
+    except ClusterError as exc:
+        print(f"pfa-verify: error: {exc}", file=sys.stderr)
+        return 2
+    console.print(render_table(run))
+    for c in run.captured:
+        console.print(f"{c['law']}: {len(c['tasks'])} task(s) failed alike, captured once ({c['how']}): {c['line']}",
+                      highlight=False, markup=False)
+    console.print(summary_line(run), highlight=False, markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(to_json(run), indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", highlight=False)
+    return run.exit_status
+
+
+def add_arguments(parser) -> None:
+    """The options of ``pfa-verify search``."""
+    from cases.pool import add_cluster_argument
+
+    def count(text: str) -> int:
+        value = int(text)
+        if value < 0:
+            raise ValueError(f"{text!r} must be >= 0")
+        return value
+
+    parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
+                        "any name --backend of pfa-verify run takes")
+    parser.add_argument("--laws", default=None, metavar="LAW,...", help="the laws (default: every paged law)")
+    parser.add_argument("--examples", type=count, default=100, help="examples per law, split over its tasks (default "
+                        "100; the nightly profile's 2000 is a night's search)")
+    parser.add_argument("--tasks", type=count, default=4, help="tasks per law, each with its own seed (default 4)")
+    parser.add_argument("--seed", type=count, default=0, help="seed the tasks' seeds derive from (default 0)")
+    parser.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT[/DB]",
+                        help="Hypothesis's example database shared by every task (a directory all nodes reach, or "
+                             "Redis): a failure found by one task is replayed first by the others and the next search")
+    parser.add_argument("--workers", type=count, default=1, help="local processes (default 1: here)")
+    add_cluster_argument(parser, "the tasks")
+    parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
+                        help="time to shrink the first failure of each signature, on the driver (default 60)")
+    parser.add_argument("--regressions", metavar="DIR", default=None,
+                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.add_argument("--json", metavar="PATH", help="write the search report as JSON")
+    parser.add_argument("--verbose", action="store_true", help="one line per task as it finishes")
