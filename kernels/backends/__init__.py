@@ -27,7 +27,6 @@ function; get_backend sets it for our kernel, file and module factories, pypto-g
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 from typing import Any, Callable
@@ -292,24 +291,18 @@ def _auto(device=None, **options):
 
 
 def _load_file_factory(name: str):
-    """The object named by 'path/to/file.py:factory' (a test double kept outside any package)."""
-    import importlib.util
-    import sys
+    """(module, attribute) named by 'path/to/file.py:factory' (a test double kept outside any package),
+    the path relative to the working directory or the project root (kernels/backends/loader.py)."""
     from pathlib import Path
+
+    from kernels.backends.loader import load_file_module
 
     path, _, attr = name.rpartition(":")
     candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
     file = next((c for c in candidates if c.is_file()), None)
     if file is None:
         raise ValueError(f"name={name!r}: no file {path!r} here or in the project root")
-    module_name = "_pfa_backend_" + re.sub(r"\W", "_", str(file.resolve()))
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return module, attr
+    return load_file_module(file, prefix="_pfa_backend_"), attr
 
 
 BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim": _sim,
@@ -341,17 +334,17 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if ":" not in name:
         raise ValueError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
                          "or an import path 'package.module:factory'")
-    if ".py:" in name:
-        module, attr = _load_file_factory(name)
-        module_name = module.__file__
-        source = name.rpartition(":")[0]
-    else:
-        module_name, _, attr = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
-        source = module_name
+    from kernels.backends.loader import import_named_module
+    try:
+        if ".py:" in name:
+            module, attr = _load_file_factory(name)
+            module_name = module.__file__
+            source = name.rpartition(":")[0]
+        else:
+            module_name, _, attr = name.partition(":")
+            module, source = import_named_module(module_name), module_name
+    except ValueError as exc:
+        raise ValueError(str(exc) if str(exc).startswith("name=") else f"name={name!r}: {exc}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"name={name!r}: {module_name} has no callable {attr!r}")

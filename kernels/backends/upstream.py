@@ -31,12 +31,8 @@ FUNCTION defaults to ``pfa_func_kernel_v2_bound``. The tile configuration follow
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import re
-import sys
-from pathlib import Path
 
 from kernels.backends import BackendUnavailable, KernelSource
 from kernels.backends.npu import NpuBackend
@@ -87,26 +83,15 @@ def parse_name(name: str) -> tuple[str, str, str]:
 
 
 def _import(source: str):
-    if source.endswith(".py") or "/" in source:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"kernel source {source!r}: no such file")
-        module_name = "_pfa_upstream_" + re.sub(r"\W", "_", str(path.resolve()))
-        if module_name in sys.modules:
-            return sys.modules[module_name]
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_name]
-            raise ValueError(f"kernel source {source!r} failed to import: {type(exc).__name__}: {exc}") from None
-        return module
+    """The module of a kernel file (a path: it ends in .py or holds a /) or an importable module."""
+    from kernels.backends.loader import import_named_module, load_file_module
+
     try:
-        return importlib.import_module(source)
-    except ImportError as exc:
-        raise ValueError(f"kernel source {source!r}: cannot import it ({exc})") from None
+        if source.endswith(".py") or "/" in source:
+            return load_file_module(source, prefix="_pfa_upstream_")
+        return import_named_module(source)
+    except ValueError as exc:
+        raise ValueError(f"kernel source {exc}" if str(exc).startswith("'") else f"kernel source: {exc}") from None
 
 
 def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):

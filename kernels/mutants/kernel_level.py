@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import sys
+import os
 from pathlib import Path
 
 __all__ = ["KernelMutant", "KERNEL_MUTANTS", "make_kernel_mutant", "mutated_source"]
@@ -92,20 +91,20 @@ def mutated_source(name: str) -> str:
 
 
 def _mutated_module(name: str):
+    """Mutant ``name``'s copy of kernels/pfa_fp8.py, written to the cache (pypto's parser reads a kernel's
+    source from its file) and loaded by the one loader (kernels/backends/loader.py): ValueError when it
+    does not import."""
+    from kernels.backends.loader import load_file_module
     from kernels.pypto_workarounds import cache_root
     source = mutated_source(name)
     tag = hashlib.sha256(source.encode()).hexdigest()[:12]
     path = cache_root() / "mutants" / f"pfa_fp8_{name}_{tag}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
-        path.write_text(source)
-    module_name = f"_pfa_verify_mutant_{name}_{tag}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(source)
+        os.replace(partial, path)      # whole, whatever another process does at the same time
+    return load_file_module(path, prefix="_pfa_verify_mutant_")
 
 
 def make_kernel_mutant(name: str, **options):
