@@ -22,7 +22,11 @@ with exactly the golden's arguments, validated by golden.validate (the same chec
 `codec`, if given, must be the backend's own codec: a kernel cannot change how its hardware rounds.
 Optional, for reports: `model` (a golden.model.ConformanceModel the backend declares) and
 `kernel_source` (a KernelSource: the file its kernel was loaded from, that file's sha256 and the
-function; get_backend sets it for our kernel, file and module factories, pypto-gym kernels).
+function; get_backend sets it for our kernel, file and module factories, pypto-gym kernels);
+`notes()`, what a run's header says once about the backend here (the sim: W9's fast path when it is
+off); `threads`, the torch threads a process running it should use, applied by the owner of the
+process (use_backend_threads), never by the backend. Files and modules named by the user are
+loaded by kernels/backends/loader.py.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from typing import Any, Callable
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
-           "BUILTIN_BACKENDS", "KernelSource"]
+           "BUILTIN_BACKENDS", "KernelSource", "use_backend_threads"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -149,6 +153,13 @@ class Backend:
     spec_codec_not_applicable: str | None = None
     #: What the backend does about a kernel's reads outside its inputs, in words (None: unknown).
     out_of_bounds_reads: str | None = None
+    #: torch threads a process running this backend should use (None: torch's default), applied by the
+    #: owner of the process (use_backend_threads), never by the backend.
+    threads: int | None = None
+
+    def notes(self) -> list[str]:
+        """What a run should say once about this backend here (its header), e.g. a fast path that is off."""
+        return []
 
     def skip_reason(self, config) -> Skip | None:
         """Why this backend does not run ``config`` (a golden.PagedAttentionConfig) here, or None."""
@@ -193,6 +204,18 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} codec={getattr(self.codec, 'name', None)!r}>"
+
+
+def use_backend_threads(backend) -> None:
+    """Set this process's torch threads to ``backend.threads`` (the sim's 1), or leave them. Called once
+    by the owner of a process that runs ``backend``: the command line (a run or replay in one process);
+    worker processes and test sessions set theirs in their initialisers. A backend never sets them:
+    constructing one must not change the process it is made in."""
+    threads = getattr(backend, "threads", None)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def unsupported_shape(config, supported: dict | None) -> Skip | None:

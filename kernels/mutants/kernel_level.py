@@ -117,13 +117,12 @@ def make_kernel_mutant(name: str, **options):
         options = {"e4m3": KERNEL_MUTANTS[name].e4m3, **options}
 
     class KernelMutantBackend(SimBackend):
-        def _pfa_kernel(self, execute: bool):
-            key = ("mutant", name, execute)
-            if key not in self._kernels:
-                module = _mutated_module(name)
-                self._kernels[key] = module.make_kernel(run_mode=self._pypto.RunMode.SIM, pass_verify=execute,
-                                                        pass_options=self.pass_options)
-            return self._kernels[key]
+        def __init__(self, **sim_options) -> None:
+            super().__init__(**sim_options)          # pypto from the overlay first: the copy imports it
+            self._mutated = _mutated_module(name)    # a copy that does not import: ValueError, now
+
+        def _make_pfa_kernel(self, *, run_mode, pass_verify: bool):
+            return self._mutated.make_kernel(run_mode=run_mode, pass_verify=pass_verify, pass_options=self.pass_options)
 
     if name == "none":
         backend = SimBackend(**options)

@@ -383,8 +383,13 @@ def test_chunks_are_planned_to_fit_the_memory_cap():
     assert big.seconds > small.seconds > 0 and "batch chunks" in big.describe()
     lengths = [100] * 8
     shape = dict(s1=1, nkv=1, g_steps=1, s2_tile=128, block_size=128, head_dim=128, num_blocks=8)
-    assert sim_cost.plan_chunks(lengths, cap=1e12, **shape) == [range(0, 8)]
-    assert sim_cost.plan_chunks(lengths, cap=0, **shape) == [range(b, b + 1) for b in range(8)]   # the floor
+    assert [c.batches for c in sim_cost.plan(lengths, cap=1e12, **shape)] == [range(0, 8)]
+    floor = sim_cost.plan(lengths, cap=0, **shape)
+    assert [c.batches for c in floor] == [range(b, b + 1) for b in range(8)]                     # the floor
+    # a chunk's tile iterations: sum over its rows of ceil(cur / s2_tile), cur of SPEC §2 item 1
+    ragged = sim_cost.plan([0, 1, 128, 129, 300], cap=1e12, **dict(shape, s1=3, nkv=2, g_steps=3))[0]
+    cur = [[max(0, n - (3 - 1 - i)) for i in range(3)] for n in (0, 1, 128, 129, 300)]
+    assert ragged.iterations == 2 * 3 * sum(-(-c // 128) for row in cur for c in row) == 2 * 3 * 17
 
 
 def test_a_backend_loaded_from_a_file_or_module_names_its_source_by_content():
@@ -412,3 +417,43 @@ def test_our_sim_kernel_is_named_by_content(sim_backend):
     assert source.source == "kernels/pfa_fp8.py" and source.function == "make_kernel"
     assert source.sha256 == hashlib.sha256(Path(source.path).read_bytes()).hexdigest()
     assert Path(source.path) == Path(kernels.__file__).resolve().parent / "pfa_fp8.py"
+
+
+@pytest.mark.sim
+def test_making_a_sim_backend_leaves_the_threads_to_the_process(pypto_module):
+    """Issue 18 item 7: the sim backend asks for one torch thread (``threads``); the owner of the process
+    applies it (use_backend_threads: the command line, workers, the test session), never the backend."""
+    import torch
+
+    from kernels.backends import use_backend_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        backend = kernels.get_backend("sim")
+        assert torch.get_num_threads() == 3 and backend.threads == 1
+        use_backend_threads(kernels.get_backend("golden"))          # asks for nothing: left alone
+        assert torch.get_num_threads() == 3
+        use_backend_threads(backend)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.sim
+def test_the_run_header_says_when_w9s_fast_path_is_off(pypto_module, monkeypatch):
+    """Native.why_not (kernels/pypto_workarounds/native.py) reaches the run's header and report when the
+    calculator cannot re-run a kept graph (then every call traces again), and nothing is said otherwise."""
+    from cases.run import choose_backend
+    from kernels import pypto_workarounds as pw
+    from kernels.pypto_workarounds import native
+
+    real = native.native(pypto_module, pw.cache_root())
+    _, _, note = choose_backend("sim")
+    assert note == "backend sim (as asked)" and real.verify is not None
+    monkeypatch.setattr(native, "_NATIVE", [native.Native(real.program, real.program_data, None, None,
+                                                          "building the verify shim failed: no compiler")])
+    _, _, note = choose_backend("sim")
+    assert note == ("backend sim (as asked); W9's re-run of a traced graph is off here (building the verify shim "
+                    "failed: no compiler): every call traces the kernel again (the same numbers, a few seconds "
+                    "more per call)")
+
