@@ -141,6 +141,16 @@ class SimBackend(PyptoBackend):
                     kernel(*args)
         except self._pw.OutOfBoundsRead as exc:     # W12: an input read outside its shape
             raise KernelRunError(f"out-of-bounds read: {exc}") from None
+        except self._pw.CalculatorFailed as exc:    # W9: the calculator threw on the kept graph
+            raise KernelRunError(str(exc)) from None
+        except KernelRunError:
+            raise
+        except RuntimeError as exc:
+            # pypto's trace or calculator refused the kernel (its C++ errors reach Python as RuntimeError):
+            # the kernel did not deliver, a kill in the mutant matrix (cases/mutants.py). Building the
+            # kernel (its module, the jit wrapper) happens before this and is never caught here.
+            text = str(exc).strip()
+            raise KernelRunError(f"the kernel failed inside pypto: {text.splitlines()[0] if text else ''}") from exc
         self.last_report = report
         error = calculator_error(report.text)
         if error:

@@ -457,3 +457,25 @@ def test_the_run_header_says_when_w9s_fast_path_is_off(pypto_module, monkeypatch
                     "failed: no compiler): every call traces the kernel again (the same numbers, a few seconds "
                     "more per call)")
 
+
+@pytest.mark.sim
+@pytest.mark.parametrize("raised,expected", [(RuntimeError("Errcode: trace refused the kernel\nmore"), kernels.KernelRunError),
+                                             (TypeError("a bug of the suite"), TypeError)],
+                         ids=["pypto-RuntimeError", "TypeError"])
+def test_a_kernel_that_fails_inside_pypto_is_a_kernel_run_error(pypto_module, monkeypatch, small_bundle, raised,
+                                                                 expected):
+    """Issue 18 item 5: pypto refusing the kernel while it runs (a C++ error, RuntimeError in Python) is
+    the kernel's failure, a KernelRunError (a kill in the mutant matrix); any other exception is not
+    (a broken row there), so it propagates as it is."""
+    from kernels import pypto_workarounds as pw
+
+    def refuse(wrapper, args):
+        raise raised
+
+    monkeypatch.setattr(pw, "execute_kernel", refuse)
+    backend = kernels.get_backend("sim")
+    with pytest.raises(expected) as info:
+        backend.paged_attention_fp8(**small_bundle.kwargs())
+    assert type(info.value) is expected
+    if expected is kernels.KernelRunError:
+        assert str(info.value) == "the kernel failed inside pypto: Errcode: trace refused the kernel"

@@ -85,3 +85,24 @@ def test_a_kernel_mutant_that_does_not_import_is_a_value_error(monkeypatch, tmp_
         with pytest.raises(ValueError, match=r"pfa_fp8_broken_syntax_\w+\.py' failed to import: SyntaxError"):
             kernel_level._mutated_module("broken_syntax")
     assert not [m for m in sys.modules if "broken_syntax" in m]
+
+
+@pytest.mark.sim
+def test_a_kernel_mutant_that_does_not_import_is_a_broken_row_never_a_kill(pypto_module, monkeypatch):
+    """cases/mutants.py (issue 18 item 5): the mutant's backend fails to build, so its row is broken:
+    not killed, its error reported, and the matrix's exit status 1 whatever the kill ratio."""
+    from cases import mutants as matrix
+    from kernels import mutants
+    from kernels.mutants import kernel_level
+    broken = kernel_level.KernelMutant("a snippet that does not parse", "p = pypto.exp(pypto.sub(s, m_j))",
+                                       "p = pypto.exp(pypto.sub(s, m_j)")
+    monkeypatch.setitem(kernel_level.KERNEL_MUTANTS, "broken_syntax", broken)
+    monkeypatch.setitem(mutants.MUTANTS, "sim/broken_syntax", mutants.Mutant("sim/broken_syntax", "sim", broken.bug, None))
+    row = matrix._one_or_error("sim/broken_syntax", level="sim", examples=2, seed=0, laws=("acceptance",),
+                               catalog=True, shrink_s=0)
+    assert not row.killed and row.cells == [], row
+    assert row.error.startswith("ValueError: ") and "failed to import: SyntaxError" in row.error
+    baseline = matrix.MutantResult("none (baseline)", "sim", "the unmutated reference", None, [])
+    run = matrix.MutantsRun("sim", 2, 0, baseline, [row], matrix.GOALS["sim"], 0.0)
+    assert run.kill_ratio == 0.0 and run.exit_status == 1
+    assert "1 mutant(s) broke the matrix (sim/broken_syntax)" in matrix.summary_line(run)
