@@ -74,13 +74,14 @@ def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str]
     with ``cur == 0`` are the caller's zeros, SPEC §2 item 5: their untouched elements become 0."""
     import torch
 
+    from golden.attention import visible_lengths
+
     bits = UNWRITTEN[str(out.dtype).removeprefix("torch.")]
     unwritten = out.view({2: torch.int16, 4: torch.int32}[out.element_size()]) == bits
     if kv_act_seqs is None:
         must = unwritten
     else:
-        rows = torch.arange(out.shape[0])
-        cur = (kv_act_seqs.cpu().long()[rows // s1] - (s1 - 1 - rows % s1)).clamp(min=0)
+        cur = visible_lengths(kv_act_seqs.cpu(), s1).reshape(-1)          # row b * S1 + i
         must = unwritten & (cur > 0).reshape(-1, *([1] * (out.dim() - 1)))
     missing = int(must.sum())
     if missing:
@@ -191,10 +192,8 @@ class Backend:
         from golden.validate import check_qk_matmul_scale_args
 
         self._check_codec(codec)
-        check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
-        if scale is None:
-            scale = float(q.shape[1]) ** -0.5
-        return self._qk_matmul_scale(q, k, float(scale), q_scale, k_scale)
+        _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+        return self._qk_matmul_scale(q, k, scale, q_scale, k_scale)
 
     def _paged_attention(self, dims, *tensors):
         raise NotImplementedError

@@ -213,8 +213,7 @@ class SimBackend(PyptoBackend):
     def compile_qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None):
         from golden.validate import check_qk_matmul_scale_args
 
-        check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
-        scale = float(q.shape[1]) ** -0.5 if scale is None else float(scale)
+        _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
         self._at12(q, k, scale, q_scale, k_scale, execute=False)
         return self.last_report
 

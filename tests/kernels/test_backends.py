@@ -149,6 +149,31 @@ def test_golden_backend_is_the_golden_with_the_spec_codec(small_bundle):
                      identifier="golden backend (loop) vs vectorized golden")
 
 
+_KERNEL_CONFIG = dict(s1=1, nq=4, nkv=2, head_dim=128, block_size=128, max_blocks=2, g_tile=2, s2_tile=128,
+                      softmax_scale=0.088)
+BAD_KERNEL_CONFIGS = [
+    (dict(s1=0), ValueError, r"^s1=0 must be a positive int"),
+    (dict(max_blocks=-1), ValueError, r"^max_blocks=-1 must be a positive int"),
+    (dict(g_tile=2.0), TypeError, r"^g_tile must be an int, got float 2.0"),
+    (dict(nkv=True), TypeError, r"^nkv must be an int, got bool True"),
+    (dict(nkv=3), ValueError, r"^nq=4 must be a multiple of nkv=3"),
+    (dict(g_tile=3), ValueError, r"^g_tile=3 must divide group = nq / nkv = 2"),
+    (dict(s2_tile=192), ValueError, r"^s2_tile=192 must be a multiple of block_size=128"),
+    (dict(c1_tile=((128, 64), (128, 128), (128, 128))), ValueError, r"^c1_tile=.*0 < L0 <= L1"),
+]
+
+
+@pytest.mark.parametrize("changes,error,match", BAD_KERNEL_CONFIGS,
+                         ids=[e("PagedAttentionKernelConfig", **c) for c, _, _ in BAD_KERNEL_CONFIGS])
+def test_kernel_config_rejects_bad_fields_with_the_goldens_checks(changes, error, match):
+    """kernels.config (issue 18 item 8): the positive-int checks are golden.paging.positive_int's, so the
+    kernel's configuration raises what the golden raises (TypeError for a non-int, ValueError for <= 0)."""
+    from kernels.config import PagedAttentionKernelConfig
+    PagedAttentionKernelConfig(**_KERNEL_CONFIG)
+    with pytest.raises(error, match=match):
+        PagedAttentionKernelConfig(**{**_KERNEL_CONFIG, **changes})
+
+
 def test_import_path_backend():
     backend = kernels.get_backend("tests.kernels.test_backends:make_recording_backend", flag=1)
     # The module may be imported twice (as a test file and by import path): compare by name.
