@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import golden
-from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, InputBundle
+from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
 from golden.codec import get_codec
 from golden.quant import quantize_rows
 from golden.validate import check_paged_attention_args

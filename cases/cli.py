@@ -350,9 +350,11 @@ def _cmd_show(args) -> int:
 def _cmd_replay(args) -> int:
     from cases import regressions
     from kernels import BackendUnavailable, get_backend
+    from kernels.backends import use_backend_threads
     reg = regressions.load(args.id, directory=args.dir)
     name = args.backend or reg.backend
     backend = get_backend(name)
+    use_backend_threads(backend)
     print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
     if name != reg.backend:
         print(f"note: this checks {name}, not {reg.backend}, on the captured case")
@@ -374,6 +376,7 @@ def _cmd_prune(args) -> int:
     from cases import ledger, regressions
     from golden.errors import UsageError
     from kernels import BackendUnavailable, get_backend
+    from kernels.backends import use_backend_threads
     folder = regressions.directory(args.dir)
     removed = 0
     backends: dict = {}
@@ -393,6 +396,7 @@ def _cmd_prune(args) -> int:
             continue
         try:
             backend = backends.get(reg.backend) or backends.setdefault(reg.backend, get_backend(reg.backend))
+            use_backend_threads(backend)
         except BackendUnavailable as exc:
             print(f"kept {rid}: backend {reg.backend} cannot run here ({exc.reason})")
             continue

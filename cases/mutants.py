@@ -6,10 +6,13 @@ the one acceptance rule. For each (mutant, law) a Hypothesis search runs up to `
 and stops at the first failure: the law killed the mutant, after so many examples and seconds. The
 mutant's first kill is then shrunk by Hypothesis' own shrinker to the smallest counterexample. The
 catalog column runs the catalog's cases the backend supports (small ones first) until one fails the
-one rule. A kernel error (the calculator rejecting a mutant, an unwritten output) counts as a kill
-(``by="error"``): a run reports it as an ``error`` verdict, so it never passes. At the sim level the
-rest of such a row is not run (pypto 0.2.0 does not recover from a failure inside its trace), and
-each mutant gets a fresh worker process.
+one rule. A kill is a law's failure (an AssertionError, ``by="law"``) or a kernels.KernelRunError of
+the backend (an unwritten output, an out-of-bounds read, pypto refusing the kernel while it runs:
+``by="error"``; a run reports it as an ``error`` verdict, so it never passes). Any other exception (the mutated module does
+not import or build, a bug of the suite) kills nothing: the row is broken, reported with its error,
+and the run fails (exit 1), so a broken mutant can never raise the kill ratio. At the sim level the
+rest of a row after a kernel error is not run (pypto 0.2.0 does not recover from a failure inside its
+trace), and each mutant gets a fresh worker process.
 
 The kill ratio counts the mutants without an equivalence proof; the run fails (exit 1) when the
 baseline fails any law or the ratio is under ``--goal``. The matrix is data (``to_json``) and is
@@ -37,7 +40,7 @@ class LawKill:
     seconds: float
     counterexample: dict | None = None    # {"config", "seed", "params"} of the (shrunk) failing example
     message: str = ""                     # the failure's first line
-    by: str | None = None                 # "law": the law failed; "error": the backend raised; None: no kill
+    by: str | None = None                 # "law": the law failed; "error": a KernelRunError; None: no kill
     ran: bool = True                      # False: not run, after a kernel error in this process (see _one)
 
 
@@ -101,10 +104,22 @@ def _example_record(case, params) -> dict:
     return {"config": case.config.to_dict(), "seed": case.seed, "params": dict(params)}
 
 
+def _kill_kind(error: BaseException) -> str:
+    """``"law"`` (an AssertionError: the law failed) or ``"error"`` (a kernels.KernelRunError: the kernel
+    did not deliver); any other exception is not a kill and is raised again: the row is broken."""
+    from kernels import KernelRunError
+    if isinstance(error, AssertionError):
+        return "law"
+    if isinstance(error, KernelRunError):
+        return "error"
+    raise error
+
+
 def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0) -> LawKill:
     """Run ``law`` on up to ``examples`` of its examples against ``backend`` (cases/shrink.hunt); stop
-    at the first failure, an AssertionError of the law (``by="law"``) or any exception of the backend
-    (``by="error"``), then let Hypothesis shrink it for ``shrink_s`` seconds."""
+    at the first failure, an AssertionError of the law (``by="law"``) or a KernelRunError of the
+    backend (``by="error"``), then let Hypothesis shrink it for ``shrink_s`` seconds. Any other
+    exception propagates (:func:`_kill_kind`)."""
     from cases.shrink import hunt
     from properties import law_examples, laws
 
@@ -115,15 +130,16 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
     found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples, shrink_s=shrink_s)
     if found.error is None:
         return LawKill(law, False, found.examples, found.seconds)
+    by = _kill_kind(found.error)
     case, params = found.example
     text = str(found.error)
     return LawKill(law, True, found.examples, found.seconds, _example_record(case, params),
-                   f"{type(found.error).__name__}: {text.splitlines()[0] if text else ''}",
-                   by="law" if isinstance(found.error, AssertionError) else "error")
+                   f"{type(found.error).__name__}: {text.splitlines()[0] if text else ''}", by=by)
 
 
 def catalog_kill(backend) -> LawKill:
-    """The catalog's cases the backend runs, smallest first, under the one rule, to the first failure."""
+    """The catalog's cases the backend runs, smallest first, under the one rule, to the first failure
+    (a kill as in :func:`search`: a failed rule, an AssertionError or a KernelRunError)."""
     from cases.catalog import load_catalog
     from properties.acceptance import judge
     start = time.perf_counter()
@@ -133,9 +149,9 @@ def catalog_kill(backend) -> LawKill:
         try:
             verdict = judge(backend, case)
             failed, message, by = not verdict.passed, verdict.message().split("\n")[0], "law"
-        except Exception as exc:  # noqa: BLE001 - an error kills, as in any run
+        except Exception as exc:  # noqa: BLE001 - a kill or, raised again by _kill_kind, a broken row
+            by = _kill_kind(exc)
             failed, message = True, f"{type(exc).__name__}: {exc}".split("\n")[0]
-            by = "law" if isinstance(exc, AssertionError) else "error"
         if failed:
             return LawKill(CATALOG, True, count, time.perf_counter() - start,
                            {"config": case.config.to_dict(), "seed": case.seed, "params": {}, "name": case.name}, message,

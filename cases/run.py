@@ -112,6 +112,7 @@ def choose_backend(name: str, *, device=None, max_seconds: float | None = None):
     if max_seconds is not None and hasattr(backend, "max_seconds"):
         backend.max_seconds = max_seconds or None        # 0: no limit
     note = getattr(backend, "selection", None) or f"backend {backend.name} (as asked)"
+    note = "; ".join([note] + (backend.notes() if hasattr(backend, "notes") else []))
     replay_name = backend.name if name == "auto" else name
     return backend, replay_name, note
 
@@ -363,8 +364,10 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
     from cases.pool import Pool, task_resources
     from cases.provenance import run_provenance
     from cases.shrink import capture_generated
+    from kernels.backends import use_backend_threads
     start = time.perf_counter()
     backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
+    use_backend_threads(backend)                 # this process's (workers set their own)
     cluster = getattr(options, "cluster", None)
     pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
     with pool if cluster else contextlib.nullcontext():

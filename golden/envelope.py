@@ -42,7 +42,7 @@ import torch
 
 from .codec import Fp8Codec
 from .intervals import TINY32, U32, down32, lowbit, residue_bound, sum_error_bound, ulp32, up32, widen
-from .model import SPEC_MODEL, ConformanceModel
+from .model import ConformanceModel
 from .quant import FP8_MAX
 
 __all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 __all__ = [
+    "ceil_div",
+    "positive_int",
     "blocks_needed",
     "gen_block_table",
     "contiguous_to_paged",
@@ -39,6 +41,12 @@ def positive_int(value: object, name: str) -> int:
     if value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
     return value
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` for a >= 0 and b > 0, exactly, for ints, int tensors and int arrays alike (floor
+    division of the negation, never a float)."""
+    return -(-a // b)
 
 
 def blocks_needed(kv_act_seqs: torch.Tensor | np.ndarray, block_size: int) -> torch.Tensor | np.ndarray:

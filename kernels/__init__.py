@@ -1,6 +1,6 @@
 """Our PyPTO kernels and the backends that run them (SPEC §1, §6).
 
-    backend = kernels.get_backend("sim")          # golden | sim | sim-spec-codec | npu | auto | package.module:factory | mutant:NAME
+    backend = kernels.get_backend("sim")          # kernels.get_backend's docstring lists every name
     out = backend.paged_attention_fp8(**bundle.kwargs())
 
 A backend that cannot run here raises kernels.BackendUnavailable(reason) when it is created; a run

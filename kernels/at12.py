@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import pypto
 
+from kernels.jit import jit
+
 __all__ = ["At12KernelConfig", "make_at12_kernel"]
 
 _CUBE = ([128, 128], [128, 128], [128, 128])
@@ -49,9 +51,7 @@ def make_at12_kernel(cfg: At12KernelConfig, *, run_mode, pass_verify: bool):
     """The jit kernel for `cfg`: (q, k, [q_scale, k_scale,] out) -> out written in place."""
     dt = getattr(pypto, _DTYPES[cfg.dtype])
     qt, kl, d, kt = cfg.q_tile, cfg.k_len, cfg.head_dim, cfg.k_tile
-    options = dict(runtime_options={"run_mode": run_mode})
-    if pass_verify:
-        options["verify_options"] = {"enable_pass_verify": True, "pass_verify_pass_filter": []}
+    wrap = jit(run_mode=run_mode, pass_verify=pass_verify)
 
     def c1(q, k, j0, valid):
         kj = pypto.view(k, [kt, d], [j0, 0], valid_shape=[valid, d])
@@ -60,7 +60,7 @@ def make_at12_kernel(cfg: At12KernelConfig, *, run_mode, pass_verify: bool):
         return pypto.view(s, [qt, kt], [0, 0], valid_shape=[qt, valid])
 
     if cfg.dequant_after:
-        @pypto.frontend.jit(**options)
+        @wrap
         def at12_fp8(
             q: pypto.Tensor((qt, d), dt),
             k: pypto.Tensor((kl, d), dt),
@@ -81,7 +81,7 @@ def make_at12_kernel(cfg: At12KernelConfig, *, run_mode, pass_verify: bool):
 
         return at12_fp8
 
-    @pypto.frontend.jit(**options)
+    @wrap
     def at12(
         q: pypto.Tensor((qt, d), dt),
         k: pypto.Tensor((kl, d), dt),

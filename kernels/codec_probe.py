@@ -8,18 +8,15 @@ Import only after kernels.pypto_workarounds.load_pypto().
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
 import pypto
 
-__all__ = ["make_decode_probe", "make_encode_probe"]
+from kernels.jit import jit
 
-_OPTIONS = dict(
-    runtime_options={"run_mode": pypto.RunMode.SIM},
-    verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []},
-)
+__all__ = ["make_decode_probe", "make_encode_probe"]
 
 
 def make_decode_probe(rows: int, cols: int):
     """Kernel (codes: fp8 [rows, cols], out: fp32 [rows, cols]) computing out = float32(codes)."""
 
-    @pypto.frontend.jit(**_OPTIONS)
+    @jit(run_mode=pypto.RunMode.SIM, pass_verify=True)
     def decode_probe(
         codes: pypto.Tensor((rows, cols), pypto.DT_FP8E4M3),
         out: pypto.Tensor((rows, cols), pypto.DT_FP32),
@@ -34,7 +31,7 @@ def make_encode_probe(rows: int, cols: int):
     """Kernel (x: fp32 [rows, cols], out: fp8 [rows, cols]) computing out = e4m3(x), the cast the
     paged-attention kernel uses to quantize P."""
 
-    @pypto.frontend.jit(**_OPTIONS)
+    @jit(run_mode=pypto.RunMode.SIM, pass_verify=True)
     def encode_probe(
         x: pypto.Tensor((rows, cols), pypto.DT_FP32),
         out: pypto.Tensor((rows, cols), pypto.DT_FP8E4M3),

@@ -4,9 +4,9 @@ The case catalog (cases/, which builds on kernels/) names the configs; this modu
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from golden.paging import ceil_div
 
 __all__ = ["compile_inputs"]
 
@@ -16,7 +16,7 @@ def compile_inputs(config, seed: int = 0) -> dict:
     values): random E4M3 codes below the top binade, positive scales, a permuted block table."""
     g = torch.Generator().manual_seed(seed)
     bs, d = config.block_size, config.head_dim
-    max_blocks = math.ceil(config.s2 / bs)
+    max_blocks = ceil_div(config.s2, bs)                 # MAXB = ceil(S2 / BS), SPEC §5
     nb = config.batch * max_blocks
 
     def fp8(*shape):

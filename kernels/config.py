@@ -8,21 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from golden.paging import positive_int
+
 __all__ = [
     "KERNEL_SHAPES",
     "CubeTile",
     "PagedAttentionKernelConfig",
     "UPSTREAM_PASS_OPTIONS",
     "UPSTREAM_RUNTIME_OPTIONS",
-    "FP8_E4M3_MAX",
 ]
 
 #: What our PyPTO kernel is built for (SPEC §5: D = 128, BS = 128 upstream): its tiles and views are
 #: laid out for these, and a backend running it answers Skip("unsupported") for anything else.
 KERNEL_SHAPES = {"head_dim": (128,), "block_size": (128,)}
-
-#: Largest E4M3 magnitude, the numerator of every per-token quantization scale (SPEC §3).
-FP8_E4M3_MAX = 448.0
 
 #: The upstream kernel's jit options, as the seed article on the FP8 kernel quotes them
 #: (shared/seeds/003_*.txt, "性能优化选项"): Q stays in L1 for 8 matmuls, four-deep vector and cube
@@ -80,9 +78,7 @@ class PagedAttentionKernelConfig:
 
     def __post_init__(self) -> None:
         for name in ("s1", "nq", "nkv", "head_dim", "block_size", "max_blocks", "g_tile", "s2_tile"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+            positive_int(getattr(self, name), name)
         if self.nq % self.nkv:
             raise ValueError(f"nq={self.nq} must be a multiple of nkv={self.nkv}")
         if self.group % self.g_tile:

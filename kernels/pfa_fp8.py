@@ -10,6 +10,7 @@ Per s2 tile (SPEC §2.3), with the cube and vector stages kept apart:
   C2  gather V, MM2 = P8 @ v8 (FP32)
   V2  dequantize (p_scale per row, v_scale per channel), online update of (m, l, O), and on the
       last tile out = bf16(O / l)
+one function each (_c1_scores, _v1_softmax, _c2_values, _v2_update), on the tile's TileStep.
 Rows whose visible length `cur` is 0 run no tile and keep the caller's zeros (SPEC §2.5).
 
 Cube/vector separation. pypto's graph partitioner refuses to put cube operations (A_MUL_B) and
@@ -22,11 +23,14 @@ never shares a scope with the gather copies or the vector chain. Scope ids are p
 Import this module only after kernels.pypto_workarounds.load_pypto() (the sim backend does).
 """
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
+from dataclasses import dataclass
+
 import pypto
 
-from kernels.config import FP8_E4M3_MAX, PagedAttentionKernelConfig
+from golden.quant import FP8_MAX
+from kernels.config import PagedAttentionKernelConfig
 
-__all__ = ["paged_attention_fp8_body", "make_kernel"]
+__all__ = ["paged_attention_fp8_body", "make_kernel", "TileStep"]
 
 # Merge-scope ids of the vector stages (any distinct positive ints; -1 closes a scope).
 _SCOPE_DEQUANT_SOFTMAX = 1
@@ -106,35 +110,67 @@ def paged_attention_fp8_body(
                     for s2_idx in pypto.loop(s2_loop, name="LOOP_s2", idx_name="s2_idx",
                                              unroll_list=[8, 4, 2, 1]):
                         valid = (cur - s2_idx * s2_tile).min(s2_tile)
-                        _tile_step(cfg, locals_=dict(
+                        _tile_step(cfg, TileStep(
                             q_2d=q_2d, qs_2d=qs_2d, k_2d=k_2d, ks_2d=ks_2d, v_2d=v_2d, vs_2d=vs_2d,
                             block_table=block_table, out=out, b_idx=b_idx, n2_idx=n2_idx,
                             s2_idx=s2_idx, row=row, head=head, valid=valid,
                             m_acc=m_acc, l_acc=l_acc, o_acc=o_acc))
 
 
-def _tile_step(cfg: PagedAttentionKernelConfig, locals_: dict) -> None:
-    """One s2 tile: C1, V1, C2, V2 of the module docstring."""
-    t = locals_
-    d, g_tile, s2_tile, nq, nkv = cfg.head_dim, cfg.g_tile, cfg.s2_tile, cfg.nq, cfg.nkv
-    b_idx, n2_idx, s2_idx, valid = t["b_idx"], t["n2_idx"], t["s2_idx"], t["valid"]
-    q_row = t["row"] * nq + t["head"]
+@dataclass(frozen=True)
+class TileStep:
+    """What one s2 tile reads and writes: the 2-D views of the call's tensors (the caches viewed as
+    [NB * BS, NKV * width]), the loop indices of the tile (``row`` = b * S1 + i, ``head`` the first
+    query head of the g tile, ``valid`` its token count) and the row's online-softmax accumulators."""
+    q_2d: object
+    qs_2d: object
+    k_2d: object
+    ks_2d: object
+    v_2d: object
+    vs_2d: object
+    block_table: object
+    out: object
+    b_idx: object
+    n2_idx: object
+    s2_idx: object
+    row: object
+    head: object
+    valid: object
+    m_acc: object
+    l_acc: object
+    o_acc: object
 
-    # C1: gather K and its per-token scales, MM1 in FP32.
+
+def _tile_step(cfg: PagedAttentionKernelConfig, t: TileStep) -> None:
+    """One s2 tile: C1, V1, C2, V2 of the module docstring."""
+    q_row = t.row * cfg.nq + t.head
+    s_raw, kscale_j = _c1_scores(cfg, t, q_row)
+    m_j, l_j, p8, p_scale = _v1_softmax(cfg, t, s_raw, kscale_j, q_row)
+    o_raw = _c2_values(cfg, t, p8)
+    _v2_update(cfg, t, o_raw, p_scale, m_j, l_j)
+
+
+def _c1_scores(cfg: PagedAttentionKernelConfig, t: TileStep, q_row):
+    """C1: gather K and its per-token scales, MM1 = q8 @ k8^T in FP32. Returns (S [g_tile, s2_tile] with
+    ``valid`` columns, the tile's K scales [s2_tile, 1])."""
+    d, g_tile, s2_tile, valid = cfg.head_dim, cfg.g_tile, cfg.s2_tile, t.valid
     pypto.set_vec_tile_shapes(*cfg.v1_tile)
-    qi = pypto.view(t["q_2d"], [g_tile, d], [q_row, 0])
-    kj = _gather_tile(cfg, t["k_2d"], t["block_table"], b_idx, s2_idx, n2_idx, d,
-                      pypto.DT_FP8E4M3, valid, "kj")
-    kscale_j = _gather_tile(cfg, t["ks_2d"], t["block_table"], b_idx, s2_idx, n2_idx, 1,
-                            pypto.DT_FP32, valid, "kscale_j")
+    qi = pypto.view(t.q_2d, [g_tile, d], [q_row, 0])
+    kj = _gather_tile(cfg, t.k_2d, t.block_table, t.b_idx, t.s2_idx, t.n2_idx, d, pypto.DT_FP8E4M3, valid, "kj")
+    kscale_j = _gather_tile(cfg, t.ks_2d, t.block_table, t.b_idx, t.s2_idx, t.n2_idx, 1, pypto.DT_FP32, valid,
+                            "kscale_j")
     pypto.set_cube_tile_shapes(*[list(p) for p in cfg.c1_tile])
     s_raw = pypto.matmul(qi, kj, pypto.DT_FP32, a_trans=False, b_trans=True)
-    s_raw = pypto.view(s_raw, [g_tile, s2_tile], [0, 0], valid_shape=[g_tile, valid])
+    return pypto.view(s_raw, [g_tile, s2_tile], [0, 0], valid_shape=[g_tile, valid]), kscale_j
 
-    # V1: dequantize first, then the softmax scale (SPEC §2.3); local softmax; quantize P per row.
+
+def _v1_softmax(cfg: PagedAttentionKernelConfig, t: TileStep, s_raw, kscale_j, q_row):
+    """V1: dequantize first, then the softmax scale (SPEC §2.3); local softmax; quantize P per row
+    (scale 448 / rowmax|P|). Returns (m_j, l_j, P8, p_scale)."""
+    g_tile, s2_tile, valid = cfg.g_tile, cfg.s2_tile, t.valid
     pypto.set_vec_tile_shapes(*cfg.v1_tile)
     with _scoped(_SCOPE_DEQUANT_SOFTMAX):
-        qscale_i = pypto.view(t["qs_2d"], [g_tile, 1], [q_row, 0])
+        qscale_i = pypto.view(t.qs_2d, [g_tile, 1], [q_row, 0])
         kscale_row = pypto.reshape(kscale_j, [1, s2_tile], valid_shape=[1, valid])
         s = pypto.mul(pypto.mul(s_raw, qscale_i), kscale_row)
         s = pypto.mul(s, cfg.softmax_scale)
@@ -143,22 +179,30 @@ def _tile_step(cfg: PagedAttentionKernelConfig, locals_: dict) -> None:
         l_j = pypto.sum(p, dim=-1, keepdim=True)
     with _scoped(_SCOPE_QUANT_P):
         p_max = pypto.amax(pypto.abs(p), dim=-1, keepdim=True)
-        p_quant_scale = pypto.div(pypto.full([g_tile, 1], FP8_E4M3_MAX, pypto.DT_FP32), p_max)
+        p_quant_scale = pypto.div(pypto.full([g_tile, 1], FP8_MAX, pypto.DT_FP32), p_max)
         p_scale = pypto.div(pypto.full([g_tile, 1], 1.0, pypto.DT_FP32), p_quant_scale)
         p8 = pypto.cast(pypto.mul(p, p_quant_scale), pypto.DT_FP8E4M3)
+    return m_j, l_j, p8, p_scale
 
-    # C2: gather V, MM2 in FP32.
+
+def _c2_values(cfg: PagedAttentionKernelConfig, t: TileStep, p8):
+    """C2: gather V, MM2 = P8 @ v8 in FP32 ([g_tile, D])."""
     pypto.set_vec_tile_shapes(*cfg.v1_tile)
-    vj = _gather_tile(cfg, t["v_2d"], t["block_table"], b_idx, s2_idx, n2_idx, d,
-                      pypto.DT_FP8E4M3, valid, "vj")
+    vj = _gather_tile(cfg, t.v_2d, t.block_table, t.b_idx, t.s2_idx, t.n2_idx, cfg.head_dim, pypto.DT_FP8E4M3,
+                      t.valid, "vj")
     pypto.set_cube_tile_shapes(*[list(p) for p in cfg.c2_tile])
-    o_raw = pypto.matmul(p8, vj, pypto.DT_FP32)
+    return pypto.matmul(p8, vj, pypto.DT_FP32)
 
-    # V2: dequantize (p_scale per row, v_scale per channel), online update, final write.
+
+def _v2_update(cfg: PagedAttentionKernelConfig, t: TileStep, o_raw, p_scale, m_j, l_j) -> None:
+    """V2: dequantize (p_scale per row, v_scale per channel), the online update of (m, l, O), and on the
+    last tile the output row bf16(O / l) (SPEC §2.3-2.4)."""
+    d, g_tile, nkv = cfg.head_dim, cfg.g_tile, cfg.nkv
+    b_idx, n2_idx, s2_idx = t.b_idx, t.n2_idx, t.s2_idx
+    m_acc, l_acc, o_acc = t.m_acc, t.l_acc, t.o_acc
     pypto.set_vec_tile_shapes(*cfg.v2_tile)
-    m_acc, l_acc, o_acc = t["m_acc"], t["l_acc"], t["o_acc"]
     with _scoped(_SCOPE_UPDATE):
-        vscale_n = pypto.view(t["vs_2d"], [1, d], [b_idx * nkv + n2_idx, 0])
+        vscale_n = pypto.view(t.vs_2d, [1, d], [b_idx * nkv + n2_idx, 0])
         o_j = pypto.mul(pypto.mul(o_raw, p_scale), vscale_n)
         if pypto.cond(pypto.is_loop_begin(s2_idx)):
             m_acc[:] = m_j
@@ -176,19 +220,16 @@ def _tile_step(cfg: PagedAttentionKernelConfig, locals_: dict) -> None:
             pypto.set_vec_tile_shapes(16, *cfg.v2_tile)
             o_final = pypto.div(o_acc, l_acc)
             o_3d = pypto.cast(pypto.reshape(o_final, [1, g_tile, d]), pypto.DT_BF16)
-            pypto.assemble(o_3d, [t["row"], t["head"], 0], t["out"])
+            pypto.assemble(o_3d, [t.row, t.head, 0], t.out)
 
 
 def make_kernel(*, run_mode, pass_verify: bool, pass_options: dict | None = None,
                 runtime_options: dict | None = None):
-    """Wrap the body with pypto.frontend.jit for one backend (run mode, pass verify on/off)."""
+    """The body wrapped for one backend (kernels/jit.py), with the upstream runtime and pass options
+    (kernels/config.py) unless others are given."""
     from kernels.config import UPSTREAM_PASS_OPTIONS, UPSTREAM_RUNTIME_OPTIONS
+    from kernels.jit import jit
 
-    runtime = dict(UPSTREAM_RUNTIME_OPTIONS if runtime_options is None else runtime_options)
-    runtime["run_mode"] = run_mode
-    verify = {"enable_pass_verify": True, "pass_verify_pass_filter": []} if pass_verify else None
-    return pypto.frontend.jit(
-        runtime_options=runtime,
-        pass_options=dict(UPSTREAM_PASS_OPTIONS if pass_options is None else pass_options),
-        verify_options=verify,
-    )(paged_attention_fp8_body)
+    return jit(run_mode=run_mode, pass_verify=pass_verify,
+               runtime_options=UPSTREAM_RUNTIME_OPTIONS if runtime_options is None else runtime_options,
+               pass_options=UPSTREAM_PASS_OPTIONS if pass_options is None else pass_options)(paged_attention_fp8_body)

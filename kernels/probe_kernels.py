@@ -13,16 +13,11 @@ kernels.pypto_workarounds.load_pypto() (or on a 950, after torch_npu).
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
 import pypto
 
+from kernels.jit import jit
+
 __all__ = ["OPS", "make_probe_kernel"]
 
 OPS = ("exp", "rowsum", "div", "bf16")
-
-
-def _options(run_mode, pass_verify: bool) -> dict:
-    options = dict(runtime_options={"run_mode": run_mode})
-    if pass_verify:
-        options["verify_options"] = {"enable_pass_verify": True, "pass_verify_pass_filter": []}
-    return options
 
 
 def make_probe_kernel(op: str, rows: int, cols: int, *, run_mode, pass_verify: bool):
@@ -30,11 +25,11 @@ def make_probe_kernel(op: str, rows: int, cols: int, *, run_mode, pass_verify: b
     exp (x, out), rowsum (x, out[rows, 1]), div (x, y[rows, 1], out), bf16 (x, out bf16)."""
     if op not in OPS:
         raise ValueError(f"op={op!r} must be one of {OPS}")
-    options = _options(run_mode, pass_verify)
+    wrap = jit(run_mode=run_mode, pass_verify=pass_verify)
     tile = (min(rows, 16), cols)
 
     if op == "exp":
-        @pypto.frontend.jit(**options)
+        @wrap
         def exp_probe(x: pypto.Tensor((rows, cols), pypto.DT_FP32),
                       out: pypto.Tensor((rows, cols), pypto.DT_FP32)):
             pypto.set_vec_tile_shapes(*tile)
@@ -42,7 +37,7 @@ def make_probe_kernel(op: str, rows: int, cols: int, *, run_mode, pass_verify: b
         return exp_probe
 
     if op == "rowsum":
-        @pypto.frontend.jit(**options)
+        @wrap
         def rowsum_probe(x: pypto.Tensor((rows, cols), pypto.DT_FP32),
                          out: pypto.Tensor((rows, 1), pypto.DT_FP32)):
             pypto.set_vec_tile_shapes(*tile)
@@ -50,7 +45,7 @@ def make_probe_kernel(op: str, rows: int, cols: int, *, run_mode, pass_verify: b
         return rowsum_probe
 
     if op == "div":
-        @pypto.frontend.jit(**options)
+        @wrap
         def div_probe(x: pypto.Tensor((rows, cols), pypto.DT_FP32),
                       y: pypto.Tensor((rows, 1), pypto.DT_FP32),
                       out: pypto.Tensor((rows, cols), pypto.DT_FP32)):
@@ -58,7 +53,7 @@ def make_probe_kernel(op: str, rows: int, cols: int, *, run_mode, pass_verify: b
             out[:] = pypto.div(x, y)
         return div_probe
 
-    @pypto.frontend.jit(**options)
+    @wrap
     def bf16_probe(x: pypto.Tensor((rows, cols), pypto.DT_FP32),
                    out: pypto.Tensor((rows, cols), pypto.DT_BF16)):
         pypto.set_vec_tile_shapes(*tile)

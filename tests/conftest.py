@@ -72,6 +72,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # One torch thread per xdist worker: the workers share the cores, and the sim backend's
+        # calculator runs thousands of tiny ops between which extra threads only spin (its
+        # measurements: kernels/backends/sim_cost.py). A backend never sets this itself.
+        import torch
+        torch.set_num_threads(1)
     config.addinivalue_line("markers", "npu: needs an Ascend 950 and torch_npu")
     config.addinivalue_line("markers", "sim: needs pypto 0.2.0 (SIM mode on the CPU)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")

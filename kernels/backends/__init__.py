@@ -22,12 +22,15 @@ with exactly the golden's arguments, validated by golden.validate (the same chec
 `codec`, if given, must be the backend's own codec: a kernel cannot change how its hardware rounds.
 Optional, for reports: `model` (a golden.model.ConformanceModel the backend declares) and
 `kernel_source` (a KernelSource: the file its kernel was loaded from, that file's sha256 and the
-function; get_backend sets it for our kernel, file and module factories, pypto-gym kernels).
+function; get_backend sets it for our kernel, file and module factories, pypto-gym kernels);
+`notes()`, what a run's header says once about the backend here (the sim: W9's fast path when it is
+off); `threads`, the torch threads a process running it should use, applied by the owner of the
+process (use_backend_threads), never by the backend. Files and modules named by the user are
+loaded by kernels/backends/loader.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 from typing import Any, Callable
@@ -36,7 +39,7 @@ from golden.errors import UsageError
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
-           "BUILTIN_BACKENDS", "KernelSource"]
+           "BUILTIN_BACKENDS", "KernelSource", "use_backend_threads"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -73,13 +76,14 @@ def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str]
     with ``cur == 0`` are the caller's zeros, SPEC §2 item 5: their untouched elements become 0."""
     import torch
 
+    from golden.attention import visible_lengths
+
     bits = UNWRITTEN[str(out.dtype).removeprefix("torch.")]
     unwritten = out.view({2: torch.int16, 4: torch.int32}[out.element_size()]) == bits
     if kv_act_seqs is None:
         must = unwritten
     else:
-        rows = torch.arange(out.shape[0])
-        cur = (kv_act_seqs.cpu().long()[rows // s1] - (s1 - 1 - rows % s1)).clamp(min=0)
+        cur = visible_lengths(kv_act_seqs.cpu(), s1).reshape(-1)          # row b * S1 + i
         must = unwritten & (cur > 0).reshape(-1, *([1] * (out.dim() - 1)))
     missing = int(must.sum())
     if missing:
@@ -152,6 +156,13 @@ class Backend:
     spec_codec_not_applicable: str | None = None
     #: What the backend does about a kernel's reads outside its inputs, in words (None: unknown).
     out_of_bounds_reads: str | None = None
+    #: torch threads a process running this backend should use (None: torch's default), applied by the
+    #: owner of the process (use_backend_threads), never by the backend.
+    threads: int | None = None
+
+    def notes(self) -> list[str]:
+        """What a run should say once about this backend here (its header), e.g. a fast path that is off."""
+        return []
 
     def skip_reason(self, config) -> Skip | None:
         """Why this backend does not run ``config`` (a golden.PagedAttentionConfig) here, or None."""
@@ -183,10 +194,8 @@ class Backend:
         from golden.validate import check_qk_matmul_scale_args
 
         self._check_codec(codec)
-        check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
-        if scale is None:
-            scale = float(q.shape[1]) ** -0.5
-        return self._qk_matmul_scale(q, k, float(scale), q_scale, k_scale)
+        _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+        return self._qk_matmul_scale(q, k, scale, q_scale, k_scale)
 
     def _paged_attention(self, dims, *tensors):
         raise NotImplementedError
@@ -196,6 +205,18 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} codec={getattr(self.codec, 'name', None)!r}>"
+
+
+def use_backend_threads(backend) -> None:
+    """Set this process's torch threads to ``backend.threads`` (the sim's 1), or leave them. Called once
+    by the owner of a process that runs ``backend``: the command line (a run or replay in one process);
+    worker processes and test sessions set theirs in their initialisers. A backend never sets them:
+    constructing one must not change the process it is made in."""
+    threads = getattr(backend, "threads", None)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def unsupported_shape(config, supported: dict | None) -> Skip | None:
@@ -300,24 +321,18 @@ def _auto(device=None, **options):
 
 
 def _load_file_factory(name: str):
-    """The object named by 'path/to/file.py:factory' (a test double kept outside any package)."""
-    import importlib.util
-    import sys
+    """(module, attribute) named by 'path/to/file.py:factory' (a test double kept outside any package),
+    the path relative to the working directory or the project root (kernels/backends/loader.py)."""
     from pathlib import Path
+
+    from kernels.backends.loader import load_file_module
 
     path, _, attr = name.rpartition(":")
     candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
     file = next((c for c in candidates if c.is_file()), None)
     if file is None:
         raise UsageError(f"name={name!r}: no file {path!r} here or in the project root")
-    module_name = "_pfa_backend_" + re.sub(r"\W", "_", str(file.resolve()))
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return module, attr
+    return load_file_module(file, prefix="_pfa_backend_"), attr
 
 
 BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim": _sim,
@@ -350,17 +365,17 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if ":" not in name:
         raise UsageError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
                          "or an import path 'package.module:factory'")
-    if ".py:" in name:
-        module, attr = _load_file_factory(name)
-        module_name = module.__file__
-        source = name.rpartition(":")[0]
-    else:
-        module_name, _, attr = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UsageError(f"name={name!r}: cannot import module {module_name!r} ({exc})") from None
-        source = module_name
+    from kernels.backends.loader import import_named_module
+    try:
+        if ".py:" in name:
+            module, attr = _load_file_factory(name)
+            module_name = module.__file__
+            source = name.rpartition(":")[0]
+        else:
+            module_name, _, attr = name.partition(":")
+            module, source = import_named_module(module_name), module_name
+    except ValueError as exc:
+        raise UsageError(str(exc) if str(exc).startswith("name=") else f"name={name!r}: {exc}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UsageError(f"name={name!r}: {module_name} has no callable {attr!r}")

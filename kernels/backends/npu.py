@@ -27,15 +27,15 @@ import importlib.util
 
 import torch
 
-from kernels.backends import Backend, BackendUnavailable, finish_output, resolve_device_index, unwritten_output
-from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
+from kernels.backends import BackendUnavailable, finish_output, resolve_device_index, unwritten_output
+from kernels.backends.pypto_backend import PyptoBackend
 
 __all__ = ["NpuBackend"]
 
 
-class NpuBackend(Backend):
+class NpuBackend(PyptoBackend):
     name = "npu"
-    supported_shapes = KERNEL_SHAPES
+    run_mode = "NPU"
     out_of_bounds_reads = ("not detected: pypto reads block_table[b, j] at b * MAXB + j of a contiguous table, so "
                            "a read past a row lands on the next row and no layout can poison it (kernels/backends/"
                            "npu.py); the sim backend reports such reads")
@@ -82,26 +82,15 @@ class NpuBackend(Backend):
 
     def _paged_attention(self, dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                          kv_act_seqs):
-        from kernels.pfa_fp8 import make_kernel
-
-        if "pfa" not in self._kernels:
-            self._kernels["pfa"] = make_kernel(run_mode=self._pypto.RunMode.NPU, pass_verify=False,
-                                               pass_options=self.pass_options)
-        cfg = PagedAttentionKernelConfig.from_dims(dims, **self.tiles)
         out = unwritten_output(q.shape, device=self.device)
         tensors = [self._to(t) for t in (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                                          kv_act_seqs)]
-        self._kernels["pfa"](*tensors, out, cfg)
+        self._pfa_kernel(False)(*tensors, *self._kernel_arguments(dims, out))
         torch.npu.synchronize(self.device)
         return finish_output(out.cpu(), kv_act_seqs, dims.s1)
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
-        from kernels.at12 import At12KernelConfig, make_at12_kernel
-
-        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}[q.dtype]
-        cfg = At12KernelConfig(q_tile=q.shape[0], k_len=k.shape[0], head_dim=q.shape[1], dtype=dtype,
-                               scale=scale)
-        kernel = make_at12_kernel(cfg, run_mode=self._pypto.RunMode.NPU, pass_verify=False)
+        kernel, cfg = self._at12_kernel(q, k, scale, pass_verify=False)
         out = unwritten_output((q.shape[0], k.shape[0]), dtype=torch.float32, device=self.device)
         tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else [])
         kernel(*[self._to(t) for t in tensors], out)

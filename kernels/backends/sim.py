@@ -31,7 +31,8 @@ A result must be the kernel's: `out` starts as the UNWRITTEN sentinel (kernels.b
 so a run that writes nothing is a KernelRunError (an `error` verdict), never zeros that a golden row of
 zeros would pass. A calculator assertion in the captured output ("Errcode: FBF0..", the calculator's
 error codes, lib/calculator/src/calc_error.h) is a KernelRunError too. The "Unrecognized DataTypeDT_FP8E4M3" lines are not: every run prints about 200 of
-them, correct runs included (measured 2026-11-30: 205 lines in a run that matched the golden).
+them, correct runs included (measured 2026-11-30: 205 lines in a run that matched the golden;
+``backend.last_report.figures["unrecognized_dtype_lines"]`` counts them after any call).
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ import re
 
 import torch
 
-from kernels.backends import Backend, BackendUnavailable, KernelRunError, Skip, finish_output, unwritten_output
+from kernels.backends import BackendUnavailable, KernelRunError, Skip, finish_output, unwritten_output
 from kernels.backends import sim_cost
-from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
+from kernels.backends.pypto_backend import PyptoBackend
 
 __all__ = ["SimBackend", "LEVELS", "SIM_BUDGET_S", "calculator_error", "PYPTO_CODEC_REASON"]
 
@@ -60,16 +61,22 @@ PYPTO_CODEC_REASON = ("pypto 0.2.0's CPU calculator computes with its own E4M3 (
 _CALCULATOR_ERROR = re.compile(r"Errcode: FBF0[0-9A-F]{2}")
 
 
-class SimBackend(Backend):
-    supported_shapes = KERNEL_SHAPES
+class SimBackend(PyptoBackend):
     default_budget_s = SIM_BUDGET_S
+    run_mode = "SIM"
+    #: torch threads for a process that runs this backend: one OpenMP thread (kernels/backends/sim_cost.py
+    #: has the measurements). The calculator runs thousands of tiny libtorch ops, between which extra
+    #: threads only spin, ten times slower when the other core is busy; parallelism comes from worker
+    #: processes. Set by the owner of the process (kernels.backends.use_backend_threads: the command
+    #: line, the run's and the mutants' workers, the test session), never by the backend itself.
+    threads = 1
     out_of_bounds_reads = ("errors: scalar reads of an input outside its shape and views that start outside an "
                            "input are KernelRunErrors naming the tensor and the index (W12)")
 
     def __init__(self, *, level: str = "execute", pass_options: dict | None = None,
                  tiles: dict | None = None, cost_model: bool | None = None,
                  max_seconds: float | None = None, memory_cap: float = sim_cost.MEMORY_CAP_BYTES,
-                 threads: int | None = 1, e4m3: str = "pypto") -> None:
+                 e4m3: str = "pypto") -> None:
         if level not in LEVELS:
             raise ValueError(f"level={level!r} must be one of {LEVELS}")
         if e4m3 not in ("pypto", "spec"):
@@ -99,12 +106,14 @@ class SimBackend(Backend):
         self.last_report = None
         self.max_seconds = max_seconds
         self.memory_cap = memory_cap
-        if threads is not None:
-            # One OpenMP thread per process (kernels/backends/sim_cost.py has the measurements): the
-            # calculator runs thousands of tiny libtorch ops, between which extra threads only spin,
-            # ten times slower when the other core is busy. Parallelism comes from worker processes.
-            torch.set_num_threads(threads)
         self._kernels: dict = {}
+
+    def notes(self) -> list[str]:
+        """W9's fast path, when it is off here: the run header says so once (else every call would
+        quietly trace the kernel again)."""
+        why = self._pw.reverify_unavailable() if self.level == "execute" else None
+        return [f"W9's re-run of a traced graph is off here ({why}): every call traces the kernel again "
+                "(the same numbers, a few seconds more per call)"] if why else []
 
     def estimate(self, config) -> sim_cost.Estimate:
         """The predicted seconds and peak memory of executing ``config`` here (kernels/backends/sim_cost.py)."""
@@ -122,22 +131,6 @@ class SimBackend(Backend):
         return None
 
     # -- paged attention ---------------------------------------------------------------------------
-    def kernel_config(self, dims) -> PagedAttentionKernelConfig:
-        return PagedAttentionKernelConfig.from_dims(dims, **self.tiles)
-
-    def _kernel_arguments(self, dims, out) -> list:
-        """What the kernel takes after its eight input tensors: ours, (out, PagedAttentionKernelConfig)."""
-        return [out, self.kernel_config(dims)]
-
-    def _pfa_kernel(self, execute: bool):
-        key = ("pfa", execute)
-        if key not in self._kernels:
-            from kernels.pfa_fp8 import make_kernel
-
-            self._kernels[key] = make_kernel(run_mode=self._pypto.RunMode.SIM, pass_verify=execute,
-                                             pass_options=self.pass_options)
-        return self._kernels[key]
-
     def _run(self, kernel, args, *, execute: bool = False):
         try:
             with self._pw.sim_session(cost_model=self.cost_model) as report:
@@ -148,6 +141,17 @@ class SimBackend(Backend):
                     kernel(*args)
         except self._pw.OutOfBoundsRead as exc:     # W12: an input read outside its shape
             raise KernelRunError(f"out-of-bounds read: {exc}") from None
+        except self._pw.CalculatorFailed as exc:    # W9: the calculator threw on the kept graph
+            raise KernelRunError(str(exc)) from None
+        except KernelRunError:
+            raise
+        except (RuntimeError, self._pypto.frontend.parser.error.ParserError) as exc:
+            # pypto's trace or calculator refused the kernel (its C++ errors reach Python as RuntimeError,
+            # an error inside the trace as the parser's RenderedParserError): the kernel did not deliver,
+            # a kill in the mutant matrix (cases/mutants.py). Building the kernel (its module, the jit
+            # wrapper) happens before this and is never caught here.
+            text = str(exc).strip()
+            raise KernelRunError(f"the kernel failed inside pypto: {text.splitlines()[0] if text else ''}") from exc
         self.last_report = report
         error = calculator_error(report.text)
         if error:
@@ -173,14 +177,13 @@ class SimBackend(Backend):
                                      "use level='execute' or compile_paged_attention()")
         tensors = dict(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
                        block_table=block_table, kv_act_seqs=kv_act_seqs)
-        chunks = sim_cost.plan_chunks(kv_act_seqs.tolist(), s1=dims.s1, nkv=dims.nkv,
-                                      g_steps=dims.group // dims.g_tile, s2_tile=dims.s2_tile,
-                                      block_size=dims.block_size, head_dim=dims.head_dim,
-                                      num_blocks=dims.num_blocks, cap=self.memory_cap)
+        chunks = sim_cost.plan(kv_act_seqs.tolist(), s1=dims.s1, nkv=dims.nkv, g_steps=dims.group // dims.g_tile,
+                               s2_tile=dims.s2_tile, block_size=dims.block_size, head_dim=dims.head_dim,
+                               num_blocks=dims.num_blocks, cap=self.memory_cap)
         if len(chunks) == 1:
             return self._execute_pfa(dims, tensors)
         # Over the memory cap: batch chunks on compacted caches, the same static configuration.
-        parts = [self._execute_pfa(dims, sim_cost.chunk_inputs(tensors, c, dims.s1)) for c in chunks]
+        parts = [self._execute_pfa(dims, sim_cost.chunk_inputs(tensors, c.batches, dims.s1)) for c in chunks]
         return torch.cat(parts)
 
     def _execute_pfa(self, dims, tensors: dict) -> torch.Tensor:
@@ -197,12 +200,7 @@ class SimBackend(Backend):
 
     # -- AT-12 -------------------------------------------------------------------------------------
     def _at12(self, q, k, scale, q_scale, k_scale, execute: bool):
-        from kernels.at12 import At12KernelConfig, make_at12_kernel
-
-        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}[q.dtype]
-        cfg = At12KernelConfig(q_tile=q.shape[0], k_len=k.shape[0], head_dim=q.shape[1], dtype=dtype,
-                               scale=scale)
-        kernel = make_at12_kernel(cfg, run_mode=self._pypto.RunMode.SIM, pass_verify=execute)
+        kernel, cfg = self._at12_kernel(q, k, scale, pass_verify=execute)
         out = unwritten_output((q.shape[0], k.shape[0]), dtype=torch.float32)
         tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else []) + [out]
         self._run(kernel, [_contiguous(t) for t in tensors], execute=execute)
@@ -216,8 +214,7 @@ class SimBackend(Backend):
     def compile_qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None):
         from golden.validate import check_qk_matmul_scale_args
 
-        check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
-        scale = float(q.shape[1]) ** -0.5 if scale is None else float(scale)
+        _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
         self._at12(q, k, scale, q_scale, k_scale, execute=False)
         return self.last_report
 

@@ -1,31 +1,36 @@
 """What a sim execute costs, and how the sim backend keeps it inside a worker's memory.
 
 Measured on pypto 0.2.0's calculator with W9 and W10 (kernels/pypto_workarounds/), one OpenMP
-thread, 2026-11-30 (the fitted points are in the README's sim section and issue 10's closing note).
+thread, 2026-11-30 (the fitted points are in the table below and in issue 10's closing note;
+``OMP_NUM_THREADS=1 /usr/bin/time -v pfa-verify run --backend sim --cases NAME --examples 0 --budget 0
+--no-capture`` re-measures a row: its first call is most of the case's seconds, its peak the maximum
+resident set size).
 The interpreter starts each leaf frame of the tile walk with a copy of every cache input, so both time
-and memory grow with the product of the tile iterations and the caches' size:
+and memory grow with the product of the tile iterations and the caches' size. Per call:
 
-- ``tile_iterations = B * S1 * NKV * (group / g_tile) * ceil(longest length / s2_tile)``
-- ``cache_mb = NB * BS * NKV * (2 * D + 4) / 2**20`` (the two FP8 caches and the float32 K scales)
-- peak memory ~ ``BASE_BYTES + MEMORY_PER_UNIT * tile_iterations * cache_mb``
-- seconds ~ ``TRACE_S`` + per call ``SECONDS_PER_CALL + SECONDS_PER_ITERATION * tile_iterations +
-  SECONDS_PER_UNIT * tile_iterations * cache_mb`` (within a factor of 2 on the points below)
+- ``iterations = NKV * (group / g_tile) * sum over the rows (b, i) of ceil(cur[b, i] / s2_tile)``, with
+  ``cur`` the visible length of SPEC §2 item 1 (golden.attention.visible_lengths)
+- ``cache_mb = blocks * BS * NKV * (2 * D + 4) / 2**20`` (the two FP8 caches and the float32 K scales;
+  blocks = NB for a whole call, the blocks its batches own for a chunk; at least one)
+- ``units = iterations * cache_mb``; peak memory ~ ``BASE_BYTES + MEMORY_PER_UNIT * units``
+- seconds ~ ``TRACE_S`` once, plus per call ``SECONDS_PER_CALL + SECONDS_PER_ITERATION * iterations +
+  SECONDS_PER_UNIT * units`` (within a factor of 2 on the points below)
 
 Both products shrink with the square of the batch: a call whose estimate is over the memory cap is
-run in batch chunks (:func:`plan_chunks`), each on caches compacted to the blocks its batches own
-(:func:`chunk_inputs`), with the table width and every other static dimension unchanged, so every
-chunk after the first re-runs the kernel's traced graph (W9). A correct kernel gives the same bits
-chunked or not (it reads only the blocks the table gives it); what chunking drops are the cells no
-batch of the chunk owns, which the spec says are never read.
+run in batch chunks (:func:`plan`, the one planner: the estimate and the backend's execute read the
+same chunks), each on caches compacted to the blocks its batches own (:func:`chunk_inputs`), with the
+table width and every other static dimension unchanged, so every chunk after the first re-runs the
+kernel's traced graph (W9). A correct kernel gives the same bits chunked or not (it reads only the
+blocks the table gives it); what chunking drops are the cells no batch of the chunk owns, which the
+spec says are never read.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-__all__ = ["Estimate", "estimate", "plan_chunks", "chunk_inputs", "MEMORY_CAP_BYTES"]
+__all__ = ["Estimate", "Chunk", "estimate", "plan", "chunk_inputs", "MEMORY_CAP_BYTES"]
 
 # Fitted to the six upstream cases (one process per case, OMP_NUM_THREADS=1, 2026-11-30; per call,
 # chunked as planned below): units = tile iterations x cache MB of one call.
@@ -52,68 +57,76 @@ class Estimate:
     seconds: float
     peak_bytes: float
     chunks: int
-    tile_iterations: int
 
     def describe(self) -> str:
         split = f" in {self.chunks} batch chunks" if self.chunks > 1 else ""
         return f"about {self.seconds:.0f} s and {self.peak_bytes / 2**30:.1f} GiB{split}"
 
 
-def _walk(lengths, s1: int, s2_tile: int) -> int:
-    """Tile steps of one (kv head, g tile) over the rows of these batches: sum of ceil(cur / s2_tile)."""
-    return sum(math.ceil(max(0, n - (s1 - 1 - i)) / s2_tile) for n in lengths for i in range(s1))
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One call of an execute: its ``batches``, tile ``iterations`` and ``units`` (module docstring)."""
+    batches: range
+    iterations: int
+    units: float
+
+    @property
+    def peak_bytes(self) -> float:
+        return BASE_BYTES + MEMORY_PER_UNIT * self.units
+
+    @property
+    def seconds(self) -> float:
+        return SECONDS_PER_CALL + SECONDS_PER_ITERATION * self.iterations + SECONDS_PER_UNIT * self.units
 
 
-def _units(lengths, blocks: int, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: int,
-           head_dim: int) -> tuple[int, float]:
-    iterations = nkv * g_steps * _walk(lengths, s1, s2_tile)
-    cache_mb = max(1, blocks) * block_size * nkv * (2 * head_dim + 4) / 2**20
-    return iterations, iterations * cache_mb
+def plan(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: int, head_dim: int,
+         num_blocks: int, cap: float = MEMORY_CAP_BYTES) -> list[Chunk]:
+    """The calls of one execute of batches with kv_act_seqs ``lengths``: the whole batch when it fits
+    ``cap``, else the fewest equal batch chunks whose largest fits, on compacted caches (a single batch
+    each is the floor, taken even when it does not fit). ``g_steps`` is group / g_tile."""
+    from golden.attention import visible_lengths
+    from golden.paging import ceil_div
 
-
-def plan_chunks(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: int, head_dim: int,
-                num_blocks: int, cap: float = MEMORY_CAP_BYTES) -> list[range]:
-    """Batch ranges to run one call each: all of them when the whole call fits ``cap``, else the
-    fewest equal chunks whose largest fits (a single batch is the floor)."""
     batch = len(lengths)
-    need = [math.ceil(n / block_size) for n in lengths]
+    steps = ceil_div(visible_lengths(torch.tensor(lengths, dtype=torch.int64), s1), s2_tile).sum(dim=1).tolist()
+    need = [ceil_div(n, block_size) for n in lengths]
+
+    def chunk(batches: range, blocks: int) -> Chunk:
+        iterations = nkv * g_steps * sum(steps[b] for b in batches)
+        cache_mb = max(1, blocks) * block_size * nkv * (2 * head_dim + 4) / 2**20
+        return Chunk(batches, iterations, iterations * cache_mb)
+
     for count in range(1, batch + 1):
-        size = math.ceil(batch / count)
-        chunks = [range(b, min(batch, b + size)) for b in range(0, batch, size)]
-        worst = max(_units([lengths[b] for b in c], num_blocks if count == 1 else sum(need[b] for b in c),
-                           s1=s1, nkv=nkv, g_steps=g_steps, s2_tile=s2_tile, block_size=block_size,
-                           head_dim=head_dim)[1] for c in chunks)
-        if BASE_BYTES + MEMORY_PER_UNIT * worst <= cap:
+        size = ceil_div(batch, count)
+        chunks = [chunk(range(b, min(batch, b + size)), num_blocks if count == 1 else sum(need[b:b + size]))
+                  for b in range(0, batch, size)]
+        if count == batch or max(c.peak_bytes for c in chunks) <= cap:
             return chunks
-    return [range(b, b + 1) for b in range(batch)]
+    return []       # batch == 0: nothing to run
 
 
 def estimate(config, cap: float = MEMORY_CAP_BYTES) -> Estimate:
-    """The cost of a golden.PagedAttentionConfig on the sim backend (chunked as the backend would)."""
-    lengths = config.lengths
+    """The cost of a golden.PagedAttentionConfig on the sim backend, chunked as the backend would (:func:`plan`)."""
     group = config.nq // config.nkv
-    shape = dict(s1=config.s1, nkv=config.nkv, g_steps=group // (config.g_tile or group),
-                 s2_tile=config.s2_tile, block_size=config.block_size, head_dim=config.head_dim)
-    chunks = plan_chunks(lengths, num_blocks=config.physical_blocks, cap=cap, **shape)
-    need = [math.ceil(n / config.block_size) for n in lengths]
-    seconds, peak, iterations = TRACE_S, 0.0, 0
+    chunks = plan(config.lengths, s1=config.s1, nkv=config.nkv, g_steps=group // (config.g_tile or group),
+                  s2_tile=config.s2_tile, block_size=config.block_size, head_dim=config.head_dim,
+                  num_blocks=config.physical_blocks, cap=cap)
+    seconds = TRACE_S
     for c in chunks:
-        blocks = config.physical_blocks if len(chunks) == 1 else sum(need[b] for b in c)
-        it, units = _units([lengths[b] for b in c], blocks, **shape)
-        seconds += SECONDS_PER_CALL + SECONDS_PER_ITERATION * it + SECONDS_PER_UNIT * units
-        peak = max(peak, BASE_BYTES + MEMORY_PER_UNIT * units)
-        iterations += it
-    return Estimate(seconds, peak, len(chunks), iterations)
+        seconds += c.seconds
+    return Estimate(seconds, max((c.peak_bytes for c in chunks), default=0.0), len(chunks))
 
 
 def chunk_inputs(tensors: dict, batches: range, s1: int) -> dict:
     """The inputs of ``batches`` alone, on caches compacted to the blocks they own (at least one block:
     the kernel gathers -1 entries from block 0), the table renumbered to match and as wide as before;
     entries past a row's valid blocks become -1 (never read, SPEC §2 item 2)."""
+    from golden.paging import blocks_needed
+
     table, lengths = tensors["block_table"], tensors["kv_act_seqs"]
     bs = tensors["k_cache"].shape[1]
     rows = table[batches.start:batches.stop].clone()
-    valid = torch.arange(rows.shape[1])[None, :] < ((lengths[batches.start:batches.stop].long() + bs - 1) // bs)[:, None]
+    valid = torch.arange(rows.shape[1])[None, :] < blocks_needed(lengths[batches.start:batches.stop], bs)[:, None]
     owned = rows[valid].long()
     order = owned if owned.numel() else torch.zeros(1, dtype=torch.long)
     renumbered = torch.full_like(rows, -1)

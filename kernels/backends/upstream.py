@@ -31,12 +31,8 @@ FUNCTION defaults to ``pfa_func_kernel_v2_bound``. The tile configuration follow
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import re
-import sys
-from pathlib import Path
 
 from golden.errors import UsageError
 
@@ -76,6 +72,7 @@ def upstream_tile_config(*, g_tile: int, s2_tile: int, factory=None, overrides: 
 
 
 _MODES = {"pypto-gym": "sim", "pypto-gym-spec-codec": "sim-spec-codec", "pypto-gym-npu": "npu"}
+_PREFIXES = {mode: prefix for prefix, mode in _MODES.items()}    # the backend's own name -> the name's prefix
 
 
 def parse_name(name: str) -> tuple[str, str, str]:
@@ -89,26 +86,15 @@ def parse_name(name: str) -> tuple[str, str, str]:
 
 
 def _import(source: str):
-    if source.endswith(".py") or "/" in source:
-        path = Path(source)
-        if not path.is_file():
-            raise UsageError(f"kernel source {source!r}: no such file")
-        module_name = "_pfa_upstream_" + re.sub(r"\W", "_", str(path.resolve()))
-        if module_name in sys.modules:
-            return sys.modules[module_name]
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_name]
-            raise UsageError(f"kernel source {source!r} failed to import: {type(exc).__name__}: {exc}") from None
-        return module
+    """The module of a kernel file (a path: it ends in .py or holds a /) or an importable module."""
+    from kernels.backends.loader import import_named_module, load_file_module
+
     try:
-        return importlib.import_module(source)
-    except ImportError as exc:
-        raise UsageError(f"kernel source {source!r}: cannot import it ({exc})") from None
+        if source.endswith(".py") or "/" in source:
+            return load_file_module(source, prefix="_pfa_upstream_")
+        return import_named_module(source)
+    except ValueError as exc:
+        raise UsageError(f"kernel source {exc}" if str(exc).startswith("'") else f"kernel source: {exc}") from None
 
 
 def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
@@ -134,15 +120,18 @@ def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
     return fn, (wrapped if wrapped is not fn else None), module
 
 
-class UpstreamKernelBackend(SimBackend):
-    """A PyPTO-Gym-convention kernel on the sim backend (the npu mode: :class:`UpstreamNpuBackend`)."""
+class _UpstreamKernel:
+    """A PyPTO-Gym-convention kernel behind a PyptoBackend's hooks (kernels/backends/pypto_backend.py):
+    its own jit wrapper (the file's runtime and pass options, the backend's run mode and pass verify),
+    its arguments after the tensors (softmax_scale, the create_config tiles), no AT-12 entry. Mixed in
+    before SimBackend or NpuBackend, which do everything else (W9, batch chunks, the device)."""
 
     def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
-                 supported: dict | None = None, **sim_options) -> None:
-        super().__init__(**sim_options)          # pypto from the overlay, W1-W13, before the kernel's import
+                 supported: dict | None = None, **options) -> None:
+        super().__init__(**options)        # the sim's pypto from the overlay (W1-W13), or the npu's checks, first
         self._fn, self._jit, self._module = load_kernel(source, function)
-        prefix = "pypto-gym" if self.e4m3 == "pypto" else "pypto-gym-spec-codec"
         self.kernel_source = KernelSource.of_module(self._module, function, source)
+        prefix = _PREFIXES[self.name.removesuffix("-compile")]
         self.name = f"{prefix}:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
         self.tile_overrides = dict(tiles or {})
         self.supported_shapes = dict(supported or KERNEL_SHAPES)
@@ -152,15 +141,12 @@ class UpstreamKernelBackend(SimBackend):
         return upstream_tile_config(g_tile=dims.g_tile, s2_tile=dims.s2_tile, factory=self._factory,
                                     overrides=self.tile_overrides)
 
-    def _pfa_kernel(self, execute: bool):
-        key = ("upstream", execute)
-        if key not in self._kernels:
-            pypto = self._pypto
-            runtime = dict(getattr(self._jit, "_runtime_options", None) or {}, run_mode=pypto.RunMode.SIM)
-            verify = {"enable_pass_verify": True, "pass_verify_pass_filter": []} if execute else None
-            self._kernels[key] = pypto.frontend.jit(runtime_options=runtime, verify_options=verify,
-                                                    pass_options=getattr(self._jit, "_pass_options", None))(self._fn)
-        return self._kernels[key]
+    def _make_pfa_kernel(self, *, run_mode, pass_verify: bool):
+        from kernels.jit import jit
+
+        return jit(run_mode=run_mode, pass_verify=pass_verify,
+                   runtime_options=getattr(self._jit, "_runtime_options", None),
+                   pass_options=getattr(self._jit, "_pass_options", None))(self._fn)
 
     def _kernel_arguments(self, dims, out) -> list:
         return [out, dims.softmax_scale, self.tile_config(dims)]
@@ -169,37 +155,12 @@ class UpstreamKernelBackend(SimBackend):
         raise BackendUnavailable(f"{self.name} is a paged-attention kernel; it has no AT-12 entry")
 
 
-class UpstreamNpuBackend(NpuBackend):
+class UpstreamKernelBackend(_UpstreamKernel, SimBackend):
+    """A PyPTO-Gym-convention kernel on the sim backend (``e4m3="spec"``: the sim-spec-codec backend)."""
+
+
+class UpstreamNpuBackend(_UpstreamKernel, NpuBackend):
     """A PyPTO-Gym-convention kernel on an Ascend 950 (run mode NPU, the file's own options)."""
-
-    def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
-                 supported: dict | None = None, device=None, **options) -> None:
-        super().__init__(device=device, **options)   # torch_npu, the device, pypto, a DAV_3510 chip
-        self._fn, self._jit, self._module = load_kernel(source, function)
-        self.kernel_source = KernelSource.of_module(self._module, function, source)
-        self.name = f"pypto-gym-npu:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
-        self.tile_overrides = dict(tiles or {})
-        self.supported_shapes = dict(supported or KERNEL_SHAPES)
-        self._factory = getattr(self._module, "PfaTileShapeConfig", None)
-
-    def _paged_attention(self, dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs):
-        import torch
-
-        from kernels.backends import finish_output, unwritten_output
-        if "upstream" not in self._kernels:
-            runtime = dict(getattr(self._jit, "_runtime_options", None) or {}, run_mode=self._pypto.RunMode.NPU)
-            self._kernels["upstream"] = self._pypto.frontend.jit(
-                runtime_options=runtime, pass_options=getattr(self._jit, "_pass_options", None))(self._fn)
-        out = unwritten_output(q.shape, device=self.device)
-        tensors = [self._to(t) for t in (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs)]
-        tile_config = upstream_tile_config(g_tile=dims.g_tile, s2_tile=dims.s2_tile, factory=self._factory,
-                                           overrides=self.tile_overrides)
-        self._kernels["upstream"](*tensors, out, dims.softmax_scale, tile_config)
-        torch.npu.synchronize(self.device)
-        return finish_output(out.cpu(), kv_act_seqs, dims.s1)
-
-    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
-        raise BackendUnavailable(f"{self.name} is a paged-attention kernel; it has no AT-12 entry")
 
 
 def make_backend(name: str, *, device=None, **options):

@@ -15,6 +15,7 @@ import dataclasses
 
 import torch
 
+from golden.attention import visible_lengths
 from golden.codec import get_codec
 from golden.envelope import refine_score_bounds, score_bounds
 from golden.intervals import down32, lowbit, up32
@@ -125,7 +126,7 @@ class ConformingKernel(Backend):
         # Rows of one (batch, kv head): [B, N, R = S1 * G, D], as the golden lays them out.
         rows_q = codec.decode(q).view(b_, s1, nkv, group, d).transpose(1, 2).reshape(b_, nkv, s1 * group, d)
         qs = q_scale.view(b_, s1, nkv, group).transpose(1, 2).reshape(b_, nkv, s1 * group, 1)
-        cur = (lengths[:, None] - (s1 - 1 - torch.arange(s1))[None, :]).clamp(min=0)        # [B, S1]
+        cur = visible_lengths(kv_act_seqs, s1)                                              # [B, S1]
         row_cur = cur.repeat_interleave(group, dim=1)[:, None, :, None]                      # [B, 1, R, 1]
         sm = torch.tensor(dims.softmax_scale, dtype=torch.float32)
         state = None

@@ -223,18 +223,24 @@ class Bf16AccumulationOfO(_Recurrence):
         state.o = state.o.bfloat16().float()
 
 
+class _TruncatingCast:
+    """``codec``'s E4M3 with the cast truncating toward zero (P >= 0): a code the cast rounded up is
+    taken one code down. Only ``round`` (what golden.quant.quantize_rows calls) is provided."""
+
+    def __init__(self, codec) -> None:
+        self.codec = codec
+
+    def round(self, y: torch.Tensor) -> torch.Tensor:
+        codes = self.codec.encode(y)
+        down = self.codec.decode(codes) > y                      # rounded up: one code down
+        return self.codec.decode(torch.where(down & (codes > 0), codes - 1, codes))
+
+
 class E4M3TruncatingCast(StagedGolden):
     """The FP32 -> E4M3 cast of P truncates toward zero instead of rounding to nearest even."""
 
     def quantize_p(self, p, valid):
-        x = p if valid is None else torch.where(valid, p, 0.0)
-        amax = x.abs().amax(dim=-1, keepdim=True)
-        scale = 448.0 / torch.where(amax == 0, 448.0, amax)
-        y = x * scale
-        codes = self.codec.encode(y)
-        down = self.codec.decode(codes) > y                      # rounded up: one code down
-        codes = torch.where(down & (codes > 0), codes - 1, codes)
-        return self.codec.decode(codes), torch.reciprocal(scale)
+        return quantize_rows(p, valid=valid, codec=_TruncatingCast(self.codec))
 
 
 class EmptyRowsNan(StagedGolden):

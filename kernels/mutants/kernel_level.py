@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import sys
+import os
 from pathlib import Path
 
 from golden.errors import UsageError
@@ -94,20 +93,20 @@ def mutated_source(name: str) -> str:
 
 
 def _mutated_module(name: str):
+    """Mutant ``name``'s copy of kernels/pfa_fp8.py, written to the cache (pypto's parser reads a kernel's
+    source from its file) and loaded by the one loader (kernels/backends/loader.py): ValueError when it
+    does not import."""
+    from kernels.backends.loader import load_file_module
     from kernels.pypto_workarounds import cache_root
     source = mutated_source(name)
     tag = hashlib.sha256(source.encode()).hexdigest()[:12]
     path = cache_root() / "mutants" / f"pfa_fp8_{name}_{tag}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
-        path.write_text(source)
-    module_name = f"_pfa_verify_mutant_{name}_{tag}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(source)
+        os.replace(partial, path)      # whole, whatever another process does at the same time
+    return load_file_module(path, prefix="_pfa_verify_mutant_")
 
 
 def make_kernel_mutant(name: str, **options):
@@ -120,13 +119,12 @@ def make_kernel_mutant(name: str, **options):
         options = {"e4m3": KERNEL_MUTANTS[name].e4m3, **options}
 
     class KernelMutantBackend(SimBackend):
-        def _pfa_kernel(self, execute: bool):
-            key = ("mutant", name, execute)
-            if key not in self._kernels:
-                module = _mutated_module(name)
-                self._kernels[key] = module.make_kernel(run_mode=self._pypto.RunMode.SIM, pass_verify=execute,
-                                                        pass_options=self.pass_options)
-            return self._kernels[key]
+        def __init__(self, **sim_options) -> None:
+            super().__init__(**sim_options)          # pypto from the overlay first: the copy imports it
+            self._mutated = _mutated_module(name)    # a copy that does not import: ValueError, now
+
+        def _make_pfa_kernel(self, *, run_mode, pass_verify: bool):
+            return self._mutated.make_kernel(run_mode=run_mode, pass_verify=pass_verify, pass_options=self.pass_options)
 
     if name == "none":
         backend = SimBackend(**options)

@@ -7,8 +7,10 @@ after the fixes below. Each fix says what it fixes and names the test that prove
 package: the platform fix works on a private overlay, the calculator is built from a copy of its
 sources into our cache, the others patch objects in this process.
 
-Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, W10, W13), session
-(W5-W8, sim_session), execute (W9), native (W9's C++ side), bridge (W11) and bounds (W12).
+This docstring is the one list of the workarounds and their numbers; the modules cite the numbers.
+Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, W10, W12's calculator
+side, W13), session (W5-W8, sim_session), execute (W9), native (W9's C++ side), bridge (W11) and
+bounds (W12).
 
   W1 overlay        a symbolic-link copy of the installed package whose lib/configs/A2A3.ini is a real
                     file describing an Ascend 950PR (DAV_3510), so FP8 matmuls pass the parser's
@@ -48,19 +50,26 @@ Modules, in the order of the list: overlay (W1-W3, load_pypto), calculator (W4, 
                                                     test_cost_model_is_optional
   W9 execute        pypto 0.2.0's SIM path compiles on every call (parse, trace, pass pipeline,
                     codegen: 4-7 s for our kernel) and then runs the cost model (1.8-2.5 s, memory
-                    kept until exit), though the numbers come from neither: the calculator runs on
+                    kept until exit; both measured 2026-11-30, `kernels.get_backend("sim", level=
+                    "compile", cost_model=True).compile_paged_attention(...).seconds` re-measures
+                    their sum), though the numbers come from neither: the calculator runs on
                     the traced tensor graph inside the trace (RecordFunc::EndFunction ->
                     Program::VerifyTensorGraph). W9a: execute kernels stop after the trace
                     (host option compile_stage=TENSOR_GRAPH) and the result is copied back from
-                    pypto's ProgramData (kernels/pypto_native.py). W9b: the traced graph stays valid,
+                    pypto's ProgramData (native.py). W9b: the traced graph stays valid,
                     so a later call with the same static signature (non-tensor arguments, dtypes,
                     static dims; B and NB may change) re-runs only the calculator on the new tensors.
-                    After each run the calculator's kept intermediates are freed.
+                    After each run the calculator's kept intermediates are freed. Where W9b cannot
+                    work (native.py's check fails, no compiler), every call traces again and a run's
+                    header says why (SimBackend.notes).
                                                     test_execute_reuses_the_traced_graph
   W10 fp8 copies    the calculator copies every FP8 view (the interpreter starts each leaf frame that
                     reads an input with a view of the whole input) by decoding source and destination
                     to float32 and re-encoding element by element: time grows as tile iterations x
-                    cache size (127 s for pfa_fp8_b16_s1_1_s2_8k_nkv_1, 466 s for 8k_nkv_2). Our build
+                    cache size (127 s for pfa_fp8_b16_s1_1_s2_8k_nkv_1, 466 s for 8k_nkv_2, measured
+                    2026-11-30 before W10 by `OMP_NUM_THREADS=1 pfa-verify run --backend sim --cases
+                    NAME --examples 0 --budget 0`; with W10 the same command gives the times of
+                    kernels/backends/sim_cost.py). Our build
                     of the calculator (W4) patches a copy of its sources so that a same-type FP8
                     Copy or Reshape copies bytes; decoded values are unchanged (decode(encode(decode(c)))
                     = decode(c) for all 256 codes).
@@ -89,7 +98,7 @@ from kernels.pypto_workarounds._common import (SUPPORTED_PYPTO_VERSION, PyptoUna
 from kernels.pypto_workarounds.bounds import OutOfBoundsRead
 from kernels.pypto_workarounds.calculator import (E4M3_CODECS, build_calculator, current_e4m3_codec, e4m3_codec,
                                                   load_calculator)
-from kernels.pypto_workarounds.execute import execute_kernel, forget_traces
+from kernels.pypto_workarounds.execute import CalculatorFailed, execute_kernel, forget_traces, reverify_unavailable
 from kernels.pypto_workarounds.overlay import build_overlay, load_pypto
 from kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim_session, spoiled
 
@@ -111,4 +120,6 @@ __all__ = [
     "current_e4m3_codec",
     "execute_kernel",
     "forget_traces",
+    "reverify_unavailable",
+    "CalculatorFailed",
 ]

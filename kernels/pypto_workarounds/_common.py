@@ -10,7 +10,7 @@ __all__ = ["SUPPORTED_PYPTO_VERSION", "PyptoUnavailable", "cache_root", "install
 
 SUPPORTED_PYPTO_VERSION = "0.2.0"
 LOCK = threading.RLock()
-STATE: dict = {}     # "pypto" (the module, once loaded), "calculator", "trace" (W9)
+STATE: dict = {}     # "pypto" (the module, once loaded), "calculator" (its library's path), "trace" (W9)
 
 
 class PyptoUnavailable(RuntimeError):
@@ -44,8 +44,6 @@ def installed_pypto_dir() -> Path:
         # Already pointing at an overlay (sys.path was changed earlier): use the real package behind it.
         origin = Path(os.path.realpath(origin / "__init__.py")).parent
     return origin
-
-
 
 
 def ensure_dir(path: Path) -> Path:

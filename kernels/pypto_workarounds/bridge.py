@@ -36,7 +36,6 @@ def bridge_precision_type(pypto: ModuleType) -> bool:
             raise TypeError(f"precision_type must be a pypto.PrecisionType, got {precision_type!r}")
         return original(input, other)
 
-    div._pfa_verify_bridge = original
     pypto.PrecisionType = PrecisionType
     pypto.div = div
     return True

@@ -159,7 +159,7 @@ def _patched_calculator_sources(src: Path, target: Path) -> Path:
     return dst
 
 
-def build_calculator(*, force: bool = False) -> tuple[Path, float]:
+def build_calculator() -> tuple[Path, float]:
     """W4. Return (path of libtile_fwk_calculator.so, seconds spent building: 0.0 when cached).
 
     Same cmake configuration as 0.2.0's BuildOnlineManager (torch version, root, C++ ABI), but into a
@@ -175,7 +175,7 @@ def build_calculator(*, force: bool = False) -> tuple[Path, float]:
     _common.ensure_dir(target)
     with open(target / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if lib.exists() and not force:
+        if lib.exists():
             return lib, 0.0
         start = time.perf_counter()
         src = _patched_calculator_sources(_common.installed_pypto_dir() / "lib" / "calculator", target)
@@ -202,18 +202,16 @@ def build_calculator(*, force: bool = False) -> tuple[Path, float]:
         return lib, time.perf_counter() - start
 
 
-def load_calculator() -> float:
-    """Load the cached calculator into this process (once); return the build seconds it cost."""
+def load_calculator() -> None:
+    """Load the cached calculator (built first if it is not) into this process, once."""
     with _common.LOCK:
         if "calculator" in _common.STATE:
-            return 0.0
-        lib, seconds = build_calculator()
+            return
+        lib, _ = build_calculator()
         ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         _common.STATE["calculator"] = lib
-        _common.STATE["calculator_build_s"] = seconds
         utils = importlib.import_module("pypto._utils")
         utils.BuildOnlineManager().calculator_loaded = True
-        return seconds
 
 
 def patch_calculator_build(pypto: ModuleType) -> None:

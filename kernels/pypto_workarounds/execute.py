@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from kernels.pypto_workarounds import _common
 from kernels.pypto_workarounds.overlay import load_pypto
 
-__all__ = ["execute_kernel", "forget_traces"]
+__all__ = ["execute_kernel", "forget_traces", "CalculatorFailed", "reverify_unavailable"]
+
+
+class CalculatorFailed(RuntimeError):
+    """W9: pypto's calculator threw while it re-ran a kept graph on new tensors (the message is its own)."""
 
 
 # --- W9: execute = trace + calculator; the calculator alone on a kept tensor graph --------------------
@@ -43,7 +47,7 @@ def execute_kernel(wrapper, args) -> str:
     """W9. Run a pass-verify kernel (a pypto.frontend.jit wrapper) on ``args`` and return "trace" (the
     first call of its static signature: trace + calculator, no pass pipeline, no cost model) or
     "reverify" (the calculator alone on the kept graph). Call inside sim_session(). The result is in
-    the caller's tensors when it returns; a calculator failure raises RuntimeError.
+    the caller's tensors when it returns; a calculator failure on a kept graph raises CalculatorFailed.
 
     W12: a read of an input outside its shape during the run raises bounds.OutOfBoundsRead naming the
     kernel's parameter and the index (also when the calculator failed afterwards: the read came first).
@@ -92,7 +96,7 @@ def _execute(wrapper, args) -> str:
             failed = handles.verify(error, len(error))
         if failed:
             forget_traces()
-            raise RuntimeError("W9: pypto's calculator failed: " + error.value.decode(errors="replace"))
+            raise CalculatorFailed("W9: pypto's calculator failed: " + error.value.decode(errors="replace"))
         pypto_native.copy_back(handles, destinations)
         pypto_native.release(handles)
         return "reverify"
@@ -113,3 +117,12 @@ def _execute(wrapper, args) -> str:
 def forget_traces() -> None:
     """W9. Drop the kept graph (after a failure or a reset, or to let its wrapper go)."""
     _common.STATE.pop("trace", None)
+
+
+def reverify_unavailable() -> str | None:
+    """None when W9b (the calculator alone on a kept graph) works in this process, else why not: then
+    every call traces the kernel again (the same numbers, a few seconds more per call)."""
+    from kernels.pypto_workarounds import native as pypto_native
+
+    handles = pypto_native.native(load_pypto(), _common.cache_root())
+    return None if handles.verify is not None else (handles.why_not or "the verify shim is not loaded")

@@ -105,7 +105,8 @@ def build_overlay() -> Path:
 
 
 def load_pypto() -> ModuleType:
-    """Import pypto from the 950PR overlay with W1-W4 applied; raise PyptoUnavailable with a reason.
+    """Import pypto from the 950PR overlay with W1-W4, W11 and W12 applied; raise PyptoUnavailable
+    with a reason.
 
     Must run before anything else imports pypto in this process: a pypto imported from the installed
     folder has already read the 910B platform and cannot be switched (0.2.0 has no setter).

@@ -65,10 +65,12 @@ def _captured_fds(path: Path):
 
 def reset_pypto_state() -> None:
     """W7. Drop whatever a failed parse/compile left open (0.2.0: 'function nested is not allowed')."""
+    from kernels.pypto_workarounds.execute import forget_traces
+
     pypto = _common.STATE.get("pypto")
     if pypto is None:
         return
-    _common.STATE.pop("trace", None)   # W9: Reset frees the traced graph
+    forget_traces()                    # W9: Reset frees the traced graph
     impl = pypto.pypto_impl
     with contextlib.suppress(Exception):
         impl.Reset()

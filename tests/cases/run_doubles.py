@@ -81,7 +81,7 @@ class EstimatedSlow(GoldenBackend):
 
     def estimate(self, config):
         from kernels.backends.sim_cost import Estimate
-        return Estimate(seconds=1000.0, peak_bytes=1e9, chunks=1, tile_iterations=1)
+        return Estimate(seconds=1000.0, peak_bytes=1e9, chunks=1)
 
 
 class DeclaresExactModel(GoldenBackend):

@@ -261,7 +261,7 @@ def test_workers_take_regressions_first_then_the_longest_cases():
     cat = load_catalog()
     items = [Item("g", "generated", cat["pfa_fp8_b2_s1_1_s2_1k"]), Item("r", "regression", cat["edge_tail_tile_3_tokens"]),
              Item("c", "catalog", cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"])]
-    backend = SimpleNamespace(estimate=lambda c: Estimate(c.batch * c.s2 / 1000, 0, 1, 0))
+    backend = SimpleNamespace(estimate=lambda c: Estimate(c.batch * c.s2 / 1000, 0, 1))
     assert runner.schedule(backend, items) == [1, 2, 0]
 
 

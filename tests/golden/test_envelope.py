@@ -18,7 +18,6 @@ import kernels
 from golden.at12 import qk_matmul_scale_envelope
 from kernels.conforming import VARIANTS
 from properties import strategies as ps
-from properties.case import Case
 
 ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
 _SMALL = dict(max_examples=12, deadline=None)

@@ -149,6 +149,31 @@ def test_golden_backend_is_the_golden_with_the_spec_codec(small_bundle):
                      identifier="golden backend (loop) vs vectorized golden")
 
 
+_KERNEL_CONFIG = dict(s1=1, nq=4, nkv=2, head_dim=128, block_size=128, max_blocks=2, g_tile=2, s2_tile=128,
+                      softmax_scale=0.088)
+BAD_KERNEL_CONFIGS = [
+    (dict(s1=0), ValueError, r"^s1=0 must be a positive int"),
+    (dict(max_blocks=-1), ValueError, r"^max_blocks=-1 must be a positive int"),
+    (dict(g_tile=2.0), TypeError, r"^g_tile must be an int, got float 2.0"),
+    (dict(nkv=True), TypeError, r"^nkv must be an int, got bool True"),
+    (dict(nkv=3), ValueError, r"^nq=4 must be a multiple of nkv=3"),
+    (dict(g_tile=3), ValueError, r"^g_tile=3 must divide group = nq / nkv = 2"),
+    (dict(s2_tile=192), ValueError, r"^s2_tile=192 must be a multiple of block_size=128"),
+    (dict(c1_tile=((128, 64), (128, 128), (128, 128))), ValueError, r"^c1_tile=.*0 < L0 <= L1"),
+]
+
+
+@pytest.mark.parametrize("changes,error,match", BAD_KERNEL_CONFIGS,
+                         ids=[e("PagedAttentionKernelConfig", **c) for c, _, _ in BAD_KERNEL_CONFIGS])
+def test_kernel_config_rejects_bad_fields_with_the_goldens_checks(changes, error, match):
+    """kernels.config (issue 18 item 8): the positive-int checks are golden.paging.positive_int's, so the
+    kernel's configuration raises what the golden raises (TypeError for a non-int, ValueError for <= 0)."""
+    from kernels.config import PagedAttentionKernelConfig
+    PagedAttentionKernelConfig(**_KERNEL_CONFIG)
+    with pytest.raises(error, match=match):
+        PagedAttentionKernelConfig(**{**_KERNEL_CONFIG, **changes})
+
+
 def test_import_path_backend():
     backend = kernels.get_backend("tests.kernels.test_backends:make_recording_backend", flag=1)
     # The module may be imported twice (as a test file and by import path): compare by name.
@@ -365,8 +390,13 @@ def test_chunks_are_planned_to_fit_the_memory_cap():
     assert big.seconds > small.seconds > 0 and "batch chunks" in big.describe()
     lengths = [100] * 8
     shape = dict(s1=1, nkv=1, g_steps=1, s2_tile=128, block_size=128, head_dim=128, num_blocks=8)
-    assert sim_cost.plan_chunks(lengths, cap=1e12, **shape) == [range(0, 8)]
-    assert sim_cost.plan_chunks(lengths, cap=0, **shape) == [range(b, b + 1) for b in range(8)]   # the floor
+    assert [c.batches for c in sim_cost.plan(lengths, cap=1e12, **shape)] == [range(0, 8)]
+    floor = sim_cost.plan(lengths, cap=0, **shape)
+    assert [c.batches for c in floor] == [range(b, b + 1) for b in range(8)]                     # the floor
+    # a chunk's tile iterations: sum over its rows of ceil(cur / s2_tile), cur of SPEC §2 item 1
+    ragged = sim_cost.plan([0, 1, 128, 129, 300], cap=1e12, **dict(shape, s1=3, nkv=2, g_steps=3))[0]
+    cur = [[max(0, n - (3 - 1 - i)) for i in range(3)] for n in (0, 1, 128, 129, 300)]
+    assert ragged.iterations == 2 * 3 * sum(-(-c // 128) for row in cur for c in row) == 2 * 3 * 17
 
 
 def test_a_backend_loaded_from_a_file_or_module_names_its_source_by_content():
@@ -394,3 +424,71 @@ def test_our_sim_kernel_is_named_by_content(sim_backend):
     assert source.source == "kernels/pfa_fp8.py" and source.function == "make_kernel"
     assert source.sha256 == hashlib.sha256(Path(source.path).read_bytes()).hexdigest()
     assert Path(source.path) == Path(kernels.__file__).resolve().parent / "pfa_fp8.py"
+
+
+@pytest.mark.sim
+def test_making_a_sim_backend_leaves_the_threads_to_the_process(pypto_module):
+    """Issue 18 item 7: the sim backend asks for one torch thread (``threads``); the owner of the process
+    applies it (use_backend_threads: the command line, workers, the test session), never the backend."""
+    import torch
+
+    from kernels.backends import use_backend_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        backend = kernels.get_backend("sim")
+        assert torch.get_num_threads() == 3 and backend.threads == 1
+        use_backend_threads(kernels.get_backend("golden"))          # asks for nothing: left alone
+        assert torch.get_num_threads() == 3
+        use_backend_threads(backend)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.sim
+def test_the_run_header_says_when_w9s_fast_path_is_off(pypto_module, monkeypatch):
+    """Native.why_not (kernels/pypto_workarounds/native.py) reaches the run's header and report when the
+    calculator cannot re-run a kept graph (then every call traces again), and nothing is said otherwise."""
+    from cases.run import choose_backend
+    from kernels import pypto_workarounds as pw
+    from kernels.pypto_workarounds import native
+
+    real = native.native(pypto_module, pw.cache_root())
+    _, _, note = choose_backend("sim")
+    assert note == "backend sim (as asked)" and real.verify is not None
+    monkeypatch.setattr(native, "_NATIVE", [native.Native(real.program, real.program_data, None, None,
+                                                          "building the verify shim failed: no compiler")])
+    _, _, note = choose_backend("sim")
+    assert note == ("backend sim (as asked); W9's re-run of a traced graph is off here (building the verify shim "
+                    "failed: no compiler): every call traces the kernel again (the same numbers, a few seconds "
+                    "more per call)")
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("raised,expected", [(RuntimeError("Errcode: trace refused the kernel\nmore"), kernels.KernelRunError),
+                                             ("parser", kernels.KernelRunError),
+                                             (TypeError("a bug of the suite"), TypeError)],
+                         ids=["pypto-RuntimeError", "pypto-ParserError", "TypeError"])
+def test_a_kernel_that_fails_inside_pypto_is_a_kernel_run_error(pypto_module, monkeypatch, small_bundle, raised,
+                                                                 expected):
+    """Issue 18 item 5: pypto refusing the kernel while it runs (a C++ error, RuntimeError in Python) is
+    the kernel's failure, a KernelRunError (a kill in the mutant matrix); any other exception is not
+    (a broken row there), so it propagates as it is."""
+    from kernels import pypto_workarounds as pw
+
+    if raised == "parser":     # what pypto's trace raises for an error inside the kernel (RenderedParserError)
+        raised = pypto_module.frontend.parser.error.RenderedParserError(
+            None, RuntimeError("Errcode: trace refused the kernel\nmore"))
+
+    def refuse(wrapper, args):
+        raise raised
+
+    monkeypatch.setattr(pw, "execute_kernel", refuse)
+    backend = kernels.get_backend("sim")
+    with pytest.raises(expected) as info:
+        backend.paged_attention_fp8(**small_bundle.kwargs())
+    assert type(info.value) is expected
+    if expected is kernels.KernelRunError:
+        assert str(info.value).startswith("the kernel failed inside pypto: ")
+        assert str(info.value).endswith("Errcode: trace refused the kernel")

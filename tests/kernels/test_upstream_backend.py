@@ -46,7 +46,7 @@ def test_tile_configuration_follows_upstream_create_config():
     (f"pypto-gym:{FILE}:missing", "has no 'missing'"),
     (f"pypto-gym:{FILE}:not_a_kernel", "is a int, not a kernel function"),
     (f"pypto-gym:{FILE}:wrong_signature", r"wrong_signature\(q, k, atten_out\) is not in the upstream calling convention"),
-    ("pypto-gym:no_such_package.kernel", "cannot import it"),
+    ("pypto-gym:no_such_package.kernel", "kernel source: cannot import module 'no_such_package.kernel'"),
 ], ids=["file missing", "function missing", "not a function", "wrong signature", "module missing"])
 def test_loading_errors_name_the_source(pypto_module, name, match):
     with pytest.raises(ValueError, match=match):

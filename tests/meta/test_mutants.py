@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 import golden
 from cases import mutants as matrix
+from kernels import KernelRunError
 from kernels.mutants import MUTANTS, get_mutant
+from kernels.mutants.staged import StagedGolden
 from properties import compare as cmp
 from properties.acceptance import call, split_bundle
 from properties import law_examples
@@ -68,6 +70,36 @@ def test_kernel_mutants_change_one_snippet_of_a_copy_never_the_kernel_file():
     for name, mutant in kernel_level.KERNEL_MUTANTS.items():
         text = kernel_level.mutated_source(name)
         assert text != source.decode() and text.count(mutant.new) >= 1 and mutant.bug
+        compile(text, f"pfa_fp8_{name}.py", "exec")       # the copy is Python: a SyntaxError fails here
     assert kernel_level._SOURCE.read_bytes() == source
     with pytest.raises(ValueError, match="kernel mutant 'nope' is not in the catalog"):
         kernel_level.mutated_source("nope")
+
+
+class _Raises(StagedGolden):
+    """A backend whose every paged-attention call raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def _paged_attention(self, dims, *tensors):
+        raise self.error
+
+
+def test_a_kernel_run_error_is_a_kill_by_error():
+    error = KernelRunError("the kernel left 3 of 48 output elements it must compute unwritten")
+    for cell in (matrix.search("acceptance", _Raises(error), examples=3, seed=0), matrix.catalog_kill(_Raises(error))):
+        assert cell.killed and cell.by == "error" and cell.examples == 1, cell
+        assert cell.message.startswith("KernelRunError: the kernel left 3") and matrix._cell_text(cell) == "error@1"
+
+
+@pytest.mark.parametrize("error", [TypeError("a bug of the suite"), ValueError("the mutated module does not import"),
+                                   RuntimeError("function nested is not allowed")], ids=lambda e: type(e).__name__)
+def test_any_other_exception_is_not_a_kill(error):
+    """Only a law's failure or a KernelRunError kills; anything else propagates, and the row that raised
+    it is broken (reported with the error, exit 1), so it can never raise the kill ratio."""
+    with pytest.raises(type(error), match=str(error)):
+        matrix.search("acceptance", _Raises(error), examples=3, seed=0)
+    with pytest.raises(type(error), match=str(error)):
+        matrix.catalog_kill(_Raises(error))

@@ -1,0 +1,66 @@
+"""The one loader of Python code named by the user or written by the suite: a file (a backend's
+``path/file.py:factory``, a PyPTO-Gym kernel file, a kernel mutant's copy in the cache) or an
+importable module (``package.module:factory``, ``pypto-gym:package.module``).
+
+Rules, the same for every caller:
+- a file is resolved first and loaded once per resolved path and content (a module name derived from
+  both; a file edited since gives a new module);
+- a module whose code raises while it is imported is removed from ``sys.modules`` again (Python's
+  own import does that for modules; ``exec_module`` on a file does not), so a second load runs it
+  again and fails the same way instead of finding a half-executed module;
+- every failure is one golden.errors.UsageError (a ValueError) naming the file or module and the
+  error, on one line: what the command line prints (exit 2), never a traceback.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from golden.errors import UsageError
+
+__all__ = ["load_file_module", "import_named_module"]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def load_file_module(path: str | Path, *, prefix: str = "_pfa_file_") -> ModuleType:
+    """The module of the Python file at ``path``, executed once per resolved path and content.
+
+    golden.errors.UsageError (a ValueError) when there is no such file or when executing it raises (the
+    exception's type and first line quoted; the failed module is not kept in ``sys.modules``)."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{str(path)!r}: no such file")
+    file = file.resolve()
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
+    name = prefix + re.sub(r"\W", "_", str(file)) + "_" + digest
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module         # as Python's import does: the module may import itself
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:       # noqa: BLE001 - SystemExit and KeyboardInterrupt in a module too
+        sys.modules.pop(name, None)
+        if not isinstance(exc, Exception):
+            raise
+        raise UsageError(f"{str(path)!r} failed to import: {_first_line(exc)}") from None
+    return module
+
+
+def import_named_module(name: str) -> ModuleType:
+    """``importlib.import_module(name)``; ValueError naming the module when it cannot be found or its
+    code raises while it is imported (Python removes such a module from ``sys.modules`` itself)."""
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any error of the module's own code, not only ImportError
+        raise UsageError(f"cannot import module {name!r}: {_first_line(exc)}") from None
