@@ -87,10 +87,11 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, or a comma-separated
     list of catalog names and regression ids.
     """
-    from cases import regressions
+    from cases import ledger, regressions
     from cases.catalog import load_catalog
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)
+    ledger.check(regression_ids=ids, where=str(regressions.directory(regressions_dir)))   # a known failure must exist
     if selection in ("all", "catalog", "regressions"):
         want_regs = ids if selection in ("all", "regressions") else []
         want_cat = list(catalog) if selection in ("all", "catalog") else []

@@ -228,6 +228,10 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     unknown = [n for n in chosen if n not in mutants.MUTANTS]
     if unknown:
         raise ValueError(f"unknown mutant(s) {unknown}; `pfa-verify mutants --list` shows the catalog")
+    if "ledger" in allowed_survivors:      # the ledger's survivors of this level (properties/ledger.py)
+        from cases import ledger
+        ledger.check(mutants=mutants.MUTANTS)
+        allowed_survivors = [n for n in allowed_survivors if n != "ledger"] + list(ledger.survivors(level))
     unknown = [n for n in allowed_survivors if n not in mutants.MUTANTS]
     if unknown:
         raise ValueError(f"--allow-survivors: unknown mutant(s) {unknown}; `pfa-verify mutants --list` shows the catalog")
