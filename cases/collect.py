@@ -46,7 +46,7 @@ def generated_strategy(supported: dict | None = None, distributions: tuple[str, 
     the value ``distributions`` given (default: all of golden.DISTRIBUTIONS)."""
     from properties import strategies as ps
     kwargs = {} if distributions is None else {"distribution": tuple(distributions)}
-    return ps.cases(ps.kernel_configs(supported, **kwargs) if supported else ps.configs(**kwargs))
+    return ps.cases_for(supported or None, **kwargs)
 
 
 def generation_draws(n: int) -> int:
