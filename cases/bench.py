@@ -11,7 +11,7 @@ the two agree (count of outputs that are not bit-identical). With ``--stages`` i
 cost per example, stage by stage on one core, with issue 17's budget (cases/bench_stages.py).
 
 Run: ``python -m cases.bench [--repeat N] [--workload upstream|kernel|small|all] [--small-cases N]
-[--kernel-cases N] [--stages] [--json PATH]``. Speed goals live here, not in tests.
+[--kernel-cases N] [--stages] [--tightness N] [--json PATH]``. Speed goals live here, not in tests.
 """
 from __future__ import annotations
 
@@ -215,11 +215,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-cases", type=int, default=20, help="size of the kernel-sized workload")
     parser.add_argument("--stages", action="store_true",
                         help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
+    parser.add_argument("--tightness", type=int, default=0, metavar="N",
+                        help="add the acceptance envelope's tightness per value distribution on N kernel-sized "
+                             "cases each (issue 16; cases/tightness.py)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or args.small_cases < 1 or args.kernel_cases < 1:
+    if args.repeat < 1 or args.small_cases < 1 or args.kernel_cases < 1 or args.tightness < 0:
         raise SystemExit("pfa-verify bench: --repeat, --small-cases and --kernel-cases must be >= 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}")
     print(_HEADER)
@@ -229,11 +232,20 @@ def run(args: argparse.Namespace) -> int:
     if args.stages:
         print(f"\nThe suite's cost per example, on one core (torch 1 thread), best of {args.repeat} per stage and case:")
         stages, codecs = run_stages(args.workload, repeat=args.repeat, **sizes)
+    tight = []
+    if args.tightness:
+        from rich.console import Console
+
+        import golden
+        from cases import tightness
+        tight = [tightness.measure(d, args.tightness) for d in golden.DISTRIBUTIONS]
+        Console(width=160).print(tightness.render_table(tight))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             data = [r.to_dict() for r in rows]
-            if args.stages:
-                data = {"goldens": data, "stages": [r.to_dict() for r in stages], "codecs": [r.to_dict() for r in codecs]}
+            if args.stages or tight:
+                data = {"goldens": data, "stages": [r.to_dict() for r in stages], "codecs": [r.to_dict() for r in codecs],
+                        "tightness": [r.to_dict() for r in tight]}
             json.dump(data, f, indent=2)
     disagree = sum(r.non_identical for r in rows)
     not_finite = [r.name for r in rows if not r.finite]

@@ -19,14 +19,14 @@ from .attention_loop import paged_attention_fp8_loop
 from .codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
 from .envelope import AttentionEnvelope
 from .inputs import DISTRIBUTIONS, GARBAGE, InputBundle, PagedAttentionConfig, check_size, make_inputs, memory_limit
-from .model import EXACT_MODEL, SPEC_MODEL, ConformanceModel
+from .model import DETERMINISTIC_MODEL, EXACT_MODEL, SPEC_MODEL, ConformanceModel
 from .paging import contiguous_to_paged, gen_block_table, paged_to_contiguous
 from .quant import FP8_MAX, quantize_per_channel, quantize_per_token
 from .softmax_state import OnlineSoftmaxState
 
 __all__ = [
     "paged_attention_fp8", "paged_attention_fp8_loop", "qk_matmul_scale", "qk_matmul_scale_loop",
-    "paged_attention_envelope", "AttentionEnvelope", "ConformanceModel", "SPEC_MODEL", "EXACT_MODEL",
+    "paged_attention_envelope", "AttentionEnvelope", "ConformanceModel", "SPEC_MODEL", "DETERMINISTIC_MODEL", "EXACT_MODEL",
     "Fp8Codec", "SPEC_CODEC", "PYPTO_CALCULATOR_CODEC", "get_codec",
     "quantize_per_token", "quantize_per_channel", "FP8_MAX",
     "gen_block_table", "contiguous_to_paged", "paged_to_contiguous",

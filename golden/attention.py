@@ -203,8 +203,8 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         visible = torch.from_numpy(tile_token < row_cur[pb][:, None])  # [P, 1, R, tile] (SPEC §2.1)
         m_j, p, l_j = local_softmax(scores, visible)
         # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
-        p8, p_scale = quantize_rows(p, codec=codec)
-        p8 = to_blocks(p8)
+        p8_tiles, p_scale = quantize_rows(p, codec=codec)
+        p8 = to_blocks(p8_tiles)
         mm2 = torch.matmul(p8.double(), v)  # MM2 per block: [Q, N, R, D], exact
         if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
             mm2 = _causal_values(p8, v, token, cur[block_batch])
@@ -221,7 +221,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         if envelope is not None:
             envelope.chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_codes=k_codes,
                            q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
-                           visible=visible, p8=p8, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
+                           visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
                            to_tiles=to_tiles, to_blocks=to_blocks, per_tile_sum=per_tile_sum, index=index)
 
     # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.

@@ -157,6 +157,25 @@ def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi:
             down32(high + ulps * ulp32(high)))
 
 
+def _deviations(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
+    """(low, high) >= 0 per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the golden's
+    when each flippable code takes either end (``v8``'s positive and negative parts taken apart: a
+    midpoint-radius product, exact in float64), computed for the rows that have a flippable code only."""
+    down, up = golden_p8 - p8_lo, p8_hi - golden_p8
+    rows = ((down != 0) | (up != 0)).any(dim=-1).nonzero(as_tuple=True)       # (q, n, r) with a flip
+    low, high = torch.zeros_like(like), torch.zeros_like(like)
+    if not rows[0].numel():
+        return low, high
+    vr = v[rows[0], rows[1]]                                                     # [F, BS, D]
+    v_pos, v_neg = vr.clamp(min=0), (-vr).clamp(min=0)
+    d, u = down[rows][:, None, :], up[rows][:, None, :]
+    low_rows = (torch.bmm(d, v_pos) + torch.bmm(u, v_neg))[:, 0]
+    high_rows = (torch.bmm(u, v_pos) + torch.bmm(d, v_neg))[:, 0]
+    low_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(rows, low_rows)
+    high_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(rows, high_rows)
+    return per_tile_sum(low_blocks), per_tile_sum(high_blocks)
+
+
 def _sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
     """float64: relative error bound of a float32 sum of ``n`` non-negative terms (l_j, F1)."""
     if model.sums == "exact":
@@ -196,12 +215,13 @@ class EnvelopeBuilder:
         return dequant_interval(raw_lo, raw_hi, q_scale, k_scale, sm, self.model)
 
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
-    def softmax(self, s_lo, s_hi, visible):
+    def softmax(self, s_lo, s_hi, visible, p, p8):
         """Steps 3-4 on one tile layout: (m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi).
 
         ``e_lo = exp(S_lo - m_hi)`` and ``e_hi = exp(S_hi - m_lo)`` (float64, 0 off the visible columns)
-        are the only exponentials of the envelope: P's bounds, the row widths and the denominator are
-        all read from them."""
+        are the only exponentials of the envelope: the row widths and the denominator read them. The
+        codes start as the golden's ``p8`` (its P is ``p``): a margin test (:meth:`_may_flip`) finds the
+        elements whose code could differ, and only those get their exact bounds."""
         neg = torch.tensor(-math.inf, dtype=torch.float32)
         s_lo = torch.where(visible, s_lo, neg)
         s_hi = torch.where(visible, s_hi, neg)
@@ -211,19 +231,45 @@ class EnvelopeBuilder:
         d_hi = s_hi.double() - m_lo
         e_lo = torch.exp(torch.where(visible, d_lo, -math.inf))
         e_hi = torch.exp(torch.where(visible, d_hi, -math.inf))
-        certain = visible & (d_lo >= 0)                       # x is 0 in every execution: P = exp(0) = 1
-        p_lo, p_hi = exp_bounds(e_lo, e_hi, d_lo, d_hi, self.model.exp_ulps)
-        p_lo = torch.where(visible, torch.where(certain, 1.0, p_lo), 0.0)
-        p_hi = torch.where(visible, torch.where(certain, 1.0, p_hi), 0.0)
-        p_max_hi = torch.clamp(p_hi.double().amax(dim=-1, keepdim=True), min=1.0)
-        scale_lo = down32(FP8_MAX / p_max_hi * (1 - _F64))    # RN(448 / max P) >= RD(448 / max P_hi)
-        # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
-        y_lo = p_lo * scale_lo
-        y_hi = p_hi * torch.tensor(FP8_MAX, dtype=torch.float32)
-        p8_lo, p8_hi = self.codec.round(y_lo), self.codec.round(y_hi)
+        # Every x is <= 0, so every P is at most exp_ulps ulps above 1; the argmax gives exp(0) = 1.
+        eps = self._p_width(s_lo, s_hi, m_lo, m_hi, visible)
+        p_max_hi = torch.full_like(m_hi, 1 + self.model.exp_ulps * 2.0 ** -23)
+        p8_lo, p8_hi = p8.clone(), p8.clone()
+        at = self._may_flip(p, eps, visible).nonzero(as_tuple=True)
+        if at[0].numel():
+            p_lo, p_hi = exp_bounds(e_lo[at], e_hi[at], d_lo[at], d_hi[at], self.model.exp_ulps)
+            certain = d_lo[at] >= 0                               # x is 0 in every execution: P = exp(0) = 1
+            p_lo, p_hi = torch.where(certain, 1.0, p_lo), torch.where(certain, 1.0, p_hi)
+            row = tuple(i if k < 3 else torch.zeros_like(i) for k, i in enumerate(at))
+            scale_lo = down32(FP8_MAX / p_max_hi[row] * (1 - _F64))   # RN(448 / max P) >= RD(448 / max P_hi)
+            # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
+            p8_lo[at] = self.codec.round(p_lo * scale_lo)
+            p8_hi[at] = self.codec.round(p_hi * torch.tensor(FP8_MAX, dtype=torch.float32))
         ps_lo = down32(torch.full_like(p_max_hi, 1.0 / FP8_MAX) * (1 - U32 - _F64))
         ps_hi = up32(p_max_hi / FP8_MAX / (1 - U32) * (1 + U32) * (1 + _F64))
         return m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi
+
+    def _p_width(self, s_lo, s_hi, m_lo, m_hi, visible) -> torch.Tensor:
+        """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
+        golden's: both exponentiate an x in ``[S_lo - m_hi, S_hi - m_lo]`` (rounded: 2 ulp of x) within
+        ``exp_ulps`` (the golden's within half an ulp), so ``P / P_g`` lies in ``exp(+-w) (1 +- 2**-20)``
+        with ``w`` the row's widest x interval; ``exp(w) - 1 <= 2 w`` for ``w <= 1`` (wider rows: eps = inf,
+        every element is bounded exactly)."""
+        width = torch.where(visible, s_hi - s_lo, 0.0).amax(dim=-1, keepdim=True).double() + (m_hi - m_lo)
+        x_ulps = 2 * ulp32(torch.maximum(m_hi.abs(), m_lo.abs()) + width) * 2       # x's rounding, both ends
+        w = width + x_ulps
+        eps = 2 * w + (self.model.exp_ulps + 1) * 2.0 ** -22
+        return torch.where(w <= 1, eps, math.inf)
+
+    def _may_flip(self, p, eps, visible) -> torch.Tensor:
+        """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) and any
+        conforming y lie within (1 +- 2 eps)(1 +- 2**-22) of each other (P, the scale 448 / max P, their
+        roundings); if both ends of that range read back as the same code, no conforming kernel flips it."""
+        margin = (2 * eps + 2.0 ** -21).float()
+        y = p * torch.tensor(FP8_MAX, dtype=torch.float32)
+        low = self.codec.round(y * (1 - margin).clamp(min=0))
+        high = self.codec.round(y * (1 + margin))
+        return visible & ((low != high) | ~torch.isfinite(margin))
 
     @staticmethod
     def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> torch.Tensor:
@@ -274,12 +320,12 @@ class EnvelopeBuilder:
         """float64 [..., 1]: each query row's grid (the smallest power of two dividing its codes' values)."""
         return np.take(grid_of_codes(self.codec), q_codes).min(axis=-1, keepdims=True)
 
-    def chunk(self, *, raw64, q_blocks, k_blocks, k_codes, q_grid, q_scale, k_scale, visible, p8, mm2, v, v_scale,
+    def chunk(self, *, raw64, q_blocks, k_blocks, k_codes, q_grid, q_scale, k_scale, visible, p, p8, mm2, v, v_scale,
               to_tiles, to_blocks, per_tile_sum, index) -> None:
         """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``index``.
 
         Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
-        softmax; ``p8`` (blocks) and ``mm2`` (tiles, exact) are the golden's own."""
+        softmax; ``p`` and ``p8`` (tiles) and ``mm2`` (tiles, exact) are the golden's own."""
         abs_sum = torch.matmul(q_blocks.abs(), k_blocks.abs())
         # The exactness certificate needs M1 <= 2**24 g; K's grid is read only where some K grid could give it.
         table = grid_of_codes(self.codec)
@@ -290,43 +336,55 @@ class EnvelopeBuilder:
         else:
             grid = torch.zeros(())
         s_lo, s_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale)
-        tiles = self.softmax(to_tiles(s_lo), to_tiles(s_hi), visible)
-        flip = visible & (tiles[4] != tiles[5])
-        wide = self._wide_rows(to_tiles(s_lo), to_tiles(s_hi), tiles[0], tiles[1], tiles[3], visible)
-        if self.model.sums == "any-order" and bool((flip | wide).any()):
-            # The margin test found codes that may flip, or rows whose scores are uncertain enough to move
-            # l by a visible share of the tolerance: sharpen E1 (the residue bound) for those scores and,
-            # in their rows, for every score that may be the row's max (m_j moves every x of the row).
-            rows = (flip | wide).any(dim=-1, keepdim=True)
-            maybe_max = visible & rows & (to_tiles(s_hi).double() >= tiles[0])
-            flagged = to_blocks(flip | wide | maybe_max) & (e1 > 0)
-            at = flagged.nonzero(as_tuple=True)
-            products = q_blocks[at[0], at[1], at[2], :] * k_blocks[at[0], at[1], :, at[3]]
-            e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at])))
-            s_lo, s_hi = self._scaled(raw64, e1, q_scale, k_scale)
-            tiles = self.softmax(to_tiles(s_lo), to_tiles(s_hi), visible)
-            flip = visible & (tiles[4] != tiles[5])
+        s_lo, s_hi = to_tiles(s_lo), to_tiles(s_hi)
+        tiles = self.softmax(s_lo, s_hi, visible, p, p8)
+        if self.model.sums == "any-order":
+            s_lo, s_hi, tiles = self._sharpen(raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8,
+                                              s_lo, s_hi, tiles, to_tiles, to_blocks)
         m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi = tiles
-        s_lo_t, s_hi_t = to_tiles(s_lo), to_tiles(s_hi)
+        flip = visible & (p8_lo != p8_hi)
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
-        l_lo, l_hi, n = self.denominator(s_lo_t, m_lo, m_hi, e_lo, e_hi, visible)
-        # The flippable codes' deviations from the golden's P8, multiplied out with V's positive and negative parts.
-        low_dev = high_dev = torch.zeros_like(mm2)
-        if bool(flip.any()):
-            golden_p8 = p8.double()
-            down = golden_p8 - to_blocks(p8_lo).double()
-            up = to_blocks(p8_hi).double() - golden_p8
-            v_pos, v_neg = v.clamp(min=0), (-v).clamp(min=0)
-            low_dev = per_tile_sum(torch.matmul(down, v_pos) + torch.matmul(up, v_neg))
-            high_dev = per_tile_sum(torch.matmul(up, v_pos) + torch.matmul(down, v_neg))
+        l_lo, l_hi, n = self.denominator(s_lo, m_lo, m_hi, e_lo, e_hi, visible)
+        low_dev, high_dev = _deviations(to_blocks(p8).double(), to_blocks(p8_lo).double(), to_blocks(p8_hi).double(), v,
+                                        per_tile_sum, mm2)
         abs_sum = per_tile_sum(torch.matmul(to_blocks(p8_hi).double(), v.abs()))
         o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, ps_lo, ps_hi, v_scale)
-        spread = torch.where(visible, (s_hi_t.double() - s_lo_t.double()), 0.0).amax(dim=-1, keepdim=True)
+        spread = torch.where(visible, (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
         any_visible = visible.any(dim=-1, keepdim=True)
         state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
         self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
         self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
+
+    def _sharpen(self, raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8, s_lo, s_hi, tiles,
+                 to_tiles, to_blocks):
+        """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is
+        uncertain enough to move l by a visible share of the tolerance, and in those rows every score that
+        may be the row's max (m_j moves every x of the row); then steps 2-4 again for the pairs touched."""
+        flip = visible & (tiles[4] != tiles[5])
+        wide = self._wide_rows(s_lo, s_hi, tiles[0], tiles[1], tiles[3], visible)
+        rows = (flip | wide).any(dim=-1, keepdim=True)
+        if not bool(rows.any()):
+            return s_lo, s_hi, tiles
+        maybe_max = visible & rows & (s_hi.double() >= tiles[0])
+        flagged = to_blocks(flip | wide | maybe_max) & (e1 > 0)
+        at = flagged.nonzero(as_tuple=True)
+        if not at[0].numel():
+            return s_lo, s_hi, tiles
+        products = q_blocks[at[0], at[1], at[2], :] * k_blocks[at[0], at[1], :, at[3]]
+        e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at])))
+        lo, hi = self._scaled(raw64, e1, q_scale, k_scale)
+        s_lo, s_hi = to_tiles(lo), to_tiles(hi)
+        pairs = rows.reshape(rows.shape[0], -1).any(dim=-1).nonzero().reshape(-1)
+        if pairs.numel() == rows.shape[0]:
+            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, p, p8)
+        again = self.softmax(s_lo[pairs], s_hi[pairs], visible[pairs], p[pairs], p8[pairs])
+        merged = []
+        for old, new in zip(tiles, again):
+            old = old.clone() if old.shape[0] == rows.shape[0] else old.expand(rows.shape[0], *old.shape[1:]).clone()
+            old[pairs] = new
+            merged.append(old)
+        return s_lo, s_hi, tuple(merged)
 
     # -- steps 6-7 --------------------------------------------------------------------------------------
     def fold(self, tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

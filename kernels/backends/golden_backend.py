@@ -9,6 +9,7 @@ what `auto` falls back to where no kernel can run (a run that then fails unless 
 """
 from __future__ import annotations
 
+from golden.model import EXACT_MODEL
 from kernels.backends import Backend
 
 __all__ = ["GoldenBackend"]
@@ -16,6 +17,8 @@ __all__ = ["GoldenBackend"]
 
 class GoldenBackend(Backend):
     name = "golden"
+    #: exact sums, correctly rounded exp and division, the same bits every call: the narrowest model
+    model = EXACT_MODEL
 
     def __init__(self, *, codec=None, loop: bool = True) -> None:
         """``loop=False`` runs the vectorized golden instead: the reference the laws compare with."""

@@ -18,7 +18,7 @@ import torch
 from golden.codec import get_codec
 from golden.envelope import refine_score_bounds, score_bounds
 from golden.intervals import down32, lowbit, up32
-from golden.model import SPEC_MODEL
+from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL
 from golden.quant import FP8_MAX
 from kernels.backends import Backend
 from kernels.conforming.arithmetic import ORDERS, divide, exp_ulps, fma, fsum
@@ -80,10 +80,12 @@ class ConformingKernel(Backend):
     """A backend computing SPEC §2 with the freedoms of one :class:`Variant` (``conforming:NAME``)."""
 
     level = "conforming"
-    model = SPEC_MODEL
 
     def __init__(self, variant: Variant, *, codec=None, seed: int = 0) -> None:
         self.variant = variant
+        # A variant that draws its order or its vertices afresh on every call is not deterministic.
+        random = "shuffled" in (variant.mm1, variant.mm2, variant.row_sum) or variant.mm1 == "vertex-mixed"
+        self.model = SPEC_MODEL if random else DETERMINISTIC_MODEL
         self.name = f"conforming:{variant.name}"
         self.codec = get_codec(codec)
         self.seed = seed

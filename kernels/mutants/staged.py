@@ -12,6 +12,7 @@ import torch
 from golden.attention import dequantize_scores, dequantize_values
 from golden.codec import get_codec
 from golden.matmul import exact_matmul
+from golden.model import DETERMINISTIC_MODEL
 from golden.quant import quantize_rows
 from golden.softmax_state import OnlineSoftmaxState, local_softmax
 from kernels.backends import Backend
@@ -24,6 +25,8 @@ class StagedGolden(Backend):
 
     name = "mutant:none"
     level = "golden"
+    #: judged like a kernel with a fixed order: SPEC §4.1, the same choices on every call
+    model = DETERMINISTIC_MODEL
     equivalent: str | None = None      # for an equivalent mutant: the proof that it cannot be killed
 
     def __init__(self, *, codec=None) -> None:

@@ -7,6 +7,8 @@ import json
 import pytest
 from rich.console import Console
 
+import golden
+
 from cases import cli, report
 from cases import run as runner
 
@@ -96,7 +98,8 @@ def test_report_names_what_it_checked_by_content(failing_run):
     kernel = data["backend"]["kernel"]
     assert kernel["function"] == "PerturbOne" and kernel["source"] == "tests/cases/run_doubles.py"
     assert kernel["sha256"] == hashlib.sha256(Path(PERTURB.split(":")[0]).read_bytes()).hexdigest()
-    assert data["backend"]["model"] is None
+    # A double built on the golden backend declares the golden's own arithmetic (golden.EXACT_MODEL).
+    assert data["backend"]["model"]["describe"] == golden.EXACT_MODEL.describe()
     assert data["inputs"]["catalog"]["sha256"] == hashlib.sha256(CATALOG_PATH.read_bytes()).hexdigest()
     regs = data["inputs"]["regressions"]
     assert regs["cases"] == 0 and regs["fingerprint"] == "sha256:" + hashlib.sha256(b"").hexdigest()

@@ -82,15 +82,12 @@ def test_execute_passes_the_acceptance_rule(judged):
     assert judged.passed, judged.message()
 
 
-def test_spec_codec_difference_is_the_backend_codec(judged, record_property):
-    """The spec-codec comparison, not hidden: on the calculator it fails SPEC §4 because the
-    calculator's E4M3 (top binade read as 240, integer rounding) is not E4M3FN, and the rule says so."""
-    spec = judged.references[0]
-    record_property("spec_codec_max_abs", spec.comparison.max_abs_err)
-    print(f"{judged.case_label}: vs spec codec max abs {spec.comparison.max_abs_err:.3e}, "
-          f"{spec.comparison.mismatched}/{spec.comparison.total} mismatched")
-    assert not spec.passed, "the calculator now agrees with the spec codec: revisit PYPTO_CALCULATOR_CODEC"
-    assert (spec.category, spec.counts) == ("backend codec", False)
+def test_the_spec_codec_comparison_is_skipped_and_said(judged):
+    """The calculator's E4M3 (top binade read as 240, integer rounding) is not E4M3FN, so a spec-codec
+    comparison would measure the calculator, not the kernel (SPEC §4; PYPTO_0.2.0_ON_CPU.md): the rule
+    makes none, and the verdict says why in one line (--backend sim-spec-codec runs the spec's E4M3)."""
+    assert [r.reference for r in judged.references] == ["pypto-0.2.0-calculator"]
+    assert judged.spec_not_applicable and "sim-spec-codec" in judged.spec_not_applicable
 
 
 def test_a_static_configuration_is_traced_once(sim_backend):
