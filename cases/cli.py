@@ -298,7 +298,8 @@ def _add_mutants(parser: argparse.ArgumentParser) -> None:
                         help="time for Hypothesis to shrink each mutant's first kill (default 30; 0: not shrunk)")
     parser.add_argument("--allow-survivors", default="", metavar="NAME,...",
                         help="mutants whose survival does not fail the goal (still reported as survivors and in "
-                        "the kill ratio); README: Verification power lists the known ones and why")
+                        "the kill ratio); 'ledger' names the known ones of the level, each with its reason in "
+                        "properties/ledger.py")
     parser.add_argument("--list", action="store_true", help="list the catalog of mutants and stop")
     parser.add_argument("--verbose", action="store_true", help="one line per (mutant, law) as it finishes")
     parser.set_defaults(func=_cmd_mutants)
@@ -391,7 +392,8 @@ def _cmd_prune(args) -> int:
             # nothing about it (a sim failure passes on the golden).
             print(f"kept {rid}: captured on {reg.backend}, not {args.backend}")
             continue
-        if ledger.lookup(rid, reg.backend):
+        config = reg.to_case().config if reg.case.get("kind") == "paged" else None
+        if ledger.lookup(rid, reg.backend, config=config):
             print(f"kept {rid}: in the ledger")
             continue
         try:

@@ -47,7 +47,7 @@ def generated_strategy(supported: dict | None = None, distributions: tuple[str, 
     the value ``distributions`` given (default: all of golden.DISTRIBUTIONS)."""
     from properties import strategies as ps
     kwargs = {} if distributions is None else {"distribution": tuple(distributions)}
-    return ps.cases(ps.kernel_configs(supported, **kwargs) if supported else ps.configs(**kwargs))
+    return ps.cases_for(supported or None, **kwargs)
 
 
 def generation_draws(n: int) -> int:
@@ -88,11 +88,12 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, or a comma-separated
     list of catalog names and regression ids.
     """
-    from cases import regressions
+    from cases import ledger, regressions
     from cases.catalog import load_catalog
     from golden.errors import UsageError
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)
+    ledger.check(regression_ids=ids, where=str(regressions.directory(regressions_dir)))   # a known failure must exist
     if selection in ("all", "catalog", "regressions"):
         want_regs = ids if selection in ("all", "regressions") else []
         want_cat = list(catalog) if selection in ("all", "catalog") else []

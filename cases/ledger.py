@@ -1,51 +1,9 @@
-"""Known failures, in one ledger. Every entry cites the issue that tracks it.
-
-Rules:
-- An entry names captured regressions by id (``ids``) and may be scoped to backends (``backends``;
-  empty means every backend).
-- ``reason`` must cite a tracking issue ("issue 7", "#7" or an issues URL); construction fails otherwise.
-- ``tolerated`` entries still run and are expected to fail (strict xfail): one that starts passing
-  fails the run, so the entry is removed once the fix lands.
-- ``quarantined`` entries are never launched (a crash that would take the device or the run down).
-- Nothing outside this file decides that a failure is known.
-"""
+"""Known failures: the one ledger lives in properties/ledger.py (low enough for the property searches
+to read it, golden <- kernels <- properties <- cases); this module re-exports it for the cases pipeline.
+Its rules (kinds case, domain and survivor; a reason citing an issue; tolerated = strict xfail,
+quarantined = never launched; an id that matches no file is an error) are written there."""
 from __future__ import annotations
 
-import dataclasses
-import re
+from properties.ledger import KINDS, LEDGER, Finding, check, lookup, survivor, survivors
 
-__all__ = ["Finding", "LEDGER", "lookup"]
-
-_ISSUE = re.compile(r"(issue\s+\d+|#\d+|/issues/\d+)", re.IGNORECASE)
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    ids: tuple[str, ...]
-    reason: str
-    backends: tuple[str, ...] = ()
-    quarantined: bool = False
-
-    def __post_init__(self):
-        if not self.ids:
-            raise ValueError("a ledger Finding needs at least one regression id")
-        if not _ISSUE.search(self.reason):
-            raise ValueError(f"reason={self.reason!r} must cite a tracking issue (e.g. 'issue 7')")
-
-    @property
-    def tolerated(self) -> bool:
-        return not self.quarantined
-
-    def applies(self, regression_id: str, backend: str) -> bool:
-        return regression_id in self.ids and (not self.backends or backend in self.backends)
-
-
-LEDGER: tuple[Finding, ...] = ()
-
-
-def lookup(regression_id: str, backend: str, ledger=None) -> Finding | None:
-    """The ledger entry covering this regression on this backend, if any."""
-    for finding in LEDGER if ledger is None else ledger:
-        if finding.applies(regression_id, backend):
-            return finding
-    return None
+__all__ = ["KINDS", "Finding", "LEDGER", "lookup", "survivors", "survivor", "check"]

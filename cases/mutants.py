@@ -251,6 +251,10 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
     listing = "`pfa-verify mutants --list` shows the catalog"
     check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint=listing)
+    if "ledger" in allowed_survivors:      # the ledger's survivors of this level (properties/ledger.py)
+        from cases import ledger
+        ledger.check(mutants=mutants.MUTANTS)
+        allowed_survivors = [n for n in allowed_survivors if n != "ledger"] + list(ledger.survivors(level))
     check_known("--allow-survivors", "mutant", allowed_survivors, mutants.MUTANTS, hint=listing)
     laws = tuple(laws or PAGED_LAWS)
     check_known("--laws", "law", laws, PAGED_LAWS)

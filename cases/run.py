@@ -253,7 +253,7 @@ def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, de
     from cases import ledger
     from kernels import BackendUnavailable, Skip
     from properties.acceptance import InputsModified
-    known = ledger.lookup(item.regression, backend_name) if item.regression else None
+    known = ledger.lookup(item.regression, backend_name, config=getattr(item.case, "config", None))
     skip = None
     if item.load_error is not None:
         outcomes = _error(f"the captured case cannot be loaded: {item.load_error}")

@@ -1,7 +1,7 @@
 """How tight the acceptance envelope is (SPEC §4.2, issue 16), per value distribution.
 
-For kernel-sized cases drawn by ``properties.strategies.kernel_configs`` (derandomized, one
-distribution at a time) the envelope of the golden (golden.paged_attention_envelope, spec codec, SPEC
+For kernel-sized cases drawn by ``properties.strategies.cases_for`` for our kernel's shapes (derandomized,
+one distribution at a time) the envelope of the golden (golden.paged_attention_envelope, spec codec, SPEC
 §4.1's model) is compared with SPEC §4's tolerance around the golden:
 
 - ``flippable``: the share of visible P elements whose E4M3 code a conforming kernel may choose
@@ -56,13 +56,14 @@ def _cases(distribution: str, count: int, seed: int) -> list:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as fixed_seed
 
+    from kernels.config import KERNEL_SHAPES
     from properties import strategies as ps
     found: list = []
 
     @fixed_seed(seed)
     @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(ps.cases(ps.kernel_configs(distribution=(distribution,))))
+    @given(ps.cases_for(KERNEL_SHAPES, distribution=(distribution,)))
     def collect(case):
         found.append(case)
 

@@ -45,7 +45,7 @@ from .codec import Fp8Codec, get_codec
 from .envelope import AttentionEnvelope, EnvelopeBuilder
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
-from .paging import blocks_needed
+from .paging import blocks_needed, ceil_div
 from .quant import quantize_rows
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args
@@ -53,10 +53,14 @@ from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_ar
 __all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
-def visible_lengths(kv_act_seqs: torch.Tensor, s1: int) -> torch.Tensor:
-    """int64 [B, S1]: ``cur[b, i] = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2.1)."""
+def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
+    """int64 [B, S1]: ``cur[b, i] = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2.1), the tokens query
+    position i of batch b sees. ``kv_act_seqs``: [B] ints (a CPU tensor, an array or a sequence). The one
+    place the visible length is computed outside the loop oracle; ``.reshape(-1)`` orders it by output
+    row ``b * S1 + i``."""
+    lengths = kv_act_seqs.numpy() if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs)
     behind_last = np.arange(s1 - 1, -1, -1)
-    return torch.from_numpy(np.maximum(kv_act_seqs.numpy().astype(np.int64)[:, None] - behind_last, 0))
+    return torch.from_numpy(np.maximum(lengths.astype(np.int64)[:, None] - behind_last, 0))
 
 
 def dequantize_scores(raw: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor, softmax_scale: float) -> torch.Tensor:
@@ -129,7 +133,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     tile, block_size = dims.s2_tile, dims.block_size
     per_tile = tile // block_size  # blocks per s2 tile
     lengths = kv_act_seqs.numpy().astype(np.int64)
-    tiles_of = -(-lengths // tile)  # the last query position sees every valid token
+    tiles_of = ceil_div(lengths, tile)  # the last query position sees every valid token
     blocks_of = blocks_needed(lengths, block_size)
     most_tiles = int(tiles_of.max())
     if most_tiles == 0:
@@ -222,7 +226,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
 
     # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
     by_row = tile_states.view(batch, most_tiles, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
-    tiles_per_row = -(-row_cur[:, None, :, 0] // tile)  # [B, 1, R]: ceil(cur / s2_tile)
+    tiles_per_row = ceil_div(row_cur[:, None, :, 0], tile)  # [B, 1, R]: ceil(cur / s2_tile)
     state = OnlineSoftmaxState.from_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], tiles_per_row)
     result = _to_output(state.finalize(), dims, q.shape)
     if envelope is None:
@@ -302,7 +306,7 @@ def paged_attention_envelope(
     if not isinstance(model, ConformanceModel):
         raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")
     codec = get_codec(codec)
-    tiles = int(-(-int(kv_act_seqs.max()) // dims.s2_tile)) if kv_act_seqs.numel() else 0
+    tiles = ceil_div(int(kv_act_seqs.max()), dims.s2_tile) if kv_act_seqs.numel() else 0
     builder = EnvelopeBuilder(dims, codec, model, max(tiles, 1))
     with torch.inference_mode():
         out, lo, hi = _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "FP8_MAX",
     "Fp8Codec",
     "E4M3FNSaturating",
     "PyptoCalculatorE4M3",
@@ -55,6 +56,10 @@ __all__ = [
     "CODECS",
     "get_codec",
 ]
+
+#: The largest finite E4M3FN value (code 0x7E), SPEC §3: the numerator of every quantization scale
+#: (``scale = 448 / max|x|``) and the spec codec's saturation value. The one place 448 is written.
+FP8_MAX = 448.0
 
 _EXPONENT_BIAS = 7
 _MANTISSA_BITS = 3
@@ -317,7 +322,7 @@ class Fp8Codec:
         cached = getattr(self, "_boundaries", None)
         if cached is not None:
             return cached.clone()
-        top = int(torch.tensor(2.0 * max(self.max_value, 448.0), dtype=torch.float32).view(torch.int32))
+        top = int(torch.tensor(2.0 * max(self.max_value, FP8_MAX), dtype=torch.float32).view(torch.int32))
         grid = torch.arange(0, top, 1024, dtype=torch.int64)
 
         def code(bits: torch.Tensor) -> torch.Tensor:   # the value read back, as comparable bits
@@ -342,7 +347,7 @@ class E4M3FNSaturating(Fp8Codec):
     """OCP E4M3FN, round to nearest even, saturating overflow to +-448, NaN kept (SPEC §3)."""
 
     name = "e4m3fn-sat"
-    max_value = 448.0
+    max_value = FP8_MAX
 
     def _build_decode_table(self) -> torch.Tensor:
         return _e4m3fn_decode_table()

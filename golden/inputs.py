@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from .paging import contiguous_to_paged, gen_block_table
+from .codec import FP8_MAX
+from .paging import ceil_div, contiguous_to_paged, gen_block_table, positive_int
 from .quant import quantize_per_channel, quantize_per_token
-from .validate import check_tile
+from .validate import check_block_table, check_tile, group_size
 
 __all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "make_inputs", "memory_limit",
            "check_size", "MAX_BYTES_ENV"]
@@ -27,23 +28,26 @@ MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
 
 DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows", "sinks", "outlier_channels",
                  "outlier_grid")
-# Fill of unread cells: fp8 code value for the caches, and the value for k_scale.
+# Fill of unread cells: the value of the E4M3 code written in the caches (and in q of rows that see
+# nothing, properties.transforms.poison_unread), and the value written as their K (and q) scale. The one
+# table of garbage fills: make_inputs and the laws' transformations both read it.
 GARBAGE: dict[str | None, tuple[float, float]] = {
     None: (0.0, 0.0),
     "nan": (math.nan, math.nan),
-    "huge": (448.0, 3.0e38),
+    "huge": (FP8_MAX, 3.0e38),
     # Plausible but wrong: ordinary finite values, so a kernel that reads them is caught by the numbers,
     # not by a NaN (0.5 is an E4M3 value; 0.01 a usual K scale).
     "plausible": (0.5, 0.01),
 }
 
 
-def _int(value: object, name: str, *, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-    return value
+def _table_rows(value: object) -> tuple[tuple[int, ...], ...]:
+    """A block table given as rows of ints (tuples or lists), as a tuple of tuples; a TypeError otherwise."""
+    if isinstance(value, (tuple, list)) and all(isinstance(row, (tuple, list)) for row in value):
+        rows = tuple(tuple(row) for row in value)
+        if all(isinstance(v, int) and not isinstance(v, bool) for row in rows for v in row):
+            return rows
+    raise TypeError(f"block_table must be rows of ints (a tuple of tuples, [B][MAXB]), got {value!r}"[:300])
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,11 @@ class PagedAttentionConfig:
     (default: every batch ``s2``) are the valid lengths. ``max_blocks`` defaults to
     ``ceil(s2 / block_size)`` and ``num_blocks`` to ``batch * max_blocks`` (upstream's NB);
     ``distribution`` is one of DISTRIBUTIONS (``tiny`` applies to Q and K; V stays uniform, see
-    ``make_inputs``); ``garbage`` (None, "nan", "huge") fills every cache
-    cell the kernel must not read.
+    ``make_inputs``); ``garbage`` (a key of GARBAGE) fills every cache cell the kernel must not read.
+    ``block_table`` (None: drawn by ``make_inputs`` from its seed) is an explicit table
+    ``[batch][table_columns]`` of physical blocks in ``[0, physical_blocks)``, -1 for unused entries,
+    each valid entry its own block (golden.validate.check_block_table): how a property test's drawn
+    table, which Hypothesis can shrink, reaches the inputs.
     """
 
     batch: int
@@ -73,28 +80,27 @@ class PagedAttentionConfig:
     softmax_scale: float | None = None
     distribution: str = "uniform"
     garbage: str | None = None
+    block_table: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        for name, minimum in (("batch", 1), ("s1", 1), ("s2", 1), ("nq", 1), ("nkv", 1), ("head_dim", 1), ("block_size", 1)):
-            _int(getattr(self, name), name, minimum=minimum)
-        if self.nq % self.nkv:
-            raise ValueError(f"nq={self.nq} must be a multiple of nkv={self.nkv}")
-        check_tile(self.s2_tile, self.g_tile, block_size=self.block_size, group=self.nq // self.nkv)
+        for name in ("batch", "s1", "s2", "nq", "nkv", "head_dim", "block_size"):
+            positive_int(getattr(self, name), name)
+        check_tile(self.s2_tile, self.g_tile, block_size=self.block_size, group=group_size(self.nq, self.nkv))
         if self.kv_act_seqs is not None:
             if isinstance(self.kv_act_seqs, list):
                 object.__setattr__(self, "kv_act_seqs", tuple(self.kv_act_seqs))
             if not isinstance(self.kv_act_seqs, tuple) or len(self.kv_act_seqs) != self.batch:
                 raise ValueError(f"kv_act_seqs must be a tuple of batch={self.batch} ints, got {self.kv_act_seqs!r}")
             for b, length in enumerate(self.kv_act_seqs):
-                _int(length, f"kv_act_seqs[{b}]", minimum=0)
+                positive_int(length, f"kv_act_seqs[{b}]", minimum=0)
                 if length > self.s2:
                     raise ValueError(f"kv_act_seqs[{b}]={length} must be <= s2={self.s2}")
-        needed = -(-self.s2 // self.block_size)
-        if self.max_blocks is not None and _int(self.max_blocks, "max_blocks", minimum=1) < needed:
+        needed = ceil_div(self.s2, self.block_size)
+        if self.max_blocks is not None and positive_int(self.max_blocks, "max_blocks") < needed:
             raise ValueError(f"max_blocks={self.max_blocks} must be >= ceil(s2 / block_size) = {needed}")
         if self.num_blocks is not None:
-            total = sum(-(-n // self.block_size) for n in self.lengths)
-            if _int(self.num_blocks, "num_blocks", minimum=1) < total:
+            total = sum(ceil_div(n, self.block_size) for n in self.lengths)
+            if positive_int(self.num_blocks, "num_blocks") < total:
                 raise ValueError(f"num_blocks={self.num_blocks} must be >= the {total} blocks kv_act_seqs needs")
         if self.softmax_scale is not None and (
             isinstance(self.softmax_scale, bool) or not isinstance(self.softmax_scale, (int, float))
@@ -105,6 +111,10 @@ class PagedAttentionConfig:
             raise ValueError(f"distribution={self.distribution!r} must be one of {DISTRIBUTIONS}")
         if self.garbage not in GARBAGE:
             raise ValueError(f"garbage={self.garbage!r} must be one of {tuple(GARBAGE)}")
+        if self.block_table is not None:
+            object.__setattr__(self, "block_table", _table_rows(self.block_table))
+            check_block_table(self.block_table, self.lengths, block_size=self.block_size,
+                              num_blocks=self.physical_blocks, shape=(self.batch, self.table_columns), unique=True)
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -113,7 +123,7 @@ class PagedAttentionConfig:
 
     @property
     def table_columns(self) -> int:
-        return self.max_blocks if self.max_blocks is not None else -(-self.s2 // self.block_size)
+        return self.max_blocks if self.max_blocks is not None else ceil_div(self.s2, self.block_size)
 
     @property
     def physical_blocks(self) -> int:
@@ -137,10 +147,16 @@ class PagedAttentionConfig:
         return 24 * kv + 40 * scores + 4 * tensors + 8 * rows * self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (kv_act_seqs as a list)."""
+        """JSON-ready fields (kv_act_seqs and block_table as lists). ``block_table`` is left out when
+        None, so the dict (and every fingerprint and regression id made from it) of a config without an
+        explicit table is what it was before the field existed."""
         data = asdict(self)
         if data["kv_act_seqs"] is not None:
             data["kv_act_seqs"] = list(data["kv_act_seqs"])
+        if data["block_table"] is None:
+            del data["block_table"]
+        else:
+            data["block_table"] = [list(row) for row in data["block_table"]]
         return data
 
     @classmethod
@@ -155,7 +171,7 @@ class PagedAttentionConfig:
         data = dict(data)
         if isinstance(data.get("kv_act_seqs"), list):
             data["kv_act_seqs"] = tuple(data["kv_act_seqs"])
-        return cls(**data)
+        return cls(**data)      # __post_init__ turns a block_table of lists into tuples
 
     def replace(self, **changes: Any) -> "PagedAttentionConfig":
         return replace(self, **changes)
@@ -298,11 +314,14 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
     reads it). Unread cache cells (spare blocks, the tail of each last block) hold the config's
     garbage fill, in the caches and in k_scale. A config over :func:`memory_limit` is a ValueError
     (:func:`check_size`), raised before any tensor is allocated.
+
+    The block table is the config's ``block_table`` when it has one (checked when the config was
+    made), else shuffled from the seed (``gen_block_table``, the generator's last draw): an explicit
+    table changes the table and where the caches hold each token, never a value drawn.
     """
     if not isinstance(config, PagedAttentionConfig):
         raise TypeError(f"config must be a PagedAttentionConfig, got {type(config).__name__}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative int")
+    positive_int(seed, "seed", minimum=0)
     check_size(config)
     generator = torch.Generator().manual_seed(seed)
     c = config
@@ -317,7 +336,11 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
     k8, k_scale = quantize_per_token(k, name="k")
     valid = (torch.arange(c.s2)[None, :] < lengths[:, None].long())[:, :, None, None]
     v8, v_scale = quantize_per_channel(v, 1, valid=valid, zero_rows="unit_scale", name="v")
-    block_table = gen_block_table(lengths, c.block_size, c.table_columns, num_blocks=c.physical_blocks, generator=generator)
+    if c.block_table is not None:
+        block_table = torch.tensor(c.block_table, dtype=torch.int32)
+    else:
+        block_table = gen_block_table(lengths, c.block_size, c.table_columns, num_blocks=c.physical_blocks,
+                                      generator=generator)
     code_fill, scale_fill = GARBAGE[c.garbage]
     page = {"block_table": block_table, "kv_act_seqs": lengths, "block_size": c.block_size, "num_blocks": c.physical_blocks}
     return InputBundle(

@@ -34,18 +34,23 @@ def _check_lengths(kv_act_seqs: torch.Tensor | list[int] | tuple[int, ...], name
     return kv_act_seqs.to(torch.int64)
 
 
-def positive_int(value: object, name: str) -> int:
-    """``value`` if it is a positive int; TypeError (not an int) or ValueError (not positive) naming ``name``."""
+def positive_int(value: object, name: str, *, minimum: int = 1) -> int:
+    """``value`` if it is an int of at least ``minimum`` (1: a positive size; 0: a length, a count or a
+    seed); a TypeError (not an int; a bool is not one) or a ValueError (below ``minimum``) naming ``name``.
+
+    The one check of integer arguments in the project (sizes, tiles, lengths, seeds), so every entry
+    point raises the same exception types with the same wording."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive int")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r} must be >= {minimum}")
     return value
 
 
 def ceil_div(a, b):
-    """``ceil(a / b)`` for a >= 0 and b > 0, exactly, for ints, int tensors and int arrays alike (floor
-    division of the negation, never a float)."""
+    """``ceil(a / b)`` for a >= 0, b > 0, exactly: ints, numpy arrays and torch tensors alike (integer
+    floor division of ``-a``, so no float rounding; SPEC §2 item 2: ``ceil(kv_act_seqs[b] / BS)`` blocks,
+    §2 item 3: ``ceil(cur / s2_tile)`` tiles)."""
     return -(-a // b)
 
 
@@ -53,7 +58,7 @@ def blocks_needed(kv_act_seqs: torch.Tensor | np.ndarray, block_size: int) -> to
     """int64 [B]: ``ceil(kv_act_seqs[b] / block_size)``, the table entries each batch uses (a torch
     tensor for a tensor, a numpy array for an array: the golden's hot path counts in numpy)."""
     lengths = kv_act_seqs.to(torch.int64) if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs, dtype=np.int64)
-    return (lengths + block_size - 1) // block_size
+    return ceil_div(lengths, block_size)
 
 
 def gen_block_table(

@@ -26,11 +26,10 @@ from typing import Literal
 
 import torch
 
-from .codec import SPEC_CODEC, Fp8Codec
+from .codec import FP8_MAX, SPEC_CODEC, Fp8Codec
 
 __all__ = ["FP8_MAX", "ZeroRowPolicy", "quantize_per_token", "quantize_per_channel", "quantize_rows"]
 
-FP8_MAX = 448.0
 ZeroRowPolicy = Literal["raise", "unit_scale"]
 _ZERO_ROW_POLICIES = ("raise", "unit_scale")
 

@@ -14,7 +14,8 @@ import torch
 
 from .paging import blocks_needed, positive_int
 
-__all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu"]
+__all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu",
+           "check_block_table", "default_softmax_scale", "group_size", "positive_int"]
 
 FP8 = torch.float8_e4m3fn
 
@@ -56,6 +57,21 @@ def _shape(x: torch.Tensor, name: str, expected: tuple[int, ...], layout: str) -
         raise ValueError(f"{name} must have shape {layout} = {expected}, got {tuple(x.shape)}")
 
 
+def default_softmax_scale(head_dim: int) -> float:
+    """``head_dim ** -0.5``: the softmax scale when the caller passes None (SPEC §1: D^-0.5; SPEC §6:
+    AT-12's ``1/sqrt(head_dim)`` derived at run time). Every use rounds it to float32 first, where the
+    two spellings agree for every head_dim up to 2**20 (checked in tests/golden/test_validate.py)."""
+    return positive_int(head_dim, "head_dim") ** -0.5
+
+
+def group_size(nq: int, nkv: int, *, names: tuple[str, str] = ("nq", "nkv"), what: str = "") -> int:
+    """``nq // nkv``, the query heads that share one KV head (SPEC §1: GQA, NQ a multiple of NKV), after
+    checking that ``nkv`` divides ``nq``; ``names`` and ``what`` word the ValueError for the caller."""
+    if nq % nkv:
+        raise ValueError(f"{names[0]}={nq} must be a multiple of {names[1]}={nkv}{what}")
+    return nq // nkv
+
+
 def check_tile(s2_tile: object, g_tile: object, *, block_size: int, group: int) -> tuple[int, int]:
     """(s2_tile, g_tile) after checking s2_tile % block_size == 0 and g_tile | group (None: group)."""
     s2_tile = positive_int(s2_tile, "s2_tile")
@@ -69,7 +85,7 @@ def check_tile(s2_tile: object, g_tile: object, *, block_size: int, group: int) 
 
 def _softmax_scale(value: object, head_dim: int) -> float:
     if value is None:
-        return head_dim ** -0.5
+        return default_softmax_scale(head_dim)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"softmax_scale must be a float or None, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
@@ -110,9 +126,7 @@ def check_paged_attention_args(
     if rows % batch:
         raise ValueError(f"q's first dim B*S1={rows} must be a multiple of B={batch} (block_table's rows)")
     s1 = rows // batch
-    if nq % nkv:
-        raise ValueError(f"NQ={nq} (q's heads) must be a multiple of NKV={nkv} (k_cache's heads)")
-    group = nq // nkv
+    group = group_size(nq, nkv, names=("NQ", "NKV"), what=" (q's heads, k_cache's heads)")
     _shape(q_scale, "q_scale", (rows, nq, 1), "[B*S1, NQ, 1]")
     _shape(k_scale, "k_scale", (num_blocks, block_size, nkv, 1), "[NB, BS, NKV, 1]")
     _shape(v_cache, "v_cache", tuple(k_cache.shape), "k_cache's [NB, BS, NKV, D]")
@@ -123,12 +137,39 @@ def check_paged_attention_args(
 
     # The value checks run in numpy on host copies: a dozen checks on a few integers cost a fraction
     # of the same torch calls, and the kernel wrappers may pass device tensors.
-    lengths = kv_act_seqs.detach().cpu().numpy().astype(np.int64)
-    if lengths.min() < 0:
+    check_block_table(block_table.detach().cpu().numpy(), kv_act_seqs.detach().cpu().numpy(),
+                      block_size=block_size, num_blocks=num_blocks)
+    return PagedAttentionDims(
+        batch=batch, s1=s1, nq=nq, nkv=nkv, head_dim=head_dim, group=group, num_blocks=num_blocks,
+        block_size=block_size, max_blocks=max_blocks, s2_tile=s2_tile, g_tile=g_tile, softmax_scale=scale,
+    )
+
+
+def check_block_table(block_table, kv_act_seqs, *, block_size: int, num_blocks: int, shape: tuple[int, int] | None = None,
+                      unique: bool = False) -> None:
+    """Check a block table against the lengths it serves (SPEC §1, §2 item 2); raise a ValueError naming
+    the entry otherwise. ``block_table`` [B, MAXB] and ``kv_act_seqs`` [B] are integer arrays (numpy or
+    nested sequences).
+
+    Every entry is a physical block in ``[0, NB)`` or -1 (unused); each row's first
+    ``ceil(kv_act_seqs[b] / BS)`` entries (its valid blocks) hold no -1, and the table has as many
+    columns. ``shape`` (B, MAXB), when given, is the table's required shape; ``unique`` asks that no
+    physical block serve two valid entries (``golden.make_inputs`` writes each valid block once; a kernel
+    may be given a table that shares blocks, as prefix caching does)."""
+    try:
+        table = np.asarray(block_table)
+    except ValueError:      # rows of different lengths
+        raise ValueError("block_table must be a 2-D table of ints [B, MAXB] (rows of one length)") from None
+    lengths = np.asarray(kv_act_seqs).astype(np.int64)
+    if table.ndim != 2 or (table.size and not np.issubdtype(table.dtype, np.integer)):
+        raise ValueError(f"block_table must be a 2-D table of ints [B, MAXB], got shape {table.shape} of {table.dtype}")
+    if shape is not None and table.shape != tuple(shape):
+        raise ValueError(f"block_table must have shape [B, MAXB] = {tuple(shape)}, got {table.shape}")
+    max_blocks = table.shape[1]
+    if lengths.size and lengths.min() < 0:
         b = int(lengths.argmin())
         raise ValueError(f"kv_act_seqs[{b}]={int(lengths[b])} must be >= 0")
-    table = block_table.detach().cpu().numpy()
-    if table.min() < -1 or table.max() >= num_blocks:
+    if table.size and (table.min() < -1 or table.max() >= num_blocks):
         bad = np.argwhere((table < -1) | (table >= num_blocks))[0].tolist()
         raise ValueError(
             f"block_table[{bad[0]}, {bad[1]}]={int(table[bad[0], bad[1]])} must be a physical block in "
@@ -149,10 +190,16 @@ def check_paged_attention_args(
             f"kv_act_seqs[{b}]={int(lengths[b])} needs {int(needed[b])} blocks, but block_table[{b}] has -1 at "
             f"column {int(leading_valid[b])} (its valid entries hold {capacity} tokens)"
         )
-    return PagedAttentionDims(
-        batch=batch, s1=s1, nq=nq, nkv=nkv, head_dim=head_dim, group=group, num_blocks=num_blocks,
-        block_size=block_size, max_blocks=max_blocks, s2_tile=s2_tile, g_tile=g_tile, softmax_scale=scale,
-    )
+    if unique:
+        valid = np.arange(max_blocks)[None, :] < needed[:, None]
+        ids, first = np.unique(table[valid], return_index=True)
+        if ids.size < int(valid.sum()):
+            where = np.argwhere(valid)
+            k = int(np.setdiff1d(np.arange(int(valid.sum())), first)[0])
+            b, j = where[k].tolist()
+            owner = np.argwhere(valid & (table == table[b, j]))[0].tolist()
+            raise ValueError(f"block_table[{b}, {j}]={int(table[b, j])} is also block_table[{owner[0]}, {owner[1]}]: "
+                             "each valid entry must name its own physical block")
 
 
 def check_qk_matmul_scale_args(
@@ -185,7 +232,7 @@ def check_qk_matmul_scale_args(
     elif q_scale is not None or k_scale is not None:
         raise ValueError(f"q_scale and k_scale apply to FP8 inputs only; q and k are {q.dtype}")
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[1])
+        scale = default_softmax_scale(q.shape[1])
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     elif not math.isfinite(scale) or scale <= 0:

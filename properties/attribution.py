@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 
 import torch
+
+from golden.attention import visible_lengths
+from golden.paging import ceil_div
 
 __all__ = ["Attribution", "attribute"]
 
@@ -66,19 +68,19 @@ def attribute(mismatch_mask: torch.Tensor, inputs: dict, *, s2_tile: int) -> Att
     q = inputs["q"]
     nq = q.shape[1]
     nkv = inputs["k_cache"].shape[2]
-    lengths = [int(v) for v in inputs["kv_act_seqs"]]
-    batch = len(lengths)
+    batch = len(inputs["kv_act_seqs"])
     s1 = q.shape[0] // batch
     group = nq // nkv
+    cur_of_row = visible_lengths(inputs["kv_act_seqs"].cpu(), s1).reshape(-1).tolist()   # by row b * S1 + i
     idx = mismatch_mask.nonzero()
     by_batch, by_head, by_walk = collections.Counter(), collections.Counter(), collections.Counter()
     zero_rows = 0
     for row, h, _ in idx.tolist():
-        b, i = divmod(row, s1)
-        cur = max(0, lengths[b] - (s1 - 1 - i))
+        b = row // s1
+        cur = cur_of_row[row]
         by_batch[b] += 1
         by_head[h // group] += 1
-        tiles = math.ceil(cur / s2_tile)
+        tiles = ceil_div(cur, s2_tile)
         by_walk[(tiles, cur - (tiles - 1) * s2_tile if tiles else 0)] += 1
         zero_rows += cur == 0
     return Attribution(mismatched=len(idx), by_batch=_groups(by_batch), by_kv_head=_groups(by_head),

@@ -3,12 +3,14 @@
 Every comparison in the project goes through :func:`compare` (structured result) or its front door
 :func:`assert_close` (raises). Checks run in order and stop at the first kind of finding:
 
-1. attributes: shape, then dtype, then contiguity (a contiguous expected needs a contiguous actual,
-   SPEC §1: all tensors are contiguous ND);
+1. attributes: shape, then device, then dtype, then contiguity (a contiguous expected needs a
+   contiguous actual, SPEC §1: all tensors are contiguous ND);
 2. non-finite placement: NaN or inf in ``actual`` where ``expected`` is finite (garbage that leaked),
    or a finite value where ``expected`` is NaN / inf, is its own finding, counted per kind;
-3. values, on float32 views (float64 for integer dtypes, so int32 ids compare exactly):
-   ``|actual - expected| <= atol + rtol * |expected|`` elementwise.
+3. values: floating tensors on float32 views, ``|actual - expected| <= atol + rtol * |expected|``
+   elementwise; integer (and bool) tensors as integers: an element matches when it is equal, or when
+   the exact integer distance is within the tolerance (so int64 values above 2**53, which a float64
+   view would merge, still differ).
 
 Tolerances come from one table keyed by *what* is compared, not by dtype:
 
@@ -26,7 +28,7 @@ bound          (given)     (given)   a bound the caller derives (quantization er
 ``exact`` means the bits: floating tensors are compared through their integer views, so -0.0 is not
 +0.0 and a NaN must carry the expected NaN's bits (sign and payload). Its findings say which kind of
 bit difference each element has (a value, the sign of a zero, a NaN's bits). Integer tensors compare
-their values, which are their bits.
+their values as integers, which are their bits.
 
 The envelope (SPEC §4.2). For ``attention`` and ``at12`` the caller may pass ``envelope=(lo, hi)``,
 tensors of the compared shape holding every conforming result (golden/envelope.py). An element then
@@ -149,9 +151,25 @@ class Comparison:
 
 
 def _view(t: torch.Tensor) -> torch.Tensor:
+    """float32 values of a floating tensor; float64 of an integer one (for sizes and messages only: the
+    match of integers is decided on the integers, :func:`_integer_distance`)."""
     if t.is_floating_point():
         return t.detach().to(torch.float32)
     return t.detach().to(torch.float64)
+
+
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
+def _integer_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """int64 ``|actual - expected|`` of two integer (or bool) tensors of one dtype, exactly, saturated at
+    the int64 maximum where it does not fit (uint64 beyond 2**63 compares by equality only: distance
+    maximal where the values differ)."""
+    if actual.dtype == getattr(torch, "uint64", None):
+        return torch.where(actual != expected, _INT64_MAX, 0)
+    a, e = actual.detach().to(torch.int64), expected.detach().to(torch.int64)
+    distance = torch.where(a >= e, a - e, e - a)
+    return torch.where(distance < 0, _INT64_MAX, distance)      # wrapped past int64: the farthest apart
 
 
 _INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -177,7 +195,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     """Compare ``actual`` with ``expected`` and return a :class:`Comparison` (never raises on mismatch).
 
     Equivalent to ``(actual.float() - expected.float()).abs() <= atol + rtol * expected.float().abs()``
-    on finite elements, with shape, dtype, contiguity and non-finite placement checked first; with an
+    on finite elements (integers: the exact integer distance), with shape, device, dtype, contiguity and
+    non-finite placement checked first; with an
     ``envelope=(lo, hi)``, ``or lo <= actual <= hi`` (module docstring).
     ``s1`` renders indices of an attention output ``[B*S1, NQ, D]`` as ``(b, i, h, d)``.
     """
@@ -191,6 +210,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
                 index_names=tuple(index_names) if index_names else None)
     if tuple(actual.shape) != tuple(expected.shape):
         return Comparison(False, attribute=f"shape: {tuple(actual.shape)} vs expected {tuple(expected.shape)}", **base)
+    if actual.device != expected.device:
+        return Comparison(False, attribute=f"device: {actual.device} vs expected {expected.device}", **base)
     if actual.dtype != expected.dtype:
         return Comparison(False, attribute=f"dtype: {actual.dtype} vs expected {expected.dtype}", **base)
     if expected.is_contiguous() and not actual.is_contiguous():
@@ -226,8 +247,17 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
         tolerance = torch.broadcast_to(tolerance.to(a.dtype), a.shape)
     allowed = tolerance
     if envelope is not None:
+        if not actual.is_floating_point():
+            raise TypeError(f"envelope applies to floating outputs, not {actual.dtype}")
         allowed = _envelope_allowed(a, e, tolerance, envelope)
-    bad_value = both & (diff > allowed)
+    if actual.is_floating_point():
+        bad_value = both & (diff > allowed)
+    else:       # integers as integers: the exact distance, never a float64 view's (2**53 + 1 == 2**53 there)
+        distance = _integer_distance(actual, expected)
+        # distance > allowed  <=>  distance > floor(allowed), in int64 (floor(allowed) is an exact float64 integer).
+        limit = torch.as_tensor(allowed, dtype=torch.float64).floor().clamp(max=2.0 ** 63 - 1024).to(torch.int64)
+        bad_value = distance > limit
+        diff = distance.to(torch.float64)
     bad = bad_value | bad_nonfinite
     mismatched = int(bad.sum())
     result = dict(total=total, mismatched=mismatched, nonfinite=tuple(findings), mismatch_mask=bad)
@@ -281,10 +311,13 @@ def error_ratio(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "at
     allowed = atol + rtol * e.abs()
     if envelope is not None:
         allowed = _envelope_allowed(a, e, allowed, envelope)
+    floating = actual.is_floating_point()
+    distance = (a - e).abs() if floating else _integer_distance(actual, expected).to(torch.float32)
     with torch.no_grad():
-        r = torch.where(both, (a - e).abs() / allowed, torch.zeros((), dtype=torch.float32))
+        r = torch.where(both, distance / allowed, torch.zeros((), dtype=torch.float32))
     r = torch.nan_to_num(r, nan=math.inf, posinf=math.inf)   # 0 / 0 with a zero tolerance: equal
-    r = torch.where(both & (a == e), torch.zeros((), dtype=torch.float32), r)
+    equal = (a == e) if floating else (actual == expected)
+    r = torch.where(both & equal, torch.zeros((), dtype=torch.float32), r)
     same_nonfinite = ~torch.isfinite(a) & ~torch.isfinite(e) & ((a == e) | (torch.isnan(a) & torch.isnan(e)))
     return torch.where(both | same_nonfinite, r, torch.full((), math.inf))
 

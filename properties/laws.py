@@ -22,6 +22,9 @@ from collections.abc import Callable
 
 import torch
 
+from golden.attention import visible_lengths
+from golden.codec import FP8_MAX
+from golden.validate import default_softmax_scale
 from properties import compare as cmp
 from properties import transforms as tf
 from properties.acceptance import attribution_of, backend_model, call, judge, reference_backend, split_bundle
@@ -220,7 +223,7 @@ def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     tags = _tags(backend, case)
-    clean = call(backend, tf.poison_unread(tensors, "zero"), tags=tags, **scalars)
+    clean = call(backend, tf.poison_unread(tensors, None), tags=tags, **scalars)
     dirty = call(backend, tf.poison_unread(tensors, fill), tags=tags, **scalars)
     _assert_same(dirty, clean, backend=backend, case=case, tensors=tensors, scalars=scalars,
                  identifier=f"Output with {fill} in unread cells vs zeros there")
@@ -290,10 +293,11 @@ def causal_prefix(backend, case: Case) -> None:
     out = call(backend, tensors, tags=tags, **scalars)
     width = acceptance_width(backend, tensors, scalars)
     single = dataclasses.replace(case, config=c.replace(s1=1), explicit=None)   # labels the failing call
+    cur = visible_lengths(tensors["kv_act_seqs"], c.s1).to(torch.int32)          # [B, S1]
     for i in range(c.s1):
         rows = [b * c.s1 + i for b in range(c.batch)]
         short = dict(tensors, q=tensors["q"][rows].contiguous(), q_scale=tensors["q_scale"][rows].contiguous(),
-                     kv_act_seqs=(tensors["kv_act_seqs"] - (c.s1 - 1 - i)).clamp(min=0))
+                     kv_act_seqs=cur[:, i].contiguous())
         got = call(backend, short, tags=tags, **scalars)
         _assert_pair(got, out[rows], width[rows], identifier=f"Query position {i} as its own call vs causal S1={c.s1}",
                      backend=backend, case=single, tensors=short, scalars=scalars)
@@ -326,7 +330,7 @@ def quant_round_trip(backend, x) -> None:
     y = x / dq
     cmp.assert_close(x8.float(), y, kind="bound", rtol=2.0 ** -22, atol=_e4m3_half_spacing(y),
                      identifier="Dequantized codes vs x * scale (half an E4M3 spacing allowed, SPEC §3)")
-    cmp.assert_close(x8.float().abs().amax(dim=-1), torch.full((x.shape[0],), 448.0), kind="exact",
+    cmp.assert_close(x8.float().abs().amax(dim=-1), torch.full((x.shape[0],), FP8_MAX), kind="exact",
                      identifier="Largest |code| per row vs 448 (SPEC §3)")
 
 
@@ -427,7 +431,7 @@ def at12_fp8_vs_bf16(backend, case) -> None:
     tags = {"case": repr(case), "backend": backend.name}
     fp8 = call(backend, dict(q=q8, k=k8, q_scale=qs, k_scale=ks), op="qk_matmul_scale", tags=tags)
     bf16 = call(backend, dict(q=qd, k=kd), op="qk_matmul_scale", tags=tags)
-    atol = at12_fp8_vs_bf16_bound(q8, qs, k8, ks, qd, kd, scale=q8.shape[-1] ** -0.5, codec=codec)
+    atol = at12_fp8_vs_bf16_bound(q8, qs, k8, ks, qd, kd, scale=default_softmax_scale(q8.shape[-1]), codec=codec)
     cmp.assert_close(fp8, bf16, kind="bound", rtol=0.0, atol=atol, tags=tags,
                      identifier="AT-12 FP8 (dequant after) vs BF16 of dequantized inputs")
 
@@ -439,5 +443,5 @@ def at12_default_scale(backend, case) -> None:
     q, k = case.operands()
     tags = {"case": repr(case), "backend": backend.name}
     a = call(backend, dict(q=q, k=k), op="qk_matmul_scale", tags=tags)
-    b = call(backend, dict(q=q, k=k), op="qk_matmul_scale", tags=tags, scale=1 / math.sqrt(q.shape[-1]))
+    b = call(backend, dict(q=q, k=k), op="qk_matmul_scale", tags=tags, scale=default_softmax_scale(q.shape[-1]))
     cmp.assert_close(a, b, kind="exact", tags=tags, identifier="AT-12 with scale=None vs scale=1/sqrt(D)")

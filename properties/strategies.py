@@ -3,17 +3,24 @@
 They compose bottom-up, each taking values or strategies for what it builds on:
 
     dims()  ->  kv_act_seqs(batch, ...)  ->  block_tables(lengths, ...)  ->  configs()  ->  cases()
-                                                   kernel_configs() = configs() narrowed   cases_for(backend)
+                                                                   cases_for(backend): the one narrowing
 
-Every public function validates its arguments when called (not on every draw) and raises a
-ValueError naming the argument, the value and what was expected. Multi-value draws are frozen
-dataclasses with readable reprs. One size knob bounds every example so one stays cheap on a CPU:
-``PFA_VERIFY_MAX_LEN`` (default 640 tokens), the largest ``kv_act_seqs`` entry drawn.
+:func:`cases_for` is the one way to draw cases for a backend: its ``supported_shapes`` narrow what is
+drawn and its own ``skip_reason`` guards what is left (nothing here knows a kernel's limits).
+
+Every public function validates its arguments when called (not on every draw) and raises a TypeError
+(not an int: golden.paging.positive_int) or a ValueError naming the argument, the value and what was
+expected. Multi-value draws are frozen dataclasses with readable reprs. One size knob bounds every
+example so one stays cheap on a CPU: ``PFA_VERIFY_MAX_LEN`` (default 640 tokens), the largest
+``kv_act_seqs`` entry drawn.
 
 Shrinking: lengths shrink towards 0 and then towards the special values below, dimensions towards
-their smallest allowed value, the distribution towards ``uniform``, garbage towards none, seeds to 0.
-A case always has at least one token to attend to (every length 0 is the catalog's
-``edge_all_batches_empty``, not something to draw again and again).
+their smallest allowed value, block tables towards the identity layout (then fewer columns and spare
+blocks), the distribution towards ``uniform``, garbage towards none, seeds to 0. The table is drawn
+here, not by ``golden.make_inputs`` from its seed, and travels in the config (``block_table``), so a
+failure that depends on the layout shrinks to the table that explains it. A case always has at least
+one token to attend to (every length 0 is the catalog's ``edge_all_batches_empty``, not something to
+draw again and again).
 """
 from __future__ import annotations
 
@@ -24,15 +31,15 @@ import os
 from hypothesis import strategies as st
 
 import golden
-from kernels.config import KERNEL_SHAPES
+from golden.paging import ceil_div, positive_int
 from properties.generation import pin_local_constants
 
 # The same seed gives the same cases whatever else the process imports (properties/generation.py).
 pin_local_constants()
 
 __all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "Dims", "BlockTable", "dims", "kv_act_seqs",
-           "special_lengths", "block_tables", "configs", "kernel_configs", "kernel_supports", "cases",
-           "cases_for", "seeds", "quant_rows", "At12Case", "at12_cases"]
+           "special_lengths", "block_tables", "configs", "cases", "cases_for", "seeds", "quant_rows",
+           "At12Case", "at12_cases"]
 
 MAX_LEN = int(os.environ.get("PFA_VERIFY_MAX_LEN", "640"))
 # Value distributions and garbage fills of golden.make_inputs; the first of each is the shrink target.
@@ -45,15 +52,12 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _strategy(value, name: str, *, kind=int, minimum=None) -> st.SearchStrategy:
-    """A value or a strategy, resolved once: concrete values are validated and wrapped in just()."""
+def _strategy(value, name: str, *, minimum=None) -> st.SearchStrategy:
+    """An int or a strategy, resolved once: a concrete int is checked (golden.paging.positive_int, at least
+    ``minimum``; None: any int) and wrapped in just()."""
     if isinstance(value, st.SearchStrategy):
         return value
-    _check(isinstance(value, kind) and not isinstance(value, bool),
-           f"{name}={value!r} must be a {kind.__name__} or a strategy")
-    if minimum is not None:
-        _check(value >= minimum, f"{name}={value!r} must be >= {minimum}")
-    return st.just(value)
+    return st.just(positive_int(value, name, minimum=-math.inf if minimum is None else minimum))
 
 
 def _choices(value, name: str, allowed=None) -> st.SearchStrategy:
@@ -126,12 +130,12 @@ def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = 
     defaults to ``MAX_LEN`` rounded down to whole blocks (the row capacity of the table). At least
     one length is positive unless ``allow_all_empty`` (an all-empty call only checks zeros).
     """
-    _check(isinstance(block_size, int) and block_size >= 1, f"block_size={block_size!r} must be an int >= 1")
-    _check(isinstance(s2_tile, int) and s2_tile % block_size == 0 and s2_tile > 0,
+    positive_int(block_size, "block_size")
+    _check(positive_int(s2_tile, "s2_tile") % block_size == 0,
            f"s2_tile={s2_tile!r} must be a positive multiple of block_size={block_size}")
     if capacity is None:
         capacity = max(block_size, MAX_LEN // block_size * block_size)
-    _check(isinstance(capacity, int) and capacity >= 0, f"capacity={capacity!r} must be an int >= 0")
+    positive_int(capacity, "capacity", minimum=0)
     # Every block (and so every tile) boundary, not only the first ones: k * BS - 1, k * BS, k * BS + 1.
     boundaries = st.integers(0, capacity // block_size).flatmap(
         lambda k: st.sampled_from([n for n in (k * block_size, k * block_size - 1, k * block_size + 1) if 0 <= n <= capacity]))
@@ -160,23 +164,27 @@ class BlockTable:
         return torch.tensor(self.table, dtype=torch.int32).reshape(len(self.table), self.max_blocks)
 
 
-def blocks_needed(lengths, block_size: int) -> list[int]:
-    return [math.ceil(n / block_size) for n in lengths]
+def _blocks_needed(lengths, block_size: int) -> list[int]:
+    return [ceil_div(n, block_size) for n in lengths]
 
 
 def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
                  spare_blocks=st.integers(0, 3)) -> st.SearchStrategy[BlockTable]:
-    """Shuffled block tables for ``lengths``: unique physical blocks for every valid logical block,
-    -1 in the ``extra_columns`` past the widest row and after each row's valid blocks, and
-    ``spare_blocks`` physical blocks that no row owns. Shrinks towards the identity layout."""
-    lens = _strategy(lengths, "lengths", kind=tuple) if not isinstance(lengths, st.SearchStrategy) else lengths
-    _check(isinstance(block_size, int) and block_size >= 1, f"block_size={block_size!r} must be an int >= 1")
+    """Shuffled block tables for ``lengths`` (a tuple of ints or a strategy of them): unique physical
+    blocks for every valid logical block, -1 after each row's valid blocks and in the ``extra_columns``
+    past the widest row, and ``spare_blocks`` physical blocks that no row owns.
+
+    The layout is a permutation of the physical blocks dealt out row by row, so it shrinks towards the
+    identity layout (row 0 owns blocks 0, 1, ..., row 1 the next ones), then towards fewer columns and
+    spare blocks. :func:`configs` draws its tables here."""
+    lens = lengths if isinstance(lengths, st.SearchStrategy) else st.just(_lengths(lengths))
+    positive_int(block_size, "block_size")
     extra = _strategy(extra_columns, "extra_columns", minimum=0)
     spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
 
     def build(t):
         lens_, extra_, spare_ = t
-        need = blocks_needed(lens_, block_size)
+        need = _blocks_needed(lens_, block_size)
         width = max(need + [1]) + extra_
         nb = max(1, sum(need) + spare_)
 
@@ -191,77 +199,98 @@ def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
     return st.tuples(lens, extra, spare).flatmap(build)
 
 
+def _lengths(value) -> tuple[int, ...]:
+    """A tuple of lengths (ints >= 0), checked."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"lengths={value!r} must be a tuple of ints or a strategy")
+    return tuple(positive_int(n, f"lengths[{b}]", minimum=0) for b, n in enumerate(value))
+
+
 def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**31 - 1)
 
 
 def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_columns=st.integers(0, 2),
             spare_blocks=st.integers(0, 3), capacity: int | None = None) -> st.SearchStrategy:
-    """``golden.PagedAttentionConfig`` drawn from :func:`dims`, :func:`kv_act_seqs` and the table
-    shape of :func:`block_tables` (``max_blocks`` = widest row + extra columns, ``num_blocks`` = blocks
-    needed + spare blocks), a value ``distribution`` and a ``garbage`` fill for every unread cell.
-
-    ``distribution`` values must be listed in ``golden.inputs.DISTRIBUTIONS``.
+    """``golden.PagedAttentionConfig`` drawn from :func:`dims`, :func:`kv_act_seqs` and :func:`block_tables`
+    (the drawn table is the config's ``block_table``; ``max_blocks`` = widest row + extra columns,
+    ``num_blocks`` = blocks needed + spare blocks), a value ``distribution`` and a ``garbage`` fill for
+    every unread cell. ``distribution`` values must be listed in ``golden.inputs.DISTRIBUTIONS``.
     """
-    import golden
     dims_s = globals()["dims"]() if dims is None else dims
     dist = _choices(distribution, "distribution", allowed=DISTRIBUTIONS)
     garb = _choices(garbage, "garbage", allowed=GARBAGE) if not isinstance(garbage, st.SearchStrategy) else garbage
     extra = _strategy(extra_columns, "extra_columns", minimum=0)
     spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
+    if capacity is not None:
+        positive_int(capacity, "capacity", minimum=0)
 
     def build(dm: Dims):
         def make(t):
-            lens, extra_, spare_, dist_, garb_ = t
-            need = blocks_needed(lens, dm.block_size)
+            table, dist_, garb_ = t
+            lens = table.kv_act_seqs
             return golden.PagedAttentionConfig(
                 batch=dm.batch, s1=dm.s1, s2=max(lens + (1,)), nq=dm.nq, nkv=dm.nkv,
                 head_dim=dm.head_dim, block_size=dm.block_size, s2_tile=dm.s2_tile, g_tile=dm.g_tile,
-                kv_act_seqs=lens, max_blocks=max(need + [1]) + extra_, num_blocks=max(1, sum(need) + spare_),
-                distribution=dist_, garbage=garb_)
+                kv_act_seqs=lens, max_blocks=table.max_blocks, num_blocks=table.num_blocks,
+                distribution=dist_, garbage=garb_, block_table=table.table)
         lens_s = kv_act_seqs(dm.batch, block_size=dm.block_size, s2_tile=dm.s2_tile, capacity=capacity)
-        return st.tuples(lens_s, extra, spare, dist, garb).map(make)
+        tables = block_tables(lens_s, block_size=dm.block_size, extra_columns=extra, spare_blocks=spare)
+        return st.tuples(tables, dist, garb).map(make)
 
     return dims_s.flatmap(build)
 
 
-def kernel_supports(config, supported: dict | None = None) -> bool:
-    """Whether a kernel built for ``supported`` (default: ours, kernels.config.KERNEL_SHAPES) runs this
-    config: its head_dim and block_size are among the supported ones."""
-    supported = KERNEL_SHAPES if supported is None else supported
-    return all(getattr(config, k) in v for k, v in supported.items())
-
-
-def _kernel_dims(supported: dict, dims_kwargs: dict) -> dict:
-    """dims() arguments narrowed to ``supported`` shapes, s2_tile of 1 or 2 blocks (kernel-sized)."""
-    out = dict(dims_kwargs)
-    out.setdefault("head_dim", tuple(supported["head_dim"]))
-    out.setdefault("block_size", tuple(supported["block_size"]))
-    out.setdefault("s2_tile_blocks", st.integers(1, 2))
-    return out
-
-
-def kernel_configs(supported: dict | None = None, **kwargs) -> st.SearchStrategy:
-    """:func:`configs` narrowed to what a kernel built for ``supported`` runs (default: ours): the
-    same strategy, with its head_dim and block_size choices restricted (so nothing is rejected), and
-    :func:`kernel_supports` as a guard. Every value distribution is drawn (``distribution`` narrows them):
-    the acceptance envelope (SPEC §4.2) judges outlier channels and sinks soundly."""
-    supported = KERNEL_SHAPES if supported is None else supported
-    d = kwargs.pop("dims", None)
-    if d is None:
-        d = dims(**_kernel_dims(supported, {}))
-    return configs(dims=d, **kwargs).filter(lambda c: kernel_supports(c, supported))
-
-
-def cases_for(backend=None, *, spare_blocks=st.integers(0, 3), seed=None, **dims_kwargs) -> st.SearchStrategy:
-    """:class:`~properties.case.Case` values ``backend`` runs: its ``supported_shapes`` (None: any)
-    narrow head_dim and block_size, and ``dims_kwargs`` narrow :func:`dims` further to a law's domain
-    (``group=st.sampled_from((2, 4))`` for GQA, ``s1=st.integers(2, 3)`` for causal positions).
-    ``spare_blocks`` as in :func:`configs` (at least 1 guarantees cells nothing reads)."""
+def _narrowing(backend):
+    """(supported_shapes or None, skip_reason or None) of ``backend``: a backend object, a
+    ``supported_shapes`` dict (a kernel built for those shapes: the base backend's rule,
+    kernels.backends.unsupported_shape), or None (any shape)."""
+    if backend is None:
+        return None, None
+    from kernels.backends import unsupported_shape
+    if isinstance(backend, dict):
+        supported = backend
+        return supported, lambda config: unsupported_shape(config, supported)
     supported = getattr(backend, "supported_shapes", None)
+    skip_reason = getattr(backend, "skip_reason", None)
+    if skip_reason is None and supported:
+        return supported, lambda config: unsupported_shape(config, supported)
+    return supported, skip_reason
+
+
+def _runs(skip_reason, case) -> bool:
+    """Whether the backend runs ``case`` on its kernel: no ``unsupported`` skip (a skip of another kind,
+    over a time limit or a budget, is the run's to report, never the strategy's to hide)."""
+    skip = skip_reason(case.config)
+    return skip is None or getattr(skip, "kind", None) != "unsupported"
+
+
+def cases_for(backend=None, *, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_columns=st.integers(0, 2),
+              spare_blocks=st.integers(0, 3), capacity: int | None = None, seed=None,
+              **dims_kwargs) -> st.SearchStrategy:
+    """:class:`~properties.case.Case` values ``backend`` runs: the one narrowing path.
+
+    * ``backend`` -- a backend (``kernels.get_backend``), a ``supported_shapes`` dict, or None (any shape).
+      Its ``supported_shapes`` narrow head_dim and block_size to what its kernel is built for (and s2_tile
+      to 1 or 2 blocks: kernel-sized), so nothing is drawn and rejected; its ``skip_reason`` then guards
+      what is left (a case it calls ``unsupported`` is never drawn). Nothing here knows a kernel's limits.
+    * ``dims_kwargs`` narrow :func:`dims` further, to a law's domain (``group=st.sampled_from((2, 4))``
+      for GQA, ``s1=st.integers(2, 3)`` for causal positions).
+    * ``distribution``, ``garbage``, ``extra_columns``, ``spare_blocks`` (at least 1 guarantees cells
+      nothing reads) and ``capacity`` as in :func:`configs`; ``seed`` as in :func:`cases`.
+    """
+    supported, skip_reason = _narrowing(backend)
     if supported:
-        dims_kwargs = _kernel_dims(supported, dims_kwargs)
-    return cases(configs(dims=dims(**dims_kwargs), spare_blocks=spare_blocks), seed=seed)
+        dims_kwargs = dict(dims_kwargs)
+        for key in ("head_dim", "block_size"):
+            if key in supported:
+                dims_kwargs.setdefault(key, tuple(supported[key]))
+        dims_kwargs.setdefault("s2_tile_blocks", st.integers(1, 2))
+    strategy = cases(configs(dims=dims(**dims_kwargs), distribution=distribution, garbage=garbage,
+                             extra_columns=extra_columns, spare_blocks=spare_blocks, capacity=capacity), seed=seed)
+    if skip_reason is None:
+        return strategy
+    return strategy.filter(lambda case: _runs(skip_reason, case))
 
 
 def cases(config_strategy=None, *, seed=None) -> st.SearchStrategy:

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from golden.attention import visible_lengths
+from golden.codec import SPEC_CODEC
+from golden.inputs import GARBAGE
+
 __all__ = ["read_mask", "poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
-           "select_batch", "visible_lengths"]
-
-# E4M3 code and K scale of each fill: zeros, NaN, huge, and plausible but wrong (0x30 is 0.5).
-_FILLS = {"zero": (0x00, 0.0), "nan": (0x7F, float("nan")), "huge": (0x7E, 1e30), "plausible": (0x30, 0.01)}
-
-
-def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
-    """int64 [B * S1]: ``cur`` of every output row, ``max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2 item 1)."""
-    lengths = torch.as_tensor(kv_act_seqs).long()
-    i = torch.arange(s1)
-    return (lengths[:, None] - (s1 - 1 - i)[None, :]).clamp(min=0).reshape(-1)
+           "select_batch"]
 
 
 def read_mask(tensors: dict) -> torch.Tensor:
@@ -31,16 +25,18 @@ def read_mask(tensors: dict) -> torch.Tensor:
 def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(bool [NB, BS] cache rows nothing reads, bool [B*S1] query rows with ``cur == 0``)."""
     s1 = tensors["q"].shape[0] // len(tensors["kv_act_seqs"])
-    return ~read_mask(tensors), visible_lengths(tensors["kv_act_seqs"], s1) == 0
+    return ~read_mask(tensors), visible_lengths(tensors["kv_act_seqs"].cpu(), s1).reshape(-1) == 0
 
 
-def poison_unread(tensors: dict, fill: str) -> dict:
-    """Copies with ``fill`` ("zero", "nan", "huge" or "plausible") in every cell the spec says must not reach the
-    output: cache rows no row of the table reads (spare blocks, tails of last blocks), their K scales,
-    and q / q_scale of query rows with ``cur == 0`` (their output is 0 whatever q holds, SPEC §2 item 5)."""
-    if fill not in _FILLS:
-        raise ValueError(f"fill={fill!r} must be one of {tuple(_FILLS)}")
-    code, scale = _FILLS[fill]
+def poison_unread(tensors: dict, fill: str | None) -> dict:
+    """Copies with ``fill`` (a key of ``golden.GARBAGE``: None for zeros, "nan", "huge" or "plausible";
+    the fills make_inputs uses) in every cell the spec says must not reach the output: cache rows no row
+    of the table reads (spare blocks, tails of last blocks), their K scales, and q / q_scale of query
+    rows with ``cur == 0`` (their output is 0 whatever q holds, SPEC §2 item 5)."""
+    if fill not in GARBAGE:
+        raise ValueError(f"fill={fill!r} must be one of {tuple(GARBAGE)}")
+    value, scale = GARBAGE[fill]
+    code = int(SPEC_CODEC.encode(torch.tensor([value], dtype=torch.float32))[0])
     out = {k: v.clone() for k, v in tensors.items()}
     cache_rows, query_rows = unread_cells(tensors)
     for name in ("k_cache", "v_cache"):

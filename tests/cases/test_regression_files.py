@@ -103,8 +103,8 @@ def test_missing_regression_is_a_value_error(tmp_path):
 
 def test_ledger_entries_must_cite_an_issue():
     with pytest.raises(ValueError, match="must cite a tracking issue"):
-        ledger.Finding(("abc",), "flaky on the simulator")
-    f = ledger.Finding(("abc",), "P flip on sim, issue 7", backends=("sim",))
+        ledger.Finding("case", "flaky on the simulator", ids=("abc",))
+    f = ledger.Finding("case", "P flip on sim, issue 7", ids=("abc",), backends=("sim",))
     assert ledger.lookup("abc", "sim", [f]) is f and ledger.lookup("abc", "npu", [f]) is None
 
 

@@ -1,5 +1,6 @@
 """Every run replays the captured regressions (cases/regressions/*.json) first, on the backend under
-test, under the rule they were captured under. Known failures come from cases/ledger.py: tolerated
+test, under the rule they were captured under. Known failures come from the ledger (properties/ledger.py,
+re-exported by cases/ledger.py; an entry naming no captured file is an error): tolerated
 ones are strict xfails (one that starts passing fails, so its entry is removed); quarantined ones are
 not launched, and fail the session (the case is not checked) unless --allow-quarantined, as in
 ``pfa-verify run`` unless --allow-skips quarantined."""
@@ -11,6 +12,7 @@ from cases import ledger, regressions
 
 
 def _params():
+    ledger.check(regression_ids=regressions.list_ids(), where=str(regressions.directory()))
     out = []
     for rid in regressions.list_ids():
         out.append(pytest.param(rid, id=rid, marks=[pytest.mark.regression]))
@@ -22,7 +24,9 @@ def test_captured_regression(backend, regression_id, request):
     """A captured failure, replayed: its law must hold now (unless the ledger says otherwise)."""
     if regression_id is None:   # not a pass: nothing was replayed, and the skip summary says so
         pytest.skip(f"no captured regressions in {regressions.directory()}: nothing to replay")
-    known = ledger.lookup(regression_id, backend.name)
+    reg = regressions.load(regression_id)
+    case = reg.to_case()
+    known = ledger.lookup(regression_id, backend.name, config=getattr(case, "config", None))
     if known is not None:
         if known.quarantined:
             message = f"quarantined, not checked: {known.reason}"
@@ -30,8 +34,6 @@ def test_captured_regression(backend, regression_id, request):
                 pytest.skip(message)
             pytest.fail(message + " (--allow-quarantined skips it)", pytrace=False)
         request.applymarker(pytest.mark.xfail(reason=known.reason, strict=True, raises=AssertionError))
-    reg = regressions.load(regression_id)
-    case = reg.to_case()
     skip = backend.skip_reason(case.config) if reg.case.get("kind") == "paged" and hasattr(backend, "skip_reason") else None
     if skip is not None:   # the same decision as `pfa-verify run`, shown in the skip summary
         pytest.skip(f"{skip.kind}: {skip.reason}")

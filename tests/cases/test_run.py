@@ -138,11 +138,11 @@ def test_a_run_whose_allowed_skips_left_nothing_checked_still_fails(tmp_path):
 
 def _ledger_case(tmp_path, monkeypatch, backend: str, **finding):
     """A captured acceptance case of the two small catalog shapes, in a ledger entry of its own."""
-    from cases import ledger
+    from properties import ledger
     reg = regressions.Regression.from_failure("acceptance", backend, load_catalog()["edge_causal_s1_3_short"], {},
                                               "captured")
     regressions.save(reg, directory=tmp_path / "regs")
-    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding((reg.id,), "known, issue 9", **finding),))
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, issue 9", ids=(reg.id,), **finding),))
     return reg.id
 
 
@@ -184,6 +184,29 @@ def test_ledger_quarantined_case_is_not_launched(tmp_path, monkeypatch):
     status, data = _run(tmp_path, "--allow-skips", "quarantined", backend="golden",
                         cases=f"{rid},edge_tail_tile_3_tokens", examples=0)
     assert status == 0
+
+
+def test_ledger_domain_finding_covers_cases_by_their_config(tmp_path, monkeypatch):
+    """A domain finding matches by a predicate over the config, whatever the case's source: quarantined,
+    the catalog case it matches is not launched; tolerated, its failure is a strict xfail."""
+    from properties import ledger
+    causal = lambda c: c.s1 == 3    # noqa: E731 - edge_causal_s1_3_short, not edge_tail_tile_3_tokens
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, issue 9", match=causal, quarantined=True),))
+    status, data = _run(tmp_path, backend="golden", cases="edge_causal_s1_3_short,edge_tail_tile_3_tokens")
+    assert [(r["verdict"], r["skip_kind"]) for r in data["results"]] == [("skipped", "quarantined"), ("pass", None)]
+    assert status == 1
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, issue 9", match=causal, backends=(PERTURB,)),))
+    status, data = _run(tmp_path, backend=PERTURB, cases="edge_causal_s1_3_short")
+    r = data["results"][0]
+    assert (status, r["verdict"], r["counts"]) == (0, "fail", False) and "Known failure (ledger): S1 = 3, issue 9" in r["message"]
+
+
+def test_a_ledger_id_that_matches_no_file_stops_the_run(tmp_path, monkeypatch, capsys):
+    from properties import ledger
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, issue 9", ids=("0123456789",)),))
+    status = cli.main(["run", "--backend", "golden", "--cases", "catalog", "--regressions", str(tmp_path / "regs")])
+    err = capsys.readouterr().err
+    assert status == 2 and "regression id '0123456789' matches no file in" in err and "Traceback" not in err
 
 
 # --- no false green --------------------------------------------------------------------------------

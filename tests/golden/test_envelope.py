@@ -17,6 +17,7 @@ import golden
 import kernels
 from golden.at12 import qk_matmul_scale_envelope
 from kernels.conforming import VARIANTS
+from kernels.config import KERNEL_SHAPES
 from properties import strategies as ps
 
 ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
@@ -42,7 +43,6 @@ def test_golden_lies_inside_and_is_the_golden(case, codec):
     assert bool((env.inside(out) | ~finite).all())
 
 
-_KERNEL_SIZED = ps.dims(batch=st.integers(1, 2), head_dim=(128,), block_size=(128,), s2_tile_blocks=st.integers(1, 2))
 
 
 @pytest.mark.parametrize("distribution", ALL_DISTRIBUTIONS)
@@ -52,7 +52,7 @@ def test_conforming_variants_lie_inside(distribution):
     and a search for escapes: pfa-verify mutants --level conforming.)"""
 
     @settings(max_examples=4, deadline=None)
-    @given(case=ps.cases(ps.kernel_configs(distribution=(distribution,), dims=_KERNEL_SIZED)),
+    @given(case=ps.cases_for(KERNEL_SHAPES, distribution=(distribution,), batch=st.integers(1, 2)),
            variant=st.sampled_from(sorted(VARIANTS)))
     def check(case, variant):
         kwargs = case.inputs().kwargs()

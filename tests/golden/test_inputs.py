@@ -11,7 +11,7 @@ import torch
 
 import golden_helpers as gh
 from golden import SPEC_CODEC, InputBundle, PagedAttentionConfig, make_inputs, paged_to_contiguous
-from golden.inputs import DISTRIBUTIONS
+from golden.inputs import DISTRIBUTIONS, GARBAGE
 
 C = PagedAttentionConfig
 RAGGED = C(batch=3, s1=2, s2=19, nq=4, nkv=2, head_dim=8, block_size=4, s2_tile=8,
@@ -104,7 +104,7 @@ def test_garbage_lands_only_in_unread_cells(garbage):
         assert (dirty.v_cache.view(torch.uint8)[~read] == 0x7F).all()
         assert torch.isnan(dirty.k_scale[~read]).all()
     else:
-        code_value, scale = {"huge": (448, 3.0e38), "plausible": (0.5, 0.01)}[garbage]
+        code_value, scale = GARBAGE[garbage]          # the one table of fills (golden/inputs.py)
         assert (SPEC_CODEC.from_fp8(dirty.k_cache)[~read] == code_value).all()
         assert (dirty.k_scale[~read] == torch.tensor(scale)).all()
 
@@ -144,3 +144,32 @@ def test_large_logit_distributions_reach_past_exp_range(distribution):
     scores = (q[0, 0] @ k[table, :, 0].T) * 64 ** -0.5
     assert float(scores.max()) > 88, float(scores.max())
     assert torch.isfinite(golden.paged_attention_fp8(**b.kwargs()).float()).all()
+
+
+def test_an_explicit_block_table_moves_tokens_and_changes_no_value():
+    """A config's block_table (how a property test's drawn table reaches the inputs) replaces the table
+    make_inputs would shuffle from the seed; every value drawn is the same, each token sits where the new
+    table says, and garbage fills every cell it leaves unread."""
+    seeded = make_inputs(RAGGED, 5)
+    # RAGGED: lengths (19, 0, 6), BS 4 -> 5, 0 and 2 valid blocks; 7 columns, 20 physical blocks.
+    rows = ((19, 18, 0, 1, 2, -1, -1), (-1,) * 7, (3, 17, 4, -1, 5, 6, 7))   # past-length entries may be anything
+    explicit = make_inputs(RAGGED.replace(block_table=rows), 5)
+    assert explicit.block_table.tolist() == [list(r) for r in rows] and explicit.block_table.dtype == torch.int32
+    assert not torch.equal(explicit.block_table, seeded.block_table)
+    for name in ("q", "q_scale", "v_scale", "kv_act_seqs"):
+        gh.assert_identical(getattr(explicit, name), getattr(seeded, name), name)
+    for name in ("k_cache", "v_cache", "k_scale"):
+        page = dict(kv_act_seqs=seeded.kv_act_seqs, seq_len=19)
+        gh.assert_identical(paged_to_contiguous(getattr(explicit, name), explicit.block_table, **page),
+                            paged_to_contiguous(getattr(seeded, name), seeded.block_table, **page), f"{name}, contiguous")
+    unread = ~read_cells(explicit)
+    assert torch.isnan(explicit.k_scale[unread]).all() and (explicit.k_cache.view(torch.uint8)[unread] == 0x7F).all()
+
+
+def test_a_config_with_a_block_table_round_trips_and_one_without_keeps_its_dict():
+    config = RAGGED.replace(block_table=[[19, 18, 0, 1, 2, -1, -1], [-1] * 7, [3, 17, -1, -1, -1, -1, -1]])
+    assert isinstance(config.block_table, tuple) and all(isinstance(r, tuple) for r in config.block_table)
+    data = json.loads(json.dumps(config.to_dict()))
+    assert data["block_table"][0] == [19, 18, 0, 1, 2, -1, -1] and C.from_dict(data) == config
+    assert "block_table" not in RAGGED.to_dict()     # fingerprints and regression ids of other configs unchanged
+    assert hash(config) != hash(RAGGED)

@@ -137,3 +137,29 @@ def test_layouts_do_not_modify_inputs():
     paged_to_contiguous(paged, table, lengths, seq_len=seq)
     gh.assert_unchanged({"x": x, "block_table": table}, before, "contiguous_to_paged")
     gh.assert_identical(paged, paged_before, "paged after paged_to_contiguous")
+
+
+def test_ceil_div_is_exact_for_ints_arrays_and_tensors():
+    """golden.paging.ceil_div: integer arithmetic only, so no float rounding even past 2**53."""
+    import numpy as np
+    from golden.paging import ceil_div
+    assert [ceil_div(n, 4) for n in (0, 1, 3, 4, 5, 8, 9)] == [0, 1, 1, 1, 2, 2, 3]
+    assert ceil_div(2 ** 60 + 1, 2) == 2 ** 59 + 1              # math.ceil((2**60 + 1) / 2) is 2**59
+    assert ceil_div(np.array([0, 5, 128, 129]), 128).tolist() == [0, 1, 1, 2]
+    assert ceil_div(torch.tensor([0, 5, 128, 129]), 128).tolist() == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("value, minimum, error, match", [
+    (0, 1, ValueError, r"^x=0 must be >= 1$"), (-1, 0, ValueError, r"^x=-1 must be >= 0$"),
+    (1.0, 1, TypeError, r"^x must be an int, got float 1.0$"), (True, 0, TypeError, r"^x must be an int, got bool True$"),
+    ("3", 1, TypeError, r"^x must be an int, got str '3'$"),
+])
+def test_positive_int_rejects(value, minimum, error, match):
+    from golden.paging import positive_int
+    with pytest.raises(error, match=match):
+        positive_int(value, "x", minimum=minimum)
+
+
+def test_positive_int_returns_the_value():
+    from golden.paging import positive_int
+    assert positive_int(3, "x") == 3 and positive_int(0, "x", minimum=0) == 0

@@ -56,7 +56,7 @@ PAGED_ATTENTION_CASES = [
     expect("f(q=B*S1 not a multiple of B)", lambda kw: {**kw, "q": kw["q"][:3], "q_scale": kw["q_scale"][:3]},
            ValueError, r"q's first dim B\*S1=3 must be a multiple of B=2"),
     expect("f(q=NQ 3)", lambda kw: {**kw, "q": kw["q"][:, :3].contiguous(), "q_scale": kw["q_scale"][:, :3].contiguous()},
-           ValueError, r"NQ=3 \(q's heads\) must be a multiple of NKV=2"),
+           ValueError, r"NQ=3 must be a multiple of NKV=2 \(q's heads, k_cache's heads\)"),
     expect("f(q_scale=bfloat16)", edit("q_scale", lambda t: t.bfloat16()), TypeError, r"^q_scale must have dtype float32"),
     expect("f(k_cache=meta device)", edit("k_cache", lambda t: t.to("meta")), ValueError,
            r"^k_cache is on meta; the golden runs on the CPU"),
@@ -91,10 +91,10 @@ PAGED_ATTENTION_CASES = [
            r"kv_act_seqs\[1\]=5 needs 2 blocks, but block_table\[1\] has -1 at column 1"),
     expect("f(kv_act_seqs[0]=2**31-1)", edit("kv_act_seqs", setitem(0, 2 ** 31 - 1)), ValueError, r"kv_act_seqs\[0\]"),
     expect("f(s2_tile=6)", with_(s2_tile=6), ValueError, r"s2_tile=6 must be a multiple of block_size=4"),
-    expect("f(s2_tile=0)", with_(s2_tile=0), ValueError, r"s2_tile=0 must be a positive int"),
+    expect("f(s2_tile=0)", with_(s2_tile=0), ValueError, r"s2_tile=0 must be >= 1"),
     expect("f(s2_tile=4.0)", with_(s2_tile=4.0), TypeError, r"s2_tile must be an int"),
     expect("f(g_tile=3)", with_(g_tile=3), ValueError, r"g_tile=3 must divide the group size NQ/NKV=2"),
-    expect("f(g_tile=0)", with_(g_tile=0), ValueError, r"g_tile=0 must be a positive int"),
+    expect("f(g_tile=0)", with_(g_tile=0), ValueError, r"g_tile=0 must be >= 1"),
     expect("f(g_tile=True)", with_(g_tile=True), TypeError, r"g_tile must be an int"),
     expect("f(softmax_scale=-1.0)", with_(softmax_scale=-1.0), ValueError, r"softmax_scale=-1.0 must be a finite positive"),
     expect("f(softmax_scale=nan)", with_(softmax_scale=math.nan), ValueError, r"softmax_scale=nan"),
@@ -237,7 +237,7 @@ PAGING_CASES = [
     expect("gen_block_table(kv_act_seqs=[[3]])", lambda: gen_block_table(torch.ones(1, 1, dtype=torch.int32), 4, 2),
            TypeError, r"^kv_act_seqs must be a 1-D"),
     expect("gen_block_table(kv_act_seqs='3')", lambda: gen_block_table("3", 4, 2), TypeError, r"^kv_act_seqs must be"),
-    expect("gen_block_table(block_size=0)", lambda: gen_block_table([3], 0, 2), ValueError, r"^block_size=0 must be a positive int"),
+    expect("gen_block_table(block_size=0)", lambda: gen_block_table([3], 0, 2), ValueError, r"^block_size=0 must be >= 1"),
     expect("gen_block_table(block_size=4.0)", lambda: gen_block_table([3], 4.0, 2), TypeError, r"^block_size must be an int, got float"),
     expect("gen_block_table(max_blocks_per_query=0)", lambda: gen_block_table([3], 4, 0), ValueError, r"^max_blocks_per_query=0"),
     expect("gen_block_table(max_blocks_per_query=1, kv_act_seqs=[3, 9])", lambda: gen_block_table([3, 9], 4, 1), ValueError,
@@ -303,13 +303,28 @@ CONFIG_CASES = [
     expect("PagedAttentionConfig(softmax_scale=True)", _config(softmax_scale=True), (TypeError, ValueError), r"^softmax_scale=True"),
     expect("PagedAttentionConfig(distribution='cauchy')", _config(distribution="cauchy"), ValueError, r"^distribution='cauchy'"),
     expect("PagedAttentionConfig(garbage='inf')", _config(garbage="inf"), ValueError, r"^garbage='inf'"),
+    # An explicit block table (base: B = 2, two blocks of BS = 4 per row, NB = B * MAXB = 4).
+    expect("PagedAttentionConfig(block_table=[[0, 1]])", _config(block_table=[[0, 1]]), ValueError,
+           r"^block_table must have shape \[B, MAXB\] = \(2, 2\), got \(1, 2\)"),
+    expect("PagedAttentionConfig(block_table=[[0, 1], [2]])", _config(block_table=[[0, 1], [2]]), ValueError,
+           r"^block_table must be a 2-D table of ints \[B, MAXB\] \(rows of one length\)"),
+    expect("PagedAttentionConfig(block_table=[[0, 1], [2, 1.0]])", _config(block_table=[[0, 1], [2, 1.0]]), TypeError,
+           r"^block_table must be rows of ints"),
+    expect("PagedAttentionConfig(block_table=torch)", _config(block_table=torch.zeros(2, 2, dtype=torch.int32)), TypeError,
+           r"^block_table must be rows of ints"),
+    expect("PagedAttentionConfig(block_table=[[0, 4], [2, 3]])", _config(block_table=[[0, 4], [2, 3]]), ValueError,
+           r"^block_table\[0, 1\]=4 must be a physical block in \[0, NB=4\) or -1"),
+    expect("PagedAttentionConfig(block_table=[[0, -1], [2, 3]])", _config(block_table=[[0, -1], [2, 3]]), ValueError,
+           r"^kv_act_seqs\[0\]=8 needs 2 blocks, but block_table\[0\] has -1 at column 1"),
+    expect("PagedAttentionConfig(block_table=[[0, 1], [3, 1]])", _config(block_table=[[0, 1], [3, 1]]), ValueError,
+           r"^block_table\[1, 1\]=1 is also block_table\[0, 1\]: each valid entry must name its own physical block"),
     expect("PagedAttentionConfig.from_dict({'batch': 1, 'seq': 2})",
            lambda: PagedAttentionConfig.from_dict({"batch": 1, "seq": 2}), ValueError, r"unknown config keys \['seq'\]"),
     expect("PagedAttentionConfig.from_dict([])", lambda: PagedAttentionConfig.from_dict([]), TypeError, r"a config must be a dict"),
     expect("make_inputs(config=dict)", lambda: make_inputs({"batch": 1}, 0), TypeError, r"^config must be a PagedAttentionConfig"),
     expect("make_inputs(seed=-1)", lambda: make_inputs(_config()(), -1), ValueError, r"^seed=-1"),
-    expect("make_inputs(seed=1.5)", lambda: make_inputs(_config()(), 1.5), ValueError, r"^seed=1.5"),
-    expect("make_inputs(seed=True)", lambda: make_inputs(_config()(), True), ValueError, r"^seed=True"),
+    expect("make_inputs(seed=1.5)", lambda: make_inputs(_config()(), 1.5), TypeError, r"^seed must be an int, got float"),
+    expect("make_inputs(seed=True)", lambda: make_inputs(_config()(), True), TypeError, r"^seed must be an int, got bool"),
 ]
 
 
@@ -325,3 +340,30 @@ def test_every_table_names_its_argument():
         for param in table:
             match = param.values[2]
             assert re.search(r"[a-z_]{2,}", match), f"{param.id}: {match!r} names nothing"
+
+
+# ---------------------------------------------------------------- the shared spec facts
+
+
+def test_default_softmax_scale_is_both_spellings_of_the_spec_in_float32():
+    """SPEC §1 writes the default as D^-0.5, SPEC §6 as 1/sqrt(head_dim): golden.validate.default_softmax_scale
+    is the one used everywhere, and every use rounds it to float32, where the two spellings agree for every
+    head_dim up to 2**20 (in float64 they differ for 218 of the first 1024)."""
+    import numpy as np
+    from golden.validate import default_softmax_scale
+    d = np.arange(1, 2 ** 20, dtype=np.float64)
+    assert np.array_equal(np.float32(d ** -0.5), np.float32(1.0 / np.sqrt(d)))
+    assert all(default_softmax_scale(int(x)) == x ** -0.5 for x in (1, 2, 48, 128, 2 ** 20 - 1))
+    float64_differ = [x for x in range(1, 1025) if default_softmax_scale(x) != 1 / math.sqrt(x)]
+    assert len(float64_differ) == 218 and 48 in float64_differ       # why the float32 agreement matters
+    with pytest.raises(ValueError, match=r"^head_dim=0 must be >= 1"):
+        default_softmax_scale(0)
+
+
+def test_group_size_names_both_head_counts():
+    from golden.validate import group_size
+    assert group_size(12, 2) == 6 and group_size(4, 4) == 1
+    with pytest.raises(ValueError, match=r"^nq=12 must be a multiple of nkv=5$"):
+        group_size(12, 5)
+    with pytest.raises(ValueError, match=r"^NQ=3 must be a multiple of NKV=2 \(heads\)$"):
+        group_size(3, 2, names=("NQ", "NKV"), what=" (heads)")

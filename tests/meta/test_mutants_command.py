@@ -54,9 +54,11 @@ def test_the_goal_decides_the_exit_status(tmp_path):
     assert status == data["exit_status"] == 0
 
 
-def test_a_survivor_allowed_by_name_is_still_a_survivor_but_does_not_fail(tmp_path, capsys):
+@pytest.mark.parametrize("allowed", ["softmax_scale_before_dequant", "ledger"])
+def test_a_survivor_allowed_by_name_is_still_a_survivor_but_does_not_fail(tmp_path, capsys, allowed):
+    """By name, or as one of the ledger's survivors of the level (properties/ledger.py; tox -e mutants)."""
     status, data = _mutants(tmp_path, "--mutants", "causal_offset_ignored,softmax_scale_before_dequant",
-                            "--allow-survivors", "softmax_scale_before_dequant")
+                            "--allow-survivors", allowed)
     assert status == data["exit_status"] == 0 and data["kill_ratio"] == 0.5
     assert data["allowed_survivors"] == ["softmax_scale_before_dequant"]
     assert "survivors allowed by name: softmax_scale_before_dequant" in capsys.readouterr().out

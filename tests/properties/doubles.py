@@ -40,3 +40,16 @@ class HalveAtWideTiles(GoldenBackend):
     def paged_attention_fp8(self, q, q_scale, k_cache, *args, s2_tile=128, **kwargs):
         out = super().paged_attention_fp8(q, q_scale, k_cache, *args, s2_tile=s2_tile, **kwargs)
         return (out.float() / 2).bfloat16() if s2_tile > k_cache.shape[1] else out
+
+
+class ReadsTheNextColumn(GoldenBackend):
+    """The golden, except that logical block j is read through column j + 1 of the block table (an
+    off-by-one in the table lookup; an entry read this way that is -1, or past the last column, is
+    clamped to block 0, as the kernel clamps -1)."""
+    name = "tests/properties/doubles.py:ReadsTheNextColumn"
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kwargs):
+        import torch
+        shifted = torch.cat([block_table[:, 1:], torch.full_like(block_table[:, :1], -1)], dim=1).clamp(min=0)
+        return super().paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, shifted.contiguous(),
+                                           kv_act_seqs, **kwargs)

@@ -115,6 +115,35 @@ def test_integer_tensors_compare_exactly():
     assert not cmp.compare(big, big - 1, kind="exact").passed
 
 
+@pytest.mark.parametrize("value", [2**53, 2**62, -(2**63), 2**63 - 2])
+def test_integers_compare_as_integers_past_float64(value):
+    """int64 values a float64 view merges (2**53 + 1 reads as 2**53 there) still differ, by 1."""
+    e = torch.tensor([value, 7], dtype=torch.int64)
+    a = e + torch.tensor([1, 0])
+    r = cmp.compare(a, e, kind="exact")
+    assert not r.passed and r.mismatched == 1 and r.max_abs_index == (0,) and r.max_abs_err == 1.0
+    assert cmp.compare(e.clone(), e, kind="exact").passed
+    assert float(cmp.error_ratio(a, e, kind="exact")[0]) == math.inf and float(cmp.error_ratio(a, e, kind="exact")[1]) == 0
+
+
+def test_integer_tolerance_is_decided_on_the_exact_distance():
+    e = torch.tensor([2**60, 2**60, -(2**63)], dtype=torch.int64)
+    a = torch.tensor([2**60 + 3, 2**60 + 4, 2**63 - 1], dtype=torch.int64)   # distances 3, 4 and 2**64 - 1
+    r = cmp.compare(a, e, kind="bound", rtol=0.0, atol=3.5)
+    assert r.mismatch_mask.tolist() == [False, True, True]
+    assert cmp.compare(torch.tensor([True, False]), torch.tensor([True, True]), kind="exact").mismatched == 1
+
+
+def test_device_is_an_attribute_checked_with_shape_and_dtype():
+    """A tensor on another device is an attribute finding, before any value is read (a meta tensor
+    has no values to read)."""
+    r = cmp.compare(torch.zeros(3, device="meta"), torch.zeros(3))
+    assert not r.passed and r.attribute == "device: meta vs expected cpu"
+    assert cmp.compare(torch.zeros(2, 3, device="meta"), torch.zeros(2, 4)).attribute.startswith("shape")
+    with pytest.raises(AssertionError, match=r"Attributes differ: device: meta vs expected cpu"):
+        cmp.assert_close(torch.zeros(3, device="meta"), torch.zeros(3), kind="exact", identifier="x")
+
+
 def test_maxima_count_only_mismatches_and_index_renders_as_b_i_h_d():
     e = torch.zeros(4, 2, 3, dtype=torch.bfloat16)
     a = e.clone()

@@ -3,42 +3,71 @@ shape), reach (the special lengths, tables and fills occur; hypothesis.find) and
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from kernels.backends import Backend, Skip
+from kernels.config import KERNEL_SHAPES
 from properties import strategies as ps
 
 FIND = settings(max_examples=2000, database=None, deadline=None)
 
 
-@given(ps.configs())
-def test_configs_are_valid(config):
-    group = config.nq // config.nkv
-    assert config.nq % config.nkv == 0 and config.s2_tile % config.block_size == 0
-    assert config.g_tile is None or group % config.g_tile == 0
+def _widest_and_needed(config):
     need = [math.ceil(n / config.block_size) for n in config.lengths]
-    assert config.max_blocks >= max(need + [1]) and config.num_blocks >= sum(need)
-    assert max(config.lengths) <= ps.MAX_LEN
+    return max(need + [1]), sum(need)
 
 
-@given(ps.kernel_configs())
-def test_kernel_configs_are_a_narrowing(config):
-    assert ps.kernel_supports(config)
+@given(ps.configs())
+def test_configs_keep_their_promises(config):
+    """What configs() promises beyond what PagedAttentionConfig enforces (its docstring and its
+    strategies' defaults): s2 is the longest length, lengths within the capacity with one token at
+    least, s2_tile of 1 to 4 blocks, g_tile None or a proper divisor, 0 to 2 extra table columns and 0 to
+    3 spare blocks, and a table that is -1 after each row's valid blocks (the config accepts any block
+    there)."""
+    c = config
+    widest, needed = _widest_and_needed(c)
+    assert c.s2 == max(c.lengths) and 0 < max(c.lengths) <= max(c.block_size, ps.MAX_LEN // c.block_size * c.block_size)
+    assert c.s2_tile // c.block_size in (1, 2, 3, 4)
+    assert c.g_tile is None or c.g_tile < c.nq // c.nkv
+    assert c.max_blocks - widest in (0, 1, 2), (c.max_blocks, widest)
+    assert c.num_blocks - needed in (0, 1, 2, 3), (c.num_blocks, needed)      # needed >= 1: a token at least
+    for n, row in zip(c.lengths, c.block_table):
+        assert all(p == -1 for p in row[math.ceil(n / c.block_size):]), row
+
+
+class _Kernel(Backend):
+    """A backend as kernels.backends builds them: its shapes, and its own skip_reason (the base class's
+    rule, kernels.backends.unsupported_shape), counted."""
+    name = "test-kernel"
+
+    def __init__(self, supported, refuse=None):
+        self.supported_shapes, self.refuse, self.asked, self.refused = supported, refuse, 0, 0
+
+    def skip_reason(self, config):
+        self.asked += 1
+        skip = super().skip_reason(config)
+        if skip is None and self.refuse is not None and self.refuse(config):
+            skip = Skip("unsupported", "refused by the test double")
+        self.refused += skip is not None
+        return skip
 
 
 @given(st.data())
-def test_cases_for_follow_the_backend_and_the_narrowing(data):
-    from types import SimpleNamespace
-    kernel = SimpleNamespace(supported_shapes={"head_dim": (64,), "block_size": (32,)})
-    case = data.draw(ps.cases_for(kernel, group=st.just(2), s1=st.integers(2, 3), spare_blocks=st.just(1)))
-    c = case.config
-    assert (c.head_dim, c.block_size, c.nq // c.nkv) == (64, 32, 2) and c.s1 >= 2 and c.s2_tile in (32, 64)
-    need = sum(math.ceil(n / c.block_size) for n in c.lengths)
-    assert c.num_blocks == max(1, need + 1)
-    anything = data.draw(ps.cases_for(None))
-    assert anything.config.head_dim in (16, 32, 64, 128)
+def test_cases_for_draw_only_what_the_backend_runs(data):
+    """The one narrowing path: the backend's supported_shapes narrow the draws so that its own
+    skip_reason refuses none of them (a refusal is a wasted draw), and a limit it declares beyond its
+    shapes (here: at most 2 batches) is honoured through that skip_reason; nothing in properties/ knows
+    either. The guard and the narrowing are each checked by what the backend itself answers."""
+    kernel = _Kernel({"head_dim": (64,), "block_size": (32,)})
+    case = data.draw(ps.cases_for(kernel), label="case")
+    assert kernel.skip_reason(case.config) is None and kernel.refused == 0 and kernel.asked >= 2
+    picky = _Kernel({"head_dim": (64,), "block_size": (32,)}, refuse=lambda c: c.batch > 2)
+    case = data.draw(ps.cases_for(picky), label="case for a backend that runs at most 2 batches")
+    assert case.config.batch <= 2 and picky.skip_reason(case.config) is None
 
 
 @given(st.data())
@@ -89,9 +118,35 @@ def test_kv_act_seqs_reach_row_capacity():
     ("plausible garbage", lambda c: c.garbage == "plausible"),
     ("a length on a late block boundary", lambda c: any(n >= 4 * c.block_size and n % c.block_size in (0, 1, c.block_size - 1)
                                                         for n in c.lengths)),
+    ("a row whose blocks are out of order", lambda c: any(list(r) != sorted(r) for r in _valid_rows(c))),
+    ("a layout that is not the identity", lambda c: c.block_table != _identity(c) and c.batch >= 2),
 ])
 def test_configs_reach(name, predicate):
     find(ps.configs(), predicate, settings=FIND)
+
+
+def _valid_rows(c):
+    return [row[:math.ceil(n / c.block_size)] for n, row in zip(c.lengths, c.block_table)]
+
+
+def _identity(c):
+    """The identity layout of ``c``'s shape: row b owns the next blocks in order, 0 first."""
+    rows, k = [], 0
+    for n in c.lengths:
+        need = math.ceil(n / c.block_size)
+        rows.append(tuple(range(k, k + need)) + (-1,) * (c.max_blocks - need))
+        k += need
+    return tuple(rows)
+
+
+def test_block_tables_shrink_towards_the_identity_layout_then_fewer_columns():
+    """Pinned shrink targets of the drawn table (properties.strategies.block_tables, carried in the config):
+    a table that must not be the identity shrinks to the smallest permutation, one token in block 1 with
+    block 0 spare; one that only needs a second column shrinks to the identity with one extra column."""
+    c = find(ps.configs(), lambda c: c.block_table != _identity(c), settings=FIND)
+    assert (c.lengths, c.block_table, c.num_blocks, c.max_blocks) == ((1,), ((1,),), 2, 1)
+    c = find(ps.configs(), lambda c: c.max_blocks >= 2, settings=FIND)
+    assert (c.lengths, c.block_table, c.num_blocks) == ((1,), ((0, -1),), 1)
 
 
 def test_shrinks_towards_small_cases():
@@ -100,29 +155,43 @@ def test_shrinks_towards_small_cases():
 
 
 def e(fn, *args, **kwargs):
-    """Render a call for test ids: e(ps.dims, batch=0) -> 'dims(batch=0)'."""
-    return pytest.param(fn, args, kwargs, id=f"{fn.__name__}(" + ", ".join(
-        [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]) + ")")
+    """A row of the bad-argument table, its id the call: e(ps.dims, batch=0)(ValueError, "batch") is
+    'dims(batch=0)' expecting a ValueError whose message starts with the argument ``batch``."""
+    def expecting(error, argument):
+        return pytest.param(fn, args, kwargs, error, argument, id=f"{fn.__name__}(" + ", ".join(
+            [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]) + ")")
+    return expecting
 
 
-@pytest.mark.parametrize("fn, args, kwargs", [
-    e(ps.dims, batch=0), e(ps.dims, nkv=1.5), e(ps.dims, group=True), e(ps.dims, head_dim=()),
-    e(ps.dims, s2_tile_blocks=0),
-    e(ps.kv_act_seqs, 2, block_size=0, s2_tile=16), e(ps.kv_act_seqs, 2, block_size=16, s2_tile=24),
-    e(ps.kv_act_seqs, 0, block_size=16, s2_tile=16), e(ps.kv_act_seqs, 1, block_size=16, s2_tile=16, capacity=-1),
-    e(ps.block_tables, (1, 2), block_size=0), e(ps.block_tables, (1,), block_size=16, extra_columns=-1),
-    e(ps.configs, garbage=("zeros",)), e(ps.configs, distribution=()), e(ps.cases, seed=-1),
-    e(ps.quant_rows, rows=0), e(ps.at12_cases, k_tile=0),
+@pytest.mark.parametrize("fn, args, kwargs, error, argument", [
+    e(ps.dims, batch=0)(ValueError, "batch"), e(ps.dims, nkv=1.5)(TypeError, "nkv"),
+    e(ps.dims, group=True)(TypeError, "group"), e(ps.dims, head_dim=())(ValueError, "head_dim"),
+    e(ps.dims, s2_tile_blocks=0)(ValueError, "s2_tile_blocks"),
+    e(ps.kv_act_seqs, 2, block_size=0, s2_tile=16)(ValueError, "block_size"),
+    e(ps.kv_act_seqs, 2, block_size=16, s2_tile=24)(ValueError, "s2_tile"),
+    e(ps.kv_act_seqs, 0, block_size=16, s2_tile=16)(ValueError, "batch"),
+    e(ps.kv_act_seqs, 1, block_size=16, s2_tile=16, capacity=-1)(ValueError, "capacity"),
+    e(ps.block_tables, (1, 2), block_size=0)(ValueError, "block_size"),
+    e(ps.block_tables, (1,), block_size=16, extra_columns=-1)(ValueError, "extra_columns"),
+    e(ps.block_tables, (1, -1), block_size=16)(ValueError, "lengths[1]"),
+    e(ps.block_tables, "12", block_size=16)(TypeError, "lengths"),
+    e(ps.configs, garbage=("zeros",))(ValueError, "garbage"), e(ps.configs, distribution=())(ValueError, "distribution"),
+    e(ps.configs, spare_blocks=-1)(ValueError, "spare_blocks"), e(ps.configs, capacity=-1)(ValueError, "capacity"),
+    e(ps.cases, seed=-1)(ValueError, "seed"), e(ps.cases_for, None, seed=1.0)(TypeError, "seed"),
+    e(ps.cases_for, None, batch=0)(ValueError, "batch"),
+    e(ps.quant_rows, rows=0)(ValueError, "rows"), e(ps.at12_cases, k_tile=0)(ValueError, "k_tile"),
 ])
-def test_bad_arguments_raise_value_error_naming_them(fn, args, kwargs):
-    with pytest.raises(ValueError) as info:
+def test_bad_arguments_raise_naming_them(fn, args, kwargs, error, argument):
+    """Each row names the one argument its message must start with, and the exception type: TypeError
+    for a value that is not an int (golden.paging.positive_int), ValueError for a value out of range."""
+    with pytest.raises(error) as info:
         fn(*args, **kwargs)
-    named = list(kwargs) or ["batch"]
-    assert any(n in str(info.value) for n in named + ["batch", "lengths"])
+    assert type(info.value) is error
+    assert re.match(rf"{re.escape(argument)}(=| must)", str(info.value)), (argument, str(info.value))
 
 
 @pytest.mark.parametrize("distribution", ps.DISTRIBUTIONS)
 def test_kernel_sized_cases_draw_every_distribution(distribution):
     """Kernel backends draw every value distribution: the acceptance envelope (SPEC §4.2) judges outlier
     channels and sinks soundly, so nothing is left out (tests/properties/test_one_rule_envelope.py)."""
-    find(ps.kernel_configs(), lambda c: c.distribution == distribution, settings=FIND)
+    find(ps.cases_for(KERNEL_SHAPES), lambda c: c.config.distribution == distribution, settings=FIND)
