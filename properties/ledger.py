@@ -30,6 +30,8 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable
 
+from golden.errors import UsageError
+
 __all__ = ["KINDS", "Finding", "LEDGER", "lookup", "survivors", "survivor", "check"]
 
 KINDS = ("case", "domain", "survivor")
@@ -120,9 +122,10 @@ def survivor(mutant: str, ledger: Iterable[Finding] | None = None) -> Finding | 
 
 def check(*, regression_ids: Iterable[str] | None = None, mutants: Iterable[str] | None = None,
           ledger: Iterable[Finding] | None = None, where: str = "the regressions folder") -> None:
-    """Raise a ValueError naming every ledger entry that matches nothing: a case id with no regression
-    file among ``regression_ids`` (the ids present in ``where``), a survivor not among ``mutants`` (the
-    catalog's names). Either check is skipped when its names are not given."""
+    """Raise a golden.errors.UsageError (one line, exit 2) naming every ledger entry that matches
+    nothing: a case id with no regression file among ``regression_ids`` (the ids present in ``where``), a
+    survivor not among ``mutants`` (the catalog's names). Either check is skipped when its names are not
+    given."""
     problems = []
     for finding in _ledger(ledger):
         if regression_ids is not None and finding.kind == "case":
@@ -132,4 +135,4 @@ def check(*, regression_ids: Iterable[str] | None = None, mutants: Iterable[str]
             known = set(mutants)
             problems += [f"mutant {name!r} is not in the catalog" for name in finding.mutants if name not in known]
     if problems:
-        raise ValueError("the ledger (properties/ledger.py) names what does not exist: " + "; ".join(problems))
+        raise UsageError("the ledger (properties/ledger.py) names what does not exist: " + "; ".join(problems))

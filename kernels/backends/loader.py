@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import re
 import sys
@@ -31,6 +32,19 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+class _HashedSourceLoader(importlib.machinery.SourceFileLoader):
+    """A file's loader that executes the bytes it was given (those whose sha256 names the module), never
+    a bytecode cache: the cache's stamp (mtime in seconds and size) survives an edit within the same
+    second, and the old code would run under the new content's name."""
+
+    def __init__(self, fullname: str, path: str, source: bytes) -> None:
+        super().__init__(fullname, path)
+        self._source = source
+
+    def get_code(self, fullname: str):
+        return compile(self._source, self.path, "exec", dont_inherit=True)
+
+
 def load_file_module(path: str | Path, *, prefix: str = "_pfa_file_") -> ModuleType:
     """The module of the Python file at ``path``, executed once per resolved path and content.
 
@@ -40,11 +54,11 @@ def load_file_module(path: str | Path, *, prefix: str = "_pfa_file_") -> ModuleT
     if not file.is_file():
         raise UsageError(f"{str(path)!r}: no such file")
     file = file.resolve()
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
-    name = prefix + re.sub(r"\W", "_", str(file)) + "_" + digest
+    source = file.read_bytes()
+    name = prefix + re.sub(r"\W", "_", str(file)) + "_" + hashlib.sha256(source).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
+    spec = importlib.util.spec_from_file_location(name, file, loader=_HashedSourceLoader(name, str(file), source))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module         # as Python's import does: the module may import itself
     try:
