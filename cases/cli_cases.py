@@ -1,0 +1,144 @@
+"""``pfa-verify cases list | show | replay | prune``: the captured regressions (cases/regressions.py)
+from the command line. cases/cli.py adds this subcommand with :func:`add_arguments`; the exit status
+follows cli.py's rule (0 passed, 1 a replayed case still fails, 2 could not run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_arguments", "byte_count"]
+
+
+def byte_count(text: str) -> int:
+    """An argparse type: a positive number of bytes, written as an integer or as 8e9 (--max-bytes)."""
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of bytes such as 8e9") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _cmd_list(args) -> int:
+    from cases import regressions
+    from golden.errors import UsageError
+    ids = regressions.list_ids(directory=args.dir)
+    if not ids:
+        print(f"no captured regressions in {regressions.directory(args.dir)}")
+        return 0
+    for rid in ids:
+        try:
+            print(regressions.load(rid, directory=args.dir).summary())
+        except UsageError as exc:
+            print(f"{rid}  unreadable: {exc}")
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from cases import regressions
+    reg = regressions.load(args.id, directory=args.dir)
+    data = reg.to_json()
+    message = data.pop("message")
+    print(json.dumps(data, indent=2))
+    print("\nmessage:\n" + message)
+    return 0
+
+
+def _cmd_replay(args) -> int:
+    from cases import regressions
+    from kernels import BackendUnavailable, get_backend
+    from kernels.backends import use_backend_threads
+    reg = regressions.load(args.id, directory=args.dir)
+    name = args.backend or reg.backend
+    backend = get_backend(name)
+    use_backend_threads(backend)
+    print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
+    if name != reg.backend:
+        print(f"note: this checks {name}, not {reg.backend}, on the captured case")
+    try:
+        regressions.replay(reg, backend, directory=args.dir)
+    except AssertionError as exc:
+        print(f"FAIL\n{exc}")
+        return 1
+    except BackendUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the backend crashed on the case: an error, reported as one
+        print(f"ERROR: the {name} backend raised on this case: {type(exc).__name__}: {exc}")
+        return 1
+    print("PASS: the captured failure no longer reproduces")
+    return 0
+
+
+def _cmd_prune(args) -> int:
+    from cases import ledger, regressions
+    from golden.errors import UsageError
+    from kernels import BackendUnavailable, get_backend
+    from kernels.backends import use_backend_threads
+    folder = regressions.directory(args.dir)
+    removed = 0
+    backends: dict = {}
+    for rid in regressions.list_ids(directory=args.dir):
+        try:
+            reg = regressions.load(rid, directory=args.dir)
+        except UsageError as exc:
+            print(f"kept {rid}: unreadable ({exc})")
+            continue
+        if args.backend and args.backend != reg.backend:
+            # A case passes or fails on the backend it was captured on; another backend's pass says
+            # nothing about it (a sim failure passes on the golden).
+            print(f"kept {rid}: captured on {reg.backend}, not {args.backend}")
+            continue
+        config = reg.to_case().config if reg.case.get("kind") == "paged" else None
+        if ledger.lookup(rid, reg.backend, config=config):
+            print(f"kept {rid}: in the ledger")
+            continue
+        try:
+            backend = backends.get(reg.backend) or backends.setdefault(reg.backend, get_backend(reg.backend))
+            use_backend_threads(backend)
+        except BackendUnavailable as exc:
+            print(f"kept {rid}: backend {reg.backend} cannot run here ({exc.reason})")
+            continue
+        try:
+            regressions.replay(reg, backend)
+        except AssertionError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - a case the backend crashes on is kept, and said so
+            print(f"kept {rid}: the {reg.backend} backend raised ({type(exc).__name__}: {exc})")
+            continue
+        print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {reg.backend})")
+        removed += 1
+        if not args.dry_run:
+            for suffix in (".json", ".npz"):
+                (folder / f"{rid}{suffix}").unlink(missing_ok=True)
+    known = set(regressions.list_ids(directory=args.dir))
+    for npz in folder.glob("*.npz") if folder.is_dir() else ():
+        if npz.stem not in known:
+            print(f"{'would remove' if args.dry_run else 'removed'} orphan {npz.name}")
+            if not args.dry_run:
+                npz.unlink()
+    print(f"{removed} passing case(s) {'to remove' if args.dry_run else 'removed'}")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``cases`` subcommand's options and its four actions (set as each action's ``func``)."""
+    parser.add_argument("--dir", default=None, help="regressions folder (default: cases/regressions, "
+                                                    "or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--max-bytes", type=byte_count, default=None, metavar="BYTES",
+                        help="largest case to load (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="one line per captured case").set_defaults(func=_cmd_list)
+    show = sub.add_parser("show", help="the record of one captured case")
+    show.add_argument("id")
+    show.set_defaults(func=_cmd_show)
+    replay = sub.add_parser("replay", help="run a captured case again under its rule (exit 1 if it fails)")
+    replay.add_argument("id")
+    replay.add_argument("--backend", default=None, help="backend to replay on (default: the captured one)")
+    replay.set_defaults(func=_cmd_replay)
+    prune = sub.add_parser("prune", help="delete captured cases that pass now on the backend they were captured "
+                                         "on (ledger entries are kept)")
+    prune.add_argument("--backend", default=None, help="only cases captured on this backend")
+    prune.add_argument("--dry-run", action="store_true")
+    prune.set_defaults(func=_cmd_prune)
