@@ -28,8 +28,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import sys
 from typing import Callable
+
+# The worker side (what runs in a worker process) is cases/pool_worker.py; its public names are
+# re-exported here, where run, mutants and search import them.
+from cases.pool_worker import _call, _local_init, _ray_call, _retire, _Spoiled
+from cases.pool_worker import worker_backend, worker_setup, worker_slot
 
 __all__ = ["ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
            "worker_setup", "worker_backend", "add_cluster_argument", "RETRIES"]
@@ -89,99 +93,6 @@ def task_resources(backend) -> dict:
     pypto-gym-npu and anything built on kernels.backends.npu.NpuBackend), else ``{"CPU": 1}``."""
     from kernels.backends.npu import NpuBackend
     return {"NPU": 1} if isinstance(backend, NpuBackend) else {"CPU": 1}
-
-
-# --- the worker side ----------------------------------------------------------------------------
-
-_SLOT: dict = {}
-
-
-def worker_setup() -> None:
-    """Once per worker process: one OpenMP thread (parallelism comes from processes)."""
-    if not _SLOT.get("setup"):
-        import torch
-        torch.set_num_threads(1)
-        _SLOT["setup"] = True
-
-
-def worker_slot() -> int | None:
-    """This worker's index in a local pool (0 .. workers-1; 0 in the command's own process), or None in
-    a Ray task (the device comes from ASCEND_RT_VISIBLE_DEVICES there)."""
-    return _SLOT.get("slot", 0)
-
-
-_BACKENDS: dict = {}
-
-
-def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
-    """The backend ``name`` of this worker process, built once and kept for its later tasks (the sim's
-    traced graphs and calculator stay loaded). The npu backends get their device here: in a local pool
-    worker k takes NPU ``device + k``; a Ray task takes the one device Ray made visible
-    (ASCEND_RT_VISIBLE_DEVICES, kernels.backends.resolve_device_index). A backend that cannot start
-    raises the same one-line error on every call (RuntimeError naming the worker and the reason)."""
-    import kernels
-    slot = worker_slot()
-    npu = name == "npu" or name.startswith("pypto-gym-npu:")
-    dev = ((device or 0) + slot if slot is not None else None) if npu else device
-    key = (name, dev, max_seconds)
-    if key not in _BACKENDS:
-        try:
-            backend = kernels.get_backend(name) if dev is None else kernels.get_backend(name, device=dev)
-            if max_seconds is not None and hasattr(backend, "max_seconds"):
-                backend.max_seconds = max_seconds or None        # 0: no limit
-            _BACKENDS[key] = backend
-        except Exception as exc:  # noqa: BLE001 - kept, and raised for each task of this worker
-            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
-            where = f"worker {slot}" if slot is not None else f"the worker on {_node()}"
-            _BACKENDS[key] = RuntimeError(f"{where} could not start backend {name!r}: {reason}")
-    if isinstance(_BACKENDS[key], RuntimeError):
-        raise _BACKENDS[key]
-    return _BACKENDS[key]
-
-
-def _local_init(slots) -> None:
-    worker_setup()
-    _SLOT["slot"] = slots.get()
-
-
-def _node() -> str:
-    host = socket.gethostname()
-    if _SLOT.get("ray"):
-        import ray
-        return f"{host} ({ray.util.get_node_ip_address()})"
-    return host
-
-
-def _retire() -> str | None:
-    """Why this process must not run another task (pypto's state after a failure inside its trace,
-    kernels.pypto_workarounds.spoiled), or None."""
-    if "kernels.pypto_workarounds" not in sys.modules:
-        return None
-    from kernels.pypto_workarounds import spoiled
-    return spoiled()
-
-
-def _call(fn: Callable, payload) -> tuple:
-    """What a worker runs: ``fn(payload)``, with the node and process that ran it, and why the process
-    must be replaced before another task (None: it need not)."""
-    worker_setup()
-    return fn(payload), _node(), os.getpid(), _retire()
-
-
-class _Spoiled(RuntimeError):
-    """A Ray worker refusing a task because an earlier task left its process unusable (it exits)."""
-
-
-def _ray_call(fn: Callable, payload) -> tuple:
-    _SLOT.update(ray=True, slot=None)
-    why = _retire()
-    if why:
-        # Ray cannot retire a task's worker on request: this one refuses the task (the driver hands it
-        # out again, uncharged) and exits a moment later, once the refusal has gone back.
-        import threading
-        threading.Timer(0.5, os._exit, args=(0,)).start()
-        raise _Spoiled(why)
-    return _call(fn, payload)
 
 
 # --- the pool -----------------------------------------------------------------------------------
@@ -294,7 +205,9 @@ class Pool:
         """Spawned processes, at most ``workers`` tasks at a time. A pool whose worker died, or whose
         worker is unusable (W7), takes no more tasks: once its running tasks are back it is replaced. A
         death fails every task then running in that pool (ProcessPoolExecutor ends them all); each runs
-        again, alone when several died, so only a task that kills its worker dies twice."""
+        again, alone when several died, so only a task that kills its worker dies twice. One function on
+        purpose: the submit loop and the death handling share the retry state (attempts, causes, alone,
+        died, retired), which split parts would have to pass back and forth."""
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
         from concurrent.futures.process import BrokenProcessPool

@@ -1,0 +1,104 @@
+"""The worker side of the pool (cases/pool.py): what runs inside a worker process, a local one or a
+Ray task. :func:`worker_setup` once per process, :func:`worker_slot` its index, :func:`worker_backend`
+its backend built once; ``_call`` / ``_ray_call`` run a task and say whether the process must be
+replaced before another (pypto after a failure inside its trace, W7). cases/pool.py, the driver side,
+re-exports the public names.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Callable
+
+__all__ = ["worker_setup", "worker_slot", "worker_backend"]
+
+_SLOT: dict = {}
+
+
+def worker_setup() -> None:
+    """Once per worker process: one OpenMP thread (parallelism comes from processes)."""
+    if not _SLOT.get("setup"):
+        import torch
+        torch.set_num_threads(1)
+        _SLOT["setup"] = True
+
+
+def worker_slot() -> int | None:
+    """This worker's index in a local pool (0 .. workers-1; 0 in the command's own process), or None in
+    a Ray task (the device comes from ASCEND_RT_VISIBLE_DEVICES there)."""
+    return _SLOT.get("slot", 0)
+
+
+_BACKENDS: dict = {}
+
+
+def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
+    """The backend ``name`` of this worker process, built once and kept for its later tasks (the sim's
+    traced graphs and calculator stay loaded). The npu backends get their device here: in a local pool
+    worker k takes NPU ``device + k``; a Ray task takes the one device Ray made visible
+    (ASCEND_RT_VISIBLE_DEVICES, kernels.backends.resolve_device_index). A backend that cannot start
+    raises the same one-line error on every call (RuntimeError naming the worker and the reason)."""
+    import kernels
+    slot = worker_slot()
+    npu = name == "npu" or name.startswith("pypto-gym-npu:")
+    dev = ((device or 0) + slot if slot is not None else None) if npu else device
+    key = (name, dev, max_seconds)
+    if key not in _BACKENDS:
+        try:
+            backend = kernels.get_backend(name) if dev is None else kernels.get_backend(name, device=dev)
+            if max_seconds is not None and hasattr(backend, "max_seconds"):
+                backend.max_seconds = max_seconds or None        # 0: no limit
+            _BACKENDS[key] = backend
+        except Exception as exc:  # noqa: BLE001 - kept, and raised for each task of this worker
+            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+            where = f"worker {slot}" if slot is not None else f"the worker on {_node()}"
+            _BACKENDS[key] = RuntimeError(f"{where} could not start backend {name!r}: {reason}")
+    if isinstance(_BACKENDS[key], RuntimeError):
+        raise _BACKENDS[key]
+    return _BACKENDS[key]
+
+
+def _local_init(slots) -> None:
+    worker_setup()
+    _SLOT["slot"] = slots.get()
+
+
+def _node() -> str:
+    host = socket.gethostname()
+    if _SLOT.get("ray"):
+        import ray
+        return f"{host} ({ray.util.get_node_ip_address()})"
+    return host
+
+
+def _retire() -> str | None:
+    """Why this process must not run another task (pypto's state after a failure inside its trace,
+    kernels.pypto_workarounds.spoiled), or None."""
+    if "kernels.pypto_workarounds" not in sys.modules:
+        return None
+    from kernels.pypto_workarounds import spoiled
+    return spoiled()
+
+
+def _call(fn: Callable, payload) -> tuple:
+    """What a worker runs: ``fn(payload)``, with the node and process that ran it, and why the process
+    must be replaced before another task (None: it need not)."""
+    worker_setup()
+    return fn(payload), _node(), os.getpid(), _retire()
+
+
+class _Spoiled(RuntimeError):
+    """A Ray worker refusing a task because an earlier task left its process unusable (it exits)."""
+
+
+def _ray_call(fn: Callable, payload) -> tuple:
+    _SLOT.update(ray=True, slot=None)
+    why = _retire()
+    if why:
+        # Ray cannot retire a task's worker on request: this one refuses the task (the driver hands it
+        # out again, uncharged) and exits a moment later, once the refusal has gone back.
+        import threading
+        threading.Timer(0.5, os._exit, args=(0,)).start()
+        raise _Spoiled(why)
+    return _call(fn, payload)
