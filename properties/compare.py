@@ -43,111 +43,22 @@ Overrides are both-or-neither: giving only ``rtol`` would silently keep the tabl
 comparison whose author believed they had set the whole rule. ``atol`` may be a tensor broadcastable
 to the compared shape, for laws whose bound is derived per element (AT-12 FP8 vs BF16).
 Closeness with both tolerances zero is numeric equality; ``exact`` adds the bit checks on top of it.
+
+The table, the structured result and the failure text are properties/compare_result.py (re-exported
+here); this module computes.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
 import torch
 
+from properties.compare_result import TOLERANCES, Comparison, NonFinite, Tolerance, envelope_line, get_tolerance
+from properties.compare_result import make_mismatch_message
+
 __all__ = ["TOLERANCES", "Tolerance", "NonFinite", "Comparison", "get_tolerance", "compare",
            "error_ratio", "max_differences", "make_mismatch_message", "envelope_line", "assert_close"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    rtol: float | None   # None: the caller derives and passes the bound (kind "bound")
-    atol: float | None
-    cite: str  # the clause the numbers come from, shown in the header
-
-    @property
-    def exact(self) -> bool:
-        return self.rtol == 0 and self.atol == 0
-
-
-TOLERANCES: dict[str, Tolerance] = {
-    "attention": Tolerance(1 / 128, 1e-4, "SPEC §4"),
-    "at12": Tolerance(1 / 128, 1e-4, "SPEC §6"),
-    "exact": Tolerance(0.0, 0.0, "bit-identical"),
-    "bound": Tolerance(None, None, "derived bound"),
-}
-
-
-def get_tolerance(kind: str = "attention", rtol: float | None = None,
-                  atol: float | torch.Tensor | None = None) -> tuple[float, float | torch.Tensor]:
-    """Return ``(rtol, atol)`` for ``kind``, or the override when both are given."""
-    if kind not in TOLERANCES:
-        raise ValueError(f"kind={kind!r} is not a known comparison; expected one of {sorted(TOLERANCES)}")
-    if (rtol is None) != (atol is None):
-        # Half an override is almost always a mistake: the other half would silently come from
-        # the table, and the author would believe they had set the whole rule.
-        raise ValueError(f"rtol and atol must both be given or both omitted; got rtol={rtol!r}, "
-                         f"atol={'<tensor>' if isinstance(atol, torch.Tensor) else atol!r}")
-    if rtol is None:
-        t = TOLERANCES[kind]
-        if t.rtol is None:
-            raise ValueError(f"kind={kind!r} takes the bound from the caller: pass both rtol and atol")
-        return t.rtol, t.atol
-    if kind == "exact":
-        # Bit identity has no tolerance to override; a loosened "exact" would read as bit-identical.
-        raise ValueError("kind='exact' compares bits and takes no rtol / atol; use kind='bound'")
-    if not rtol >= 0:
-        raise ValueError(f"rtol={rtol!r} must be >= 0")
-    if isinstance(atol, torch.Tensor):
-        if bool((atol < 0).any()) or bool(torch.isnan(atol).any()):
-            raise ValueError("atol tensor must be >= 0 everywhere")
-    elif not atol >= 0:
-        raise ValueError(f"atol={atol!r} must be >= 0")
-    return float(rtol), atol
-
-
-@dataclasses.dataclass(frozen=True)
-class NonFinite:
-    """Elements whose finiteness differs from the expected tensor's, or (``exact``) whose bits
-    differ where the values are equal: a zero of the other sign, a NaN with other bits."""
-    what: str            # e.g. "NaN where expected is finite"
-    count: int
-    first_index: tuple[int, ...]
-    section: str = "Non-finite"   # or "Bits differ"
-
-
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-    """The structured outcome of one comparison; :func:`make_mismatch_message` renders it."""
-    passed: bool
-    kind: str
-    rtol: float
-    atol: float | None          # None when atol was given per element
-    total: int = 0
-    mismatched: int = 0
-    max_abs_err: float = 0.0
-    max_abs_index: tuple[int, ...] | None = None
-    max_abs_allowed: float = 0.0
-    max_rel_err: float = 0.0
-    max_rel_index: tuple[int, ...] | None = None
-    max_rel_allowed: float = 0.0
-    nonfinite: tuple[NonFinite, ...] = ()
-    attribute: str | None = None   # "shape: (2, 3) vs expected (2, 4)" when attributes differ
-    index_names: tuple[str, ...] | None = None
-    s1: int | None = None
-    mismatch_mask: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)
-    envelope: bool = False              # whether an envelope widened the rule (SPEC §4.2)
-    by_envelope: int = 0                # elements outside the tolerance but inside the envelope
-    outside_envelope: float = 0.0       # worst mismatch's distance outside the envelope / its tolerance
-    outside_index: tuple[int, ...] | None = None
-
-    def format_index(self, index: tuple[int, ...] | None) -> str:
-        """Render an index, as (b, i, h, d) for attention outputs when ``s1`` was given."""
-        if index is None:
-            return "-"
-        if self.s1 is not None and len(index) == 3:
-            row, h, d = index
-            return f"(b={row // self.s1}, i={row % self.s1}, h={h}, d={d})"
-        if self.index_names and len(self.index_names) == len(index):
-            return "(" + ", ".join(f"{n}={v}" for n, v in zip(self.index_names, index)) + ")"
-        return str(tuple(index))
 
 
 def _view(t: torch.Tensor) -> torch.Tensor:
@@ -220,26 +131,7 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     a, e = _view(actual), _view(expected)
     total = a.numel()
     a_fin, e_fin = torch.isfinite(a), torch.isfinite(e)
-    findings: list[NonFinite] = []
-    bad_nonfinite = torch.zeros_like(a_fin)
-    checks = [
-        ("NaN where expected is finite", e_fin & torch.isnan(a)),
-        ("inf where expected is finite", e_fin & torch.isinf(a)),
-        ("finite where expected is NaN", torch.isnan(e) & a_fin),
-        ("inf where expected is NaN", torch.isnan(e) & torch.isinf(a)),
-        ("not the expected inf", torch.isinf(e) & (a != e)),
-    ]
-    if kind == "exact" and actual.is_floating_point():
-        differ = _bits(actual) != _bits(expected)
-        checks += [("zero of the other sign", differ & (a == 0) & (e == 0), "Bits differ"),
-                   ("NaN with other bits than the expected NaN", differ & torch.isnan(a) & torch.isnan(e),
-                    "Bits differ")]
-    for what, mask, *section in checks:
-        n = int(mask.sum())
-        if n:
-            first = _unravel(int(mask.reshape(-1).nonzero()[0]), a.shape)
-            findings.append(NonFinite(what, n, first, *section))
-            bad_nonfinite |= mask
+    findings, bad_nonfinite = _nonfinite(actual, expected, a, e, a_fin, e_fin, kind)
     both = a_fin & e_fin
     diff = torch.where(both, (a - e).abs(), torch.zeros((), dtype=a.dtype))
     tolerance = atol + rtol * e.abs()
@@ -262,26 +154,66 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     mismatched = int(bad.sum())
     result = dict(total=total, mismatched=mismatched, nonfinite=tuple(findings), mismatch_mask=bad)
     if envelope is not None:
-        result.update(envelope=True, by_envelope=int((both & ~bad_value & (diff > tolerance)).sum()))
-        if int(bad_value.sum()):
-            lo, hi = (_view(x) for x in envelope)
-            outside = torch.where(a > e, a - hi, lo - a) / tolerance
-            outside = torch.where(bad_value, outside, torch.full((), -1.0, dtype=a.dtype))
-            i_out = int(outside.reshape(-1).argmax())
-            result.update(outside_envelope=float(outside.reshape(-1)[i_out]), outside_index=_unravel(i_out, a.shape))
+        result.update(_envelope_fields(both, bad_value, diff, a, e, tolerance, envelope))
     if int(bad_value.sum()):
-        masked_abs = torch.where(bad_value, diff, torch.full((), -1.0, dtype=a.dtype))
-        i_abs = int(masked_abs.reshape(-1).argmax())
-        with torch.no_grad():
-            rel = torch.where(bad_value, diff / e.abs(), torch.full((), -1.0, dtype=a.dtype))
-        rel = torch.nan_to_num(rel, nan=-1.0, posinf=math.inf)
-        i_rel = int(rel.reshape(-1).argmax())
-        result.update(
-            max_abs_err=float(diff.reshape(-1)[i_abs]), max_abs_index=_unravel(i_abs, a.shape),
-            max_abs_allowed=float(allowed.reshape(-1)[i_abs]) if isinstance(allowed, torch.Tensor) else float(allowed),
-            max_rel_err=float(rel.reshape(-1)[i_rel]), max_rel_index=_unravel(i_rel, a.shape),
-            max_rel_allowed=rtol)
+        result.update(_worst(bad_value, diff, a, e, allowed, rtol))
     return Comparison(passed=mismatched == 0, **result, **base)
+
+
+def _nonfinite(actual, expected, a, e, a_fin, e_fin, kind) -> tuple[list[NonFinite], torch.Tensor]:
+    """Step 2 of :func:`compare` (module docstring): the misplaced non-finite values, and for ``exact``
+    floating tensors the bit differences of equal values, one :class:`NonFinite` per kind found, and
+    the mask of those elements. ``a``, ``e``: the float views; ``a_fin``, ``e_fin``: where they are finite."""
+    findings: list[NonFinite] = []
+    bad_nonfinite = torch.zeros_like(a_fin)
+    checks = [
+        ("NaN where expected is finite", e_fin & torch.isnan(a)),
+        ("inf where expected is finite", e_fin & torch.isinf(a)),
+        ("finite where expected is NaN", torch.isnan(e) & a_fin),
+        ("inf where expected is NaN", torch.isnan(e) & torch.isinf(a)),
+        ("not the expected inf", torch.isinf(e) & (a != e)),
+    ]
+    if kind == "exact" and actual.is_floating_point():
+        differ = _bits(actual) != _bits(expected)
+        checks += [("zero of the other sign", differ & (a == 0) & (e == 0), "Bits differ"),
+                   ("NaN with other bits than the expected NaN", differ & torch.isnan(a) & torch.isnan(e),
+                    "Bits differ")]
+    for what, mask, *section in checks:
+        n = int(mask.sum())
+        if n:
+            first = _unravel(int(mask.reshape(-1).nonzero()[0]), a.shape)
+            findings.append(NonFinite(what, n, first, *section))
+            bad_nonfinite |= mask
+    return findings, bad_nonfinite
+
+
+def _envelope_fields(both, bad_value, diff, a, e, tolerance, envelope) -> dict:
+    """What the envelope did (the :class:`Comparison` fields): the elements it accepted beyond the
+    tolerance, and for a failure how far outside it the worst value mismatch lies, in tolerances."""
+    fields = dict(envelope=True, by_envelope=int((both & ~bad_value & (diff > tolerance)).sum()))
+    if int(bad_value.sum()):
+        lo, hi = (_view(x) for x in envelope)
+        outside = torch.where(a > e, a - hi, lo - a) / tolerance
+        outside = torch.where(bad_value, outside, torch.full((), -1.0, dtype=a.dtype))
+        i_out = int(outside.reshape(-1).argmax())
+        fields.update(outside_envelope=float(outside.reshape(-1)[i_out]), outside_index=_unravel(i_out, a.shape))
+    return fields
+
+
+def _worst(bad_value, diff, a, e, allowed, rtol) -> dict:
+    """The greatest absolute and relative differences among the value mismatches ``bad_value`` (at
+    least one), with their indices and what was allowed there: the :class:`Comparison` fields."""
+    masked_abs = torch.where(bad_value, diff, torch.full((), -1.0, dtype=a.dtype))
+    i_abs = int(masked_abs.reshape(-1).argmax())
+    with torch.no_grad():
+        rel = torch.where(bad_value, diff / e.abs(), torch.full((), -1.0, dtype=a.dtype))
+    rel = torch.nan_to_num(rel, nan=-1.0, posinf=math.inf)
+    i_rel = int(rel.reshape(-1).argmax())
+    return dict(
+        max_abs_err=float(diff.reshape(-1)[i_abs]), max_abs_index=_unravel(i_abs, a.shape),
+        max_abs_allowed=float(allowed.reshape(-1)[i_abs]) if isinstance(allowed, torch.Tensor) else float(allowed),
+        max_rel_err=float(rel.reshape(-1)[i_rel]), max_rel_index=_unravel(i_rel, a.shape),
+        max_rel_allowed=rtol)
 
 
 def _envelope_allowed(a: torch.Tensor, e: torch.Tensor, tolerance, envelope) -> torch.Tensor:
@@ -331,60 +263,6 @@ def max_differences(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float
     diff = torch.where(both, (a - e).abs(), torch.zeros((), dtype=a.dtype))
     rel = torch.where(both & (e != 0), diff / e.abs(), torch.zeros((), dtype=a.dtype))
     return (float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0)
-
-
-def _pct(n: int, total: int) -> str:
-    return f"{100.0 * n / total:.1f}%" if total else "-"
-
-
-def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], str],
-                          tags: dict[str, object] | None = None, context: Sequence[str] = ()) -> str:
-    """Render a failed :class:`Comparison` as the suite's failure text.
-
-    ``identifier`` names what was compared ("Kernel output vs golden"); ``tags`` go in brackets on
-    the header (case, backend); ``context`` lines (attribution, replay command) come last, in order.
-    """
-    name = identifier() if callable(identifier) else identifier
-    tol = TOLERANCES[result.kind]
-    exact = result.rtol == 0 and result.atol == 0
-    header = f"{name} {'not bit-identical' if result.kind == 'exact' else 'not equal' if exact else 'not close'}"
-    if not exact:
-        cite = f"{tol.cite}, or inside the envelope of SPEC §4.2" if result.envelope else tol.cite
-        header += f" ({cite})" if result.rtol == tol.rtol and result.atol == tol.atol else \
-            f" (rtol={result.rtol:.3g}, atol={'per element' if result.atol is None else format(result.atol, '.3g')})"
-    if tags:
-        header += " [" + ", ".join(f"{k} {v}" for k, v in tags.items()) + "]"
-    lines = [header]
-    if result.attribute is not None:
-        lines.append(f"Attributes differ: {result.attribute}")
-    else:
-        lines.append(f"Mismatched elements: {result.mismatched} / {result.total} "
-                     f"({_pct(result.mismatched, result.total)})")
-        for f in result.nonfinite:
-            lines.append(f"{f.section}: {f.count} {f.what}, first at {result.format_index(f.first_index)}")
-        if result.max_abs_index is not None:
-            lines.append(f"Greatest absolute difference: {result.max_abs_err:.1e} at "
-                         f"{result.format_index(result.max_abs_index)} "
-                         f"({result.max_abs_allowed:.1e} allowed there)")
-            lines.append(f"Greatest relative difference: {result.max_rel_err:.1e} at "
-                         f"{result.format_index(result.max_rel_index)} "
-                         f"({result.max_rel_allowed:.1e} allowed)")
-        if result.envelope:
-            lines.append(envelope_line(result))
-    lines.extend(context)
-    return "\n".join(lines)
-
-
-def envelope_line(result: Comparison) -> str:
-    """What the envelope did in a comparison: how many elements it accepted beyond the tolerance, and
-    for a failure how far outside it the worst element lies (SPEC §4.2)."""
-    inside = (f"{result.by_envelope} element{'s' if result.by_envelope != 1 else ''} inside the envelope "
-              "only (an E4M3 code of P can flip there under SPEC §4.1)" if result.by_envelope else
-              "no element needed the envelope")
-    if result.outside_index is None:
-        return f"Envelope: {inside}"
-    return (f"Envelope: {inside}; the worst mismatch lies outside it by {result.outside_envelope:.2g}x its "
-            f"tolerance at {result.format_index(result.outside_index)}")
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attention",
