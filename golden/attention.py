@@ -127,7 +127,13 @@ class _PagedCache:
 def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
                      codec: Fp8Codec, envelope=None):
     """float32 ``O / l`` [B*S1, NQ, D], contiguous (the caller rounds it to bfloat16); with an
-    ``envelope`` (golden.envelope.EnvelopeBuilder) also its float32 bounds ``(lo, hi)``, same shape."""
+    ``envelope`` (golden.envelope.EnvelopeBuilder) also its float32 bounds ``(lo, hi)``, same shape.
+
+    One function on purpose (over 60 lines): it reads as SPEC §2 in order (gather by block_table,
+    MM1, dequant, local softmax, P quantization, MM2, the online fold), each stage already one call
+    into golden/matmul, softmax_state or quant. What is left is the chunk's index arrays (owner,
+    in_tile, slot, token) and layout closures, which every stage and the envelope share: split, each
+    part would take and return a dozen of them."""
     batch, s1, nkv, group, d = dims.batch, dims.s1, dims.nkv, dims.group, dims.head_dim
     rows = s1 * group  # the rows of one (batch, kv head): query positions i x heads g of the group
     tile, block_size = dims.s2_tile, dims.block_size
