@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+import golden
+
 
 def skip_or_fail(reason: str) -> None:
     """A skip with ``reason``; a failure where PFA_VERIFY_REQUIRE_SIM=1 (tox sets it: where pypto is
@@ -50,3 +52,10 @@ def sim_compiler(pypto_module):
         return kernels.get_backend("sim", level="compile")
     except kernels.BackendUnavailable as exc:
         skip_or_fail(exc.reason)
+
+
+@pytest.fixture(scope="module")
+def small_bundle():
+    """A small paged-attention input bundle (B=2, one short batch) for the backend tests."""
+    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=256, nq=4, nkv=2, kv_act_seqs=(256, 100))
+    return golden.make_inputs(config, seed=0)

@@ -41,12 +41,6 @@ def e(func_name: str, **kwargs) -> str:
     return f"{func_name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
-@pytest.fixture(scope="module")
-def small_bundle():
-    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=256, nq=4, nkv=2, kv_act_seqs=(256, 100))
-    return golden.make_inputs(config, seed=0)
-
-
 def _replace(kw: dict, **changes) -> dict:
     out = dict(kw)
     for key, fn in changes.items():
@@ -201,6 +195,22 @@ def test_device_applies_to_npu_only(name):
         kernels.get_backend(name, device=1)
 
 
+def test_a_backend_loaded_from_a_file_or_module_names_its_source_by_content():
+    import hashlib
+    from pathlib import Path
+
+    from kernels.backends import KernelSource
+    by_file = kernels.get_backend("tests/cases/run_doubles.py:PerturbOne")
+    digest = hashlib.sha256(Path("tests/cases/run_doubles.py").read_bytes()).hexdigest()
+    assert by_file.kernel_source == KernelSource("tests/cases/run_doubles.py",
+                                                 str(Path("tests/cases/run_doubles.py").resolve()), digest, "PerturbOne")
+    by_module = kernels.get_backend("tests.kernels.test_backends:make_recording_backend")
+    assert by_module.kernel_source.source == "tests.kernels.test_backends"
+    assert by_module.kernel_source.function == "make_recording_backend"
+    assert by_module.kernel_source.sha256 == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    assert getattr(kernels.get_backend("golden"), "kernel_source", None) is None   # no kernel file
+
+
 # --- device choice ------------------------------------------------------------------------------
 
 DEVICE_CASES = [
@@ -287,54 +297,6 @@ def test_backend_fixture_fails_a_session_whose_backend_cannot_run(suite_pytester
     assert result.ret == (0 if allow else 1)
 
 
-# --- outputs the kernel did not write ---------------------------------------------------------------
-
-def test_finish_output_turns_untouched_rows_into_zeros_or_an_error():
-    """Outputs start as the UNWRITTEN sentinel: rows with cur == 0 that stay untouched are the
-    caller's zeros (SPEC §2 item 5); an untouched element anywhere else is a KernelRunError."""
-    from kernels.backends import KernelRunError, finish_output, unwritten_output
-
-    lengths = torch.tensor([3, 0], dtype=torch.int32)            # B=2, S1=2: rows 0..3, cur = 2, 3, 0, 0
-    out = unwritten_output((4, 2, 8))
-    out[0:2] = 1.0
-    done = finish_output(out.clone(), lengths, 2)
-    assert torch.equal(done[2:].float(), torch.zeros(2, 2, 8)) and torch.equal(done[:2].float(), torch.ones(2, 2, 8))
-    out[1, 1, 5] = unwritten_output((1,))[0]
-    with pytest.raises(KernelRunError, match=r"left 1 of 64 output elements it must compute unwritten \(first at \(1, 1, 5\)\)"):
-        finish_output(out.clone(), lengths, 2)
-    scores = unwritten_output((2, 3), dtype=torch.float32)
-    with pytest.raises(KernelRunError, match="left 6 of 6"):
-        finish_output(scores)
-
-
-def test_an_unwritten_output_shows_pypto_output_only_when_there_is_some():
-    """Issue 20: a KernelRunError used to end with an empty "pypto output:" when the run printed nothing."""
-    from types import SimpleNamespace
-
-    from kernels.backends import KernelRunError, finish_output, unwritten_output
-    from kernels.backends.sim import SimBackend
-    from kernels.pypto_workarounds.session import RunCapture
-
-    lengths = torch.tensor([1], dtype=torch.int32)
-    quiet = SimpleNamespace(last_report=RunCapture(text=" \n"))
-    loud = SimpleNamespace(last_report=RunCapture(text="Errcode: FBF00C! dims\n"))
-    assert SimBackend._captured_output(quiet) == "" and SimBackend._captured_output(SimpleNamespace(last_report=None)) == ""
-    with pytest.raises(KernelRunError) as info:
-        finish_output(unwritten_output((1, 1, 4)), lengths, 1, lambda: SimBackend._captured_output(quiet))
-    assert str(info.value).endswith("unwritten (first at (0, 0, 0))")
-    with pytest.raises(KernelRunError) as info:
-        finish_output(unwritten_output((1, 1, 4)), lengths, 1, lambda: SimBackend._captured_output(loud))
-    assert str(info.value).endswith("(first at (0, 0, 0)); pypto output:\nErrcode: FBF00C! dims")
-
-
-def test_calculator_errors_are_found_in_the_captured_output():
-    from kernels.backends.sim import calculator_error
-
-    text = ("Unrecognized DataTypeDT_FP8E4M3\n" * 3 + "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ\n")
-    assert calculator_error(text) == "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ"
-    assert calculator_error("Unrecognized DataTypeDT_FP8E4M3\nAICore End-to-End Time: 30.95\n") is None
-
-
 @pytest.mark.parametrize("allow", [False, True], ids=["fallback", "allow-fallback"])
 def test_backend_fixture_fails_a_session_that_fell_back_to_the_golden(suite_pytester, allow):
     """--backend auto that finds no kernel backend gives the golden with `fallback` set: the tests that
@@ -353,142 +315,3 @@ def test_backend_fixture_fails_a_session_that_fell_back_to_the_golden(suite_pyte
     assert result.ret == (0 if allow else 1)
     if not allow:
         assert "auto fell back to the golden: no kernel (not sim: test) (--allow-fallback" in result.stdout.str()
-
-
-# --- sim cost model and batch chunks (no pypto needed) ------------------------------------------------
-
-def test_batch_chunks_give_the_golden_the_same_bits():
-    """kernels/backends/sim_cost.chunk_inputs: a correct kernel (the golden) run chunk by chunk on
-    compacted caches gives the bits of the whole call, ragged lengths, spare blocks, garbage and all."""
-    import math
-
-    from kernels.backends import sim_cost
-    from properties import compare as cmp
-
-    config = golden.PagedAttentionConfig(batch=5, s1=2, s2=300, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
-                                         kv_act_seqs=(300, 0, 17, 1, 160), num_blocks=40, garbage="nan")
-    tensors = golden.make_inputs(config, 3).tensors()
-    whole = golden.paged_attention_fp8(**tensors, s2_tile=32)
-    for chunks in ([range(0, 2), range(2, 5)], [range(b, b + 1) for b in range(5)]):
-        parts = []
-        for c in chunks:
-            part = sim_cost.chunk_inputs(tensors, c, 2)
-            need = sum(math.ceil(n / 16) for n in config.lengths[c.start:c.stop])
-            assert part["k_cache"].shape[0] == max(1, need) and part["block_table"].shape[1] == tensors["block_table"].shape[1]
-            parts.append(golden.paged_attention_fp8(**part, s2_tile=32))
-        cmp.assert_close(torch.cat(parts), whole, kind="exact", identifier=f"{len(chunks)} chunks vs one call")
-
-
-def test_chunks_are_planned_to_fit_the_memory_cap():
-    from kernels.backends import sim_cost
-    from cases.catalog import load_catalog
-
-    cat = load_catalog()
-    small = sim_cost.estimate(cat["pfa_fp8_b2_s1_1_s2_1k"].config)
-    big = sim_cost.estimate(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config)
-    assert small.chunks == 1 and big.chunks > 1 and big.peak_bytes <= sim_cost.MEMORY_CAP_BYTES
-    assert big.seconds > small.seconds > 0 and "batch chunks" in big.describe()
-    lengths = [100] * 8
-    shape = dict(s1=1, nkv=1, g_steps=1, s2_tile=128, block_size=128, head_dim=128, num_blocks=8)
-    assert [c.batches for c in sim_cost.plan(lengths, cap=1e12, **shape)] == [range(0, 8)]
-    floor = sim_cost.plan(lengths, cap=0, **shape)
-    assert [c.batches for c in floor] == [range(b, b + 1) for b in range(8)]                     # the floor
-    # a chunk's tile iterations: sum over its rows of ceil(cur / s2_tile), cur of SPEC §2 item 1
-    ragged = sim_cost.plan([0, 1, 128, 129, 300], cap=1e12, **dict(shape, s1=3, nkv=2, g_steps=3))[0]
-    cur = [[max(0, n - (3 - 1 - i)) for i in range(3)] for n in (0, 1, 128, 129, 300)]
-    assert ragged.iterations == 2 * 3 * sum(-(-c // 128) for row in cur for c in row) == 2 * 3 * 17
-
-
-def test_a_backend_loaded_from_a_file_or_module_names_its_source_by_content():
-    import hashlib
-    from pathlib import Path
-
-    from kernels.backends import KernelSource
-    by_file = kernels.get_backend("tests/cases/run_doubles.py:PerturbOne")
-    digest = hashlib.sha256(Path("tests/cases/run_doubles.py").read_bytes()).hexdigest()
-    assert by_file.kernel_source == KernelSource("tests/cases/run_doubles.py",
-                                                 str(Path("tests/cases/run_doubles.py").resolve()), digest, "PerturbOne")
-    by_module = kernels.get_backend("tests.kernels.test_backends:make_recording_backend")
-    assert by_module.kernel_source.source == "tests.kernels.test_backends"
-    assert by_module.kernel_source.function == "make_recording_backend"
-    assert by_module.kernel_source.sha256 == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    assert getattr(kernels.get_backend("golden"), "kernel_source", None) is None   # no kernel file
-
-
-@pytest.mark.sim
-def test_our_sim_kernel_is_named_by_content(sim_backend):
-    import hashlib
-    from pathlib import Path
-
-    source = sim_backend.kernel_source
-    assert source.source == "kernels/pfa_fp8.py" and source.function == "make_kernel"
-    assert source.sha256 == hashlib.sha256(Path(source.path).read_bytes()).hexdigest()
-    assert Path(source.path) == Path(kernels.__file__).resolve().parent / "pfa_fp8.py"
-
-
-@pytest.mark.sim
-def test_making_a_sim_backend_leaves_the_threads_to_the_process(pypto_module):
-    """Issue 18 item 7: the sim backend asks for one torch thread (``threads``); the owner of the process
-    applies it (use_backend_threads: the command line, workers, the test session), never the backend."""
-    import torch
-
-    from kernels.backends import use_backend_threads
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)
-        backend = kernels.get_backend("sim")
-        assert torch.get_num_threads() == 3 and backend.threads == 1
-        use_backend_threads(kernels.get_backend("golden"))          # asks for nothing: left alone
-        assert torch.get_num_threads() == 3
-        use_backend_threads(backend)
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.mark.sim
-def test_the_run_header_says_when_w9s_fast_path_is_off(pypto_module, monkeypatch):
-    """Native.why_not (kernels/pypto_workarounds/native.py) reaches the run's header and report when the
-    calculator cannot re-run a kept graph (then every call traces again), and nothing is said otherwise."""
-    from cases.run import choose_backend
-    from kernels import pypto_workarounds as pw
-    from kernels.pypto_workarounds import native
-
-    real = native.native(pypto_module, pw.cache_root())
-    _, _, note = choose_backend("sim")
-    assert note == "backend sim (as asked)" and real.verify is not None
-    monkeypatch.setattr(native, "_NATIVE", [native.Native(real.program, real.program_data, None, None,
-                                                          "building the verify shim failed: no compiler")])
-    _, _, note = choose_backend("sim")
-    assert note == ("backend sim (as asked); W9's re-run of a traced graph is off here (building the verify shim "
-                    "failed: no compiler): every call traces the kernel again (the same numbers, a few seconds "
-                    "more per call)")
-
-
-@pytest.mark.sim
-@pytest.mark.parametrize("raised,expected", [(RuntimeError("Errcode: trace refused the kernel\nmore"), kernels.KernelRunError),
-                                             ("parser", kernels.KernelRunError),
-                                             (TypeError("a bug of the suite"), TypeError)],
-                         ids=["pypto-RuntimeError", "pypto-ParserError", "TypeError"])
-def test_a_kernel_that_fails_inside_pypto_is_a_kernel_run_error(pypto_module, monkeypatch, small_bundle, raised,
-                                                                 expected):
-    """Issue 18 item 5: pypto refusing the kernel while it runs (a C++ error, RuntimeError in Python) is
-    the kernel's failure, a KernelRunError (a kill in the mutant matrix); any other exception is not
-    (a broken row there), so it propagates as it is."""
-    from kernels import pypto_workarounds as pw
-
-    if raised == "parser":     # what pypto's trace raises for an error inside the kernel (RenderedParserError)
-        raised = pypto_module.frontend.parser.error.RenderedParserError(
-            None, RuntimeError("Errcode: trace refused the kernel\nmore"))
-
-    def refuse(wrapper, args):
-        raise raised
-
-    monkeypatch.setattr(pw, "execute_kernel", refuse)
-    backend = kernels.get_backend("sim")
-    with pytest.raises(expected) as info:
-        backend.paged_attention_fp8(**small_bundle.kwargs())
-    assert type(info.value) is expected
-    if expected is kernels.KernelRunError:
-        assert str(info.value).startswith("the kernel failed inside pypto: ")
-        assert str(info.value).endswith("Errcode: trace refused the kernel")
