@@ -60,8 +60,15 @@ def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
 
 
 def _local_init(slots) -> None:
+    """A local worker's start: its slot from the pool's queue, given back when the process ends. A pool
+    with ``max_tasks_per_child=1`` (``fresh``) starts a new process after every task, and a process that
+    kept its slot would leave the next one waiting in ``slots.get()`` for ever (a hung kill matrix).
+    multiprocessing runs a Finalize with an exit priority when its child process ends normally; a worker
+    that dies breaks the whole pool, which Pool replaces with fresh slots."""
+    from multiprocessing.util import Finalize
     worker_setup()
     _SLOT["slot"] = slots.get()
+    Finalize(None, slots.put, args=(_SLOT["slot"],), exitpriority=10)
 
 
 def _node() -> str:

@@ -53,6 +53,30 @@ def test_tasks_come_back_in_payload_order_with_the_node_that_ran_them():
     assert all(r.attempts == 1 and r.error is None for r in results)
 
 
+def slot_and_pid(_):
+    from cases.pool import worker_slot
+    return worker_slot(), os.getpid()
+
+
+def test_a_fresh_pool_runs_more_tasks_than_workers_each_in_a_new_process_with_a_slot():
+    """fresh (a new process per task, the sim kill matrix): each process gives its slot back when it
+    ends, so the third task's process gets one. Before, it waited in the initializer for ever and
+    `pfa-verify mutants --level sim --workers 2` hung after its first two rows."""
+    import threading
+    got: list = []
+
+    def run():
+        with Pool(workers=2, fresh=True) as pool:
+            got.extend(pool.map(slot_and_pid, list(range(5))))
+    driver = threading.Thread(target=run, daemon=True)      # a hang fails the test, not the whole suite
+    driver.start()
+    driver.join(timeout=120)
+    assert not driver.is_alive(), "the fresh pool hung: a new worker process found no slot"
+    results = got
+    assert all(r.error is None for r in results), [r.error for r in results]
+    assert {r.value[0] for r in results} <= {0, 1} and len({r.value[1] for r in results}) == 5
+
+
 def test_a_task_that_raises_is_an_error_and_is_not_retried():
     with Pool(workers=2) as pool:
         results = pool.map(refuse, [1, 2])
