@@ -5,12 +5,14 @@ every example can make it fail, tests/properties/test_vacuity.py). A failure is 
 cases/regressions before it is reported (the message ends with the replay command)."""
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 
 def check(check_law, examples_for, data, law: str) -> None:
     case, params = data.draw(examples_for(law), label=f"{law} example")
+    # --hypothesis-show-statistics lists the value distributions each law drew.
+    event(f"distribution {case.config.distribution}")
     check_law(law, case, **params)
 
 
