@@ -1,5 +1,5 @@
 """The E4M3 encoders as golden/codec.py computed them before the lookup tables (5a86cd3): a test
-oracle, kept word for word in its arithmetic, for tests/golden/test_codec_tables.py.
+oracle for tests/golden/test_codec_tables.py.
 
 Float arithmetic on the magnitude: the binade's power of two from the float bits, the grid quantum
 clamped to the subnormal spacing, ``torch.round`` (half to even), then the code from ``frexp``. It
@@ -11,31 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from golden.e4m3 import _e4m3_code_of, _round_to_e4m3_grid
+
 __all__ = ["encode", "round_value"]
 
-_EXPONENT_BIAS = 7
-_MANTISSA_BITS = 3
-_MIN_NORMAL_EXPONENT = 1 - _EXPONENT_BIAS
+# The grid arithmetic is the golden's own (golden/e4m3.py): this oracle checks the lookup tables and
+# their index against that arithmetic evaluated element by element, not the arithmetic itself (the
+# exhaustive and midpoint tests of tests/golden/test_codec.py hold it against ml_dtypes and torch).
 _NAN_CODE = 0x7F
 _SIGN_BIT = 0x80
-_EXPONENT_MASK = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
-_MAX_QUANTUM = 2.0 ** (10 - 1 - _MANTISSA_BITS)
 _SLICE = 1 << 20
-
-
-def _round_to_e4m3_grid(magnitude: torch.Tensor) -> torch.Tensor:
-    int_dtype, mask = _EXPONENT_MASK[magnitude.dtype]
-    binade = (magnitude.view(int_dtype) & mask).view(magnitude.dtype)
-    quantum = torch.clamp(binade * 2.0 ** -_MANTISSA_BITS, min=2.0 ** (_MIN_NORMAL_EXPONENT - _MANTISSA_BITS), max=_MAX_QUANTUM)
-    return torch.round(magnitude / quantum) * quantum
-
-
-def _e4m3_code_of(value: torch.Tensor) -> torch.Tensor:
-    mantissa, exponent = torch.frexp(value)
-    exponent_field = exponent.to(torch.int64) - 1 + _EXPONENT_BIAS
-    normal_code = exponent_field * 8 + ((mantissa * 2.0 - 1.0) * 8.0).to(torch.int64)
-    subnormal_code = (value * 2.0 ** (_MANTISSA_BITS - _MIN_NORMAL_EXPONENT)).to(torch.int64)
-    return torch.where((exponent_field >= 1) & (value > 0), normal_code, subnormal_code)
 
 
 def _spec_magnitude(magnitude: torch.Tensor) -> torch.Tensor:
