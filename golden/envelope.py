@@ -8,7 +8,9 @@ returns ``[lo, hi]`` per output element, sound by construction: every stage of S
 an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row, tile) at a time:
 
 1. MM1. ``raw`` lies within ``E1`` of the exact sum ``s = q8 . k8``: the any-order bound, 0 where the
-   exactness certificate holds, the sharper residue bound where the plain one lets a code of P flip.
+   exactness certificate holds, the sharper residue bound where the plain one lets a code of P flip
+   or moves l visibly (for the scores whose P can exceed NEGLIGIBLE_P: on degenerate rows that is 1%
+   of them, and the residue walk costs a pass over the products per spacing).
 2. Dequant (F2). ``S = raw * q_scale * k_scale * softmax_scale``, three roundings in any order.
 3. Local softmax. ``m_j`` lies between the row maxima of the ends of S; ``x = S - m_j`` in
    ``[S_lo - m_hi, min(0, S_hi - m_lo)]``; ``P = exp(x)`` within ``exp_ulps`` (``exp(0) = 1``).
@@ -42,7 +44,8 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .envelope_stages import _F64, _deviations, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
+from .envelope_stages import _F64, POWERS_OF_GRID, _deviations, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
+from .envelope_stages import grid_exponents_of_codes
 from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
 from .intervals import TINY32, U32, down32, sum_error_bound, ulp32, up32, widen
 from .model import ConformanceModel
@@ -59,6 +62,8 @@ DEGENERATE_SPREAD = 1.0
 #: relative: 2**-9 is a quarter of SPEC §4's 1/128) get the sharper bound of step 1 even when no code
 #: of P flips.
 SHARPEN_WIDTH = 2.0 ** -9
+#: Scores whose P is at most this in every conforming execution are left at the plain bound of step 1.
+NEGLIGIBLE_P = 2.0 ** -30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +72,8 @@ class AttentionEnvelope:
 
     ``p_elements``: visible P elements (one per row, tile token); ``flippable``: those whose E4M3 code
     a conforming kernel may choose either way; ``degenerate_rows``: query rows whose scores are
-    uncertain by more than :data:`DEGENERATE_SPREAD` (see there).
+    uncertain by more than :data:`DEGENERATE_SPREAD` (see there), counting only the scores whose P can
+    exceed :data:`NEGLIGIBLE_P` (the others move nothing).
     """
     golden: torch.Tensor
     lo: torch.Tensor
@@ -94,6 +100,13 @@ class EnvelopeBuilder:
     def __init__(self, dims, codec: Fp8Codec, model: ConformanceModel, tiles: int):
         self.dims, self.codec, self.model = dims, codec, model
         self.exp_rel = model.exp_ulps * 2.0 ** -23        # ulp(y) <= 2**-23 y for normal y
+        # Step 4's constants. Every x is <= 0, so every P is at most exp_ulps ulps above 1 (the argmax
+        # gives exp(0) = 1): the row max of P lies in [1, p_max_hi], the P scale 448 / max P in
+        # [scale_lo, 448] (RN(448 / max P) >= RD(448 / max P_hi)), and its inverse in [ps_lo, ps_hi].
+        p_max_hi = torch.tensor(1 + model.exp_ulps * 2.0 ** -23, dtype=torch.float64)
+        self.scale_lo = down32(FP8_MAX / p_max_hi * (1 - _F64))
+        self.ps_lo = float(down32(torch.tensor(1.0 / FP8_MAX, dtype=torch.float64) * (1 - U32 - _F64)))
+        self.ps_hi = float(up32(p_max_hi / FP8_MAX / (1 - U32) * (1 + U32) * (1 + _F64)))
         # Per (batch, tile): m_lo, m_hi, L_lo, L_hi (relative to m_hi), O_lo [D], O_hi [D], tokens.
         rows = dims.s1 * dims.group
         self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
@@ -114,7 +127,8 @@ class EnvelopeBuilder:
 
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
     def softmax(self, s_lo, s_hi, visible, p, p8):
-        """Steps 3-4 on one tile layout: (m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi).
+        """Steps 3-4 on one tile layout: (m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi); the P scale's bounds are
+        the builder's constants ``ps_lo``, ``ps_hi``.
 
         ``e_lo = exp(S_lo - m_hi)`` and ``e_hi = exp(S_hi - m_lo)`` (float64, 0 off the visible columns)
         are the only exponentials of the envelope: the row widths and the denominator read them. The
@@ -129,23 +143,17 @@ class EnvelopeBuilder:
         d_hi = s_hi.double() - m_lo
         e_lo = torch.exp(torch.where(visible, d_lo, -math.inf))
         e_hi = torch.exp(torch.where(visible, d_hi, -math.inf))
-        # Every x is <= 0, so every P is at most exp_ulps ulps above 1; the argmax gives exp(0) = 1.
         eps = self._p_width(s_lo, s_hi, m_lo, m_hi, visible)
-        p_max_hi = torch.full_like(m_hi, 1 + self.model.exp_ulps * 2.0 ** -23)
         p8_lo, p8_hi = p8.clone(), p8.clone()
         at = self._may_flip(p, eps, visible).nonzero(as_tuple=True)
         if at[0].numel():
             p_lo, p_hi = exp_bounds(e_lo[at], e_hi[at], d_lo[at], d_hi[at], self.model.exp_ulps)
             certain = d_lo[at] >= 0                               # x is 0 in every execution: P = exp(0) = 1
             p_lo, p_hi = torch.where(certain, 1.0, p_lo), torch.where(certain, 1.0, p_hi)
-            row = tuple(i if k < 3 else torch.zeros_like(i) for k, i in enumerate(at))
-            scale_lo = down32(FP8_MAX / p_max_hi[row] * (1 - _F64))   # RN(448 / max P) >= RD(448 / max P_hi)
             # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
-            p8_lo[at] = self.codec.round(p_lo * scale_lo)
+            p8_lo[at] = self.codec.round(p_lo * self.scale_lo)
             p8_hi[at] = self.codec.round(p_hi * torch.tensor(FP8_MAX, dtype=torch.float32))
-        ps_lo = down32(torch.full_like(p_max_hi, 1.0 / FP8_MAX) * (1 - U32 - _F64))
-        ps_hi = up32(p_max_hi / FP8_MAX / (1 - U32) * (1 + U32) * (1 + _F64))
-        return m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi
+        return m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi
 
     def _p_width(self, s_lo, s_hi, m_lo, m_hi, visible) -> torch.Tensor:
         """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
@@ -194,7 +202,7 @@ class EnvelopeBuilder:
         return l_lo, l_hi, n
 
     # -- step 5 -----------------------------------------------------------------------------------------
-    def values(self, golden_mm2, low_dev, high_dev, abs_sum, n, ps_lo, ps_hi, v_scale):
+    def values(self, golden_mm2, low_dev, high_dev, abs_sum, n, v_scale):
         """(O_lo, O_hi) [..., D] float64 of one tile: the golden's exact ``P8 @ v8`` moved by the flippable
         codes' deviations (``low_dev``, ``high_dev`` >= 0, already multiplied out), within the any-order
         bound of a sum of ``n`` terms with ``abs_sum = P8_hi @ |v8|`` (so every partial sum is at most
@@ -209,8 +217,8 @@ class EnvelopeBuilder:
             e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
         lo, hi = down32(lo - e2).double(), up32(hi + e2).double()           # the kernel's float32 O_raw
         vs = v_scale.double()
-        lo = torch.minimum(lo * ps_lo.double(), lo * ps_hi.double()) * vs
-        hi = torch.maximum(hi * ps_lo.double(), hi * ps_hi.double()) * vs
+        lo = torch.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
+        hi = torch.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
         return widen(lo, hi, (1 + U32) ** 2 - 1 + _F64, 2 * TINY32)
 
     # -- one chunk of the golden's evaluation -------------------------------------------------------------
@@ -229,17 +237,18 @@ class EnvelopeBuilder:
         table = grid_of_codes(self.codec)
         coarsest = float(table[np.isfinite(table)].max())
         if bool(((abs_sum + raw64.abs()) / 2 <= 2.0 ** 24 * q_grid * coarsest).any()):
-            k_grid = torch.from_numpy(np.take(table, k_codes).min(axis=2, keepdims=True))   # [Q, N, 1, BS]
+            k_exponent = np.take(grid_exponents_of_codes(self.codec), k_codes).min(axis=2, keepdims=True)
+            k_grid = torch.from_numpy(np.take(POWERS_OF_GRID, k_exponent.astype(np.int16) + 128))   # [Q, N, 1, BS]
             grid = q_grid * k_grid
         else:
             grid = torch.zeros(())
-        s_lo, s_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale)
-        s_lo, s_hi = to_tiles(s_lo), to_tiles(s_hi)
+        block_lo, block_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale)
+        s_lo, s_hi = to_tiles(block_lo), to_tiles(block_hi)
         tiles = self.softmax(s_lo, s_hi, visible, p, p8)
         if self.model.sums == "any-order":
             s_lo, s_hi, tiles = self._sharpen(raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8,
-                                              s_lo, s_hi, tiles, to_tiles, to_blocks)
-        m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi, ps_lo, ps_hi = tiles
+                                              (block_lo, block_hi), s_lo, s_hi, tiles, to_tiles, to_blocks)
+        m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi = tiles
         flip = visible & (p8_lo != p8_hi)
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
@@ -247,14 +256,15 @@ class EnvelopeBuilder:
         low_dev, high_dev = _deviations(to_blocks(p8).double(), to_blocks(p8_lo).double(), to_blocks(p8_hi).double(), v,
                                         per_tile_sum, mm2)
         abs_sum = per_tile_sum(torch.matmul(to_blocks(p8_hi).double(), v.abs()))
-        o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, ps_lo, ps_hi, v_scale)
-        spread = torch.where(visible, (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
+        o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, v_scale)
+        # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.
+        spread = torch.where(visible & (e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
         any_visible = visible.any(dim=-1, keepdim=True)
         state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
         self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
         self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
 
-    def _sharpen(self, raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8, s_lo, s_hi, tiles,
+    def _sharpen(self, raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8, blocks, s_lo, s_hi, tiles,
                  to_tiles, to_blocks):
         """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is
         uncertain enough to move l by a visible share of the tolerance, and in those rows every score that
@@ -265,14 +275,18 @@ class EnvelopeBuilder:
         if not bool(rows.any()):
             return s_lo, s_hi, tiles
         maybe_max = visible & rows & (s_hi.double() >= tiles[0])
-        flagged = to_blocks(flip | wide | maybe_max) & (e1 > 0)
+        # A score whose P is below NEGLIGIBLE_P even at the top of its plain interval moves l by less than
+        # n NEGLIGIBLE_P relative and its code cannot leave 0 (448 P is far below E4M3's smallest
+        # subnormal): narrowing it changes nothing visible, and on degenerate rows it is most of them.
+        flagged = to_blocks((flip | wide | maybe_max) & (tiles[3] >= NEGLIGIBLE_P)) & (e1 > 0)
         at = flagged.nonzero(as_tuple=True)
         if not at[0].numel():
             return s_lo, s_hi, tiles
         products = q_blocks[at[0], at[1], at[2], :] * k_blocks[at[0], at[1], :, at[3]]
-        e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at])))
-        lo, hi = self._scaled(raw64, e1, q_scale, k_scale)
-        s_lo, s_hi = to_tiles(lo), to_tiles(hi)
+        e1 = torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at]))
+        # Steps 1-2 again for the sharpened scores only (elementwise: the others keep their intervals).
+        lo, hi = self._scaled(raw64[at], e1, q_scale[at[0], at[1], at[2], 0], k_scale[at[0], at[1], 0, at[3]])
+        s_lo, s_hi = to_tiles(blocks[0].index_put(at, lo)), to_tiles(blocks[1].index_put(at, hi))
         pairs = rows.reshape(rows.shape[0], -1).any(dim=-1).nonzero().reshape(-1)
         if pairs.numel() == rows.shape[0]:
             return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, p, p8)

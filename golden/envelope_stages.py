@@ -33,6 +33,23 @@ def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
     return cached
 
 
+#: grid_exponents_of_codes's value for a zero code (its grid is infinite); POWERS_OF_GRID reads it as inf.
+NO_GRID = 127
+#: float64[256]: ``2**(e - 128)`` at index ``e + 128`` of a grid exponent ``e`` (inf for NO_GRID).
+POWERS_OF_GRID = np.where(np.arange(256) == NO_GRID + 128, math.inf, np.ldexp(1.0, np.arange(256) - 128))
+
+
+def grid_exponents_of_codes(codec: Fp8Codec) -> np.ndarray:
+    """int8[256]: ``log2`` of :func:`grid_of_codes` (NO_GRID for zero codes): a column's grid is the
+    minimum over its codes, taken on one byte per code (a float64 lookup moves eight)."""
+    cached = getattr(codec, "_pfa_grid_exponents", None)
+    if cached is None:
+        grid = grid_of_codes(codec)
+        cached = np.where(np.isfinite(grid), np.log2(np.where(np.isfinite(grid), grid, 1.0)), NO_GRID).astype(np.int8)
+        codec._pfa_grid_exponents = cached
+    return cached
+
+
 def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, terms: int,
                  model: ConformanceModel) -> torch.Tensor:
     """float64: E1, the bound on |kernel raw score - exact raw score| (module docstring, step 1), from
@@ -102,17 +119,18 @@ def _deviations(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
     when each flippable code takes either end (``v8``'s positive and negative parts taken apart: a
     midpoint-radius product, exact in float64), computed for the rows that have a flippable code only."""
     down, up = golden_p8 - p8_lo, p8_hi - golden_p8
-    rows = ((down != 0) | (up != 0)).any(dim=-1).nonzero(as_tuple=True)       # (q, n, r) with a flip
+    # (q, n) blocks with a flip in some row: V's parts are taken once per block, not once per row.
+    blocks = ((down != 0) | (up != 0)).flatten(2).any(dim=-1).nonzero(as_tuple=True)
     low, high = torch.zeros_like(like), torch.zeros_like(like)
-    if not rows[0].numel():
+    if not blocks[0].numel():
         return low, high
-    vr = v[rows[0], rows[1]]                                                     # [F, BS, D]
+    vr = v[blocks]                                                               # [F, BS, D]
     v_pos, v_neg = vr.clamp(min=0), (-vr).clamp(min=0)
-    d, u = down[rows][:, None, :], up[rows][:, None, :]
-    low_rows = (torch.bmm(d, v_pos) + torch.bmm(u, v_neg))[:, 0]
-    high_rows = (torch.bmm(u, v_pos) + torch.bmm(d, v_neg))[:, 0]
-    low_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(rows, low_rows)
-    high_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(rows, high_rows)
+    d, u = down[blocks], up[blocks]                                              # [F, R, BS]
+    low_rows = torch.bmm(d, v_pos) + torch.bmm(u, v_neg)
+    high_rows = torch.bmm(u, v_pos) + torch.bmm(d, v_neg)
+    low_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(blocks, low_rows)
+    high_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(blocks, high_rows)
     return per_tile_sum(low_blocks), per_tile_sum(high_blocks)
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 __all__ = ["U32", "TINY32", "down32", "up32", "ulp32", "lowbit", "sum_error_bound", "residue_bound",
@@ -51,36 +52,33 @@ U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
 TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
 
 
-def _step(f: torch.Tensor, toward_negative: bool) -> torch.Tensor:
-    """float32: the next float32 below (``toward_negative``) or above each finite ``f``, by its bits
-    (float32 bit patterns are ordered like the values within each sign)."""
-    bits = f.view(torch.int32)
-    away_from_zero = (f < 0) if toward_negative else (f > 0)
-    stepped = torch.where(away_from_zero, bits + 1, bits - 1).view(torch.float32)
-    tiny = torch.tensor(-2.0 ** -149 if toward_negative else 2.0 ** -149, dtype=torch.float32)
-    return torch.where(f == 0, tiny, stepped)
+_TOWARD = {True: torch.tensor(-math.inf, dtype=torch.float32), False: torch.tensor(math.inf, dtype=torch.float32)}
 
 
 def down32(x: torch.Tensor) -> torch.Tensor:
     """float32: the largest float32 <= x (x float64; -inf stays -inf, NaN stays NaN)."""
     f = x.float()
-    return torch.where(f.double() > x, _step(f, True), f)
+    return torch.where(f.double() > x, torch.nextafter(f, _TOWARD[True]), f)
 
 
 def up32(x: torch.Tensor) -> torch.Tensor:
     """float32: the smallest float32 >= x (x float64)."""
     f = x.float()
-    return torch.where(f.double() < x, _step(f, False), f)
+    return torch.where(f.double() < x, torch.nextafter(f, _TOWARD[False]), f)
+
+
+_EXPONENT_BITS = 0x7FF0000000000000
 
 
 def ulp32(x: torch.Tensor) -> torch.Tensor:
     """float64: the float32 spacing in the binade of |x| (``2**(floor(log2|x|) - 23)``, >= 2**-149).
 
     Non-decreasing in |x|, so the ulp of a bound on a magnitude bounds the ulp of the magnitude. Read
-    from the float64 exponent bits (a float64 subnormal is far below 2**-149, where the floor applies)."""
-    biased = (x.double().view(torch.int64) >> 52) & 0x7FF          # floor(log2|x|) + 1023 for normal |x|
-    power = (biased - 1023 - 23).clamp(min=-149, max=1000)
-    return ((power + 1023) << 52).view(torch.float64)
+    from the float64 exponent bits: masking off the sign and the mantissa leaves ``2**floor(log2|x|)``
+    (0 for a float64 subnormal, far below 2**-149, where the floor applies; infinite and NaN values give
+    the cap 2**1000)."""
+    binade = (x.double().view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
+    return (binade * 2.0 ** -23).clamp(min=2.0 ** -149, max=2.0 ** 1000)
 
 
 def lowbit(x: torch.Tensor) -> torch.Tensor:
@@ -142,15 +140,22 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
     # Only the spacings above the grid can err: walk as many as the widest gap needs.
     gaps = torch.log2(top / grid.clamp(max=1e300)).clamp(min=0)
     levels = min(levels, int(gaps.max()) + 1) if gaps.numel() else 0
-    spacing = top * 2.0 ** -levels
-    total = torch.where(spacing <= grid, 0.0, (n - 1) * spacing / 2)     # every addition at this spacing or finer
-    for _ in range(levels):
-        spacing = spacing * 2
+    terms = products.reshape(-1, n).numpy()
+    grid, top = grid.reshape(-1).numpy(), top.reshape(-1).numpy()
+    # The spacings walked, finest first: [levels, F]. Each row's residues at every spacing are taken in
+    # one pass (a few at a time, so that the [levels, F, n] temporaries stay small); the walk itself is
+    # a recurrence over [F] rows, cheap in numpy.
+    spacings = top[None, :] * np.exp2(np.arange(-levels + 1, 1, dtype=np.float64))[:, None]
+    residues = np.empty_like(spacings)
+    step = max(1, (1 << 21) // max(1, terms.size))
+    for first in range(0, levels, step):
+        at = spacings[first:first + step, :, None]
+        residues[first:first + step] = np.abs(terms - np.rint(terms / at) * at).sum(axis=-1)
+    total = np.where(top * 2.0 ** -levels <= grid, 0.0, (n - 1) * top * 2.0 ** -levels / 2)  # every finer addition
+    for spacing, residue in zip(spacings, residues):
         cap = (n - 1) * spacing / 2
-        at = spacing[..., None]
-        residues = (products - torch.round(products / at) * at).abs().sum(dim=-1)
-        total = torch.where(spacing <= grid, 0.0, torch.minimum(cap, total + torch.minimum(cap, residues + total)))
-    return total
+        total = np.where(spacing <= grid, 0.0, np.minimum(cap, total + np.minimum(cap, residue + total)))
+    return torch.from_numpy(total.reshape(products.shape[:-1]))
 
 
 def widen(lo: torch.Tensor, hi: torch.Tensor, relative: float | torch.Tensor, absolute: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
