@@ -11,7 +11,8 @@ core (torch set to one thread; numpy is single-threaded), per case, for three wo
 - ``small``: the small ragged workload of ``cases.bench.small_workload``.
 
 Stages: ``inputs`` (``Case.inputs()``, i.e. ``golden.make_inputs``), ``golden spec`` and ``golden
-calculator`` (the vectorized golden under each codec), ``envelope`` (see :data:`ENVELOPE_HOOK`),
+calculator`` (the vectorized golden under each codec), ``envelope`` (``golden.paged_attention_envelope``
+under each codec, the golden included),
 ``comparison`` (``properties.compare.compare``, kind ``attention``), and the codecs' throughput.
 The goals of issue 17 are printed beside the figures as lines to meet (:data:`GOALS`); they are
 never asserted (speed goals live in benchmarks, not in tests) and never change the exit status.
@@ -34,7 +35,7 @@ from golden.quant import quantize_rows
 from golden.validate import check_paged_attention_args
 from properties import compare as cmp
 
-__all__ = ["GOALS", "ENVELOPE_HOOK", "StageRow", "CodecRow", "fp32_loop_oracle", "envelope_function",
+__all__ = ["GOALS", "StageRow", "CodecRow", "fp32_loop_oracle",
            "stage_rows", "codec_rows", "format_stage_row", "format_codec_row", "STAGE_HEADER", "CODEC_HEADER"]
 
 #: The per-example budget of issue 17: (stage, workload) -> (kind, figure), where kind ``max_s`` is
@@ -53,16 +54,7 @@ GOALS: dict[tuple[str, str], tuple[str, float]] = {
     ("decode float64", "codec"): ("min_rate", 300.0),
 }
 
-#: The name under which golden will export the acceptance envelope of SPEC §4.2: ``golden.<name>(**
-#: bundle.kwargs(), codec=...)``. Until it exists the ``envelope`` stage is shown as not built.
-ENVELOPE_HOOK = "paged_attention_envelope"
-
 _CODEC_ELEMENTS = 1 << 22
-
-
-def envelope_function() -> Callable | None:
-    """``golden.paged_attention_envelope`` when golden has it, else None (the stage is skipped)."""
-    return getattr(golden, ENVELOPE_HOOK, None)
 
 
 @contextlib.contextmanager
@@ -182,7 +174,6 @@ def _per_case(workload: str, stage: str, seconds: Sequence[float | None], note: 
 def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1) -> list[StageRow]:
     """Per-case seconds of every stage over ``cases`` (properties.case.Case values), on one thread;
     each stage of each case is timed ``repeat`` times and the best kept."""
-    envelope = envelope_function()
     times: dict[str, list[float | None]] = {k: [] for k in ("inputs", "golden spec", "golden calculator",
                                                               "envelope", "comparison", "fp32 loop oracle")}
     with one_thread():
@@ -191,26 +182,21 @@ def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1) -> list[Stage
             kwargs = bundle.kwargs()
             t_spec, spec = _timed(lambda: golden.paged_attention_fp8(**kwargs), repeat)
             t_calc, calc = _timed(lambda: golden.paged_attention_fp8(**kwargs, codec=PYPTO_CALCULATOR_CODEC), repeat)
-            t_env = None
-            if envelope is not None:
-                t_env = sum(_timed(lambda c=c: envelope(**kwargs, codec=c), repeat)[0] for c in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC))
+            t_env = sum(_timed(lambda c=c: golden.paged_attention_envelope(**kwargs, codec=c), repeat)[0]
+                        for c in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC))
             t_cmp, _ = _timed(lambda: cmp.compare(calc, spec, kind="attention", s1=bundle.config.s1), repeat)
             t_oracle = _timed(lambda: fp32_loop_oracle(**kwargs), repeat)[0] if workload == "upstream" else None
             for key, t in zip(times, (t_inputs, t_spec, t_calc, t_env, t_cmp, t_oracle)):
                 times[key].append(t)
-    rows = [_per_case(workload, k, v, "" if k != "envelope" or envelope else f"not built (golden.{ENVELOPE_HOOK})")
-            for k, v in times.items() if k != "fp32 loop oracle" or workload == "upstream"]
+    rows = [_per_case(workload, k, v) for k, v in times.items() if k != "fp32 loop oracle" or workload == "upstream"]
     # The one rule computes the envelope under each codec, which returns the golden too: an example costs
-    # its inputs, the two envelopes and the comparisons (without an envelope: the two goldens).
-    stages = ("inputs", "envelope", "comparison") if envelope else ("inputs", "golden spec", "golden calculator", "comparison")
-    totals = [sum(t for t in per if t is not None) for per in zip(*(times[k] for k in stages))]
-    rows.append(_per_case(workload, "inputs + golden(s) + envelope + comparison", totals,
-                          "the envelopes include the goldens" if envelope else "envelope not built"))
-    if envelope is not None:
-        goldens = sum(a + b for a, b in zip(times["golden spec"], times["golden calculator"]))
-        ratio = sum(times["envelope"]) / goldens if goldens else None
-        rows.append(StageRow(workload, "envelope / golden (issue 16)", len(cases), ratio, ratio, unit="x",
-                             note="all cases' envelope s / golden s, both codecs"))
+    # its inputs, the two envelopes and the comparisons, not the goldens on top.
+    totals = [sum(per) for per in zip(*(times[k] for k in ("inputs", "envelope", "comparison")))]
+    rows.append(_per_case(workload, "inputs + golden(s) + envelope + comparison", totals, "the envelopes include the goldens"))
+    goldens = sum(a + b for a, b in zip(times["golden spec"], times["golden calculator"]))
+    ratio = sum(times["envelope"]) / goldens if goldens else None
+    rows.append(StageRow(workload, "envelope / golden (issue 16)", len(cases), ratio, ratio, unit="x",
+                         note="all cases' envelope s / golden s, both codecs"))
     if workload == "upstream":
         ratios = [o / g for o, g in zip(times["fp32 loop oracle"], times["golden spec"])]
         rows.append(StageRow(workload, "golden spec speed-up over FP32 loop oracle", len(ratios),
