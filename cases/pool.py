@@ -319,9 +319,13 @@ def _raised(exc: BaseException) -> str:
 
 
 def _death(processes: dict) -> str:
-    """Why a local pool broke, from its processes' exit codes (those it terminated itself left out)."""
+    """Why a local pool broke, from its processes' exit codes (those it terminated itself left out).
+
+    A worker killed by a signal is the cause; a sibling that exits with a status after the pool broke
+    (its result pipe closed under it) is a consequence, named only when no worker was killed."""
     import signal
     codes = {p.exitcode for p in processes.values() if getattr(p, "exitcode", None) not in (None, 0, -signal.SIGTERM)}
+    codes = {c for c in codes if c < 0} or codes
     return ("a worker process ended: " + ", ".join(sorted(f"killed by {signal.Signals(-c).name}" if c < 0 else
                                                           f"exit status {c}" for c in codes))) if codes else \
         "a worker process terminated abruptly (BrokenProcessPool)"

@@ -210,3 +210,14 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
     verdicts = [(r["name"], r["verdict"]) for r in data["results"] if r["counts"]]
     assert verdicts == [(reg.id, "error"), ("edge_lengths_0_1_bs_bs1", "pass")], proc.stdout[-3000:]
     assert proc.returncode == 1
+
+
+def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exited_after_it():
+    """A sibling ending with a status once the pool broke is a consequence; with no worker killed, it is named."""
+    from types import SimpleNamespace
+
+    from cases.pool import _death
+    procs = lambda *codes: {i: SimpleNamespace(exitcode=c) for i, c in enumerate(codes)}  # noqa: E731
+    assert _death(procs(-signal.SIGKILL, 1, 0, None, -signal.SIGTERM)) == "a worker process ended: killed by SIGKILL"
+    assert _death(procs(1, 0)) == "a worker process ended: exit status 1"
+    assert _death(procs(0, -signal.SIGTERM)) == "a worker process terminated abruptly (BrokenProcessPool)"
