@@ -166,3 +166,31 @@ def test_at12_cancellation_is_where_the_tolerance_is_not_sound():
     g5, lo5, hi5 = qk_matmul_scale_envelope(q[:, [0, 2, 3, 4, 1]], k[:, [0, 2, 3, 4, 1]], scale=1.0)
     assert bool(((lo5 <= big_first) & (big_first <= hi5)).all())
     assert abs(float(big_first) - float(g5)) > 1e-4 + abs(float(g5)) / 128
+
+
+def test_fold_sum_bound_holds_under_cancellation():
+    """The fold's float64 weighted sums over 65 tiles (golden.envelope._signed_weighted_sum) with the slack
+    fold adds, ``(T + 4) 2**-53`` times the magnitude: the exact rational sum lies inside, on terms built
+    to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones."""
+    from fractions import Fraction
+
+    from golden.envelope import _signed_weighted_sum
+    rng = np.random.default_rng(7)
+    tiles = 65
+    worst = 0.0
+    for trial in range(40):
+        o = rng.standard_normal((tiles, 3)) * 10.0 ** rng.integers(-3, 30, size=(tiles, 3))
+        if trial % 2 == 0:                              # cancelling: o and -o at weights that differ by one ulp
+            o[1::2] = -o[0:-1:2]
+        pw = np.nextafter(np.exp(-rng.random(tiles) * 5), 2.0)
+        nw = np.nextafter(pw, 0.0) if trial % 2 == 0 else np.exp(-rng.random(tiles) * 5)
+        got, magnitude = _signed_weighted_sum(torch.from_numpy(pw), torch.from_numpy(nw), torch.from_numpy(o))
+        slack = (tiles + 4) * 2.0 ** -53 * magnitude
+        for d in range(3):
+            exact = sum(Fraction(float(pw[t])) * Fraction(float(max(o[t, d], 0.0))) +
+                        Fraction(float(nw[t])) * Fraction(float(min(o[t, d], 0.0))) for t in range(tiles))
+            error = abs(Fraction(float(got[d])) - exact)
+            assert error <= Fraction(float(slack[d])), (trial, d, float(error), float(slack[d]))
+            if slack[d] > 0:
+                worst = max(worst, float(error / Fraction(float(slack[d]))))
+    assert worst > 0                                   # the sums did round: the check can fail
