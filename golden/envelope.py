@@ -197,8 +197,10 @@ class EnvelopeBuilder:
         too_far = (m_hi - s_lo.double()) * U32 > 0.5                       # such terms: bounded by e^(-far) ~ 0
         high = (torch.where(too_far, 1.0, e_hi * torch.exp(m_lo - m_hi) * (1 + 2 * slack)) * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
-        l_lo = low * (1 - self.exp_rel - _F64) * (1 - rel)
-        l_hi = high * (1 + self.exp_rel + _F64) * (1 + rel) + n * self.model.exp_ulps * TINY32
+        # The float64 sums of n positive terms (two products each) err by at most (n + 2) 2**-53 relative.
+        f64 = _F64 + (n + 2) * 2.0 ** -53
+        l_lo = low * (1 - self.exp_rel - f64) * (1 - rel)
+        l_hi = high * (1 + self.exp_rel + f64) * (1 + rel) + n * self.model.exp_ulps * TINY32
         return l_lo, l_hi, n
 
     # -- step 5 -----------------------------------------------------------------------------------------
