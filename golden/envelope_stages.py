@@ -117,7 +117,8 @@ def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi:
 def _deviations(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
     """(low, high) >= 0 per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the golden's
     when each flippable code takes either end (``v8``'s positive and negative parts taken apart: a
-    midpoint-radius product, exact in float64), computed for the rows that have a flippable code only."""
+    midpoint-radius product, exact in float64), computed for the (block, kv head) pairs that have a flippable
+    code only."""
     down, up = golden_p8 - p8_lo, p8_hi - golden_p8
     # (q, n) blocks with a flip in some row: V's parts are taken once per block, not once per row.
     blocks = ((down != 0) | (up != 0)).flatten(2).any(dim=-1).nonzero(as_tuple=True)
