@@ -143,8 +143,6 @@ class SimBackend(PyptoBackend):
             raise KernelRunError(f"out-of-bounds read: {exc}") from None
         except self._pw.CalculatorFailed as exc:    # W9: the calculator threw on the kept graph
             raise KernelRunError(str(exc)) from None
-        except KernelRunError:
-            raise
         except (RuntimeError, self._pypto.frontend.parser.error.ParserError) as exc:
             # pypto's trace or calculator refused the kernel (its C++ errors reach Python as RuntimeError,
             # an error inside the trace as the parser's RenderedParserError): the kernel did not deliver,

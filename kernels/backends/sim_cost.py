@@ -85,11 +85,11 @@ def plan(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: 
     ``cap``, else the fewest equal batch chunks whose largest fits, on compacted caches (a single batch
     each is the floor, taken even when it does not fit). ``g_steps`` is group / g_tile."""
     from golden.attention import visible_lengths
-    from golden.paging import ceil_div
+    from golden.paging import blocks_needed, ceil_div
 
     batch = len(lengths)
-    steps = ceil_div(visible_lengths(torch.tensor(lengths, dtype=torch.int64), s1), s2_tile).sum(dim=1).tolist()
-    need = [ceil_div(n, block_size) for n in lengths]
+    steps = ceil_div(visible_lengths(lengths, s1), s2_tile).sum(dim=1).tolist()
+    need = blocks_needed(torch.as_tensor(lengths, dtype=torch.int64), block_size).tolist()
 
     def chunk(batches: range, blocks: int) -> Chunk:
         iterations = nkv * g_steps * sum(steps[b] for b in batches)

@@ -66,7 +66,7 @@ def upstream_tile_config(*, g_tile: int, s2_tile: int, factory=None, overrides: 
                   v2_tile_shape=[128, 256])
     unknown = sorted(set(overrides or {}) - set(fields))
     if unknown:
-        raise ValueError(f"tiles={overrides!r}: unknown field(s) {unknown}; expected some of {sorted(fields)}")
+        raise UsageError(f"tiles={overrides!r}: unknown field(s) {unknown}; expected some of {sorted(fields)}")
     fields.update(overrides or {})
     return (factory or UpstreamTileConfig)(**fields)
 
@@ -114,7 +114,7 @@ def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
     tensors = [p for p in params[:9] if "Tensor" in repr(p.annotation)]
     if len(params) != _PARAMETERS or len(tensors) != 9:
         got = ", ".join(p.name for p in params)
-        raise ValueError(f"{source}:{function}({got}) is not in the upstream calling convention: expected 9 "
+        raise UsageError(f"{source}:{function}({got}) is not in the upstream calling convention: expected 9 "
                          "pypto.Tensor parameters (q, q_scale, k, k_scale, v, v_scale, block_table, kv_act_seqs, "
                          "atten_out), then softmax_scale and tile_config")
     return fn, (wrapped if wrapped is not fn else None), module
@@ -169,9 +169,9 @@ def make_backend(name: str, *, device=None, **options):
     if mode == "npu":
         return UpstreamNpuBackend(source, function, device=device, **options)
     if device is not None:
-        raise ValueError(f"device={device!r} applies to pypto-gym-npu:..., not {name!r}")
+        raise UsageError(f"device={device!r} applies to pypto-gym-npu:..., not {name!r}")
     if mode == "sim-spec-codec":
         if options.get("e4m3", "spec") != "spec":
-            raise ValueError(f"e4m3={options['e4m3']!r} contradicts {name!r}; use pypto-gym:...")
+            raise UsageError(f"e4m3={options['e4m3']!r} contradicts {name!r}; use pypto-gym:...")
         options = {**options, "e4m3": "spec"}
     return UpstreamKernelBackend(source, function, **options)
