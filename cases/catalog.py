@@ -77,7 +77,7 @@ def parse_catalog(text: str) -> dict:
         raise UsageError(f"catalog is not valid JSON: {exc}") from None
     found = schemas.violations(data, "catalog")
     if found:
-        raise UsageError(_schema_error(found[0]) + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
+        raise UsageError(_schema_error(found[0]) + schemas.and_more(found))
     defaults = data.get("defaults", {})
     out: dict = {}
     for section in _SECTIONS:

@@ -16,7 +16,7 @@ import functools
 import math
 from pathlib import Path
 
-__all__ = ["TEMPLATES", "render", "ratio_colour"]
+__all__ = ["TEMPLATES", "render", "ratio_colour", "slug"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -27,10 +27,14 @@ def _environment():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters["fmt"] = lambda x, spec=".1e": "-" if x is None else format(x, spec)
-    env.filters["slug"] = lambda text: "".join(ch if ch.isalnum() else "-" for ch in str(text).lower())
+    env.filters["slug"] = slug
     env.globals["ratio_colour"] = ratio_colour
     return env
+
+
+def slug(text) -> str:
+    """``text`` as an HTML anchor: lower case, every character but letters and digits a dash."""
+    return "".join(ch if ch.isalnum() else "-" for ch in str(text).lower())
 
 
 def render(template: str, **context) -> str:

@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from cases import html_pages
-from cases.html_pages import ratio_colour
+from cases.html_pages import ratio_colour, slug
 from cases.report import provenance_lines, skipped_groups, summarize, table_rows
 from cases.run import RATIO_BINS
 from cases.versions import versions
@@ -106,12 +106,8 @@ def histogram(counts: list) -> dict:
             "ticks": [(left + k * (bw + gap) - gap / 2, _edge(edge)) for k, edge in enumerate(RATIO_BINS[:-1])]}
 
 
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in text.lower())
-
-
 def _anchor(name: str, reference: str) -> str:
-    return f"f-{_slug(name)}-{_slug(reference)}"
+    return f"f-{slug(name)}-{slug(reference)}"
 
 
 def _shown_note(row) -> str:

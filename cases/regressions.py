@@ -205,8 +205,7 @@ def _check_schema(name: str, data) -> None:
     if found:
         e = found[0]
         place = f"field {schemas.where(e.absolute_path)!r}: " if e.absolute_path else ""
-        raise UsageError(f"{name}: {place}{schemas.describe(e, noun='field')}"
-                         + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
+        raise UsageError(f"{name}: {place}{schemas.describe(e, noun='field')}" + schemas.and_more(found))
     case = data["case"]
     if case["kind"] == "array" and len(case["values"]) != math.prod(case["shape"]):
         raise UsageError(f"{name}: an array case of shape {case['shape']} needs {math.prod(case['shape'])} values, "

@@ -30,11 +30,10 @@ from pathlib import Path
 
 from cases.versions import versions
 
-__all__ = ["SCHEMA_PATH", "SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
+__all__ = ["SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
            "Row", "table_rows", "skipped_groups", "render_table", "print_report", "provenance_lines",
            "execution_line", "short"]
 
-SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
 SCHEMA_ID = "pfa-verify-run-report/4"
 
 
@@ -151,11 +150,11 @@ def write_json(run, path) -> Path:
     return path
 
 
-def check_schema(instance, schema: dict | None = None) -> list[str]:
-    """Errors of ``instance`` against ``schema`` (default: cases/report.schema.json), as
-    ``"$.path: message"`` lines; [] when valid (cases/schemas.py: the jsonschema package, draft 2020-12)."""
+def check_schema(instance) -> list[str]:
+    """Errors of ``instance`` against cases/report.schema.json, as ``"$.path: message"`` lines; [] when
+    valid (cases/schemas.py: the jsonschema package, draft 2020-12)."""
     from cases import schemas
-    return schemas.errors(instance, "report" if schema is None else schema)
+    return schemas.errors(instance, "report")
 
 
 # --- the table: one row model, rendered by the terminal (below) and the HTML page (html_report) ------

@@ -93,8 +93,8 @@ def load_report(path) -> dict:
                          "`pfa-verify run --json` of this version; earlier reports carry no selection fingerprint)")
     errors = check_schema(data)
     if errors:
-        raise UsageError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}"
-                         + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        from cases.schemas import and_more
+        raise UsageError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}" + and_more(errors))
     return data
 
 
@@ -263,7 +263,7 @@ def render_html(c: Comparison) -> str:
     from cases.html_report import CSS
     return html_pages.render("compare.html.j2", css=CSS + _EXTRA_CSS, differ=bool(c.differing),
                              summary=summary_line(c), sides=_side_rows(c), plot=scatter(c), rows=_ordered(c),
-                             ratio_text=_ratio_text, inf=math.inf)
+                             ratio_text=_ratio_text)
 
 
 def write_html(c: Comparison, path) -> Path:

@@ -21,7 +21,7 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["SCHEMA_DIR", "schema", "violations", "errors", "describe", "where", "check_written"]
+__all__ = ["SCHEMA_DIR", "schema", "violations", "errors", "describe", "where", "and_more", "check_written"]
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 
@@ -35,17 +35,17 @@ def schema(name: str) -> dict:
     return data
 
 
-def violations(instance, name_or_schema) -> list:
-    """The ``jsonschema.ValidationError`` s of ``instance`` (draft 2020-12), in document order."""
+def violations(instance, name: str) -> list:
+    """The ``jsonschema.ValidationError`` s of ``instance`` against ``<name>.schema.json`` (draft 2020-12),
+    ordered by their paths."""
     import jsonschema
-    data = schema(name_or_schema) if isinstance(name_or_schema, str) else name_or_schema
-    found = jsonschema.Draft202012Validator(data).iter_errors(instance)
+    found = jsonschema.Draft202012Validator(schema(name)).iter_errors(instance)
     return sorted(found, key=lambda e: [str(p) for p in e.absolute_path])
 
 
-def errors(instance, name_or_schema) -> list[str]:
+def errors(instance, name: str) -> list[str]:
     """``"$.path: message"`` for each violation; [] when ``instance`` is valid."""
-    return [f"{e.json_path}: {e.message}" for e in violations(instance, name_or_schema)]
+    return [f"{e.json_path}: {e.message}" for e in violations(instance, name)]
 
 
 def describe(error, *, noun: str = "key") -> str:
@@ -64,9 +64,14 @@ def where(path) -> str:
     return text or "$"
 
 
+def and_more(found: list) -> str:
+    """`` (and N more)`` after the first of ``found`` problems, or nothing for one."""
+    return f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+
+
 def check_written(instance, name: str) -> None:
     """Raise RuntimeError (a bug of ours, not a usage error) when a document we write breaks its schema."""
     found = errors(instance, name)
     if found:
         raise RuntimeError(f"pfa-verify wrote a {name} document that breaks cases/{name}.schema.json: {found[0]}"
-                           + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
+                           + and_more(found))

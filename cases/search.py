@@ -24,6 +24,8 @@ import hashlib
 import math
 import time
 
+from golden.errors import UsageError, check_known
+
 __all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
            "summary_line", "render_table", "add_arguments", "main"]
 
@@ -81,7 +83,7 @@ def open_database(spec: str | None):
         try:
             import redis
         except ImportError:
-            raise ValueError(f"--database {spec!r}: the redis package is not installed (pip install redis)") from None
+            raise UsageError(f"--database {spec!r}: the redis package is not installed (pip install redis)") from None
         from hypothesis.extra.redis import RedisExampleDatabase
         return RedisExampleDatabase(redis.Redis.from_url(spec))
     from hypothesis.database import DirectoryBasedExampleDatabase
@@ -142,11 +144,11 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     from cases import regressions
     from cases.pool import Pool, task_resources
     from properties.law_examples import PAGED_LAWS
-    unknown = sorted(set(laws) - set(PAGED_LAWS))
-    if unknown or not laws:
-        raise ValueError(f"--laws: unknown law(s) {unknown or 'none given'}; expected some of {', '.join(PAGED_LAWS)}")
+    if not laws:
+        raise UsageError(f"--laws: none given; expected some of {', '.join(PAGED_LAWS)}")
+    check_known("--laws", "law", laws, PAGED_LAWS)
     if tasks < 1 or examples < 1:
-        raise ValueError(f"--tasks {tasks} and --examples {examples} must be at least 1")
+        raise UsageError(f"--tasks {tasks} and --examples {examples} must be at least 1")
     start = time.perf_counter()
     backend = kernels.get_backend(backend_name)        # the driver shrinks: it needs the backend too
     db = open_database(database)
