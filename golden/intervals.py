@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 __all__ = ["U32", "TINY32", "down32", "up32", "ulp32", "lowbit", "sum_error_bound", "residue_bound",
-           "widen", "scale_bounds"]
+           "widen"]
 
 U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
 TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
@@ -162,11 +162,3 @@ def widen(lo: torch.Tensor, hi: torch.Tensor, relative: float | torch.Tensor, ab
     """float64 ``[lo - relative |lo| - absolute, hi + relative |hi| + absolute]``: room for roundings
     of relative size ``relative`` (and ``absolute`` near 0)."""
     return lo - relative * lo.abs() - absolute, hi + relative * hi.abs() + absolute
-
-
-def scale_bounds(lo: torch.Tensor, hi: torch.Tensor, factor: torch.Tensor, roundings: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 bounds on a float32 value in ``[lo, hi]`` multiplied by positive float32 factors whose
-    exact product is ``factor``, with ``roundings`` float32 roundings in any order and association
-    (SPEC §4.1 F2). A multiplication by a positive number is monotone, so the ends map to the ends."""
-    relative = (1 + U32) ** roundings - 1 + 4 * 2.0 ** -53 * (roundings + 1)   # the float64 products err too
-    return widen(lo * factor, hi * factor, relative, roundings * TINY32)

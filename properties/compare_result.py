@@ -20,10 +20,6 @@ class Tolerance:
     atol: float | None
     cite: str  # the clause the numbers come from, shown in the header
 
-    @property
-    def exact(self) -> bool:
-        return self.rtol == 0 and self.atol == 0
-
 
 TOLERANCES: dict[str, Tolerance] = {
     "attention": Tolerance(1 / 128, 1e-4, "SPEC §4"),

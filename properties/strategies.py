@@ -31,7 +31,7 @@ import os
 from hypothesis import strategies as st
 
 import golden
-from golden.paging import ceil_div, positive_int
+from golden.paging import blocks_needed, positive_int
 from properties.generation import pin_local_constants
 
 # The same seed gives the same cases whatever else the process imports (properties/generation.py).
@@ -159,14 +159,6 @@ class BlockTable:
     def max_blocks(self) -> int:
         return len(self.table[0]) if self.table else 0
 
-    def tensor(self):
-        import torch
-        return torch.tensor(self.table, dtype=torch.int32).reshape(len(self.table), self.max_blocks)
-
-
-def _blocks_needed(lengths, block_size: int) -> list[int]:
-    return [ceil_div(n, block_size) for n in lengths]
-
 
 def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
                  spare_blocks=st.integers(0, 3)) -> st.SearchStrategy[BlockTable]:
@@ -184,7 +176,7 @@ def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
 
     def build(t):
         lens_, extra_, spare_ = t
-        need = _blocks_needed(lens_, block_size)
+        need = blocks_needed(lens_, block_size).tolist()
         width = max(need + [1]) + extra_
         nb = max(1, sum(need) + spare_)
 
