@@ -1,5 +1,7 @@
-"""The E4M3 encoders as golden/codec.py computed them before the lookup tables (5a86cd3): a test
-oracle for tests/golden/test_codec_tables.py.
+"""The E4M3 encoders evaluated element by element on golden/e4m3.py's grid arithmetic, the way
+golden/codec.py computed them before the lookup tables (5a86cd3): a test oracle for
+tests/golden/test_codec_tables.py, for the tables and their index (not for the grid arithmetic, which
+it shares; see the comment below).
 
 Float arithmetic on the magnitude: the binade's power of two from the float bits, the grid quantum
 clamped to the subnormal spacing, ``torch.round`` (half to even), then the code from ``frexp``. It
