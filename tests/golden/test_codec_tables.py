@@ -1,5 +1,6 @@
 """golden/codec.py's lookup tables (issue 17) against the float-arithmetic encoder they replaced
-(tests/golden/codec_reference.py: 5a86cd3's element-wise evaluation of golden/e4m3.py's grid arithmetic), both codecs, bit for bit: codes of
+(tests/golden/codec_reference.py: 5a86cd3's element-wise evaluation of golden/e4m3.py's grid
+arithmetic), both codecs, bit for bit: codes of
 ``encode`` and the float32 bits of ``round`` on a dense sample of float32 bit patterns (every top
 16 bits with low halves that include 0, 1 and the ends; every rounding midpoint and integer-plus-a-
 half, one and two ulps around; NaN payloads of both signs, infinities, float32 subnormals, signed
