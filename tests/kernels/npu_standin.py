@@ -31,7 +31,10 @@ import types
 import torch
 
 EVENTS: list = []          # (kind, detail...) in call order: h2d, alloc, kernel, sync, d2h
-_ON_DEVICE: dict = {}      # storage data_ptr -> device index
+# storage data_ptr -> (device index, the storage): holding the storage keeps its address from being
+# reused by a host tensor, which would then read as on the device (a flake seen under pytest-xdist: a
+# block table allocated where an earlier test's device tensor had been recorded a copy back).
+_ON_DEVICE: dict = {}
 _STATE: dict = {}
 
 
@@ -53,11 +56,15 @@ def _npu_index(device) -> int | None:
 
 
 def _where(tensor) -> int | None:
-    return _ON_DEVICE.get(tensor.untyped_storage().data_ptr()) if isinstance(tensor, torch.Tensor) else None
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    entry = _ON_DEVICE.get(tensor.untyped_storage().data_ptr())
+    return None if entry is None else entry[0]
 
 
 def _placed(tensor, index: int):
-    _ON_DEVICE[tensor.untyped_storage().data_ptr()] = index
+    storage = tensor.untyped_storage()
+    _ON_DEVICE[storage.data_ptr()] = (index, storage)
     return tensor
 
 
@@ -166,6 +173,7 @@ def install(monkeypatch=None) -> list:
         for owner, name, value in patches:
             setattr(owner, name, value)
     EVENTS.clear()
+    _ON_DEVICE.clear()
     return EVENTS
 
 
