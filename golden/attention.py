@@ -35,9 +35,6 @@ Decisions (SPEC leaves them open), with their tests in tests/golden/test_attenti
 """
 from __future__ import annotations
 
-import math
-import threading
-
 import numpy as np
 import torch
 
@@ -47,6 +44,7 @@ from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
 from .paging import blocks_needed, ceil_div
 from .quant import quantize_rows
+from .scratch import SCRATCH
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args
 
@@ -91,26 +89,6 @@ def dequantize_values(raw: torch.Tensor, p_scale: torch.Tensor, v_scale: torch.T
 # Tiles are evaluated in chunks of about this many K elements, so that K and V stay in cache while
 # they are used (one pass over all of K in float64 costs more than the whole loop golden).
 _CHUNK_ELEMENTS = 1 << 20
-
-
-class _Scratch(threading.local):
-    """Per-thread buffers reused across calls: a fresh multi-megabyte array costs a page fault per
-    4 KiB on first touch, which on a small case costs more than decoding into it. They grow to the
-    largest chunk seen (about 17 MiB per thread: K and V of ``_CHUNK_ELEMENTS`` in float64, plus
-    codes) and are never shared between threads or handed out of the call."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, np.ndarray] = {}
-
-    def array(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-        size = math.prod(shape)
-        buffer = self.buffers.get(name)
-        if buffer is None or buffer.size < size or buffer.dtype != dtype:
-            buffer = self.buffers[name] = np.empty(size, dtype)
-        return buffer[:size].reshape(shape)
-
-
-_SCRATCH = _Scratch()
 
 
 class _PagedCache:
@@ -175,15 +153,16 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         token = logical[:, None] * block_size + np.arange(block_size)  # [Q, BS] (SPEC §2.2)
         # K transposed for MM1. The codes are transposed first (1 byte each): a lookup through a
         # strided index is up to 3x slower.
-        k_codes = _SCRATCH.array("k codes", (slot.shape[0], nkv, d, block_size), np.uint8)
-        np.copyto(k_codes, cache.k_codes[slot].transpose(0, 2, 3, 1))
-        k_t = codec.decode_array(k_codes, double=True, out=_SCRATCH.array("k", k_codes.shape, np.float64))  # [Q, N, D, BS]
+        k_codes = SCRATCH.array("k codes", (slot.shape[0], nkv, d, block_size), np.uint8)
+        k_rows = cache.k_codes[slot]  # [Q, BS, N, D]
+        np.copyto(k_codes, k_rows.transpose(0, 2, 3, 1))
+        k_t = codec.decode_array(k_codes, double=True, out=SCRATCH.array("k", k_codes.shape, np.float64))  # [Q, N, D, BS]
         v_codes = cache.v_codes[slot]  # [Q, BS, N, D]
         # Past a batch's length its last block holds garbage: P8 is 0 there, but 0 * NaN is NaN.
         # Code 0 reads as +0 in every codec.
         v_codes[token >= lengths[block_batch, None]] = 0
         v_codes = v_codes.transpose(0, 2, 1, 3)
-        v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=_SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
+        v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
         k_scale_cols = torch.from_numpy(cache.k_scale[slot].transpose(0, 2, 1)[:, :, None, :])  # [Q, N, 1, BS]
         owner_t, in_tile_t = torch.from_numpy(owner), torch.from_numpy(in_tile)
         q_blocks, k_blocks = torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t)
@@ -225,7 +204,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         else:
             tile_states.index_copy_(0, index, states)
         if envelope is not None:
-            envelope.chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_codes=k_codes,
+            envelope.chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
                            q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
                            visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
                            to_tiles=to_tiles, to_blocks=to_blocks, per_tile_sum=per_tile_sum, index=index)

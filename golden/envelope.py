@@ -44,12 +44,13 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .envelope_stages import _F64, POWERS_OF_GRID, _deviations, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
-from .envelope_stages import grid_exponents_of_codes
+from .envelope_stages import _F64, POWERS_OF_GRID, _mm2_bounds, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
+from .envelope_stages import boundary_distance, column_grid_exponents
 from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
-from .intervals import TINY32, U32, down32, sum_error_bound, ulp32, up32, widen
+from .intervals import TINY32, U32, down32, lowbit, sum_error_bound, ulp32, up32, widen
 from .model import ConformanceModel
 from .quant import FP8_MAX
+from .scratch import SCRATCH
 
 __all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",
            "dequant_interval", "exp_bounds", "grid_of_codes", "DEGENERATE_SPREAD"]
@@ -100,6 +101,9 @@ class EnvelopeBuilder:
     def __init__(self, dims, codec: Fp8Codec, model: ConformanceModel, tiles: int):
         self.dims, self.codec, self.model = dims, codec, model
         self.exp_rel = model.exp_ulps * 2.0 ** -23        # ulp(y) <= 2**-23 y for normal y
+        self.softmax_scale = torch.tensor(dims.softmax_scale, dtype=torch.float32)
+        self._minus_inf = torch.tensor(-math.inf, dtype=torch.float32)
+        self._fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32)
         # Step 4's constants. Every x is <= 0, so every P is at most exp_ulps ulps above 1 (the argmax
         # gives exp(0) = 1): the row max of P lies in [1, p_max_hi], the P scale 448 / max P in
         # [scale_lo, 448] (RN(448 / max P) >= RD(448 / max P_hi)), and its inverse in [ps_lo, ps_hi].
@@ -115,44 +119,45 @@ class EnvelopeBuilder:
         self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
 
     # -- steps 1-2 (block layout [Q, N, R, BS]) ---------------------------------------------------------
-    def scores(self, raw, abs_sum, grid, q_scale, k_scale):
+    def scores(self, raw, abs_sum, grid, q_scale, k_scale, magnitude=None):
         """(S_lo, S_hi, E1) float32 / float64 per block from the exact ``raw`` and ``abs_sum`` sums."""
-        e1 = score_bounds(raw, abs_sum, grid, self.dims.head_dim, self.model)
+        e1 = score_bounds(raw, abs_sum, grid, self.dims.head_dim, self.model, magnitude)
         return self._scaled(raw, e1, q_scale, k_scale) + (e1,)
 
     def _scaled(self, raw, e1, q_scale, k_scale):
         raw_lo, raw_hi = raw_interval(raw, e1, self.model)
-        sm = torch.tensor(self.dims.softmax_scale, dtype=torch.float32)
-        return dequant_interval(raw_lo, raw_hi, q_scale, k_scale, sm, self.model)
+        return dequant_interval(raw_lo, raw_hi, q_scale, k_scale, self.softmax_scale, self.model)
 
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
-    def softmax(self, s_lo, s_hi, visible, p, p8):
+    def softmax(self, s_lo, s_hi, visible, distance, p8):
         """Steps 3-4 on one tile layout: (m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi); the P scale's bounds are
         the builder's constants ``ps_lo``, ``ps_hi``.
 
         ``e_lo = exp(S_lo - m_hi)`` and ``e_hi = exp(S_hi - m_lo)`` (float64, 0 off the visible columns)
         are the only exponentials of the envelope: the row widths and the denominator read them. The
-        codes start as the golden's ``p8`` (its P is ``p``): a margin test (:meth:`_may_flip`) finds the
-        elements whose code could differ, and only those get their exact bounds."""
-        neg = torch.tensor(-math.inf, dtype=torch.float32)
-        s_lo = torch.where(visible, s_lo, neg)
-        s_hi = torch.where(visible, s_hi, neg)
-        m_lo = s_lo.amax(dim=-1, keepdim=True).double()
-        m_hi = s_hi.amax(dim=-1, keepdim=True).double()
+        codes start as the golden's ``p8``: a margin test (:meth:`_may_flip`, on ``distance``, how close the
+        golden's scaled P lies to a rounding boundary) finds the elements whose code could differ, and only
+        those get their exact bounds."""
+        s_lo = torch.where(visible, s_lo, self._minus_inf)
+        s_hi = torch.where(visible, s_hi, self._minus_inf)
+        # A row with no visible column gets m = 0 (not -inf), so that its d stays -inf and its e 0.
+        m_lo = torch.nan_to_num(s_lo.amax(dim=-1, keepdim=True).double(), nan=math.nan, posinf=math.inf, neginf=0.0)
+        m_hi = torch.nan_to_num(s_hi.amax(dim=-1, keepdim=True).double(), nan=math.nan, posinf=math.inf, neginf=0.0)
         d_lo = s_lo.double() - m_hi                           # exact: a difference of two float32 values
         d_hi = s_hi.double() - m_lo
-        e_lo = torch.exp(torch.where(visible, d_lo, -math.inf))
-        e_hi = torch.exp(torch.where(visible, d_hi, -math.inf))
+        e_lo, e_hi = torch.exp(d_lo), torch.exp(d_hi)         # 0 off the visible columns (d = -inf there)
         eps = self._p_width(s_lo, s_hi, m_lo, m_hi, visible)
-        p8_lo, p8_hi = p8.clone(), p8.clone()
-        at = self._may_flip(p, eps, visible).nonzero(as_tuple=True)
-        if at[0].numel():
-            p_lo, p_hi = exp_bounds(e_lo[at], e_hi[at], d_lo[at], d_hi[at], self.model.exp_ulps)
-            certain = d_lo[at] >= 0                               # x is 0 in every execution: P = exp(0) = 1
+        p8_lo = p8.clone(memory_format=torch.contiguous_format)
+        p8_hi = p8_lo.clone()
+        at = self._may_flip(distance, eps, visible).reshape(-1).nonzero().reshape(-1)
+        if at.numel():
+            p_lo, p_hi = exp_bounds(e_lo.reshape(-1)[at], e_hi.reshape(-1)[at], d_lo.reshape(-1)[at], d_hi.reshape(-1)[at],
+                                    self.model.exp_ulps)
+            certain = d_lo.reshape(-1)[at] >= 0                   # x is 0 in every execution: P = exp(0) = 1
             p_lo, p_hi = torch.where(certain, 1.0, p_lo), torch.where(certain, 1.0, p_hi)
             # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
-            p8_lo[at] = self.codec.round(p_lo * self.scale_lo)
-            p8_hi[at] = self.codec.round(p_hi * torch.tensor(FP8_MAX, dtype=torch.float32))
+            p8_lo.view(-1)[at] = self.codec.round(p_lo * self.scale_lo)
+            p8_hi.view(-1)[at] = self.codec.round(p_hi * self._fp8_max)
         return m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi
 
     def _p_width(self, s_lo, s_hi, m_lo, m_hi, visible) -> torch.Tensor:
@@ -167,15 +172,15 @@ class EnvelopeBuilder:
         eps = 2 * w + (self.model.exp_ulps + 1) * 2.0 ** -22
         return torch.where(w <= 1, eps, math.inf)
 
-    def _may_flip(self, p, eps, visible) -> torch.Tensor:
+    @staticmethod
+    def _may_flip(distance, eps, visible) -> torch.Tensor:
         """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) and any
         conforming y lie within (1 +- 2 eps)(1 +- 2**-22) of each other (P, the scale 448 / max P, their
-        roundings); if both ends of that range read back as the same code, no conforming kernel flips it."""
-        margin = (2 * eps + 2.0 ** -21).float()
-        y = p * torch.tensor(FP8_MAX, dtype=torch.float32)
-        low = self.codec.round(y * (1 - margin).clamp(min=0))
-        high = self.codec.round(y * (1 + margin))
-        return visible & ((low != high) | ~torch.isfinite(margin))
+        roundings); unless a rounding boundary lies that close to y (``distance``, relative to y:
+        golden.envelope_stages.boundary_distance), no conforming kernel flips it. NaN distances and
+        infinite eps count as may-flip."""
+        margin = (2 * eps + 2.0 ** -21) * (1 + 2.0 ** -40)      # the float64 distance's own rounding
+        return visible & ~(distance > margin)
 
     @staticmethod
     def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> torch.Tensor:
@@ -228,36 +233,37 @@ class EnvelopeBuilder:
         """float64 [..., 1]: each query row's grid (the smallest power of two dividing its codes' values)."""
         return np.take(grid_of_codes(self.codec), q_codes).min(axis=-1, keepdims=True)
 
-    def chunk(self, *, raw64, q_blocks, k_blocks, k_codes, q_grid, q_scale, k_scale, visible, p, p8, mm2, v, v_scale,
+    def chunk(self, *, raw64, q_blocks, k_blocks, k_rows, q_grid, q_scale, k_scale, visible, p, p8, mm2, v, v_scale,
               to_tiles, to_blocks, per_tile_sum, index) -> None:
         """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``index``.
 
         Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
         softmax; ``p`` and ``p8`` (tiles) and ``mm2`` (tiles, exact) are the golden's own."""
-        abs_sum = torch.matmul(q_blocks.abs(), k_blocks.abs())
-        # The exactness certificate needs M1 <= 2**24 g; K's grid is read only where some K grid could give it.
-        table = grid_of_codes(self.codec)
-        coarsest = float(table[np.isfinite(table)].max())
-        if bool(((abs_sum + raw64.abs()) / 2 <= 2.0 ** 24 * q_grid * coarsest).any()):
-            k_exponent = np.take(grid_exponents_of_codes(self.codec), k_codes).min(axis=2, keepdims=True)
-            k_grid = torch.from_numpy(np.take(POWERS_OF_GRID, k_exponent.astype(np.int16) + 128))   # [Q, N, 1, BS]
+        abs_sum = torch.matmul(q_blocks.abs(), SCRATCH.abs("|k|", k_blocks))
+        # The exactness certificate needs M1 <= 2**24 g. A column's grid is at most the lowbit of any of its
+        # values, so a few of them bound it: K's grid is read in full only where that bound could give it.
+        magnitude = (abs_sum + raw64.abs()) / 2
+        k_bound = lowbit(k_blocks[:, :, :4, :]).amin(dim=2, keepdim=True)                       # [Q, N, 1, BS]
+        if bool((magnitude <= 2.0 ** 24 * q_grid * k_bound).any()):
+            k_exponent = column_grid_exponents(self.codec, k_rows).transpose(0, 2, 1)[:, :, None, :]   # [Q, N, 1, BS]
+            k_grid = torch.from_numpy(np.take(POWERS_OF_GRID, k_exponent.astype(np.int16) + 128))
             grid = q_grid * k_grid
         else:
             grid = torch.zeros(())
-        block_lo, block_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale)
+        block_lo, block_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale, magnitude)
         s_lo, s_hi = to_tiles(block_lo), to_tiles(block_hi)
-        tiles = self.softmax(s_lo, s_hi, visible, p, p8)
+        distance = boundary_distance(self.codec, p)
+        tiles = self.softmax(s_lo, s_hi, visible, distance, p8)
         if self.model.sums == "any-order":
-            s_lo, s_hi, tiles = self._sharpen(raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8,
+            s_lo, s_hi, tiles = self._sharpen(raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, distance, p8,
                                               (block_lo, block_hi), s_lo, s_hi, tiles, to_tiles, to_blocks)
         m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi = tiles
         flip = visible & (p8_lo != p8_hi)
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
         l_lo, l_hi, n = self.denominator(s_lo, m_lo, m_hi, e_lo, e_hi, visible)
-        low_dev, high_dev = _deviations(to_blocks(p8).double(), to_blocks(p8_lo).double(), to_blocks(p8_hi).double(), v,
-                                        per_tile_sum, mm2)
-        abs_sum = per_tile_sum(torch.matmul(to_blocks(p8_hi).double(), v.abs()))
+        low_dev, high_dev, abs_sum = _mm2_bounds(to_blocks(p8).double(), to_blocks(p8_lo).double(),
+                                                 to_blocks(p8_hi).double(), v, per_tile_sum, mm2)
         o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, v_scale)
         # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.
         spread = torch.where(visible & (e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
@@ -266,11 +272,11 @@ class EnvelopeBuilder:
         self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
         self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
 
-    def _sharpen(self, raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, p, p8, blocks, s_lo, s_hi, tiles,
+    def _sharpen(self, raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, distance, p8, blocks, s_lo, s_hi, tiles,
                  to_tiles, to_blocks):
         """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is
         uncertain enough to move l by a visible share of the tolerance, and in those rows every score that
-        may be the row's max (m_j moves every x of the row); then steps 2-4 again for the pairs touched."""
+        may be the row's max (m_j moves every x of the row); then steps 2-4 again for the rows touched."""
         flip = visible & (tiles[4] != tiles[5])
         wide = self._wide_rows(s_lo, s_hi, tiles[0], tiles[1], tiles[3], visible)
         rows = (flip | wide).any(dim=-1, keepdim=True)
@@ -289,14 +295,17 @@ class EnvelopeBuilder:
         # Steps 1-2 again for the sharpened scores only (elementwise: the others keep their intervals).
         lo, hi = self._scaled(raw64[at], e1, q_scale[at[0], at[1], at[2], 0], k_scale[at[0], at[1], 0, at[3]])
         s_lo, s_hi = to_tiles(blocks[0].index_put(at, lo)), to_tiles(blocks[1].index_put(at, hi))
-        pairs = rows.reshape(rows.shape[0], -1).any(dim=-1).nonzero().reshape(-1)
-        if pairs.numel() == rows.shape[0]:
-            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, p, p8)
-        again = self.softmax(s_lo[pairs], s_hi[pairs], visible[pairs], p[pairs], p8[pairs])
+        if bool(rows.all()):
+            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, distance, p8)
+        # Steps 3-4 again for the rows touched only (every step is per row): on the upstream cases a
+        # few dozen rows of thousands.
+        at = rows[..., 0].nonzero(as_tuple=True)                                  # (pair, head, row)
+        seen = visible.expand(s_lo.shape)
+        again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], p8[at])
         merged = []
         for old, new in zip(tiles, again):
-            old = old.clone() if old.shape[0] == rows.shape[0] else old.expand(rows.shape[0], *old.shape[1:]).clone()
-            old[pairs] = new
+            old = old.expand(*s_lo.shape[:3], old.shape[-1]).clone()
+            old[at] = new
             merged.append(old)
         return s_lo, s_hi, tuple(merged)
 

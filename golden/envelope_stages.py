@@ -15,6 +15,8 @@ import torch
 from .codec import Fp8Codec
 from .intervals import U32, down32, lowbit, residue_bound, sum_error_bound, ulp32, up32
 from .model import ConformanceModel
+from .quant import FP8_MAX
+from .scratch import SCRATCH
 
 __all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_bounds",
            "grid_of_codes"]
@@ -50,15 +52,77 @@ def grid_exponents_of_codes(codec: Fp8Codec) -> np.ndarray:
     return cached
 
 
+def column_grid_exponents(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
+    """int8 [...]: the grid exponent of each K column (one score's column: the minimum of
+    :func:`grid_exponents_of_codes` over its ``D`` codes), from ``rows`` [..., D] uint8 codes with D
+    contiguous, as the cache holds them. Two codes at a time (a 65536-entry table of pair minima):
+    the lookup is the cost, and it halves."""
+    if rows.shape[-1] % 2:
+        return np.take(grid_exponents_of_codes(codec), rows).min(axis=-1)
+    pairs = getattr(codec, "_pfa_grid_exponent_pairs", None)
+    if pairs is None:
+        single = grid_exponents_of_codes(codec)
+        index = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+        pairs = codec._pfa_grid_exponent_pairs = np.minimum(single[index[:, 0]], single[index[:, 1]])
+    halves = np.take(pairs, np.ascontiguousarray(rows).view(np.uint16), mode="clip")
+    return halves.min(axis=-1)
+
+
+def boundary_distance(codec: Fp8Codec, p: torch.Tensor) -> torch.Tensor:
+    """float64: for each float32 ``P >= 0``, the distance from ``y = RN(448 P)`` (the golden's P times its
+    scale, which is 448: the row max of its P is exp(0) = 1) to the nearest rounding boundary of the
+    codec, relative to y (inf at y = 0, NaN for NaN): a kernel whose y' lies less than ``dist * y`` from y
+    reads back the golden's code (step 4's flip test). Three lookups in :func:`boundary_brackets`."""
+    y = (p * torch.tensor(FP8_MAX, dtype=torch.float32)).numpy()
+    split, lower, upper = boundary_brackets(codec)
+    top = (y.view(np.uint32) >> np.uint32(16)).astype(np.intp)
+    y64 = y.astype(np.float64)
+    half = 2 * top + (y64 >= np.take(split, top))
+    below, above = y64 - np.take(lower, half), np.take(upper, half) - y64
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return torch.from_numpy(np.minimum(below, above) / y64)
+
+
+def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The codec's rounding boundaries (``codec.rounding_boundaries()``: the first float32 of each new value
+    read back) by the top 16 bits ``i`` of a non-negative float32: ``split[i]``, the one boundary strictly
+    inside the values of that top (inf if none; checked: at most one, as adjacent boundaries lie at least
+    2**15 patterns apart), and float64 [2 * 65536] ``lower``, ``upper`` at ``2 i`` for the values below
+    the split and ``2 i + 1`` for those at or above it: the last boundary at or below them (-inf if none)
+    and the first above them (inf if none)."""
+    cached = getattr(codec, "_pfa_brackets", None)
+    if cached is None:
+        boundaries = codec.rounding_boundaries().numpy()
+        bits = np.arange(1 << 16, dtype=np.uint64) << np.uint64(16)
+        start, end = bits, bits | np.uint64(0xFFFF)                        # the patterns of each top
+        b_bits = boundaries.astype(np.float32).view(np.uint32).astype(np.uint64)
+        first_inside = np.searchsorted(b_bits, start, side="right")        # boundaries <= start
+        past = np.searchsorted(b_bits, end, side="right")                  # boundaries <= end
+        if np.any(past - first_inside > 1):
+            raise RuntimeError(f"{codec!r} has two rounding boundaries within one top: the flip test needs a finer table")
+        inside = past > first_inside
+        split = np.where(inside, boundaries[np.minimum(first_inside, boundaries.size - 1)], math.inf)
+
+        def at(index):       # boundaries[index], -inf below the first and inf past the last
+            return np.where(index < 0, -math.inf, np.where(index >= boundaries.size, math.inf,
+                                                           boundaries[np.clip(index, 0, boundaries.size - 1)]))
+        lower = np.stack([at(first_inside - 1), at(past - 1)], axis=1).reshape(-1)
+        upper = np.stack([at(first_inside), at(past)], axis=1).reshape(-1)
+        cached = codec._pfa_brackets = (split, lower, upper)
+    return cached
+
+
 def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, terms: int,
-                 model: ConformanceModel) -> torch.Tensor:
+                 model: ConformanceModel, magnitude: torch.Tensor | None = None) -> torch.Tensor:
     """float64: E1, the bound on |kernel raw score - exact raw score| (module docstring, step 1), from
     the exact sum ``raw``, ``abs_sum = |q| . |k|`` and the product ``grid`` of the operands' grids.
 
-    0 under the exact model, and where every partial sum is representable (``M <= 2**24 grid``)."""
+    0 under the exact model, and where every partial sum is representable (``M <= 2**24 grid``).
+    ``magnitude``: ``M = (abs_sum + |raw|) / 2``, when the caller has it already."""
     if model.sums == "exact":
         return torch.zeros_like(raw)
-    magnitude = (abs_sum + raw.abs()) / 2          # max(positive part, negative part): bounds every subset sum
+    if magnitude is None:                          # max(positive part, negative part): bounds every subset sum
+        magnitude = (abs_sum + raw.abs()) / 2
     rounding = "toward-zero" if model.sums == "truncating" else "nearest"
     bound = sum_error_bound(terms, magnitude, abs_sum, raw, rounding=rounding)
     return torch.where(magnitude <= 2.0 ** 24 * grid, 0.0, bound)
@@ -81,23 +145,21 @@ def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -
     return down32(raw - e1), up32(raw + e1)
 
 
-def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
+def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model):
     """float32 (S_lo, S_hi) from float32 raw bounds (module docstring, step 2).
 
     F2 lets a kernel multiply the dequant scales in any order: ``(raw q) k``, ``(raw k) q`` or
     ``raw (q k)``, then ``softmax_scale`` last, each product rounded to float32. Each chain is monotone in
     raw (a multiplication by a positive number, rounded to nearest, is), so the values reachable lie
     between the chains of the two ends: the union over the three orders is exact, with no widening.
-    The spec model allows SPEC §2.3's order only."""
-    chains = [lambda r: r * q_scale * k_scale]
-    if model.scale_order == "any":
-        chains += [lambda r: r * k_scale * q_scale, lambda r: r * (q_scale * k_scale)]
-    lows = [chain(raw_lo) * softmax_scale for chain in chains]
-    highs = [chain(raw_hi) * softmax_scale for chain in chains]
-    lo, hi = lows[0], highs[0]
-    for a, b in zip(lows[1:], highs[1:]):
-        lo, hi = torch.minimum(lo, a), torch.maximum(hi, b)
-    return lo, hi
+    The last multiplication is monotone too, so it is taken once, after the minimum (maximum) over the
+    orders. The spec model allows SPEC §2.3's order only."""
+    if model.scale_order != "any":
+        return raw_lo * q_scale * k_scale * softmax_scale, raw_hi * q_scale * k_scale * softmax_scale
+    both = q_scale * k_scale
+    lo = torch.minimum(torch.minimum(raw_lo * q_scale * k_scale, raw_lo * k_scale * q_scale), raw_lo * both)
+    hi = torch.maximum(torch.maximum(raw_hi * q_scale * k_scale, raw_hi * k_scale * q_scale), raw_hi * both)
+    return lo * softmax_scale, hi * softmax_scale
 
 
 def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi: torch.Tensor,
@@ -114,25 +176,29 @@ def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi:
             down32(high + ulps * ulp32(high)))
 
 
-def _deviations(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
-    """(low, high) >= 0 per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the golden's
-    when each flippable code takes either end (``v8``'s positive and negative parts taken apart: a
-    midpoint-radius product, exact in float64), computed for the (block, kv head) pairs that have a flippable
-    code only."""
-    down, up = golden_p8 - p8_lo, p8_hi - golden_p8
-    # (q, n) blocks with a flip in some row: V's parts are taken once per block, not once per row.
-    blocks = ((down != 0) | (up != 0)).flatten(2).any(dim=-1).nonzero(as_tuple=True)
-    low, high = torch.zeros_like(like), torch.zeros_like(like)
+def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
+    """(low, high, magnitude) per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the
+    golden's when each flippable code takes either end (low, high >= 0), and ``P8_hi @ |v8|``, which
+    bounds every partial sum of a conforming MM2 (step 5). Blocks are [Q, N, R, BS].
+
+    With ``d = P8 - P8_lo`` and ``u = P8_hi - P8`` (both >= 0), the lowest sum takes ``-d`` where v is
+    positive and ``+u`` where it is negative: ``low = d.v+ + u.v-`` and ``high = u.v+ + d.v-``, that is
+    ``((u + d).|v| +- (d - u).v) / 2``: two matrix products, taken for the (block, kv head) pairs that
+    hold a flippable code only. Every value is exact in float64 (E4M3 products, and code differences of
+    a few significant bits, summed over a block: the golden's MM2 argument, golden/matmul.py)."""
+    v_abs = SCRATCH.abs("|v|", v)
+    magnitude = per_tile_sum(torch.matmul(p8_hi, v_abs))
+    width = p8_hi - p8_lo
+    blocks = width.flatten(2).any(dim=-1).nonzero(as_tuple=True)              # (block, kv head) with a flip
     if not blocks[0].numel():
-        return low, high
-    vr = v[blocks]                                                               # [F, BS, D]
-    v_pos, v_neg = vr.clamp(min=0), (-vr).clamp(min=0)
-    d, u = down[blocks], up[blocks]                                              # [F, R, BS]
-    low_rows = torch.bmm(d, v_pos) + torch.bmm(u, v_neg)
-    high_rows = torch.bmm(u, v_pos) + torch.bmm(d, v_neg)
-    low_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(blocks, low_rows)
-    high_blocks = torch.zeros(down.shape[:-1] + (v.shape[-1],), dtype=torch.float64).index_put(blocks, high_rows)
-    return per_tile_sum(low_blocks), per_tile_sum(high_blocks)
+        zero = torch.zeros_like(like)
+        return zero, zero.clone(), magnitude
+    spread = torch.bmm(width[blocks], v_abs[blocks])                          # [F, R, D]
+    signed = torch.bmm((2 * golden_p8 - p8_lo - p8_hi)[blocks], v[blocks])
+    shape = width.shape[:-1] + (v.shape[-1],)
+    low = torch.zeros(shape, dtype=torch.float64).index_put(blocks, (spread + signed) / 2)
+    high = torch.zeros(shape, dtype=torch.float64).index_put(blocks, (spread - signed) / 2)
+    return per_tile_sum(low), per_tile_sum(high), magnitude
 
 
 def _sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:

@@ -81,24 +81,19 @@ def ulp32(x: torch.Tensor) -> torch.Tensor:
     return (binade * 2.0 ** -23).clamp(min=2.0 ** -149, max=2.0 ** 1000)
 
 
+_INF64 = torch.tensor(math.inf, dtype=torch.float64)
+
+
 def lowbit(x: torch.Tensor) -> torch.Tensor:
     """float64: the largest power of two dividing the float32 value ``x`` (inf where x == 0, so a zero
-    term never lowers a grid), read from the float32 bits."""
-    bits = x.float().abs().view(torch.int32).to(torch.int64)
-    exponent = bits >> 23
-    mantissa = bits & 0x7FFFFF
-    significand = torch.where(exponent > 0, mantissa | 0x800000, mantissa)
-    trailing = _trailing_zeros(significand)
-    power = torch.where(exponent > 0, exponent - 150, torch.full_like(exponent, -149)) + trailing
-    return torch.where(significand == 0, torch.full_like(power, 0, dtype=torch.float64) + math.inf,
-                       torch.ldexp(torch.ones_like(power, dtype=torch.float64), power))
-
-
-def _trailing_zeros(n: torch.Tensor) -> torch.Tensor:
-    """int64: trailing zero bits of positive int64 values below 2**24 (24 where n == 0)."""
-    isolated = n & -n                                   # the lowest set bit
-    _, exponent = torch.frexp(isolated.double())
-    return torch.where(n == 0, torch.full_like(n, 24), exponent.to(torch.int64) - 1)
+    term never lowers a grid), read from the float32 bits: clearing the lowest set bit of a pattern
+    whose significand has one below its leading bit takes exactly that bit's value off (the two share
+    their binade, so the difference is exact); a power of two is its own lowbit."""
+    magnitude = x.float().abs()
+    bits = magnitude.view(torch.int32)
+    cleared = (bits - (bits & -bits)).view(torch.float32)
+    power = torch.where((bits & 0x7FFFFF) == 0, magnitude, magnitude - cleared)
+    return torch.where(magnitude == 0, _INF64, power.double())
 
 
 def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum: torch.Tensor,
@@ -117,7 +112,9 @@ def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum:
     if rounding == "nearest":
         kahan = abs_sum * (2 * U32 + 16 * n * U32 * U32)
         bound = torch.maximum(bound, kahan)
-    if exact is not None:
+    # With two terms or more the bound already covers half an ulp of the exact sum, which is one of the
+    # partial sums ``magnitude`` bounds.
+    if exact is not None and not (isinstance(terms, int) and terms >= 2):
         bound = torch.maximum(bound, 0.5 * ulp32(exact))
     return bound
 
