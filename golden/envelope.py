@@ -325,21 +325,22 @@ class EnvelopeBuilder:
         m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
         many = (counts > 1)[..., None].double()                                                       # one tile: no update
         n_tiles = counts[..., None].double()
+        below = m_lo - mu                                                                              # <= 0
         # w_j's rounding: each exp factor (F3) and each rounded exponent argument; the recurrence's roundings.
-        omega = many * (torch.exp(U32 * (1 + 2 * U32) * (mu - m_lo)) * (1 + self.exp_rel) ** n_tiles - 1)
+        omega = many * (torch.exp(U32 * (1 + 2 * U32) * -below) * (1 + self.exp_rel) ** n_tiles - 1)
         gamma = many * ((1 + U32) ** (2 * n_tiles) - 1)
         rel = omega + gamma + omega * gamma + _F64
-        w_lo = torch.exp(m_lo - mu)
-        w_hi = torch.exp(m_hi - mu)
-        underflow = (m_lo - mu) < -80                      # factors that may be float32 subnormals: w in [0, w_hi]
-        w_lo = torch.where(underflow, 0.0, w_lo)
-        keep = used.double()
+        # Tiles a row does not have weigh 0; factors that may be float32 subnormals: w in [0, w_hi].
+        counted = used & ~(below < -80)
+        w_lo = torch.where(counted, torch.exp(below), 0.0)
+        w_top = torch.exp(m_hi - mu)
+        w_hi = torch.where(used, w_top, 0.0)
         # A term w_j O_j is smallest at w_lo for a positive O and at w_hi for a negative one (and the
         # other way round for the largest); the roundings of w_j (rel) go the same way. So N_lo and N_hi
         # are weighted sums over the tiles of the positive and negative parts of O_lo and O_hi, one
         # batched matrix product each, with no [B, N, R, T, D] product kept.
-        toward_zero = w_lo * (1 - rel) * keep
-        away = w_hi * (1 + rel) * keep
+        toward_zero = w_lo * (1 - rel)
+        away = w_hi * (1 + rel)
         n_lo, n_lo_abs = _signed_weighted_sum(toward_zero, away, o_lo)
         n_hi, n_hi_abs = _signed_weighted_sum(away, toward_zero, o_hi)
         # float64's own roundings: a dot product of T terms errs by at most (T + 1) 2**-53 times the sum
@@ -347,8 +348,8 @@ class EnvelopeBuilder:
         n_lo = n_lo - (tiles + 4) * 2.0 ** -53 * n_lo_abs
         n_hi = n_hi + (tiles + 4) * 2.0 ** -53 * n_hi_abs
         # L's terms are positive: the same bound, relative to the sum (three products per term).
-        big_l_lo = (torch.exp(m_hi - mu) * l_lo * (1 - rel) * keep * (~underflow).double()).sum(dim=-1, keepdim=True)
-        big_l_hi = (torch.exp(m_hi - mu) * l_hi * (1 + rel) * keep).sum(dim=-1, keepdim=True)
+        big_l_lo = (torch.where(counted, w_top, 0.0) * l_lo * (1 - rel)).sum(dim=-1, keepdim=True)
+        big_l_hi = (w_hi * l_hi * (1 + rel)).sum(dim=-1, keepdim=True)
         big_l_lo = big_l_lo * (1 - _F64 - (tiles + 4) * 2.0 ** -53)
         big_l_hi = big_l_hi * (1 + _F64 + (tiles + 4) * 2.0 ** -53)
         n_lo, n_hi = widen(n_lo, n_hi, _F64, 0.0)
