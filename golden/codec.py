@@ -262,15 +262,22 @@ class Fp8Codec:
         if cached is not None:
             return cached.clone()
         top = int(torch.tensor(2.0 * max(self.max_value, FP8_MAX), dtype=torch.float32).view(torch.int32))
-        grid = torch.arange(0, top, 1024, dtype=torch.int64)
 
         def code(bits: torch.Tensor) -> torch.Tensor:   # the value read back, as comparable bits
             return self.decode(self.encode(bits.to(torch.int32).view(torch.float32))).view(torch.int32)
 
-        codes = code(grid)
-        jump = (codes[1:] != codes[:-1]).nonzero().reshape(-1)
-        lo, hi = grid[jump], grid[jump + 1]       # code(lo) is below the change, code(hi) at or past it
-        below = codes[jump]
+        # The coarse grid (a million patterns) is scanned a slice at a time: at once it held about 30 MiB.
+        step, span = 1024, 1024 * 4096
+        los, his, belows = [], [], []
+        for start in range(0, top, span):
+            grid = torch.arange(start, min(top, start + span + step), step, dtype=torch.int64)   # overlaps by one
+            codes = code(grid)
+            jump = (codes[1:] != codes[:-1]).nonzero().reshape(-1)
+            los.append(grid[jump])
+            his.append(grid[jump + 1])
+            belows.append(codes[jump])
+        lo, hi = torch.cat(los), torch.cat(his)   # code(lo) is below the change, code(hi) at or past it
+        below = torch.cat(belows)
         while bool((hi - lo > 1).any()):
             mid = (lo + hi) // 2
             moved = code(mid) != below

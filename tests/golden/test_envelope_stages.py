@@ -112,3 +112,19 @@ def test_mm2_bounds_are_the_signed_deviations_and_the_magnitude():
     pick = p8_lo + (p8_hi - p8_lo) * (torch.rand(shape, generator=generator) < 0.5)
     moved = per_tile_sum(pick @ v) - per_tile_sum(golden_p8 @ v)
     assert bool((moved >= -low).all()) and bool((moved <= high).all())
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_rounding_boundaries_are_every_change_of_the_value_read_back(codec):
+    """codec.rounding_boundaries(), which the flip test's tables are built from: the value read back
+    changes at each boundary, and nowhere between two of them (random values read what the boundary
+    at or below them reads)."""
+    boundaries = codec.rounding_boundaries().float()
+    below = torch.nextafter(boundaries, torch.tensor(-math.inf))
+    assert bool((codec.round(below) != codec.round(boundaries)).all())
+    top = 2 * max(codec.max_value, 448.0)
+    x = torch.cat([torch.rand(20000, generator=torch.Generator().manual_seed(7)) * top,
+                   torch.rand(20000, generator=torch.Generator().manual_seed(8)) * 2.0 ** -6])
+    at_or_below = torch.searchsorted(boundaries, x, right=True) - 1
+    start = torch.where(at_or_below >= 0, boundaries[at_or_below.clamp(min=0)], torch.tensor(0.0))
+    assert torch.equal(codec.round(x), codec.round(start))
