@@ -239,7 +239,7 @@ class EnvelopeBuilder:
 
         Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
         softmax; ``p`` and ``p8`` (tiles) and ``mm2`` (tiles, exact) are the golden's own."""
-        abs_sum = torch.matmul(q_blocks.abs(), SCRATCH.abs("|k|", k_blocks))
+        abs_sum = torch.matmul(q_blocks.abs(), SCRATCH.abs("|K| or |V|", k_blocks))
         # The exactness certificate needs M1 <= 2**24 g. A column's grid is at most the lowbit of any of its
         # values, so a few of them bound it: K's grid is read in full only where that bound could give it.
         magnitude = (abs_sum + raw64.abs()) / 2

@@ -186,7 +186,7 @@ def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
     ``((u + d).|v| +- (d - u).v) / 2``: two matrix products, taken for the (block, kv head) pairs that
     hold a flippable code only. Every value is exact in float64 (E4M3 products, and code differences of
     a few significant bits, summed over a block: the golden's MM2 argument, golden/matmul.py)."""
-    v_abs = SCRATCH.abs("|v|", v)
+    v_abs = SCRATCH.abs("|K| or |V|", v)
     magnitude = per_tile_sum(torch.matmul(p8_hi, v_abs))
     width = p8_hi - p8_lo
     blocks = width.flatten(2).any(dim=-1).nonzero(as_tuple=True)              # (block, kv head) with a flip
