@@ -16,7 +16,7 @@ from .envelope import dequant_interval, raw_interval, refine_score_bounds, score
 from .intervals import lowbit
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
-from .validate import check_on_cpu, check_qk_matmul_scale_args
+from .validate import check_on_cpu, check_qk_matmul_scale_args, check_scales_not_negative
 
 __all__ = ["qk_matmul_scale", "qk_matmul_scale_loop", "qk_matmul_scale_envelope"]
 
@@ -89,6 +89,7 @@ def qk_matmul_scale_envelope(
     """
     check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
     is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    check_scales_not_negative(q_scale=q_scale, k_scale=k_scale)
     model = SPEC_MODEL if model is None else model
     codec = get_codec(codec)
     qv, kv = (codec.from_fp8(q), codec.from_fp8(k)) if is_fp8 else (q.float(), k.float())

@@ -46,7 +46,7 @@ from .paging import blocks_needed, ceil_div
 from .quant import quantize_rows
 from .scratch import SCRATCH
 from .softmax_state import OnlineSoftmaxState, local_softmax
-from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args
+from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args, check_scales_not_negative
 
 __all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
 
@@ -287,6 +287,7 @@ def paged_attention_envelope(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
+    check_scales_not_negative(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
     model = SPEC_MODEL if model is None else model
     if not isinstance(model, ConformanceModel):
         raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")

@@ -267,7 +267,7 @@ class Fp8Codec:
             return self.decode(self.encode(bits.to(torch.int32).view(torch.float32))).view(torch.int32)
 
         # The coarse grid (a million patterns) is scanned a slice at a time: at once it held about 30 MiB.
-        step, span = 1024, 1024 * 4096
+        step, span = 1024, 1024 * _ENCODE_CHUNK
         los, his, belows = [], [], []
         for start in range(0, top, span):
             grid = torch.arange(start, min(top, start + span + step), step, dtype=torch.int64)   # overlaps by one

@@ -15,7 +15,8 @@ import torch
 from .paging import blocks_needed, positive_int
 
 __all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu",
-           "check_block_table", "default_softmax_scale", "group_size", "positive_int"]
+           "check_block_table", "check_scales_not_negative", "default_softmax_scale", "group_size",
+           "positive_int"]
 
 FP8 = torch.float8_e4m3fn
 
@@ -238,6 +239,22 @@ def check_qk_matmul_scale_args(
     elif not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale={scale} must be a finite positive number (SPEC §6: 1/sqrt(head_dim) by default)")
     return is_fp8, float(scale)
+
+
+def check_scales_not_negative(**scales: torch.Tensor | None) -> None:
+    """ValueError naming the tensor and the first entry when a dequant scale is negative. SPEC §3's
+    dequant scales are ``max|x| / 448 >= 0``; the acceptance envelope (SPEC §4.2) carries each dequant
+    product as a monotone map of its interval's ends, which a negative factor turns around (with one,
+    a conforming kernel lay outside the envelope in 96 of 144 tries). NaN (garbage in cells no kernel
+    may read) passes; None (an absent scale) is skipped."""
+    for name, scale in scales.items():
+        if scale is None:
+            continue
+        negative = scale < 0
+        if bool(negative.any()):
+            at = tuple(int(i) for i in negative.nonzero()[0])
+            raise ValueError(f"{name}{list(at)}={float(scale[at])} must be >= 0: a dequant scale is max|x| / 448 "
+                             "(SPEC §3), and the acceptance envelope (SPEC §4.2) relies on it")
 
 
 def check_on_cpu(**tensors: object) -> None:

@@ -127,6 +127,25 @@ def test_bad_model_is_a_type_error():
         golden.paged_attention_envelope(**kwargs, model="spec")
 
 
+@pytest.mark.parametrize("name", ["q_scale", "k_scale", "v_scale"])
+def test_a_negative_dequant_scale_is_a_value_error(name):
+    """SPEC §3's dequant scales are >= 0 and the envelope's dequant steps rely on it (a negative one turns
+    the ends of an interval around): refused, naming the entry; NaN garbage in unread cells is not."""
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=2, s1=1, s2=32, nq=2, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16, kv_act_seqs=(32, 5),
+                                                            garbage="nan"), 0).kwargs()
+    assert torch.isnan(kwargs["k_scale"]).any()
+    golden.paged_attention_envelope(**kwargs)
+    kwargs[name] = kwargs[name].clone()
+    kwargs[name].view(-1)[1] = -0.25
+    with pytest.raises(ValueError, match=rf"{name}\[0, .*\]=-0.25 must be >= 0"):
+        golden.paged_attention_envelope(**kwargs)
+    q = golden.SPEC_CODEC.to_fp8(torch.randn(4, 16))
+    scale = torch.full((4, 1), 0.25)
+    with pytest.raises(ValueError, match=r"k_scale\[2, 0\]=-0.25 must be >= 0"):
+        qk_matmul_scale_envelope(q, q, q_scale=scale, k_scale=scale * torch.tensor([[1.0], [1.0], [-1.0], [1.0]]))
+
+
 def test_a_wider_model_is_named():
     wide = golden.ConformanceModel(name="truncating adder", sums="truncating")
     assert not wide.conforming
