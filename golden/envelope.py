@@ -368,8 +368,6 @@ def _signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.T
     """float64 ``(sum_t pw_t max(o_t, 0) + nw_t min(o_t, 0), the same with |.|)`` over the tile axis of
     ``o`` [..., T, D], weights [..., T]: the fold's N bounds and the magnitude its rounding bound reads.
     One [..., T, D] temporary at a time (the upstream cases have 65 tiles of 128 channels per row)."""
-    part = o.clamp(min=0)
-    plus = torch.matmul(positive_weight[..., None, :], part)[..., 0, :]
-    part = o.clamp(max=0)
-    minus = torch.matmul(negative_weight[..., None, :], part)[..., 0, :]
+    plus = torch.matmul(positive_weight[..., None, :], o.clamp(min=0))[..., 0, :]
+    minus = torch.matmul(negative_weight[..., None, :], o.clamp(max=0))[..., 0, :]
     return plus + minus, plus - minus

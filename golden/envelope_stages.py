@@ -84,30 +84,26 @@ def boundary_distance(codec: Fp8Codec, p: torch.Tensor) -> torch.Tensor:
 
 
 def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The codec's rounding boundaries (``codec.rounding_boundaries()``: the first float32 of each new value
-    read back) by the top 16 bits ``i`` of a non-negative float32: ``split[i]``, the one boundary strictly
-    inside the values of that top (inf if none; checked: at most one, as adjacent boundaries lie at least
-    2**15 patterns apart), and float64 [2 * 65536] ``lower``, ``upper`` at ``2 i`` for the values below
-    the split and ``2 i + 1`` for those at or above it: the last boundary at or below them (-inf if none)
-    and the first above them (inf if none)."""
+    """float32 tables of the codec's rounding boundaries (``codec.rounding_boundaries()``: the first float32
+    of each new value read back) by the top 16 bits ``i`` of a non-negative float32: ``split[i]``, the one
+    boundary strictly inside the values of that top (inf if none; checked: at most one, as adjacent
+    boundaries lie at least 2**15 patterns apart), and [2 * 65536] ``lower``, ``upper`` at ``2 i`` for the
+    values below the split and ``2 i + 1`` for those at or above it: the last boundary at or below them
+    (-inf if none) and the first above them (inf if none)."""
     cached = getattr(codec, "_pfa_brackets", None)
     if cached is None:
-        boundaries = codec.rounding_boundaries().numpy()
-        bits = np.arange(1 << 16, dtype=np.uint64) << np.uint64(16)
-        start, end = bits, bits | np.uint64(0xFFFF)                        # the patterns of each top
-        b_bits = boundaries.astype(np.float32).view(np.uint32).astype(np.uint64)
-        first_inside = np.searchsorted(b_bits, start, side="right")        # boundaries <= start
-        past = np.searchsorted(b_bits, end, side="right")                  # boundaries <= end
+        boundaries = codec.rounding_boundaries().numpy().astype(np.float32)    # float32 values: exact
+        starts = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)             # the first pattern of each top
+        patterns = boundaries.view(np.uint32)
+        first_inside = np.searchsorted(patterns, starts, side="right")           # boundaries <= the top's first
+        past = np.searchsorted(patterns, starts | np.uint32(0xFFFF), side="right")  # ... <= its last
         if np.any(past - first_inside > 1):
             raise RuntimeError(f"{codec!r} has two rounding boundaries within one top: the flip test needs a finer table")
-        inside = past > first_inside
-        split = np.where(inside, boundaries[np.minimum(first_inside, boundaries.size - 1)], math.inf)
-
-        def at(index):       # boundaries[index], -inf below the first and inf past the last
-            return np.where(index < 0, -math.inf, np.where(index >= boundaries.size, math.inf,
-                                                           boundaries[np.clip(index, 0, boundaries.size - 1)]))
-        lower = np.stack([at(first_inside - 1), at(past - 1)], axis=1).reshape(-1)
-        upper = np.stack([at(first_inside), at(past)], axis=1).reshape(-1)
+        ends = np.concatenate([[-np.inf], boundaries, [np.inf]]).astype(np.float32)   # ends[i + 1] = boundaries[i]
+        split = np.where(past > first_inside, ends[first_inside + 1], np.float32(np.inf))
+        lower, upper = np.empty(2 << 16, np.float32), np.empty(2 << 16, np.float32)
+        lower[0::2], lower[1::2] = ends[first_inside], ends[past]
+        upper[0::2], upper[1::2] = ends[first_inside + 1], ends[past + 1]
         cached = codec._pfa_brackets = (split, lower, upper)
     return cached
 
