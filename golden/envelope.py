@@ -297,8 +297,8 @@ class EnvelopeBuilder:
         s_lo, s_hi = to_tiles(blocks[0].index_put(at, lo)), to_tiles(blocks[1].index_put(at, hi))
         if bool(rows.all()):
             return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, distance, p8)
-        # Steps 3-4 again for the rows touched only (every step is per row): on the upstream cases a
-        # few dozen rows of thousands.
+        # Steps 3-4 again for the rows touched only (every step is per row): on the largest upstream
+        # cases 15 to 19 rows of a chunk's 48.
         at = rows[..., 0].nonzero(as_tuple=True)                                  # (pair, head, row)
         seen = visible.expand(s_lo.shape)
         again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], p8[at])
