@@ -140,9 +140,11 @@ class EnvelopeBuilder:
         those get their exact bounds."""
         s_lo = torch.where(visible, s_lo, self._minus_inf)
         s_hi = torch.where(visible, s_hi, self._minus_inf)
-        # A row with no visible column gets m = 0 (not -inf), so that its d stays -inf and its e 0.
-        m_lo = torch.nan_to_num(s_lo.amax(dim=-1, keepdim=True).double(), nan=math.nan, posinf=math.inf, neginf=0.0)
-        m_hi = torch.nan_to_num(s_hi.amax(dim=-1, keepdim=True).double(), nan=math.nan, posinf=math.inf, neginf=0.0)
+        # A row with no visible column gets m = 0 (not -inf), so that its d stays -inf and its e 0. (Only
+        # such a row: a visible row whose ends all overflowed to -inf keeps m = -inf, and NaN bounds.)
+        seen = visible.any(dim=-1, keepdim=True)
+        m_lo = torch.where(seen, s_lo.amax(dim=-1, keepdim=True).double(), 0.0)
+        m_hi = torch.where(seen, s_hi.amax(dim=-1, keepdim=True).double(), 0.0)
         d_lo = s_lo.double() - m_hi                           # exact: a difference of two float32 values
         d_hi = s_hi.double() - m_lo
         e_lo, e_hi = torch.exp(d_lo), torch.exp(d_hi)         # 0 off the visible columns (d = -inf there)
@@ -238,7 +240,8 @@ class EnvelopeBuilder:
         """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``index``.
 
         Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
-        softmax; ``p`` and ``p8`` (tiles) and ``mm2`` (tiles, exact) are the golden's own."""
+        softmax; ``p`` and ``p8`` (tiles) and ``mm2`` (tiles, exact) are the golden's own; ``k_rows`` the
+        blocks' K codes as the cache holds them, [Q, BS, N, D] (for the columns' grids)."""
         abs_sum = torch.matmul(q_blocks.abs(), SCRATCH.abs("|K| or |V|", k_blocks))
         # The exactness certificate needs M1 <= 2**24 g. A column's grid is at most the lowbit of any of its
         # values, so a few of them bound it: K's grid is read in full only where that bound could give it.

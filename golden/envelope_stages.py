@@ -141,7 +141,7 @@ def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -
     return down32(raw - e1), up32(raw + e1)
 
 
-def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model):
+def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
     """float32 (S_lo, S_hi) from float32 raw bounds (module docstring, step 2).
 
     F2 lets a kernel multiply the dequant scales in any order: ``(raw q) k``, ``(raw k) q`` or
@@ -185,7 +185,8 @@ def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
     v_abs = SCRATCH.abs("|K| or |V|", v)
     magnitude = per_tile_sum(torch.matmul(p8_hi, v_abs))
     width = p8_hi - p8_lo
-    blocks = width.flatten(2).any(dim=-1).nonzero(as_tuple=True)              # (block, kv head) with a flip
+    moved = (p8_lo != golden_p8) | (p8_hi != golden_p8)
+    blocks = moved.flatten(2).any(dim=-1).nonzero(as_tuple=True)              # (block, kv head) with a flip
     if not blocks[0].numel():
         zero = torch.zeros_like(like)
         return zero, zero.clone(), magnitude

@@ -88,12 +88,17 @@ def lowbit(x: torch.Tensor) -> torch.Tensor:
     """float64: the largest power of two dividing the float32 value ``x`` (inf where x == 0, so a zero
     term never lowers a grid), read from the float32 bits: clearing the lowest set bit of a pattern
     whose significand has one below its leading bit takes exactly that bit's value off (the two share
-    their binade, so the difference is exact); a power of two is its own lowbit."""
+    their binade, so the difference is exact); a power of two is its own lowbit. An inf or NaN pattern
+    reads as if its exponent field were a number (2**128 for inf), as the bits say: such a term makes
+    the sum non-finite whatever its grid."""
     magnitude = x.float().abs()
     bits = magnitude.view(torch.int32)
+    top = bits >= 0x7F800000                                   # inf and NaN: taken one binade down, then doubled
+    bits = torch.where(top, bits - 0x800000, bits)
+    magnitude = bits.view(torch.float32)
     cleared = (bits - (bits & -bits)).view(torch.float32)
-    power = torch.where((bits & 0x7FFFFF) == 0, magnitude, magnitude - cleared)
-    return torch.where(magnitude == 0, _INF64, power.double())
+    power = torch.where((bits & 0x7FFFFF) == 0, magnitude, magnitude - cleared).double()
+    return torch.where(magnitude == 0, _INF64, torch.where(top, 2 * power, power))
 
 
 def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum: torch.Tensor,

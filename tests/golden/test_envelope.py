@@ -127,6 +127,38 @@ def test_bad_model_is_a_type_error():
         golden.paged_attention_envelope(**kwargs, model="spec")
 
 
+def test_scores_that_overflow_at_one_end_never_give_a_finite_envelope_without_the_golden():
+    """A visible row whose lower score ends all overflow to -inf (a K scale near float32's largest / raw)
+    while the upper ends stay finite: the bounds may be NaN (the tolerance alone then decides), never a
+    finite interval that leaves the golden out (a first version of the speed-ups of 2026-12-01 turned
+    such a row's -inf maximum into 0 and gave lo above the golden)."""
+    d, codec = 16, golden.SPEC_CODEC
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=32, nq=1, nkv=1, head_dim=d,
+                                                            block_size=16, s2_tile=16, kv_act_seqs=(32,)), 0).kwargs()
+    kwargs.update(softmax_scale=1.0, q_scale=torch.ones_like(kwargs["q_scale"]))
+    q = torch.tensor([448.0] * (d - 1) + [2.0 ** -9])
+    kwargs["q"] = codec.to_fp8(q.reshape(1, 1, d))
+    first, second = kwargs["block_table"][0].tolist()
+    k, v = codec.from_fp8(kwargs["k_cache"]), codec.from_fp8(kwargs["v_cache"])
+    k[first] = k[first].abs() * 0.01                       # tile 1: ordinary positive scores
+    k[second] = -q                                          # tile 2: one large negative raw score per row
+    k[second, :, :, 0] = -416.0
+    v[second] = v[second].abs() + 1
+    kwargs.update(k_cache=codec.to_fp8(k), v_cache=codec.to_fp8(v), v_scale=torch.ones_like(kwargs["v_scale"]))
+    raw = float((q.double() * codec.from_fp8(kwargs["k_cache"])[second, 0, 0].double()).sum())
+    largest = torch.tensor(3.4028234663852886e38 / abs(raw), dtype=torch.float32).view(torch.int32)
+    for step in range(-3, 1):
+        k_scale = torch.full_like(kwargs["k_scale"], 1e-6)
+        k_scale[second] = float((largest + step).view(torch.float32))
+        case = {**kwargs, "k_scale": k_scale}
+        env = golden.paged_attention_envelope(**case)
+        finite = torch.isfinite(env.lo.float()) & torch.isfinite(env.hi.float())
+        for variant in ("vertex-low", "vertex-high"):
+            out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**case)
+            assert bool((env.inside(out) | ~finite).all()), (step, variant)
+        assert bool((env.inside(env.golden) | ~finite).all()), step
+
+
 @pytest.mark.parametrize("name", ["q_scale", "k_scale", "v_scale"])
 def test_a_negative_dequant_scale_is_a_value_error(name):
     """SPEC §3's dequant scales are >= 0 and the envelope's dequant steps rely on it (a negative one turns
