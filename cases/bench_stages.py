@@ -71,7 +71,7 @@ def one_thread() -> Iterator[None]:
 @dataclass(frozen=True)
 class StageRow:
     """One stage over a workload's cases: the mean and the worst case (the most seconds, or for a
-    speed-up the least), in ``unit`` ("s" per case, "x" for a speed-up); ``None`` when not run."""
+    speed-up the least), in ``unit`` ("s" per case, "x" for a speed-up); ``None`` over no cases."""
 
     workload: str
     stage: str
@@ -164,18 +164,17 @@ def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     return best, result
 
 
-def _per_case(workload: str, stage: str, seconds: Sequence[float | None], note: str = "") -> StageRow:
-    got = [s for s in seconds if s is not None]
-    if not got:
-        return StageRow(workload, stage, len(seconds), None, None, note=note)
-    return StageRow(workload, stage, len(got), statistics.fmean(got), max(got), note=note)
+def _per_case(workload: str, stage: str, seconds: Sequence[float], note: str = "") -> StageRow:
+    if not seconds:
+        return StageRow(workload, stage, 0, None, None, note=note)
+    return StageRow(workload, stage, len(seconds), statistics.fmean(seconds), max(seconds), note=note)
 
 
 def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1) -> list[StageRow]:
     """Per-case seconds of every stage over ``cases`` (properties.case.Case values), on one thread;
     each stage of each case is timed ``repeat`` times and the best kept."""
-    times: dict[str, list[float | None]] = {k: [] for k in ("inputs", "golden spec", "golden calculator",
-                                                              "envelope", "comparison", "fp32 loop oracle")}
+    stages = ("inputs", "golden spec", "golden calculator", "envelope", "comparison")
+    times: dict[str, list[float]] = {k: [] for k in stages + (("fp32 loop oracle",) if workload == "upstream" else ())}
     with one_thread():
         for case in cases:
             t_inputs, bundle = _timed(case.inputs, repeat)
@@ -185,10 +184,11 @@ def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1) -> list[Stage
             t_env = sum(_timed(lambda c=c: golden.paged_attention_envelope(**kwargs, codec=c), repeat)[0]
                         for c in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC))
             t_cmp, _ = _timed(lambda: cmp.compare(calc, spec, kind="attention", s1=bundle.config.s1), repeat)
-            t_oracle = _timed(lambda: fp32_loop_oracle(**kwargs), repeat)[0] if workload == "upstream" else None
-            for key, t in zip(times, (t_inputs, t_spec, t_calc, t_env, t_cmp, t_oracle)):
+            for key, t in zip(stages, (t_inputs, t_spec, t_calc, t_env, t_cmp)):
                 times[key].append(t)
-    rows = [_per_case(workload, k, v) for k, v in times.items() if k != "fp32 loop oracle" or workload == "upstream"]
+            if workload == "upstream":
+                times["fp32 loop oracle"].append(_timed(lambda: fp32_loop_oracle(**kwargs), repeat)[0])
+    rows = [_per_case(workload, k, v) for k, v in times.items()]
     # The one rule computes the envelope under each codec, which returns the golden too: an example costs
     # its inputs, the two envelopes and the comparisons, not the goldens on top.
     totals = [sum(per) for per in zip(*(times[k] for k in ("inputs", "envelope", "comparison")))]

@@ -276,13 +276,8 @@ def main(args) -> int:
 
 def add_arguments(parser) -> None:
     """The options of ``pfa-verify search``."""
+    from cases.cli import _count as count
     from cases.pool import add_cluster_argument
-
-    def count(text: str) -> int:
-        value = int(text)
-        if value < 0:
-            raise ValueError(f"{text!r} must be >= 0")
-        return value
 
     parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
                         "any name --backend of pfa-verify run takes")

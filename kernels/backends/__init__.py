@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from golden.errors import UsageError
 
-__all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "unwritten_output",
+__all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "spec_codec_options", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
            "BUILTIN_BACKENDS", "KernelSource", "use_backend_threads"]
 
@@ -285,12 +285,19 @@ def _sim(**options):
     return _our_kernel(SimBackend(**options))
 
 
+def spec_codec_options(options: dict, name: str, plain: str) -> dict:
+    """``options`` with ``e4m3='spec'``, for a backend whose name fixes the spec's codec (``name``, the
+    ``plain`` backend with that codec); a contradicting ``e4m3`` is a UsageError (one line on the command
+    line)."""
+    if options.get("e4m3", "spec") != "spec":
+        raise UsageError(f"e4m3={options['e4m3']!r}: {name} is the {plain} with e4m3='spec'; use {plain}")
+    return {**options, "e4m3": "spec"}
+
+
 def _sim_spec_codec(**options):
     """The sim backend with the spec's E4M3 in the calculator (kernels/pypto_workarounds/, W13)."""
     from kernels.backends.sim import SimBackend
-    if options.get("e4m3", "spec") != "spec":
-        raise ValueError(f"e4m3={options['e4m3']!r}: sim-spec-codec is the sim with e4m3='spec'; use --backend sim")
-    return SimBackend(**{**options, "e4m3": "spec"})
+    return SimBackend(**spec_codec_options(options, "sim-spec-codec", "sim"))
 
 
 def _npu(device=None, **options):

@@ -40,6 +40,7 @@ import re
 
 import torch
 
+from golden.errors import UsageError
 from kernels.backends import BackendUnavailable, KernelRunError, Skip, finish_output, unwritten_output
 from kernels.backends import sim_cost
 from kernels.backends.pypto_backend import PyptoBackend
@@ -78,9 +79,9 @@ class SimBackend(PyptoBackend):
                  max_seconds: float | None = None, memory_cap: float = sim_cost.MEMORY_CAP_BYTES,
                  e4m3: str = "pypto") -> None:
         if level not in LEVELS:
-            raise ValueError(f"level={level!r} must be one of {LEVELS}")
+            raise UsageError(f"level={level!r} must be one of {LEVELS}")
         if e4m3 not in ("pypto", "spec"):
-            raise ValueError(f"e4m3={e4m3!r} must be 'pypto' (the calculator's own E4M3) or 'spec' (SPEC §3)")
+            raise UsageError(f"e4m3={e4m3!r} must be 'pypto' (the calculator's own E4M3) or 'spec' (SPEC §3)")
         from golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
         from golden.model import DETERMINISTIC_MODEL
         from kernels import pypto_workarounds as pw
@@ -102,7 +103,7 @@ class SimBackend(PyptoBackend):
         # take it only when asked, for its figures; execute runs never.
         self.cost_model = bool(cost_model)
         if level == "execute" and self.cost_model:
-            raise ValueError("cost_model=True applies to level='compile'; execute runs the calculator only (W9)")
+            raise UsageError("cost_model=True applies to level='compile'; execute runs the calculator only (W9)")
         self.last_report = None
         self.max_seconds = max_seconds
         self.memory_cap = memory_cap

@@ -89,7 +89,7 @@ def plan(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: 
 
     batch = len(lengths)
     steps = ceil_div(visible_lengths(lengths, s1), s2_tile).sum(dim=1).tolist()
-    need = blocks_needed(torch.as_tensor(lengths, dtype=torch.int64), block_size).tolist()
+    need = blocks_needed(lengths, block_size).tolist()
 
     def chunk(batches: range, blocks: int) -> Chunk:
         iterations = nkv * g_steps * sum(steps[b] for b in batches)

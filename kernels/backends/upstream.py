@@ -34,9 +34,9 @@ import dataclasses
 import inspect
 import re
 
-from golden.errors import UsageError
+from golden.errors import UsageError, check_known
 
-from kernels.backends import BackendUnavailable, KernelSource
+from kernels.backends import BackendUnavailable, KernelSource, spec_codec_options
 from kernels.backends.npu import NpuBackend
 from kernels.backends.sim import SimBackend
 from kernels.config import KERNEL_SHAPES
@@ -64,9 +64,7 @@ def upstream_tile_config(*, g_tile: int, s2_tile: int, factory=None, overrides: 
     """PyPTO-Gym's create_config rule for one call (module docstring), built by ``factory``."""
     fields = dict(g_tile=g_tile, s2_tile=s2_tile, c1_tile_shape=_CUBE, v1_tile_shape=[128, 128], c2_tile_shape=_CUBE,
                   v2_tile_shape=[128, 256])
-    unknown = sorted(set(overrides or {}) - set(fields))
-    if unknown:
-        raise UsageError(f"tiles={overrides!r}: unknown field(s) {unknown}; expected some of {sorted(fields)}")
+    check_known(f"tiles={overrides!r}", "field", overrides or {}, sorted(fields))
     fields.update(overrides or {})
     return (factory or UpstreamTileConfig)(**fields)
 
@@ -171,7 +169,5 @@ def make_backend(name: str, *, device=None, **options):
     if device is not None:
         raise UsageError(f"device={device!r} applies to pypto-gym-npu:..., not {name!r}")
     if mode == "sim-spec-codec":
-        if options.get("e4m3", "spec") != "spec":
-            raise UsageError(f"e4m3={options['e4m3']!r} contradicts {name!r}; use pypto-gym:...")
-        options = {**options, "e4m3": "spec"}
+        options = spec_codec_options(options, name, "pypto-gym:...")
     return UpstreamKernelBackend(source, function, **options)

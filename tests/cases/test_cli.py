@@ -94,7 +94,10 @@ def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch)
      "applies to the npu backend only"),
     (["run", "--backend", "golden", "--cases", "no_such_case", "--examples", "0"], "unknown name(s) ['no_such_case']"),
     (["cases", "show", "nope"], "regression 'nope': no file"),
-], ids=["backend name", "mutant name", "conforming name", "backend file", "device", "case name", "case id"])
+    (["search", "--laws", "nope"], "--laws: unknown law(s) ['nope']"),
+    (["search", "--tasks", "0"], "--tasks 0 and --examples 100 must be at least 1"),
+], ids=["backend name", "mutant name", "conforming name", "backend file", "device", "case name", "case id",
+        "search law", "search tasks"])
 def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

@@ -10,6 +10,7 @@ import torch
 
 import golden
 import kernels
+from golden.errors import UsageError
 
 pytestmark = pytest.mark.sim
 
@@ -33,8 +34,14 @@ def test_the_variant_names_its_codec_and_the_plain_sim_says_why_the_spec_compari
     assert sim_backend.codec is golden.PYPTO_CALCULATOR_CODEC
     assert "read as 240" in sim_backend.spec_codec_not_applicable and "sim-spec-codec" in sim_backend.spec_codec_not_applicable
     assert spec_sim.model is DETERMINISTIC_MODEL and sim_backend.model is DETERMINISTIC_MODEL
-    with pytest.raises(ValueError, match="sim-spec-codec is the sim with e4m3='spec'"):
+    with pytest.raises(UsageError, match="sim-spec-codec is the sim with e4m3='spec'"):
         kernels.get_backend("sim-spec-codec", e4m3="pypto")
+    with pytest.raises(UsageError, match=r"spec-codec:tests/kernels/upstream_convention_kernels.py is the pypto-gym:\.\.\. with"):
+        kernels.get_backend("pypto-gym-spec-codec:tests/kernels/upstream_convention_kernels.py", e4m3="pypto")
+    for options, message in (({"level": "nope"}, "level='nope' must be one of"), ({"e4m3": "ocp"}, "e4m3='ocp' must be"),
+                             ({"cost_model": True}, "cost_model=True applies to level='compile'")):
+        with pytest.raises(UsageError, match=message):
+            kernels.get_backend("sim", **options)
     with pytest.raises(ValueError, match="applies to the npu backend only"):
         kernels.get_backend("sim-spec-codec", device=0)
 

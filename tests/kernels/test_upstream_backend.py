@@ -10,6 +10,7 @@ import pytest
 
 import golden
 import kernels
+from golden.errors import UsageError
 from kernels.backends.upstream import UpstreamTileConfig, parse_name, upstream_tile_config
 
 FILE = "tests/kernels/upstream_convention_kernels.py"
@@ -36,7 +37,7 @@ def test_tile_configuration_follows_upstream_create_config():
     t = upstream_tile_config(g_tile=6, s2_tile=256)
     assert t == UpstreamTileConfig(6, 256, [[128, 128]] * 3, [128, 128], [[128, 128]] * 3, [128, 256])
     assert upstream_tile_config(g_tile=2, s2_tile=128, overrides={"v1_tile_shape": [128, 256]}).v1_tile_shape == [128, 256]
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['v3'\]"):
+    with pytest.raises(UsageError, match=r"unknown field\(s\) \['v3'\]"):
         upstream_tile_config(g_tile=2, s2_tile=128, overrides={"v3": 1})
 
 
@@ -49,7 +50,7 @@ def test_tile_configuration_follows_upstream_create_config():
     ("pypto-gym:no_such_package.kernel", "kernel source: cannot import module 'no_such_package.kernel'"),
 ], ids=["file missing", "function missing", "not a function", "wrong signature", "module missing"])
 def test_loading_errors_name_the_source(pypto_module, name, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UsageError, match=match):
         kernels.get_backend(name)
 
 
