@@ -42,7 +42,7 @@ from .codec import Fp8Codec, get_codec
 from .envelope import AttentionEnvelope, EnvelopeBuilder
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
-from .paging import blocks_needed, ceil_div
+from .paging import blocks_needed, ceil_div, token_slots
 from .quant import quantize_rows
 from .scratch import SCRATCH
 from .softmax_state import OnlineSoftmaxState, local_softmax
@@ -287,7 +287,12 @@ def paged_attention_envelope(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
-    check_scales_not_negative(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with tokens.
+    _, _, block, row = token_slots(block_table, kv_act_seqs, dims.block_size)
+    slot_read = torch.zeros(k_scale.shape[:2], dtype=torch.bool).index_put_((block, row), torch.tensor(True))
+    row_read = visible_lengths(kv_act_seqs, dims.s1).reshape(-1) > 0
+    check_scales_not_negative(q_scale=(q_scale, row_read[:, None, None]), k_scale=(k_scale, slot_read[:, :, None, None]),
+                              v_scale=(v_scale, (kv_act_seqs > 0)[:, None, None]))
     model = SPEC_MODEL if model is None else model
     if not isinstance(model, ConformanceModel):
         raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")

@@ -44,8 +44,8 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .envelope_stages import _F64, POWERS_OF_GRID, _mm2_bounds, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
-from .envelope_stages import boundary_distance, column_grid_exponents
+from .envelope_stages import _F64, _mm2_bounds, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
+from .envelope_stages import boundary_distance, column_grids
 from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
 from .intervals import TINY32, U32, down32, lowbit, sum_error_bound, ulp32, up32, widen
 from .model import ConformanceModel
@@ -119,7 +119,7 @@ class EnvelopeBuilder:
         self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
 
     # -- steps 1-2 (block layout [Q, N, R, BS]) ---------------------------------------------------------
-    def scores(self, raw, abs_sum, grid, q_scale, k_scale, magnitude=None):
+    def scores(self, raw, abs_sum, grid, q_scale, k_scale, magnitude):
         """(S_lo, S_hi, E1) float32 / float64 per block from the exact ``raw`` and ``abs_sum`` sums."""
         e1 = score_bounds(raw, abs_sum, grid, self.dims.head_dim, self.model, magnitude)
         return self._scaled(raw, e1, q_scale, k_scale) + (e1,)
@@ -204,7 +204,11 @@ class EnvelopeBuilder:
         too_far = (m_hi - s_lo.double()) * U32 > 0.5                       # such terms: bounded by e^(-far) ~ 0
         high = (torch.where(too_far, 1.0, e_hi * torch.exp(m_lo - m_hi) * (1 + 2 * slack)) * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
-        # The float64 sums of n positive terms (two products each) err by at most (n + 2) 2**-53 relative.
+        # float64's own roundings, relative, of a term of ``high`` (the worse side): two exp calls within
+        # 1 ulp each (torch's float64 exp: SLEEF's u10 or glibc's, both <= 1 ulp = 2 * 2**-53), two
+        # products (2**-53 each): 6 * 2**-53; the sum of n terms, (n - 1) 2**-53; the two factors below and
+        # the rounding of (1 + exp_rel + f64): 3 more; (n + 8) 2**-53 in all, inside _F64 + (n + 2) 2**-53 =
+        # (n + 10) 2**-53. ``low`` has one exp and one product per term.
         f64 = _F64 + (n + 2) * 2.0 ** -53
         l_lo = low * (1 - self.exp_rel - f64) * (1 - rel)
         l_hi = high * (1 + self.exp_rel + f64) * (1 + rel) + n * self.model.exp_ulps * TINY32
@@ -233,7 +237,7 @@ class EnvelopeBuilder:
     # -- one chunk of the golden's evaluation -------------------------------------------------------------
     def q_grid(self, q_codes: np.ndarray) -> np.ndarray:
         """float64 [..., 1]: each query row's grid (the smallest power of two dividing its codes' values)."""
-        return np.take(grid_of_codes(self.codec), q_codes).min(axis=-1, keepdims=True)
+        return column_grids(self.codec, q_codes)[..., None]
 
     def chunk(self, *, raw64, q_blocks, k_blocks, k_rows, q_grid, q_scale, k_scale, visible, p, p8, mm2, v, v_scale,
               to_tiles, to_blocks, per_tile_sum, index) -> None:
@@ -248,8 +252,7 @@ class EnvelopeBuilder:
         magnitude = (abs_sum + raw64.abs()) / 2
         k_bound = lowbit(k_blocks[:, :, :4, :]).amin(dim=2, keepdim=True)                       # [Q, N, 1, BS]
         if bool((magnitude <= 2.0 ** 24 * q_grid * k_bound).any()):
-            k_exponent = column_grid_exponents(self.codec, k_rows).transpose(0, 2, 1)[:, :, None, :]   # [Q, N, 1, BS]
-            k_grid = torch.from_numpy(np.take(POWERS_OF_GRID, k_exponent.astype(np.int16) + 128))
+            k_grid = torch.from_numpy(column_grids(self.codec, k_rows).transpose(0, 2, 1)[:, :, None, :])   # [Q, N, 1, BS]
             grid = q_grid * k_grid
         else:
             grid = torch.zeros(())
@@ -266,7 +269,7 @@ class EnvelopeBuilder:
         self.flippable += int(flip.sum())
         l_lo, l_hi, n = self.denominator(s_lo, m_lo, m_hi, e_lo, e_hi, visible)
         low_dev, high_dev, abs_sum = _mm2_bounds(to_blocks(p8).double(), to_blocks(p8_lo).double(),
-                                                 to_blocks(p8_hi).double(), v, per_tile_sum, mm2)
+                                                 to_blocks(p8_hi).double(), v, per_tile_sum)
         o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, v_scale)
         # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.
         spread = torch.where(visible & (e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
@@ -348,13 +351,13 @@ class EnvelopeBuilder:
         n_hi, n_hi_abs = _signed_weighted_sum(away, toward_zero, o_hi)
         # float64's own roundings: a dot product of T terms errs by at most (T + 1) 2**-53 times the sum
         # of the terms' magnitudes; the final addition and the magnitude's own rounding: 3 more.
-        n_lo = n_lo - (tiles + 4) * 2.0 ** -53 * n_lo_abs
-        n_hi = n_hi + (tiles + 4) * 2.0 ** -53 * n_hi_abs
+        n_lo = n_lo - float64_sum_slack(tiles) * n_lo_abs
+        n_hi = n_hi + float64_sum_slack(tiles) * n_hi_abs
         # L's terms are positive: the same bound, relative to the sum (three products per term).
         big_l_lo = (torch.where(counted, w_top, 0.0) * l_lo * (1 - rel)).sum(dim=-1, keepdim=True)
         big_l_hi = (w_hi * l_hi * (1 + rel)).sum(dim=-1, keepdim=True)
-        big_l_lo = big_l_lo * (1 - _F64 - (tiles + 4) * 2.0 ** -53)
-        big_l_hi = big_l_hi * (1 + _F64 + (tiles + 4) * 2.0 ** -53)
+        big_l_lo = big_l_lo * (1 - _F64 - float64_sum_slack(tiles))
+        big_l_hi = big_l_hi * (1 + _F64 + float64_sum_slack(tiles))
         n_lo, n_hi = widen(n_lo, n_hi, _F64, 0.0)
         q_lo = torch.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
         q_hi = torch.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
@@ -365,6 +368,13 @@ class EnvelopeBuilder:
         spread = self.spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
         self.degenerate_rows = int(((spread > DEGENERATE_SPREAD) & used).any(dim=-1).sum())
         return lo, hi
+
+
+def float64_sum_slack(terms: int) -> float:
+    """``(terms + 4) 2**-53``: a float64 dot product of ``terms`` terms errs by at most ``(terms + 1) 2**-53``
+    times the sum of the terms' magnitudes (gamma_T, Higham §3.1); the final addition of the fold's two
+    parts and the magnitude's own rounding take 3 more. The fold and its test read it here."""
+    return (terms + 4) * 2.0 ** -53
 
 
 def _signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor, o: torch.Tensor):

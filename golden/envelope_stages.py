@@ -108,6 +108,13 @@ def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return cached
 
 
+def column_grids(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
+    """float64 [...]: each column's grid (:func:`column_grid_exponents` as a power of two, inf where a
+    column has none), from ``rows`` [..., D] uint8 codes with D contiguous: the exactness certificate's
+    grid of a Q row or a K column."""
+    return np.take(POWERS_OF_GRID, column_grid_exponents(codec, rows).astype(np.int16) + 128)
+
+
 def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, terms: int,
                  model: ConformanceModel, magnitude: torch.Tensor | None = None) -> torch.Tensor:
     """float64: E1, the bound on |kernel raw score - exact raw score| (module docstring, step 1), from
@@ -120,7 +127,9 @@ def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, t
     if magnitude is None:                          # max(positive part, negative part): bounds every subset sum
         magnitude = (abs_sum + raw.abs()) / 2
     rounding = "toward-zero" if model.sums == "truncating" else "nearest"
-    bound = sum_error_bound(terms, magnitude, abs_sum, raw, rounding=rounding)
+    # With two terms or more the sum bound already covers half an ulp of the exact sum (one of the partial
+    # sums ``magnitude`` bounds): the golden's single rounding needs no term of its own.
+    bound = sum_error_bound(terms, magnitude, abs_sum, raw if terms < 2 else None, rounding=rounding)
     return torch.where(magnitude <= 2.0 ** 24 * grid, 0.0, bound)
 
 
@@ -172,7 +181,7 @@ def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi:
             down32(high + ulps * ulp32(high)))
 
 
-def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
+def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
     """(low, high, magnitude) per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the
     golden's when each flippable code takes either end (low, high >= 0), and ``P8_hi @ |v8|``, which
     bounds every partial sum of a conforming MM2 (step 5). Blocks are [Q, N, R, BS].
@@ -188,8 +197,7 @@ def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum, like):
     moved = (p8_lo != golden_p8) | (p8_hi != golden_p8)
     blocks = moved.flatten(2).any(dim=-1).nonzero(as_tuple=True)              # (block, kv head) with a flip
     if not blocks[0].numel():
-        zero = torch.zeros_like(like)
-        return zero, zero.clone(), magnitude
+        return torch.zeros_like(magnitude), torch.zeros_like(magnitude), magnitude
     spread = torch.bmm(width[blocks], v_abs[blocks])                          # [F, R, D]
     signed = torch.bmm((2 * golden_p8 - p8_lo - p8_hi)[blocks], v[blocks])
     shape = width.shape[:-1] + (v.shape[-1],)

@@ -52,19 +52,20 @@ U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
 TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
 
 
-_TOWARD = {True: torch.tensor(-math.inf, dtype=torch.float32), False: torch.tensor(math.inf, dtype=torch.float32)}
+_DOWN = torch.tensor(-math.inf, dtype=torch.float32)
+_UP = torch.tensor(math.inf, dtype=torch.float32)
 
 
 def down32(x: torch.Tensor) -> torch.Tensor:
     """float32: the largest float32 <= x (x float64; -inf stays -inf, NaN stays NaN)."""
     f = x.float()
-    return torch.where(f.double() > x, torch.nextafter(f, _TOWARD[True]), f)
+    return torch.where(f.double() > x, torch.nextafter(f, _DOWN), f)
 
 
 def up32(x: torch.Tensor) -> torch.Tensor:
     """float32: the smallest float32 >= x (x float64)."""
     f = x.float()
-    return torch.where(f.double() < x, torch.nextafter(f, _TOWARD[False]), f)
+    return torch.where(f.double() < x, torch.nextafter(f, _UP), f)
 
 
 _EXPONENT_BITS = 0x7FF0000000000000
@@ -117,9 +118,7 @@ def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum:
     if rounding == "nearest":
         kahan = abs_sum * (2 * U32 + 16 * n * U32 * U32)
         bound = torch.maximum(bound, kahan)
-    # With two terms or more the bound already covers half an ulp of the exact sum, which is one of the
-    # partial sums ``magnitude`` bounds.
-    if exact is not None and not (isinstance(terms, int) and terms >= 2):
+    if exact is not None:
         bound = torch.maximum(bound, 0.5 * ulp32(exact))
     return bound
 

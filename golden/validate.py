@@ -241,16 +241,19 @@ def check_qk_matmul_scale_args(
     return is_fp8, float(scale)
 
 
-def check_scales_not_negative(**scales: torch.Tensor | None) -> None:
-    """ValueError naming the tensor and the first entry when a dequant scale is negative. SPEC §3's
-    dequant scales are ``max|x| / 448 >= 0``; the acceptance envelope (SPEC §4.2) carries each dequant
-    product as a monotone map of its interval's ends, which a negative factor turns around (with one,
-    a conforming kernel lay outside the envelope in 96 of 144 tries). NaN (garbage in cells no kernel
-    may read) passes; None (an absent scale) is skipped."""
-    for name, scale in scales.items():
+def check_scales_not_negative(**scales) -> None:
+    """ValueError naming the tensor and the first entry when a dequant scale that is read is negative.
+    Each value is a tensor, or ``(tensor, read)`` with ``read`` a bool mask broadcastable to it: the
+    entries the computation reads (garbage in cells no kernel may read is none of its business, whatever
+    its sign). SPEC §3's dequant scales are ``max|x| / 448 >= 0``; the acceptance envelope (SPEC §4.2)
+    carries each dequant product as a monotone map of its interval's ends, which a negative factor turns
+    around (with one, a conforming kernel lay outside the envelope in 96 of 144 tries). NaN passes; None
+    (an absent scale) is skipped."""
+    for name, given in scales.items():
+        scale, read = given if isinstance(given, tuple) else (given, True)
         if scale is None:
             continue
-        negative = scale < 0
+        negative = (scale < 0) & read
         if bool(negative.any()):
             at = tuple(int(i) for i in negative.nonzero()[0])
             raise ValueError(f"{name}{list(at)}={float(scale[at])} must be >= 0: a dequant scale is max|x| / 448 "

@@ -162,15 +162,19 @@ def test_scores_that_overflow_at_one_end_never_give_a_finite_envelope_without_th
 @pytest.mark.parametrize("name", ["q_scale", "k_scale", "v_scale"])
 def test_a_negative_dequant_scale_is_a_value_error(name):
     """SPEC §3's dequant scales are >= 0 and the envelope's dequant steps rely on it (a negative one turns
-    the ends of an interval around): refused, naming the entry; NaN garbage in unread cells is not."""
+    the ends of an interval around): refused, naming the entry; garbage in unread cells is not, NaN or
+    negative."""
     kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=2, s1=1, s2=32, nq=2, nkv=1, head_dim=16,
                                                             block_size=16, s2_tile=16, kv_act_seqs=(32, 5),
                                                             garbage="nan"), 0).kwargs()
     assert torch.isnan(kwargs["k_scale"]).any()
     golden.paged_attention_envelope(**kwargs)
+    unread = torch.isnan(kwargs["k_scale"])
+    golden.paged_attention_envelope(**{**kwargs, "k_scale": torch.where(unread, -1.0, kwargs["k_scale"])})
     kwargs[name] = kwargs[name].clone()
-    kwargs[name].view(-1)[1] = -0.25
-    with pytest.raises(ValueError, match=rf"{name}\[0, .*\]=-0.25 must be >= 0"):
+    first = (int(kwargs["block_table"][0, 0]), 0) if name == "k_scale" else (0,)
+    kwargs[name][first].view(-1)[0] = -0.25
+    with pytest.raises(ValueError, match=rf"{name}\[{first[0]}, .*\]=-0.25 must be >= 0"):
         golden.paged_attention_envelope(**kwargs)
     q = golden.SPEC_CODEC.to_fp8(torch.randn(4, 16))
     scale = torch.full((4, 1), 0.25)
@@ -225,18 +229,23 @@ def test_fold_sum_bound_holds_under_cancellation():
     to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones."""
     from fractions import Fraction
 
-    from golden.envelope import _signed_weighted_sum
+    from golden.envelope import _signed_weighted_sum, float64_sum_slack
     rng = np.random.default_rng(7)
     tiles = 65
     worst = 0.0
+    cancelled = []
     for trial in range(40):
         o = rng.standard_normal((tiles, 3)) * 10.0 ** rng.integers(-3, 30, size=(tiles, 3))
-        if trial % 2 == 0:                              # cancelling: o and -o at weights that differ by one ulp
-            o[1::2] = -o[0:-1:2]
         pw = np.nextafter(np.exp(-rng.random(tiles) * 5), 2.0)
+        if trial % 2 == 0:        # cancelling: o at tile 2k, -o at 2k + 1, the two weights one ulp apart
+            o[1::2] = -o[0:-1:2]
+            o[-1] = 0.0                                 # 65 tiles: the last has no partner
+            pw[1::2] = pw[0:-1:2]
         nw = np.nextafter(pw, 0.0) if trial % 2 == 0 else np.exp(-rng.random(tiles) * 5)
         got, magnitude = _signed_weighted_sum(torch.from_numpy(pw), torch.from_numpy(nw), torch.from_numpy(o))
-        slack = (tiles + 4) * 2.0 ** -53 * magnitude
+        if trial % 2 == 0:
+            cancelled.append(float((got.abs() / magnitude).max()))
+        slack = float64_sum_slack(tiles) * magnitude
         for d in range(3):
             exact = sum(Fraction(float(pw[t])) * Fraction(float(max(o[t, d], 0.0))) +
                         Fraction(float(nw[t])) * Fraction(float(min(o[t, d], 0.0))) for t in range(tiles))
@@ -245,3 +254,4 @@ def test_fold_sum_bound_holds_under_cancellation():
             if slack[d] > 0:
                 worst = max(worst, float(error / Fraction(float(slack[d]))))
     assert worst > 0                                   # the sums did round: the check can fail
+    assert max(cancelled) < 1e-6                       # and the cancelling ones did cancel

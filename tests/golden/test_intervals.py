@@ -119,3 +119,21 @@ def test_a_sum_on_one_grid_below_two_to_the_24_is_exact():
     """The exactness certificate: integers below 2**24 add exactly in float32 in any order."""
     terms = torch.tensor([2.0 ** 20, 3.0, -7.0, 1.0, 2.0 ** 21], dtype=torch.float64)
     assert float(residue_bound(terms[None, :], terms.abs().sum()[None])[0]) == 0.0
+
+
+def test_lowbit_matches_the_integer_definition_on_random_float32_patterns():
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (20000,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)
+    x = x[torch.isfinite(x)]
+    got = lowbit(x)
+    for value, power in zip(x.double().tolist(), got.tolist()):
+        if value == 0:
+            assert power == math.inf
+            continue
+        mantissa, exponent = math.frexp(abs(value))
+        significand = int(mantissa * 2 ** 53)
+        want = math.ldexp(significand & -significand, exponent - 53)
+        assert power == want, (value, power, want)
+    # inf and NaN read as their bits say (exponent field 255): 2**128 for inf.
+    specials = torch.tensor([0x7F800000, 0x7FC00000, 0x7F800001], dtype=torch.int32).view(torch.float32)
+    assert lowbit(specials).tolist() == [2.0 ** 128, 2.0 ** 127, 2.0 ** 105]
