@@ -25,6 +25,8 @@ import argparse
 import os
 import sys
 
+from cases.pool import count_argument as _count
+
 __all__ = ["build_parser", "main"]
 
 
@@ -98,13 +100,6 @@ def _cluster_refused(exc) -> int:
     """A cluster that cannot take the work: one line, exit 2, before any case ran (cases/pool.py)."""
     print(f"pfa-verify: error: {exc}", file=sys.stderr)
     return 2
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
 
 
 def _skip_kinds(text: str) -> tuple[str, ...]:

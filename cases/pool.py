@@ -59,6 +59,15 @@ def parse_cluster(text: str) -> str:
     return text
 
 
+def count_argument(text: str) -> int:
+    """An argparse type: a count, an integer >= 0 (the commands' --examples, --workers, --seed, ...)."""
+    import argparse
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
 def add_cluster_argument(parser, what: str) -> None:
     """``--cluster ray[=HOST:PORT]`` on an argparse parser (run, mutants, search)."""
     import argparse

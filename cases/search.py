@@ -276,8 +276,8 @@ def main(args) -> int:
 
 def add_arguments(parser) -> None:
     """The options of ``pfa-verify search``."""
-    from cases.cli import _count as count
     from cases.pool import add_cluster_argument
+    from cases.pool import count_argument as count
 
     parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
                         "any name --backend of pfa-verify run takes")
