@@ -9,25 +9,14 @@ from __future__ import annotations
 import pytest
 
 from cases import mutants as matrix
-from kernels.mutants import MUTANTS
 from kernels.mutants.kernel_level import KERNEL_MUTANTS
-from properties import ledger
+from ledger_marks import survivor_params
 from properties.law_examples import PAGED_LAWS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 
-def _params():
-    ledger.check(mutants=MUTANTS)
-    out = []
-    for name in sorted(KERNEL_MUTANTS):
-        known = ledger.survivor(f"sim/{name}")
-        marks = [pytest.mark.xfail(reason=f"ledger: {known.reason}", strict=True, raises=AssertionError)] if known else []
-        out.append(pytest.param(name, marks=marks))
-    return out
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", survivor_params(sorted(KERNEL_MUTANTS), prefix="sim/"))
 def test_every_kernel_mutant_is_killed_on_the_sim(name, pypto_module):
     # In a spawned process of its own (cases/mutants.rows): this one is an xdist worker.
     [result] = matrix.rows([f"sim/{name}"], level="sim", examples=5, seed=0, laws=PAGED_LAWS, catalog=False,

@@ -18,7 +18,8 @@ from kernels.mutants import MUTANTS, get_mutant
 from kernels.mutants.staged import StagedGolden
 from properties import compare as cmp
 from properties.acceptance import call, split_bundle
-from properties import law_examples, ledger
+from ledger_marks import survivor_params
+from properties import law_examples
 
 GOLDEN = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is None]
 EQUIVALENT = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is not None]
@@ -40,15 +41,7 @@ def test_the_reference_never_fails_a_law():
     assert not base.killed, [(c.law, c.message) for c in base.cells if c.killed]
 
 
-def _known_survivors_xfail(names):
-    """``names`` as parameters, a ledger survivor marked as a strict xfail citing its reason."""
-    ledger.check(mutants=MUTANTS)
-    marks = {name: pytest.mark.xfail(reason=f"ledger: {ledger.survivor(name).reason}", strict=True, raises=AssertionError)
-             for name in ledger.survivors()}
-    return [pytest.param(name, marks=[marks[name]] if name in marks else []) for name in names]
-
-
-@pytest.mark.parametrize("name", _known_survivors_xfail(GOLDEN))
+@pytest.mark.parametrize("name", survivor_params(GOLDEN))
 def test_every_golden_mutant_is_killed_within_the_ci_budget(name):
     result = matrix._one(name, level="golden", examples=EXAMPLES, seed=0, laws=law_examples.PAGED_LAWS, catalog=False,
                          shrink_s=5, first_kill_only=True)
