@@ -53,22 +53,12 @@ class Tightness:
 
 
 def _cases(distribution: str, count: int, seed: int) -> list:
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
-
+    """The cases the table measures: ``pfa-verify run``'s generated cases for our kernel's shapes, of
+    ``distribution`` only (cases.collect.generated_cases: the same whatever else the process imported)."""
     from kernels.config import KERNEL_SHAPES
-    from properties import strategies as ps
-    found: list = []
 
-    @fixed_seed(seed)
-    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(ps.cases_for(KERNEL_SHAPES, distribution=(distribution,)))
-    def collect(case):
-        found.append(case)
-
-    collect()
-    return found
+    from .collect import generated_cases
+    return generated_cases(count, seed, supported=KERNEL_SHAPES, distributions=(distribution,))
 
 
 def measure(distribution: str, count: int = 20, seed: int = 0) -> Tightness:
