@@ -107,12 +107,17 @@ def test_mm2_bounds_are_the_signed_deviations_and_the_magnitude():
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
 def test_rounding_boundaries_are_every_change_of_the_value_read_back(codec):
     """codec.rounding_boundaries(), which the flip test's tables are built from: the value read back
-    changes at each boundary, and nowhere between two of them (random values read what the boundary
-    at or below them reads)."""
+    changes at each boundary, and nowhere between two of them: ``round`` is monotone, so the last
+    float32 below each boundary reads what the previous boundary reads (0 below the first), and the
+    top of the range what the last one reads; random values, too, read what the boundary at or below
+    them reads. (A dropped boundary fails the second assertion.)"""
     boundaries = codec.rounding_boundaries().float()
     below = torch.nextafter(boundaries, torch.tensor(-math.inf))
     assert bool((codec.round(below) != codec.round(boundaries)).all())
+    previous = torch.cat([torch.zeros(1), boundaries[:-1]])
+    assert torch.equal(codec.round(below), codec.round(previous))
     top = 2 * max(codec.max_value, 448.0)
+    assert torch.equal(codec.round(torch.tensor([top])), codec.round(boundaries[-1:]))
     x = torch.cat([torch.rand(20000, generator=torch.Generator().manual_seed(7)) * top,
                    torch.rand(20000, generator=torch.Generator().manual_seed(8)) * 2.0 ** -6])
     at_or_below = torch.searchsorted(boundaries, x, right=True) - 1
