@@ -147,12 +147,19 @@ def test_scores_that_overflow_at_one_end_never_give_a_finite_envelope_without_th
     kwargs.update(k_cache=codec.to_fp8(k), v_cache=codec.to_fp8(v), v_scale=torch.ones_like(kwargs["v_scale"]))
     raw = float((q.double() * codec.from_fp8(kwargs["k_cache"])[second, 0, 0].double()).sum())
     largest = torch.tensor(3.4028234663852886e38 / abs(raw), dtype=torch.float32).view(torch.int32)
-    for step in range(-3, 1):
+    # Scales a few float32 ulps below the overflow threshold, and two controls where the second tile's
+    # scores are -1e6 and -1e9 (no end overflows): there the bounds must be finite and hold the vertex
+    # kernels. (From about -1e10 on they are NaN: the fold's bound on a rounded exponent argument,
+    # exp(2**-24 |m_j - mu|), overflows float64.)
+    controls = [1e6 / abs(raw), 1e9 / abs(raw)]
+    for step, scale in [(None, c) for c in controls] + [(s, float((largest + s).view(torch.float32))) for s in range(-3, 1)]:
         k_scale = torch.full_like(kwargs["k_scale"], 1e-6)
-        k_scale[second] = float((largest + step).view(torch.float32))
+        k_scale[second] = scale
         case = {**kwargs, "k_scale": k_scale}
         env = golden.paged_attention_envelope(**case)
         finite = torch.isfinite(env.lo.float()) & torch.isfinite(env.hi.float())
+        if step is None:
+            assert bool(finite.all()), scale
         for variant in ("vertex-low", "vertex-high"):
             out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**case)
             assert bool((env.inside(out) | ~finite).all()), (step, variant)
@@ -164,13 +171,18 @@ def test_a_negative_dequant_scale_is_a_value_error(name):
     """SPEC §3's dequant scales are >= 0 and the envelope's dequant steps rely on it (a negative one turns
     the ends of an interval around): refused, naming the entry; garbage in unread cells is not, NaN or
     negative."""
-    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=2, s1=1, s2=32, nq=2, nkv=1, head_dim=16,
-                                                            block_size=16, s2_tile=16, kv_act_seqs=(32, 5),
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=3, s1=2, s2=32, nq=2, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16, kv_act_seqs=(32, 1, 0),
                                                             garbage="nan"), 0).kwargs()
     assert torch.isnan(kwargs["k_scale"]).any()
     golden.paged_attention_envelope(**kwargs)
-    unread = torch.isnan(kwargs["k_scale"])
-    golden.paged_attention_envelope(**{**kwargs, "k_scale": torch.where(unread, -1.0, kwargs["k_scale"])})
+    # Unread: the K scales make_inputs filled with NaN; q_scale's query rows with cur == 0 (batch 1's
+    # first position sees 1 - 1 tokens, batch 2 none: rows 2, 4, 5); batch 2's v_scale (no tokens).
+    unread_rows = torch.tensor([False, False, True, False, True, True])[:, None, None]
+    unread_batches = torch.tensor([False, False, True])[:, None, None]
+    golden.paged_attention_envelope(**{**kwargs, "k_scale": torch.where(torch.isnan(kwargs["k_scale"]), -1.0, kwargs["k_scale"]),
+                                       "q_scale": torch.where(unread_rows, -1.0, kwargs["q_scale"]),
+                                       "v_scale": torch.where(unread_batches, -1.0, kwargs["v_scale"])})
     kwargs[name] = kwargs[name].clone()
     first = (int(kwargs["block_table"][0, 0]), 0) if name == "k_scale" else (0,)
     kwargs[name][first].view(-1)[0] = -0.25
@@ -226,7 +238,9 @@ def test_at12_cancellation_is_where_the_tolerance_is_not_sound():
 def test_fold_sum_bound_holds_under_cancellation():
     """The fold's float64 weighted sums over 65 tiles (golden.envelope._signed_weighted_sum) with the slack
     fold adds, ``(T + 4) 2**-53`` times the magnitude: the exact rational sum lies inside, on terms built
-    to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones."""
+    to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones.
+    What it can catch: a slack far too small (1 * 2**-53 fails). It cannot tell the derived (T + 4) from a
+    few units less: BLAS's sums stay far from the worst case; the derivation is float64_sum_slack's."""
     from fractions import Fraction
 
     from golden.envelope import _signed_weighted_sum, float64_sum_slack
