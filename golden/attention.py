@@ -48,7 +48,7 @@ from .scratch import SCRATCH
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args, check_scales_not_negative
 
-__all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "dequantize_scores", "tile_values", "dequantize_values"]
+__all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
 def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
@@ -59,6 +59,17 @@ def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
     lengths = kv_act_seqs.numpy() if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs)
     behind_last = np.arange(s1 - 1, -1, -1)
     return torch.from_numpy(np.maximum(lengths.astype(np.int64)[:, None] - behind_last, 0))
+
+
+def read_cells(block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *, num_blocks: int, block_size: int,
+               s1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bool [NB, BS], bool [B*S1]): the cache rows SPEC §2 item 2 reads (row ``t % BS`` of block
+    ``block_table[b, t // BS]`` for ``t < kv_act_seqs[b]``), and the query rows that see a token
+    (``cur > 0``, SPEC §2.1). Every other cell (its K scale, q and q_scale of such a row) is garbage no
+    kernel may let reach the output. The envelope's scale check and the laws' garbage both read it."""
+    _, _, block, row = token_slots(block_table, kv_act_seqs, block_size)
+    slots = torch.zeros((num_blocks, block_size), dtype=torch.bool).index_put_((block, row), torch.tensor(True))
+    return slots, visible_lengths(kv_act_seqs, s1).reshape(-1) > 0
 
 
 def dequantize_scores(raw: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor, softmax_scale: float) -> torch.Tensor:
@@ -288,9 +299,8 @@ def paged_attention_envelope(
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
     # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with tokens.
-    _, _, block, row = token_slots(block_table, kv_act_seqs, dims.block_size)
-    slot_read = torch.zeros(k_scale.shape[:2], dtype=torch.bool).index_put_((block, row), torch.tensor(True))
-    row_read = visible_lengths(kv_act_seqs, dims.s1).reshape(-1) > 0
+    slot_read, row_read = read_cells(block_table, kv_act_seqs, num_blocks=k_scale.shape[0], block_size=dims.block_size,
+                                     s1=dims.s1)
     check_scales_not_negative(q_scale=(q_scale, row_read[:, None, None]), k_scale=(k_scale, slot_read[:, :, None, None]),
                               v_scale=(v_scale, (kv_act_seqs > 0)[:, None, None]))
     model = SPEC_MODEL if model is None else model

@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import torch
 
-from golden.attention import visible_lengths
+from golden.attention import read_cells
 from golden.codec import SPEC_CODEC
 from golden.inputs import GARBAGE
 
-__all__ = ["read_mask", "poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
+__all__ = ["poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
            "select_batch"]
 
 
-def read_mask(tensors: dict) -> torch.Tensor:
-    """bool [NB, BS]: the cache rows SPEC §2 item 2 reads (row t % BS of block table[b, t // BS])."""
-    nb, bs = tensors["k_cache"].shape[:2]
-    mask = torch.zeros(nb, bs, dtype=torch.bool)
-    for b, n in enumerate(tensors["kv_act_seqs"].tolist()):
-        t = torch.arange(n)
-        mask[tensors["block_table"][b, t // bs].long(), t % bs] = True
-    return mask
-
-
 def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bool [NB, BS] cache rows nothing reads, bool [B*S1] query rows with ``cur == 0``)."""
+    """(bool [NB, BS] cache rows nothing reads, bool [B*S1] query rows with ``cur == 0``): the complement
+    of golden.attention.read_cells."""
+    nb, bs = tensors["k_cache"].shape[:2]
     s1 = tensors["q"].shape[0] // len(tensors["kv_act_seqs"])
-    return ~read_mask(tensors), visible_lengths(tensors["kv_act_seqs"].cpu(), s1).reshape(-1) == 0
+    slots, rows = read_cells(tensors["block_table"], tensors["kv_act_seqs"], num_blocks=nb, block_size=bs, s1=s1)
+    return ~slots, ~rows
 
 
 def poison_unread(tensors: dict, fill: str | None) -> dict:

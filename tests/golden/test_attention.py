@@ -12,7 +12,7 @@ import torch
 import golden_helpers as gh
 from golden import (PYPTO_CALCULATOR_CODEC, PagedAttentionConfig, make_inputs, paged_attention_fp8,
                     paged_attention_fp8_loop)
-from golden.attention import visible_lengths
+from golden.attention import read_cells, visible_lengths
 
 C = PagedAttentionConfig
 GOLDENS = [paged_attention_fp8, paged_attention_fp8_loop]
@@ -179,6 +179,17 @@ def test_repeated_calls_of_changing_shapes_agree_with_the_loop():
         bundle = make_inputs(CONFIGS[name], seed=3)
         gh.assert_identical(paged_attention_fp8(**bundle.kwargs()), paged_attention_fp8_loop(**bundle.kwargs()),
                             f"vectorized vs loop [{name}] in a sequence of calls")
+
+
+def test_read_cells_by_hand():
+    table = torch.tensor([[3, 5], [0, -1], [-1, -1]], dtype=torch.int32)
+    slots, rows = read_cells(table, torch.tensor([20, 1, 0]), num_blocks=6, block_size=16, s1=2)
+    want = torch.zeros(6, 16, dtype=torch.bool)
+    want[3, :] = True          # batch 0: tokens 0-15 in block 3, 16-19 in block 5's first rows
+    want[5, :4] = True
+    want[0, 0] = True          # batch 1: its one token
+    assert torch.equal(slots, want)
+    assert rows.tolist() == [True, True, False, True, False, False]     # cur: 19, 20 | 0, 1 | 0, 0
 
 
 def test_visible_lengths():
