@@ -32,8 +32,8 @@ an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row
 The golden (exact sums, correctly rounded exp and division) is one conforming execution: it always
 lies inside. ``tests/golden/test_envelope.py`` holds containment and runs conforming variants and
 vertex kernels (every raw score at an end of its interval) against it; the acceptance rule that uses
-it is ``properties.acceptance.judge``. The bounds of single stages (steps 1-3, 5, and the sum of l) are
-golden/envelope_stages.py; this module folds them.
+it is ``properties.acceptance.judge``. The bounds of single stages (steps 1-5, and the sum of l) and the
+tables they read are golden/envelope_stages.py; this module folds them.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .envelope_stages import _F64, _mm2_bounds, _sum_relative, dequant_interval, exp_bounds, grid_of_codes
+from .envelope_stages import _F64, _mm2_bounds, _sum_relative, dequant_interval, exp_bounds
 from .envelope_stages import boundary_distance, column_grids
 from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
 from .intervals import TINY32, U32, down32, lowbit, sum_error_bound, ulp32, up32, widen
@@ -53,7 +53,7 @@ from .quant import FP8_MAX
 from .scratch import SCRATCH
 
 __all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",
-           "dequant_interval", "exp_bounds", "grid_of_codes", "DEGENERATE_SPREAD"]
+           "dequant_interval", "exp_bounds", "DEGENERATE_SPREAD"]
 
 #: A row whose scores' intervals are wider than this (in logit units) can move P by a factor e**2 or
 #: more: the envelope there is close to "any mixture of the V rows" and the case is reported as
@@ -204,11 +204,17 @@ class EnvelopeBuilder:
         too_far = (m_hi - s_lo.double()) * U32 > 0.5                       # such terms: bounded by e^(-far) ~ 0
         high = (torch.where(too_far, 1.0, e_hi * torch.exp(m_lo - m_hi) * (1 + 2 * slack)) * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
-        # float64's own roundings, relative, of a term of ``high`` (the worse side): two exp calls within
-        # 1 ulp each (torch's float64 exp: SLEEF's u10 or glibc's, both <= 1 ulp = 2 * 2**-53), two
-        # products (2**-53 each): 6 * 2**-53; the sum of n terms, (n - 1) 2**-53; the two factors below and
-        # the rounding of (1 + exp_rel + f64): 3 more; (n + 8) 2**-53 in all, inside _F64 + (n + 2) 2**-53 =
-        # (n + 10) 2**-53. ``low`` has one exp and one product per term.
+        # float64's own roundings, relative, in units of 2**-53, of ``l_hi`` (the worse side). A term of
+        # ``high``: two exp calls within 1 ulp each (torch's float64 exp: SLEEF's u10 or glibc's, both <= 1
+        # ulp = 2 units), the rounding of 1 + 2 slack and two products: 7. The sum of n terms: n - 1. Then
+        # 1 + exp_rel + f64 (exp_rel + f64 is exact), 1 + rel, two products and the absolute term's
+        # addition: 5 (n >= 2), 3 (n = 1, rel = 0). In all n + 11 (10 for n = 1) against the (n + 10)
+        # allowed by _F64 + (n + 2) 2**-53. The one short, and the second-order terms, lie inside rel's own
+        # spare for n >= 2: rel >= the tree bound (n - 1) u (1 + n 2**-23), which exceeds what any order
+        # needs, (n - 1) u / (1 - (n - 1) u), by about (n**2 - 1) u**2 = 32 (n**2 - 1) units; for n >= 4 it
+        # also exceeds compensated summation's 2 u + O(n u**2) by more than u; for n = 2, 3 rel is the Kahan
+        # bound 2 u + 16 n u**2, on non-negative terms whose compensated sum errs by little more than u.
+        # ``low`` has one exp and one product per term.
         f64 = _F64 + (n + 2) * 2.0 ** -53
         l_lo = low * (1 - self.exp_rel - f64) * (1 - rel)
         l_hi = high * (1 + self.exp_rel + f64) * (1 + rel) + n * self.model.exp_ulps * TINY32

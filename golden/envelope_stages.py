@@ -2,8 +2,11 @@
 the steps): the raw score's error E1 (step 1, the any-order bound and the sharper residue bound), the
 float32 intervals of the raw sum and of the dequantized score (step 2, F2), of ``exp`` (step 3, F3),
 the deviations of MM2 when flippable codes of P take either end (step 5) and the relative error of
-the sum of l (step 6). Pure functions of tensors: golden/envelope.py's EnvelopeBuilder folds them,
-golden/at12.py and kernels/conforming use the score bounds. golden.envelope re-exports the public names.
+the sum of l (step 6); and the tables they read, built once per codec and kept on it: the grids of
+the codes (the exactness certificate's, for Q rows and K columns) and the rounding boundaries of step
+4's flip test (boundary_distance). Functions of tensors and arrays (the |V| of _mm2_bounds goes into the
+shared golden.scratch buffer): golden/envelope.py's EnvelopeBuilder folds them, golden/at12.py and
+kernels/conforming use the score bounds. golden.envelope re-exports the public names.
 """
 from __future__ import annotations
 
@@ -18,8 +21,7 @@ from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
 
-__all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_bounds",
-           "grid_of_codes"]
+__all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_bounds"]
 
 _F64 = 2.0 ** -50          # slack for float64 arithmetic on bounds (a few float64 roundings)
 
@@ -53,7 +55,7 @@ def grid_exponents_of_codes(codec: Fp8Codec) -> np.ndarray:
 
 
 def column_grid_exponents(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
-    """int8 [...]: the grid exponent of each K column (one score's column: the minimum of
+    """int8 [...]: the grid exponent of each K column or Q row (one score's operand: the minimum of
     :func:`grid_exponents_of_codes` over its ``D`` codes), from ``rows`` [..., D] uint8 codes with D
     contiguous, as the cache holds them. Two codes at a time (a 65536-entry table of pair minima):
     the lookup is the cost, and it halves."""
