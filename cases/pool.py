@@ -62,7 +62,10 @@ def parse_cluster(text: str) -> str:
 def count_argument(text: str) -> int:
     """An argparse type: a count, an integer >= 0 (the commands' --examples, --workers, --seed, ...)."""
     import argparse
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return value

@@ -147,8 +147,9 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     if not laws:
         raise UsageError(f"--laws: none given; expected some of {', '.join(PAGED_LAWS)}")
     check_known("--laws", "law", laws, PAGED_LAWS)
-    if tasks < 1 or examples < 1:
-        raise UsageError(f"--tasks {tasks} and --examples {examples} must be at least 1")
+    for option, value in (("--tasks", tasks), ("--examples", examples)):
+        if value < 1:
+            raise UsageError(f"{option} {value} must be at least 1")
     start = time.perf_counter()
     backend = kernels.get_backend(backend_name)        # the driver shrinks: it needs the backend too
     db = open_database(database)
@@ -237,8 +238,9 @@ def render_table(run: SearchRun):
 # --- the command line (cases/cli.py) -------------------------------------------------------------
 
 def main(args) -> int:
-    """``pfa-verify search`` (cases/cli.py): run, print, write the JSON report; exit 0, 1, or 2 (a
-    cluster that cannot take the tasks, one line)."""
+    """``pfa-verify search`` (cases/cli.py): run, print, write the JSON report; exit 0, 1, or 2 in one line
+    (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
+    that cannot take the tasks)."""
     import json
     import sys
     from pathlib import Path
@@ -248,7 +250,7 @@ def main(args) -> int:
     from cases.pool import ClusterError
     from properties.law_examples import PAGED_LAWS
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws else PAGED_LAWS
+    laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws is not None else PAGED_LAWS
 
     def progress(payload, result):
         law, task = payload[0], payload[1]

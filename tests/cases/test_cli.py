@@ -95,9 +95,11 @@ def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch)
     (["run", "--backend", "golden", "--cases", "no_such_case", "--examples", "0"], "unknown name(s) ['no_such_case']"),
     (["cases", "show", "nope"], "regression 'nope': no file"),
     (["search", "--laws", "nope"], "--laws: unknown law(s) ['nope']"),
-    (["search", "--tasks", "0"], "--tasks 0 and --examples 100 must be at least 1"),
+    (["search", "--tasks", "0"], "--tasks 0 must be at least 1"),
+    (["search", "--examples", "0"], "--examples 0 must be at least 1"),
+    (["search", "--laws", ""], "--laws: none given"),
 ], ids=["backend name", "mutant name", "conforming name", "backend file", "device", "case name", "case id",
-        "search law", "search tasks"])
+        "search law", "search tasks", "search examples", "search no law"])
 def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

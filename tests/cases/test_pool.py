@@ -221,3 +221,13 @@ def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exite
     assert _death(procs(-signal.SIGKILL, 1, 0, None, -signal.SIGTERM)) == "a worker process ended: killed by SIGKILL"
     assert _death(procs(1, 0)) == "a worker process ended: exit status 1"
     assert _death(procs(0, -signal.SIGTERM)) == "a worker process terminated abruptly (BrokenProcessPool)"
+
+
+@pytest.mark.parametrize("text, message", [("x", "'x' is not an integer"), ("-1", "'-1' must be >= 0"), ("2.5", "'2.5' is not an integer")])
+def test_a_bad_count_names_the_value(text, message):
+    import argparse
+
+    from cases.pool import count_argument
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        count_argument(text)
+    assert count_argument("3") == 3
