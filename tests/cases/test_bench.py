@@ -73,9 +73,21 @@ def test_stage_rows_time_the_envelope_under_both_codecs(monkeypatch):
     calls = []
     real = golden.paged_attention_envelope
     monkeypatch.setattr(golden, "paged_attention_envelope", lambda **kw: calls.append(kw["codec"]) or real(**kw))
-    rows = {r.stage: r for r in bs.stage_rows("small", [Case(small_workload(1)[0], seed=0)])}
-    assert rows["envelope"].mean is not None and rows["envelope"].mean > 0
+    bs.stage_rows("small", [Case(small_workload(1)[0], seed=0)])
     assert [c.name for c in calls] == [golden.SPEC_CODEC.name, golden.PYPTO_CALCULATOR_CODEC.name]
+
+
+def test_the_fp32_loop_oracle_is_timed_on_upstream_only():
+    from cases import bench_stages as bs
+    from cases.bench import small_workload
+    from properties.case import Case
+    cases = [Case(small_workload(1)[0], seed=0)]
+    small = {r.stage for r in bs.stage_rows("small", cases)}
+    upstream = {r.stage: r for r in bs.stage_rows("upstream", cases)}
+    assert "fp32 loop oracle" not in small and "golden spec speed-up over FP32 loop oracle" not in small
+    assert upstream["fp32 loop oracle"].cases == 1 and upstream["fp32 loop oracle"].mean > 0
+    speed_up = upstream["golden spec speed-up over FP32 loop oracle"]
+    assert speed_up.cases == 1 and speed_up.mean == upstream["fp32 loop oracle"].mean / upstream["golden spec"].mean
 
 
 def test_goal_lines_are_judged_on_the_worst_case():

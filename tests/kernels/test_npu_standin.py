@@ -129,11 +129,17 @@ def test_a_host_tensor_never_reads_as_on_the_device(standin):
     is recorded as a copy back (a flake seen under pytest-xdist, where an earlier test's tensor had been
     recorded at the address of a later test's block table)."""
     import npu_standin
+    reused = 0
     for rows in range(1, 200):          # some sizes get the freed address back at once (5 of these did)
+        freed = torch.zeros(rows, 3, dtype=torch.int32)     # the premise, shown on a plain host tensor
+        address = freed.untyped_storage().data_ptr()
+        del freed
+        reused += torch.zeros(rows, 3, dtype=torch.int32).untyped_storage().data_ptr() == address
         moved = torch.zeros(rows, 3, dtype=torch.int32).to("npu:0")
         assert npu_standin._where(moved) == 0
         del moved
         host = torch.zeros(rows, 3, dtype=torch.int32)
         assert npu_standin._where(host) is None
         host.cpu()
+    assert reused > 0, "the allocator never reused a freed address: this test would check nothing"
     assert [e for e in standin if e[0] == "d2h"] == []

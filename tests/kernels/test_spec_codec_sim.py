@@ -42,7 +42,7 @@ def test_the_variant_names_its_codec_and_the_plain_sim_says_why_the_spec_compari
                              ({"cost_model": True}, "cost_model=True applies to level='compile'")):
         with pytest.raises(UsageError, match=message):
             kernels.get_backend("sim", **options)
-    with pytest.raises(ValueError, match="applies to the npu backend only"):
+    with pytest.raises(UsageError, match="applies to the npu backend only"):
         kernels.get_backend("sim-spec-codec", device=0)
 
 

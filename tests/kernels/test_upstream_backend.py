@@ -28,9 +28,14 @@ def test_names(name, expected):
 
 
 @pytest.mark.parametrize("name", ["pypto-gym:", "pypto-gym", "gym:k.py", "pypto-gym-cpu:k.py"])
-def test_bad_names_are_value_errors(name):
-    with pytest.raises(ValueError, match="must be pypto-gym:PATH.py"):
+def test_bad_names_are_usage_errors(name):
+    with pytest.raises(UsageError, match="must be pypto-gym:PATH.py"):
         parse_name(name)
+
+
+def test_a_device_on_the_sim_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"device=0 applies to pypto-gym-npu:\.\.\., not 'pypto-gym:k.py'"):
+        kernels.get_backend("pypto-gym:k.py", device=0)
 
 
 def test_tile_configuration_follows_upstream_create_config():
