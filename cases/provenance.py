@@ -4,8 +4,8 @@ version and commit, the catalog's and the captured regressions' fingerprints.
 A path says where a kernel was; only its bytes say which kernel it was. So a report of
 ``pfa-verify run`` carries (cases/report.schema.json, README "Report schema"):
 
-- ``backend.model``: the golden.model.ConformanceModel the backend declares (``backend.model``; null
-  when it declares none, i.e. it is judged by SPEC §4.1 as written), as ``to_dict()`` plus ``describe()``;
+- ``backend.model``: the golden.model.ConformanceModel that judged the run (``properties.acceptance.backend_model``:
+  the one the backend declares, or SPEC §4.1 as written), as ``to_dict()`` plus ``describe()`` and ``declared``;
 - ``backend.kernel``: the kernels.backends.KernelSource of a kernel loaded from a file or module (our
   kernels/pfa_fp8.py for sim and npu, a ``pypto-gym:`` file or module, a ``path.py:factory`` or
   ``module:factory`` backend): the source as named, the resolved path, the sha256 of the file's bytes
@@ -29,10 +29,12 @@ def _sha256(path: Path) -> str:
 
 
 def backend_provenance(backend) -> dict:
-    """``{"model", "kernel"}`` of ``backend`` (module docstring); each null when the backend has none."""
-    model = getattr(backend, "model", None)
+    """``{"model", "kernel", ...}`` of ``backend`` (module docstring): the model that judges it (``declared``
+    says whether the backend declared it; else it is SPEC §4.1 as written), the kernel file (null when none)."""
+    from properties.acceptance import backend_model
+    model = backend_model(backend)
     source = getattr(backend, "kernel_source", None)
-    return {"model": None if model is None else {**model.to_dict(), "describe": model.describe()},
+    return {"model": {**model.to_dict(), "describe": model.describe(), "declared": getattr(backend, "model", None) is not None},
             "kernel": None if source is None else source.to_dict(),
             "spec_codec_not_applicable": getattr(backend, "spec_codec_not_applicable", None)}
 

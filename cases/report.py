@@ -292,7 +292,9 @@ def provenance_lines(run) -> list[str]:
         lines.append(f"Kernel: {kernel['source']}" + (f":{kernel['function']}" if kernel["function"] else "")
                      + f", sha256 {kernel['sha256']}")
     model = (prov.get("backend") or {}).get("model")
-    lines.append(f"Model: {model['describe']}" if model else "Model: none declared (judged by SPEC \u00a74.1 as written)")
+    if model:
+        judged = "declared by the backend" if model.get("declared", True) else "none declared: SPEC \u00a74.1 as written"
+        lines.append(f"Model: {model['describe']} ({judged})")
     not_applicable = (prov.get("backend") or {}).get("spec_codec_not_applicable")
     if not_applicable:
         lines.append(f"Spec codec: not applicable on this backend ({not_applicable})")

@@ -16,7 +16,7 @@ from .envelope import dequant_interval, raw_interval, refine_score_bounds, score
 from .intervals import lowbit
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
-from .validate import check_on_cpu, check_qk_matmul_scale_args, check_scales_not_negative
+from .validate import check_at12_scores_in_float32, check_on_cpu, check_qk_matmul_scale_args, check_scales_not_negative
 
 __all__ = ["qk_matmul_scale", "qk_matmul_scale_loop", "qk_matmul_scale_envelope"]
 
@@ -36,6 +36,7 @@ def qk_matmul_scale(
     """
     check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
     is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    check_at12_scores_in_float32(q_scale, k_scale, q.shape[-1], scale)
     if not is_fp8:
         return exact_matmul(q.float(), k.float().T) * torch.tensor(scale, dtype=torch.float32)
     codec = get_codec(codec)
@@ -57,6 +58,7 @@ def qk_matmul_scale_loop(
     """
     check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
     is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    check_at12_scores_in_float32(q_scale, k_scale, q.shape[-1], scale)
     if is_fp8:
         codec = get_codec(codec)
         qv, kv = codec.decode(q, torch.float64), codec.decode(k, torch.float64)
@@ -89,6 +91,7 @@ def qk_matmul_scale_envelope(
     """
     check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
     is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    check_at12_scores_in_float32(q_scale, k_scale, q.shape[-1], scale)
     check_scales_not_negative(q_scale=q_scale, k_scale=k_scale)
     model = SPEC_MODEL if model is None else model
     codec = get_codec(codec)

@@ -35,6 +35,8 @@ Decisions (SPEC leaves them open), with their tests in tests/golden/test_attenti
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -42,23 +44,14 @@ from .codec import Fp8Codec, get_codec
 from .envelope import AttentionEnvelope, EnvelopeBuilder
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
-from .paging import blocks_needed, ceil_div, token_slots
+from .paging import blocks_needed, ceil_div, token_slots, visible_lengths
 from .quant import quantize_rows
 from .scratch import SCRATCH
 from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args, check_scales_not_negative
+from .validate import check_scores_in_float32
 
 __all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
-
-
-def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
-    """int64 [B, S1]: ``cur[b, i] = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2.1), the tokens query
-    position i of batch b sees. ``kv_act_seqs``: [B] ints (a CPU tensor, an array or a sequence). The one
-    place the visible length is computed outside the loop oracle; ``.reshape(-1)`` orders it by output
-    row ``b * S1 + i``."""
-    lengths = kv_act_seqs.numpy() if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs)
-    behind_last = np.arange(s1 - 1, -1, -1)
-    return torch.from_numpy(np.maximum(lengths.astype(np.int64)[:, None] - behind_last, 0))
 
 
 def read_cells(block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *, num_blocks: int, block_size: int,
@@ -114,7 +107,7 @@ class _PagedCache:
 
 
 def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
-                     codec: Fp8Codec, envelope=None):
+                     codec: Fp8Codec, envelope=None, tiles: int = 0):
     """float32 ``O / l`` [B*S1, NQ, D], contiguous (the caller rounds it to bfloat16); with an
     ``envelope`` (golden.envelope.EnvelopeBuilder) also its float32 bounds ``(lo, hi)``, same shape.
 
@@ -130,7 +123,8 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     lengths = kv_act_seqs.numpy().astype(np.int64)
     tiles_of = ceil_div(lengths, tile)  # the last query position sees every valid token
     blocks_of = blocks_needed(lengths, block_size)
-    most_tiles = int(tiles_of.max())
+    most_tiles = int(tiles_of.max()) if tiles_of.size else 0
+    most_tiles = max(most_tiles, tiles) if most_tiles else 0  # a caller may pad the tile axis (golden.envelope: a subset)
     if most_tiles == 0:
         zeros = torch.zeros(q.shape)
         return zeros if envelope is None else (zeros, zeros.clone(), zeros.clone())
@@ -182,9 +176,9 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         def to_tiles(x, fill=0.0):      # blocks [Q, N, R, BS] -> tiles [P, N, R, tile]; blocks a tile lacks: fill
             if per_tile == 1:
                 return x
-            tiled = torch.full((pairs, nkv, rows, per_tile, block_size), fill, dtype=x.dtype)
+            tiled = torch.full((pairs, nkv, x.shape[2], per_tile, block_size), fill, dtype=x.dtype)
             tiled[owner_t, :, :, in_tile_t] = x
-            return tiled.view(pairs, nkv, rows, tile)
+            return tiled.view(pairs, nkv, x.shape[2], tile)
 
         def to_blocks(x):               # tiles [P, N, R, tile] -> blocks [Q, N, R, BS]
             return x if per_tile == 1 else x.view(pairs, nkv, rows, per_tile, block_size)[owner_t, :, :, in_tile_t]
@@ -273,6 +267,7 @@ def paged_attention_fp8(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
+    check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
     # Inference mode spares every torch call its autograd bookkeeping (about 10% here); the result
     # becomes an ordinary tensor again in the bfloat16 conversion, outside it.
     with torch.inference_mode():
@@ -285,12 +280,18 @@ def paged_attention_envelope(
     v_cache: torch.Tensor, v_scale: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
     softmax_scale: float | None = None, s2_tile: int = 128, g_tile: int | None = None,
     codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
+    batches: torch.Tensor | None = None,
 ) -> AttentionEnvelope:
     """The golden's output and the acceptance envelope around it (SPEC §4.2; golden/envelope.py).
 
     Arguments as :func:`paged_attention_fp8`; ``model`` (default ``golden.model.SPEC_MODEL``) is the
     set of conforming executions the envelope holds. ``result.golden`` is bit-identical to
     ``paged_attention_fp8``'s output, and ``result.lo <= result.golden <= result.hi`` elementwise.
+
+    ``batches`` (a bool [B] mask, or None for all): build it for those batches only. An output row's
+    envelope depends on its own batch's inputs alone (SPEC §4.2), so on those rows ``golden``, ``lo`` and
+    ``hi`` are bit-identical to the full envelope's; the other rows are NaN there (``result.batches`` says
+    which were built), and the counts cover the built rows. The inputs are checked whole either way.
     """
     check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
                  block_table=block_table, kv_act_seqs=kv_act_seqs)
@@ -298,6 +299,7 @@ def paged_attention_envelope(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
+    check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
     # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with tokens.
     slot_read, row_read = read_cells(block_table, kv_act_seqs, num_blocks=k_scale.shape[0], block_size=dims.block_size,
                                      s1=dims.s1)
@@ -307,11 +309,38 @@ def paged_attention_envelope(
     if not isinstance(model, ConformanceModel):
         raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")
     codec = get_codec(codec)
-    tiles = ceil_div(int(kv_act_seqs.max()), dims.s2_tile) if kv_act_seqs.numel() else 0
-    builder = EnvelopeBuilder(dims, codec, model, max(tiles, 1))
+    # The tile count of the whole case, also for a subset: the fold's float64 sums then run over the same
+    # number of (zero-padded) tiles, and give the same bits.
+    tiles = max(ceil_div(int(kv_act_seqs.max()), dims.s2_tile) if kv_act_seqs.numel() else 0, 1)
+    picked = _checked_batches(batches, dims.batch)
+    if picked is not None:
+        rows = (picked[:, None] * dims.s1 + torch.arange(dims.s1)).reshape(-1)
+        sub = dataclasses.replace(dims, batch=int(picked.numel()))
+        tensors = (q[rows], q_scale[rows], k_cache, k_scale, v_cache, v_scale[picked], block_table[picked], kv_act_seqs[picked])
+    else:
+        sub, tensors = dims, (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs)
+    builder = EnvelopeBuilder(sub, codec, model, tiles)
     with torch.inference_mode():
-        out, lo, hi = _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
-                                       codec, envelope=builder)
-    return AttentionEnvelope(golden=out.to(torch.bfloat16), lo=lo.to(torch.bfloat16), hi=hi.to(torch.bfloat16),
-                             model=model, codec=codec.name, p_elements=builder.p_elements,
-                             flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0))
+        if sub.batch:
+            out, lo, hi = _paged_attention(sub, *tensors, codec, envelope=builder, tiles=tiles)
+        else:
+            out = lo = hi = torch.zeros((0,) + tuple(q.shape[1:]))
+    out, lo, hi = (x.to(torch.bfloat16) for x in (out, lo, hi))
+    if picked is not None:
+        out, lo, hi = (torch.full(q.shape, float("nan"), dtype=torch.bfloat16).index_copy_(0, rows, x) for x in (out, lo, hi))
+    return AttentionEnvelope(golden=out, lo=lo, hi=hi, model=model, codec=codec.name, p_elements=builder.p_elements,
+                             flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0),
+                             batches=None if picked is None else tuple(int(b) for b in picked))
+
+
+def _checked_batches(batches, batch: int) -> torch.Tensor | None:
+    """int64 indices of the batches a bool [B] mask selects (None: all of them); a TypeError or ValueError
+    naming ``batches`` otherwise."""
+    if batches is None:
+        return None
+    if not isinstance(batches, torch.Tensor) or batches.dtype != torch.bool:
+        raise TypeError(f"batches must be a bool tensor [B] (or None for all), got {type(batches).__name__}"
+                        + (f" of {batches.dtype}" if isinstance(batches, torch.Tensor) else ""))
+    if tuple(batches.shape) != (batch,):
+        raise ValueError(f"batches has shape {tuple(batches.shape)}; expected ({batch},), one entry per batch")
+    return batches.nonzero().reshape(-1)

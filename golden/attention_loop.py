@@ -13,7 +13,7 @@ from .attention import dequantize_scores, tile_values
 from .codec import Fp8Codec, get_codec
 from .matmul import exact_matmul
 from .softmax_state import OnlineSoftmaxState, local_softmax
-from .validate import check_on_cpu, check_paged_attention_args
+from .validate import check_on_cpu, check_paged_attention_args, check_scores_in_float32
 
 __all__ = ["paged_attention_fp8_loop"]
 
@@ -31,6 +31,7 @@ def paged_attention_fp8_loop(
         q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
+    check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
     codec = get_codec(codec)
     bs, group = dims.block_size, dims.group
     out = torch.zeros(q.shape)  # rows with cur == 0 stay 0 (SPEC §2.5)

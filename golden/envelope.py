@@ -44,10 +44,11 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .envelope_stages import _F64, _mm2_bounds, _sum_relative, dequant_interval, exp_bounds
+from .envelope_stages import _mm2_bounds, quantization_error, _sum_relative, dequant_interval, exp_arguments, exp_bounds
 from .envelope_stages import boundary_distance, column_grids
 from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
-from .intervals import TINY32, U32, down32, lowbit, sum_error_bound, ulp32, up32, widen
+from .intervals import TINY32, U32, U64, down32, down32_add, up32_add, float64_slack, float64_sum_slack, lowbit, sum_error_bound, ulp32, up32
+from .intervals import widen, within_ulps
 from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
@@ -63,6 +64,10 @@ DEGENERATE_SPREAD = 1.0
 #: relative: 2**-9 is a quarter of SPEC §4's 1/128) get the sharper bound of step 1 even when no code
 #: of P flips.
 SHARPEN_WIDTH = 2.0 ** -9
+#: Step 8: tokens (and tiles) whose share of l is at most this are bounded by their mass, not in the hull.
+HULL_NEGLIGIBLE = 2.0 ** -40
+#: The two float32 products of F2 after MM2 (O_raw * p_scale * v_scale, any order): relative.
+_F2_ROUNDINGS = (1 + 2.0 ** -24) ** 2 - 1
 #: Scores whose P is at most this in every conforming execution are left at the plain bound of step 1.
 NEGLIGIBLE_P = 2.0 ** -30
 
@@ -74,7 +79,9 @@ class AttentionEnvelope:
     ``p_elements``: visible P elements (one per row, tile token); ``flippable``: those whose E4M3 code
     a conforming kernel may choose either way; ``degenerate_rows``: query rows whose scores are
     uncertain by more than :data:`DEGENERATE_SPREAD` (see there), counting only the scores whose P can
-    exceed :data:`NEGLIGIBLE_P` (the others move nothing).
+    exceed :data:`NEGLIGIBLE_P` (the others move nothing). ``batches``: the batches it was built for (None:
+    all; golden.paged_attention_envelope's ``batches``); the tensors are NaN on the other rows and the
+    counts cover the built rows only.
     """
     golden: torch.Tensor
     lo: torch.Tensor
@@ -84,6 +91,7 @@ class AttentionEnvelope:
     p_elements: int
     flippable: int
     degenerate_rows: int
+    batches: tuple[int, ...] | None = None
 
     def inside(self, actual: torch.Tensor) -> torch.Tensor:
         """bool: ``lo <= actual <= hi`` elementwise (False where either is not finite)."""
@@ -104,19 +112,27 @@ class EnvelopeBuilder:
         self.softmax_scale = torch.tensor(dims.softmax_scale, dtype=torch.float32)
         self._minus_inf = torch.tensor(-math.inf, dtype=torch.float32)
         self._fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32)
-        # Step 4's constants. Every x is <= 0, so every P is at most exp_ulps ulps above 1 (the argmax
-        # gives exp(0) = 1): the row max of P lies in [1, p_max_hi], the P scale 448 / max P in
-        # [scale_lo, 448] (RN(448 / max P) >= RD(448 / max P_hi)), and its inverse in [ps_lo, ps_hi].
-        p_max_hi = torch.tensor(1 + model.exp_ulps * 2.0 ** -23, dtype=torch.float64)
-        self.scale_lo = down32(FP8_MAX / p_max_hi * (1 - _F64))
-        self.ps_lo = float(down32(torch.tensor(1.0 / FP8_MAX, dtype=torch.float64) * (1 - U32 - _F64)))
-        self.ps_hi = float(up32(p_max_hi / FP8_MAX / (1 - U32) * (1 + U32) * (1 + _F64)))
+        # Step 4's constants. Every x is <= 0, so every P is at most p_max_hi (exp_bounds of the x just below 0: 1 for
+        # exp_ulps <= 2) and the row max of P lies in [1, p_max_hi] (the argmax gives exp(0) = 1). The
+        # kernel's scale RN(448 / max P) and p_scale (RN(1 / scale), or RN(max P / 448)) are then float32
+        # values between the roundings of the ends (RN is monotone): no float64 arithmetic, no slack.
+        below_zero = torch.tensor([-(2.0 ** -149)], dtype=torch.float32)
+        p_max_hi = torch.maximum(exp_bounds(below_zero, below_zero, model.exp_ulps)[1], torch.ones(1))
+        self.scale_lo = self._fp8_max / p_max_hi
+        self.ps_lo = float(torch.ones(1) / self._fp8_max)
+        self.ps_hi = float(torch.maximum(torch.ones(1) / self.scale_lo, p_max_hi / self._fp8_max))
         # Per (batch, tile): m_lo, m_hi, L_lo, L_hi (relative to m_hi), O_lo [D], O_hi [D], tokens.
         rows = dims.s1 * dims.group
         self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
         self.p_elements = 0
         self.flippable = 0
         self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
+        # Step 8: the degenerate (tile, row)s' hulls, and the codec's quantization error of a_t = p_scale P8
+        # against P: RN(P scale) (1 rounding), the scale and p_scale (2 more: (1 +- u)**3), the codec's own.
+        self.hulls: list = []
+        rho_lo, rho_hi, alpha = quantization_error(codec, float(FP8_MAX * p_max_hi * (1 + U32)))
+        exp_floor = FP8_MAX * model.exp_ulps * TINY32 * rho_hi          # P's absolute exp error, through the codes
+        self.code_error = (rho_lo * (1 - U32) ** 3, rho_hi * (1 + U32) ** 3, (alpha + exp_floor) * self.ps_hi * (1 + U32))
 
     # -- steps 1-2 (block layout [Q, N, R, BS]) ---------------------------------------------------------
     def scores(self, raw, abs_sum, grid, q_scale, k_scale, magnitude):
@@ -153,10 +169,10 @@ class EnvelopeBuilder:
         p8_hi = p8_lo.clone()
         at = self._may_flip(distance, eps, visible).reshape(-1).nonzero().reshape(-1)
         if at.numel():
-            p_lo, p_hi = exp_bounds(e_lo.reshape(-1)[at], e_hi.reshape(-1)[at], d_lo.reshape(-1)[at], d_hi.reshape(-1)[at],
-                                    self.model.exp_ulps)
-            certain = d_lo.reshape(-1)[at] >= 0                   # x is 0 in every execution: P = exp(0) = 1
-            p_lo, p_hi = torch.where(certain, 1.0, p_lo), torch.where(certain, 1.0, p_hi)
+            def picked(x):
+                return x.expand(s_lo.shape).reshape(-1)[at]
+            x_lo, x_hi = exp_arguments(picked(s_lo), picked(s_hi), picked(m_lo), picked(m_hi))
+            p_lo, p_hi = exp_bounds(x_lo, x_hi, self.model.exp_ulps)
             # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
             p8_lo.view(-1)[at] = self.codec.round(p_lo * self.scale_lo)
             p8_hi.view(-1)[at] = self.codec.round(p_hi * self._fp8_max)
@@ -188,36 +204,33 @@ class EnvelopeBuilder:
     def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> torch.Tensor:
         """bool, tile layout: the scores of rows whose l may move by more than :data:`SHARPEN_WIDTH`
         relative (the P-weighted mean width of their scores, ``P ~ exp(S_hi - m_hi)``)."""
-        weight = e_hi * torch.exp(m_lo - m_hi)
+        weight = _upper_relative_to_max(e_hi, s_hi, m_lo, m_hi)
         width = torch.where(visible, (s_hi - s_lo).double(), 0.0)
         mean = (weight * width).sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True).clamp(min=1e-300)
         return visible & (mean > SHARPEN_WIDTH) & (width > 0)
 
-    def denominator(self, s_lo, m_lo, m_hi, e_lo, e_hi, visible):
-        """(L_lo, L_hi, n) [..., 1]: ``w_j l_j`` relative to ``exp(m_hi - mu)`` (module docstring, step 6):
-        ``sum_t exp(S_t - m_hi)`` between ``e_lo`` and ``e_hi exp(m_lo - m_hi)``, widened for x's rounding
-        (``exp(-+slack)``, ``|RN(S - m) - (S - m)| <= slack``), exp's error and the row sum's (F1)."""
+    def denominator(self, s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible):
+        """(L_lo, L_hi, n) [..., 1]: bounds on ``sum_t exp((S_t - m_hi)(1 -+ delta))`` and so on the kernel's
+        ``l_j``, relative to ``exp(m_hi - m_j)`` (module docstring, step 6; the fold multiplies by the
+        weight of ``m_hi``): the terms between ``e_lo = exp(S_lo - m_hi)`` and ``e_hi exp(m_lo - m_hi) =
+        exp(S_hi - m_hi)``, moved by the relative rounding ``delta`` of the kernel's exponent arguments
+        (:data:`ARGUMENT_ROUNDING`: ``e**(-z) >= 1 - z`` below, ``e**z <= 1 / (1 - z) <= 1 + 2 z`` above for
+        ``z <= 1/2``; a term with ``z > 1/2`` has ``|S - m| > 2**22`` and is below 2**-149), then exp's error
+        (relative ``exp_rel`` and ``exp_ulps 2**-149`` absolute, SPEC's ulp) and the row sum's (F1)."""
         n = visible.sum(dim=-1, keepdim=True).double()
-        slack = torch.where(visible, U32 * (1 + 2 * U32) * (m_hi - s_lo.double()), 0.0)
-        slack = slack.clamp(max=0.5)           # beyond, exp(slack) <= 1 + 2 slack fails; the term is then ~0 anyway
-        low = (e_lo * (1 - slack)).sum(dim=-1, keepdim=True)
-        too_far = (m_hi - s_lo.double()) * U32 > 0.5                       # such terms: bounded by e^(-far) ~ 0
-        high = (torch.where(too_far, 1.0, e_hi * torch.exp(m_lo - m_hi) * (1 + 2 * slack)) * visible).sum(dim=-1, keepdim=True)
+        gap = torch.where(visible, m_hi - s_lo.double(), 0.0)          # >= |S - m_hi| for every S of the column
+        z = (ARGUMENT_ROUNDING + 2 * U64) * gap                        # + the float64 differences' own rounding
+        low = (e_lo * (1 - z).clamp(min=0.0)).sum(dim=-1, keepdim=True)
+        far = visible & (z > 0.5)
+        high = (torch.where(far, 0.0, _upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z)) * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
-        # float64's own roundings, relative, in units of 2**-53, of ``l_hi`` (the worse side). A term of
-        # ``high``: two exp calls within 1 ulp each (torch's float64 exp: SLEEF's u10 or glibc's, both <= 1
-        # ulp = 2 units), the rounding of 1 + 2 slack and two products: 7. The sum of n terms: n - 1. Then
-        # 1 + exp_rel + f64 (exp_rel + f64 is exact), 1 + rel, two products and the absolute term's
-        # addition: 5 (n >= 2), 3 (n = 1, rel = 0). In all n + 11 (10 for n = 1) against the (n + 10)
-        # allowed by _F64 + (n + 2) 2**-53. The one short, and the second-order terms, lie inside rel's own
-        # spare for n >= 2: rel >= the tree bound (n - 1) u (1 + n 2**-23), which exceeds what any order
-        # needs, (n - 1) u / (1 - (n - 1) u), by about (n**2 - 1) u**2 = 32 (n**2 - 1) units; for n >= 4 it
-        # also exceeds compensated summation's 2 u + O(n u**2) by more than u; for n = 2, 3 rel is the Kahan
-        # bound 2 u + 16 n u**2, on non-negative terms whose compensated sum errs by little more than u.
-        # ``low`` has one exp and one product per term.
-        f64 = _F64 + (n + 2) * 2.0 ** -53
-        l_lo = low * (1 - self.exp_rel - f64) * (1 - rel)
-        l_hi = high * (1 + self.exp_rel + f64) * (1 + rel) + n * self.model.exp_ulps * TINY32
+        # float64's own roundings, relative: a term of ``high`` has two exps (2 units each of 2**-53), and
+        # three products (e_hi exp(.), (1 + 2 z)'s own rounding, the product): 7; the sum of n positive terms
+        # n - 1; the products by (1 + exp_rel), (1 + rel) and their own sums: 4. ``low``: one exp, two
+        # products and the rounding of 1 - z per term, n - 1 in the sum, 4 after: fewer.
+        f64 = float64_slack(n + 10)
+        l_lo = (low * (1 - self.exp_rel) * (1 - rel) * (1 - f64) - n * self.model.exp_ulps * TINY32).clamp(min=0.0)
+        l_hi = (high * (1 + self.exp_rel) * (1 + rel) + (n * self.model.exp_ulps + far.sum(dim=-1, keepdim=True)) * TINY32) * (1 + f64)
         return l_lo, l_hi, n
 
     # -- step 5 -----------------------------------------------------------------------------------------
@@ -234,11 +247,13 @@ class EnvelopeBuilder:
             magnitude = (abs_sum + largest) / 2
             rounding = "toward-zero" if self.model.sums == "truncating" else "nearest"
             e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
-        lo, hi = down32(lo - e2).double(), up32(hi + e2).double()           # the kernel's float32 O_raw
+        lo, hi = down32_add(lo, -e2).double(), up32_add(hi, e2).double()    # the kernel's float32 O_raw
         vs = v_scale.double()
         lo = torch.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
         hi = torch.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
-        return widen(lo, hi, (1 + U32) ** 2 - 1 + _F64, 2 * TINY32)
+        # The kernel's two float32 products (F2, any order): (1 + u)**2 - 1 relative, 2**-150 each absolute
+        # where subnormal; float64: the two products above, the widening's product and its sum: 4 units.
+        return widen(lo, hi, (1 + U32) ** 2 - 1 + float64_slack(4), 2 * TINY32)
 
     # -- one chunk of the golden's evaluation -------------------------------------------------------------
     def q_grid(self, q_codes: np.ndarray) -> np.ndarray:
@@ -273,13 +288,16 @@ class EnvelopeBuilder:
         flip = visible & (p8_lo != p8_hi)
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
-        l_lo, l_hi, n = self.denominator(s_lo, m_lo, m_hi, e_lo, e_hi, visible)
+        l_lo, l_hi, n = self.denominator(s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible)
         low_dev, high_dev, abs_sum = _mm2_bounds(to_blocks(p8).double(), to_blocks(p8_lo).double(),
                                                  to_blocks(p8_hi).double(), v, per_tile_sum)
         o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, v_scale)
         # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.
         spread = torch.where(visible & (e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
         any_visible = visible.any(dim=-1, keepdim=True)
+        degenerate = any_visible & (spread > DEGENERATE_SPREAD)
+        if bool(degenerate.any()):
+            self._tile_hulls(degenerate, visible, e_hi, v, v_scale, to_tiles, index)
         state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
         self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
         self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
@@ -321,6 +339,101 @@ class EnvelopeBuilder:
             merged.append(old)
         return s_lo, s_hi, tuple(merged)
 
+    # -- step 8: degenerate rows ----------------------------------------------------------------------
+    def _tile_hulls(self, degenerate, visible, e_hi, v, v_scale, to_tiles, index) -> None:
+        """Step 8 for the (tile, row)s of this chunk whose scores are uncertain by more than
+        :data:`DEGENERATE_SPREAD`: bounds on the tile's own mean ``mu_j = O_j / l_j`` (per channel) that do
+        not depend on the scores' spread, kept sparse in ``self.hulls`` for the fold.
+
+        In the kernel's own frame (P relative to its m_j, so the argmax gives P = 1 and ``l_j >= 1``),
+        ``O_j = sum_t a_t (V_t + e_t |V_t|)`` with ``V_t = v8_t v_scale`` exact, ``|e_t| <= theta'`` (MM2's
+        any-order bound relative to its magnitude, and the two float32 products of F2), and ``a_t =
+        p_scale P8_t`` within ``[c_lo P_t - alpha', c_hi P_t + alpha']`` (the codec's quantization error,
+        golden.envelope_stages.quantization_error, and the roundings of ``RN(P scale)``, the scale and
+        p_scale); ``l_j = (sum_t P_t)(1 +- lambda)`` (F1). So ``mu_j`` is a near-convex combination of the
+        V rows: between ``g-(min V - theta'|V|)`` and ``g+(max V + theta'|V|)`` over the tokens that can
+        matter (``P <= e_hi < HULL_NEGLIGIBLE`` elsewhere), where ``g+`` applies ``c_hi / (1 - lambda)`` to a
+        non-negative value and ``c_lo / (1 + lambda)`` to a negative one (``g-`` the other way round), plus
+        an absolute term: the codes' absolute error ``alpha'`` on every token, the negligible tokens' mass
+        on their largest |V|, and on the hull's end (they take their share from it)."""
+        at = degenerate[..., 0].nonzero(as_tuple=True)                          # (pair, kv head, row)
+        pair, head, row = at
+        vs = v_scale.expand(-1, v.shape[1], -1, -1)[pair, head, 0]               # [F, D]
+        tiled = to_tiles(v.permute(0, 1, 3, 2))                                  # [P, N, D, T]
+        values = tiled[pair, head] * vs[..., None]                               # [F, D, T] exact (E4M3 x float32)
+        seen = visible[pair, 0, row]                                             # [F, T]
+        weight = e_hi[pair, head, row]                                           # the largest P each token can have
+        matters = seen & (weight >= HULL_NEGLIGIBLE)
+        count = seen.sum(dim=-1).double()                                        # [F] visible tokens
+        lam = _sum_relative(count, self.model)
+        theta = _sum_relative(count, self.model) * (1 + _F2_ROUNDINGS) + _F2_ROUNDINGS
+        magnitude = values.abs()
+        top = torch.where(matters[:, None, :], values + theta[:, None, None] * magnitude, -math.inf).amax(dim=-1)
+        bottom = torch.where(matters[:, None, :], values - theta[:, None, None] * magnitude, math.inf).amin(dim=-1)
+        largest = torch.where(seen[:, None, :], magnitude, 0.0).amax(dim=-1) * (1 + theta[:, None])
+        total = torch.where(seen[:, None, :], magnitude, 0.0).sum(dim=-1) * (1 + theta[:, None])
+        negligible = (torch.where(seen & ~matters, weight, 0.0).sum(dim=-1) * (1 + self.exp_rel)
+                      + count * self.model.exp_ulps * TINY32)[:, None]
+        c_lo, c_hi, alpha = self.code_error
+        lam = lam[:, None]
+
+        def g_up(x):
+            return torch.where(x >= 0, x * c_hi / (1 - lam), x * c_lo / (1 + lam))
+
+        def g_down(x):
+            return torch.where(x >= 0, x * c_lo / (1 + lam), x * c_hi / (1 - lam))
+        high, low = g_up(top), g_down(bottom)
+        extra = (alpha * total + negligible * c_hi * largest + negligible * torch.maximum(high.abs(), low.abs())) / (1 - lam)
+        # float64: about 8 roundings on each side (the products above, the quotients, the sums): relative.
+        slack = float64_slack(8 + count[:, None])
+        self.hulls.append((index[pair], head, row, low - extra - slack * (low.abs() + extra),
+                           high + extra + slack * (high.abs() + extra)))
+
+    def _row_hulls(self, st, used, counts, wl_hi, big_l_lo, w_abs, tiles):
+        """Step 8 at the fold: (rows, lo, hi) for the degenerate rows, the output as a near-convex combination
+        of the tiles' means ``mu_j`` (``out = sum_j beta_j (1 + g_j) mu_j / sum_j beta_j (1 + g'_j)`` with
+        ``beta_j = w_j l_j >= 0`` and ``|g|, |g'| <= gamma``, the recurrence's roundings): between the least
+        and the greatest mean over the tiles that can matter, through ``(1 +- gamma) / (1 -+ gamma)`` by sign,
+        plus the other tiles' share (``beta_j <= w_hi l_hi``, at most HULL_NEGLIGIBLE of L) on their largest
+        |mean|. A tile's mean is its hull (:meth:`_tile_hulls`) where it is degenerate, else ``O_j / l_j``
+        from its intervals (the kernel's own ``l_j`` lies in ``[max(L_lo, 1), L_hi exp(m_hi - m_lo)]``)."""
+        dims, d = self.dims, self.dims.head_dim
+        spread = self.spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
+        rows = ((spread > DEGENERATE_SPREAD) & used).any(dim=-1).nonzero(as_tuple=True)      # (b, n, r)
+        if not rows[0].numel():
+            return None
+        f = st[rows]                                                                        # [F, T, 2D + 5]
+        m_lo, m_hi, l_lo, l_hi = (f[..., i] for i in range(4))
+        o_lo, o_hi = f[..., 4:4 + d], f[..., 4 + d:4 + 2 * d]
+        own_lo = torch.maximum(l_lo, torch.ones(())) * (1 - float64_slack(1))
+        own_hi = l_hi * torch.exp(m_hi - m_lo) * (1 + float64_slack(4))
+        mean_lo, mean_hi = widen(torch.minimum(o_lo / own_lo[..., None], o_lo / own_hi[..., None]),
+                                 torch.maximum(o_hi / own_lo[..., None], o_hi / own_hi[..., None]), float64_slack(2))
+        position = torch.full(st.shape[:3], -1, dtype=torch.int64)
+        position[rows] = torch.arange(rows[0].numel())
+        for state_row, head, row, low, high in self.hulls:
+            b, t = state_row // tiles, state_row % tiles
+            at = position[b, head, row]
+            keep = at >= 0
+            at, t = at[keep], t[keep]
+            mean_lo[at, t] = torch.maximum(mean_lo[at, t], low[keep])
+            mean_hi[at, t] = torch.minimum(mean_hi[at, t], high[keep])
+        use = used[rows]                                                                    # [F, T]
+        beta = torch.where(use, wl_hi[rows] * l_hi, 0.0) + torch.where(use, w_abs[rows] * f[..., -1] * 2, 0.0)
+        floor = big_l_lo[rows]                                                              # [F, 1]
+        matters = use & (beta >= HULL_NEGLIGIBLE * floor)
+        top = torch.where(matters[..., None], mean_hi, -math.inf).amax(dim=1)              # [F, D]
+        bottom = torch.where(matters[..., None], mean_lo, math.inf).amin(dim=1)
+        t_count = counts[rows][..., None].double()
+        gamma = torch.where(t_count > 1, (1 + U32) ** (2 * t_count) - 1, 0.0)
+        high = torch.where(top >= 0, top * (1 + gamma) / (1 - gamma), top * (1 - gamma) / (1 + gamma))
+        low = torch.where(bottom >= 0, bottom * (1 - gamma) / (1 + gamma), bottom * (1 + gamma) / (1 - gamma))
+        rest = torch.where(use & ~matters, beta, 0.0)
+        largest = torch.where(use[..., None], torch.maximum(mean_lo.abs(), mean_hi.abs()), 0.0)
+        extra = ((rest[..., None] * largest).sum(dim=1) + rest.sum(dim=1, keepdim=True) * torch.maximum(high.abs(), low.abs())) / floor
+        slack = float64_slack(8 + tiles)
+        return rows, low - extra - slack * (low.abs() + extra), high + extra + slack * (high.abs() + extra)
+
     # -- steps 6-7 --------------------------------------------------------------------------------------
     def fold(self, tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 (lo, hi) [B, N, R, D] of ``O / l`` from the stored tiles of each row (``tiles_per_row``
@@ -335,52 +448,101 @@ class EnvelopeBuilder:
         mu = torch.where(torch.isfinite(mu), mu, 0.0)
         # Tiles a row does not have hold zeros: give them the row's mu, so that their (zero) terms stay finite.
         m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
-        many = (counts > 1)[..., None].double()                                                       # one tile: no update
         n_tiles = counts[..., None].double()
-        below = m_lo - mu                                                                              # <= 0
-        # w_j's rounding: each exp factor (F3) and each rounded exponent argument; the recurrence's roundings.
-        omega = many * (torch.exp(U32 * (1 + 2 * U32) * -below) * (1 + self.exp_rel) ** n_tiles - 1)
-        gamma = many * ((1 + U32) ** (2 * n_tiles) - 1)
-        rel = omega + gamma + omega * gamma + _F64
-        # Tiles a row does not have weigh 0; factors that may be float32 subnormals: w in [0, w_hi].
-        counted = used & ~(below < -80)
-        w_lo = torch.where(counted, torch.exp(below), 0.0)
-        w_top = torch.exp(m_hi - mu)
-        w_hi = torch.where(used, w_top, 0.0)
-        # A term w_j O_j is smallest at w_lo for a positive O and at w_hi for a negative one (and the
-        # other way round for the largest); the roundings of w_j (rel) go the same way. So N_lo and N_hi
-        # are weighted sums over the tiles of the positive and negative parts of O_lo and O_hi, one
-        # batched matrix product each, with no [B, N, R, T, D] product kept.
-        toward_zero = w_lo * (1 - rel)
-        away = w_hi * (1 + rel)
-        n_lo, n_lo_abs = _signed_weighted_sum(toward_zero, away, o_lo)
-        n_hi, n_hi_abs = _signed_weighted_sum(away, toward_zero, o_hi)
-        # float64's own roundings: a dot product of T terms errs by at most (T + 1) 2**-53 times the sum
-        # of the terms' magnitudes; the final addition and the magnitude's own rounding: 3 more.
-        n_lo = n_lo - float64_sum_slack(tiles) * n_lo_abs
-        n_hi = n_hi + float64_sum_slack(tiles) * n_hi_abs
-        # L's terms are positive: the same bound, relative to the sum (three products per term).
-        big_l_lo = (torch.where(counted, w_top, 0.0) * l_lo * (1 - rel)).sum(dim=-1, keepdim=True)
-        big_l_hi = (w_hi * l_hi * (1 + rel)).sum(dim=-1, keepdim=True)
-        big_l_lo = big_l_lo * (1 - _F64 - float64_sum_slack(tiles))
-        big_l_hi = big_l_hi * (1 + _F64 + float64_sum_slack(tiles))
-        n_lo, n_hi = widen(n_lo, n_hi, _F64, 0.0)
+        w_lo, w_hi, w_abs = tile_weights(m_lo, m_hi, mu, n_tiles, self.model)
+        w_lo = torch.where(used, (w_lo - w_abs).clamp(min=0.0), 0.0)
+        # A term w_j O_j is smallest at w_lo for a positive O and at w_hi + w_abs for a negative one (and
+        # the other way round for the largest). So N_lo and N_hi are weighted sums over the tiles of the
+        # positive and negative parts of O_lo and O_hi, one batched matrix product each, with no
+        # [B, N, R, T, D] product kept; float64's roundings: float64_sum_slack of the row's own tiles.
+        away = torch.where(used, w_hi + w_abs, 0.0)
+        n_lo, n_lo_abs = _signed_weighted_sum(w_lo, away, o_lo)
+        n_hi, n_hi_abs = _signed_weighted_sum(away, w_lo, o_hi)
+        sum_slack = float64_sum_slack(n_tiles)
+        n_lo = n_lo - sum_slack * n_lo_abs
+        n_hi = n_hi + sum_slack * n_hi_abs
+        # L = sum_t exp(S_t - mu) up to the roundings: each tile's sum relative to its m_hi (denominator)
+        # times the weight of m_hi. Its terms are positive: the same slack, relative to the sum. Below, L is
+        # at least the weight of the largest m_lo: the tile holding the kernel's maximum M has its argmax's
+        # exp(0) = 1 and a weight of exactly 1 in the kernel (every later factor is exp(0)), so l >= 1, that
+        # is L >= exp(M - mu) >= exp(max m_lo - mu).
+        wl_lo, wl_hi, _ = tile_weights(m_hi, m_hi, mu, n_tiles, self.model)
+        big_l_lo = (torch.where(used, wl_lo, 0.0) * l_lo).sum(dim=-1, keepdim=True) * (1 - sum_slack)
+        big_l_lo = big_l_lo - (w_abs * used * st[..., -1]).sum(dim=-1, keepdim=True) * 2
+        floor = torch.exp(torch.where(used, m_lo, -math.inf).amax(dim=-1, keepdim=True) - mu) * (1 - float64_slack(4))
+        big_l_lo = torch.maximum(big_l_lo, floor)
+        big_l_hi = (torch.where(used, wl_hi, 0.0) * l_hi + w_abs * used * st[..., -1] * 2).sum(dim=-1, keepdim=True)
+        big_l_hi = big_l_hi * (1 + sum_slack)
+        # The exact quotient N / L, each end rounded once in float64 (1 unit), then O / l within div_ulps
+        # (F3, SPEC's ulp: golden.intervals.within_ulps).
         q_lo = torch.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
         q_hi = torch.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
-        q_lo, q_hi = widen(q_lo, q_hi, self.model.div_ulps * 2.0 ** -23 + _F64, self.model.div_ulps * TINY32)
+        q_lo, q_hi = widen(q_lo, q_hi, float64_slack(1))
+        hulls = self._row_hulls(st, used, counts, wl_hi, big_l_lo, w_abs, tiles) if self.hulls else None
+        if hulls is not None:                                 # step 8: both bound the same quotient
+            rows, low, high = hulls
+            q_lo[rows] = torch.maximum(q_lo[rows], low)
+            q_hi[rows] = torch.minimum(q_hi[rows], high)
+        lo, hi = within_ulps(q_lo, q_hi, self.model.div_ulps)
         started = counts[..., None] > 0
-        lo = torch.where(started, down32(q_lo), 0.0)
-        hi = torch.where(started, up32(q_hi), 0.0)
+        lo = torch.where(started, lo, 0.0)
+        hi = torch.where(started, hi, 0.0)
         spread = self.spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
         self.degenerate_rows = int(((spread > DEGENERATE_SPREAD) & used).any(dim=-1).sum())
         return lo, hi
 
 
-def float64_sum_slack(terms: int) -> float:
-    """``(terms + 4) 2**-53``: a float64 dot product of ``terms`` terms errs by at most ``(terms + 1) 2**-53``
-    times the sum of the terms' magnitudes (gamma_T, Higham §3.1); the final addition of the fold's two
-    parts and the magnitude's own rounding take 3 more. The fold and its test read it here."""
-    return (terms + 4) * 2.0 ** -53
+#: Rows whose max is uncertain by more than this (logits) get ``exp(S_hi - m_hi)`` from its own exp: the
+#: product ``exp(S_hi - m_lo) exp(m_lo - m_hi)`` would meet an overflowed and an underflowed (or subnormal,
+#: a few significant bits) factor.
+_WIDE_MAX = 600.0
+
+
+def _upper_relative_to_max(e_hi: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Tensor, m_hi: torch.Tensor) -> torch.Tensor:
+    """float64 ``exp(S_hi - m_hi)`` from ``e_hi = exp(S_hi - m_lo)``: the product with ``exp(m_lo - m_hi)``
+    (two float64 exps and a product, 5 units of 2**-53), computed on its own in rows of :data:`_WIDE_MAX`."""
+    relative = e_hi * torch.exp(m_lo - m_hi)
+    wide = (m_hi - m_lo) > _WIDE_MAX
+    if bool(wide.any()):
+        relative = torch.where(wide, torch.exp(s_hi.double() - m_hi), relative)
+    return relative
+
+
+#: The relative rounding of the kernel's float32 exponent arguments (``x = RN(S - m)`` and the online
+#: update's ``RN(m - m')``): ``|RN(z) - z| <= 2**-24 |z|`` for a normal z; a subnormal z moves exp by a factor
+#: ``e**(+-2**-150)``, which is 1 in float64 and lies inside every slack below.
+ARGUMENT_ROUNDING = U32
+
+
+def tile_weights(m_lo: torch.Tensor, m_hi: torch.Tensor, mu: torch.Tensor, n_tiles: torch.Tensor,
+                 model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 ``(w_lo, w_hi, w_abs)`` [..., T]: bounds on a tile's weight in the kernel's ``O = sum_j w_j O_j``
+    and ``l = sum_j w_j l_j`` (module docstring, step 6), relative to ``exp(mu)``, for a tile whose max lies
+    in ``[m_lo, m_hi]``, of a row of ``n_tiles`` [..., 1] tiles whose max is at most ``mu``:
+    ``w_lo - w_abs <= w exp(M - mu) <= w_hi + w_abs``.
+
+    The kernel's weight is ``c_j a_(j+1) ... a_T``: at most ``T - 1`` factors ``exp(RN(z))`` whose exact
+    arguments ``z`` are all <= 0 and add up to ``m_j - M``, so their roundings add up to at most
+    ``delta |m_j - M|`` (:data:`ARGUMENT_ROUNDING`); each exp within ``exp_ulps`` (relative ``e = exp_ulps
+    2**-23``, and ``exp_ulps 2**-149`` absolute where it is subnormal), and the recurrence's float32 products
+    and sums, 2 per tile on a weight's path (``(1 + u)**(2T)``, and 2**-150 each where subnormal). With
+    ``M <= mu`` the exponent ``(m_j - M)(1 +- delta) + (M - mu)`` lies between ``(m_j - mu)(1 + delta)`` and
+    ``(m_j - mu)(1 - delta)``: the bounds are ``exp`` of those (at most 1: no factor overflows, however far
+    apart the tile maxima), times ``(1 +- e)**(T - 1) (1 +- u)**(2T)``, taken in the exponent
+    (``log(1 + x) <= x``, ``log(1 - x) >= -x (1 + 2x)`` for small x). A row of one tile has no factor.
+
+    float64: the arguments carry 4 roundings (the difference, the product, two additions), covered by
+    4 units of relative margin on ``m - mu``; ``exp`` itself 2 units and the product by the slack 1: 3."""
+    many = n_tiles > 1
+    factors = (n_tiles - 1).clamp(min=0)
+    e = model.exp_ulps * 2.0 ** -23
+    delta = many.double() * ARGUMENT_ROUNDING + 4 * U64
+    up = factors * e + torch.where(many, 2 * n_tiles * U32, 0.0)
+    down = factors * e * (1 + 2 * e) + torch.where(many, 2 * n_tiles * U32 * (1 + 2 * U32), 0.0)
+    w_hi = torch.exp((m_hi - mu) * (1 - delta) + up) * (1 + float64_slack(3))
+    w_lo = torch.exp((m_lo - mu) * (1 + delta) - down) * (1 - float64_slack(3))
+    w_abs = torch.where(many, (factors * model.exp_ulps * TINY32 + 2 * n_tiles * TINY32 / 2) * 2, 0.0)
+    return w_lo, w_hi, w_abs.expand_as(w_hi)
 
 
 def _signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor, o: torch.Tensor):

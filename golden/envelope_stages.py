@@ -16,15 +16,12 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .intervals import U32, down32, lowbit, residue_bound, sum_error_bound, ulp32, up32
+from .intervals import U32, down32, down32_add, float64_slack, up32_add, lowbit, residue_bound, sum_error_bound, ulp32, up32, within_ulps
 from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
 
-__all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_bounds"]
-
-_F64 = 2.0 ** -50          # slack for float64 arithmetic on bounds (a few float64 roundings)
-
+__all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds"]
 
 def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
     """float64[256]: the largest power of two dividing each code's value (inf for zero codes): the
@@ -110,6 +107,39 @@ def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return cached
 
 
+def quantization_error(codec: Fp8Codec, top: float) -> tuple[float, float, float]:
+    """``(rho_lo, rho_hi, alpha)``: for every float32 ``y`` in ``[0, top]``, the value ``codec.round(y)`` reads
+    back lies in ``[rho_lo y - alpha, rho_hi y + alpha]`` (the degenerate rows' bound, step 8 of
+    golden/envelope.py). Read off the codec's own rounding boundaries: between two boundaries the value is
+    one constant ``v`` and ``y`` spans ``[b, b')``, so ``v / b`` and ``v / b'`` are the extremes of the ratio.
+    Below ``Y0`` (the last boundary under which some interval is off by more than 1/16 relative: the spec
+    codec's subnormals, the calculator's integer rounding; the saturating last interval excepted) the error
+    is taken absolutely, ``alpha``, the
+    largest ``|v - y|`` there; above it relatively. Kept on the codec, per ``top``."""
+    cache = codec.__dict__.setdefault("_pfa_quantization_error", {})
+    if top in cache:
+        return cache[top]
+    starts = np.concatenate([[0.0], codec.rounding_boundaries().numpy()])
+    starts = starts[starts <= top]
+    ends = np.concatenate([starts[1:], [top]])
+    values = codec.round(torch.from_numpy(starts).float()).double().numpy()
+    relative_off = np.maximum(np.abs(values / np.where(starts > 0, starts, np.nan) - 1),
+                              np.abs(values / np.where(ends > 0, ends, np.nan) - 1))
+    relative_off = np.nan_to_num(relative_off, nan=np.inf)
+    # The last interval (saturation: the calculator reads 240 for every y >= 240) stays relative: as an
+    # absolute error it would cost every token 208 / 448 of its weight.
+    off = np.nonzero(relative_off[:-1] > 1 / 16)[0]
+    first = int(off.max()) + 1 if off.size else 0                      # intervals from here on: relative
+    alpha = float(np.max(np.maximum(np.abs(values[:first] - starts[:first]), np.abs(values[:first] - ends[:first])),
+                         initial=0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho_hi = float(np.max(values[first:] / starts[first:], initial=1.0))
+        rho_lo = float(np.min(values[first:] / ends[first:], initial=1.0))
+    # float64 quotients: one rounding each, outward.
+    cache[top] = (rho_lo * (1 - 2.0 ** -52), rho_hi * (1 + 2.0 ** -52), alpha * (1 + 2.0 ** -52))
+    return cache[top]
+
+
 def column_grids(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
     """float64 [...]: each column's grid (:func:`column_grid_exponents` as a power of two, inf where a
     column has none), from ``rows`` [..., D] uint8 codes with D contiguous: the exactness certificate's
@@ -149,7 +179,7 @@ def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -
     (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
     if model.sums == "exact":
         return raw.float(), raw.float()
-    return down32(raw - e1), up32(raw + e1)
+    return down32_add(raw, -e1), up32_add(raw, e1)
 
 
 def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
@@ -169,18 +199,60 @@ def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: Con
     return lo * softmax_scale, hi * softmax_scale
 
 
-def exp_bounds(e_lo: torch.Tensor, e_hi: torch.Tensor, d_lo: torch.Tensor, d_hi: torch.Tensor,
-               ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 bounds on a kernel's ``P = exp(x)`` (F3: within ``ulps`` float32 ulps, ``exp(0) = 1``)
-    for ``x = RN(S - m)`` with ``S - m`` in ``[d_lo, min(0, d_hi)]``, from ``e_lo = exp(d_lo)`` and
-    ``e_hi = exp(d_hi)``: the rounding of x moves it by at most ``ulp(d)`` (a factor ``exp(+-ulp(d))``,
-    bounded by ``1 - ulp`` and ``1 + 2 ulp``), then the smallest float32 >= ``exp(x_lo) - ulps ulp(...)``
-    and the largest <= ``min(1, exp(x_hi)) + ulps ulp(...)`` (the float64 exp's own error: 2**-50)."""
-    low = e_lo * (1 - ulp32(d_lo).clamp(max=0.5)) * (1 - _F64)
-    high = torch.clamp(e_hi * (1 + 2 * ulp32(d_hi).clamp(max=0.5)), max=1.0) * (1 + _F64)
-    # ulp of the exact exp, bounded above (an ulp is non-decreasing in the magnitude).
-    return (up32((low - ulps * ulp32(low * (1 + 4 * _F64))).clamp(min=0.0)),
-            down32(high + ulps * ulp32(high)))
+def exp_arguments(s_lo: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Tensor, m_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``(x_lo, x_hi)``: the ends of ``x = RN(S - m)``, a kernel's float32 subtraction (SPEC §2.3), for
+    float32 ``S`` in ``[s_lo, s_hi]`` and a row max ``m`` in ``[m_lo, m_hi]`` (float32 values), ``x_hi <= 0``.
+
+    RN is monotone, so the ends are ``RN(s_lo - m_hi)`` and ``RN(s_hi - m_lo)``, exactly. The float64
+    difference of two float32 values is exact unless their exponents lie more than 29 apart; there it is
+    off by at most 2**-53 relative, and the float32 value below (above) is taken: RN(z) lies between
+    RD(z) and RU(z), which are monotone."""
+    def rounded(a, b, toward):
+        d = a.double() - b.double()
+        # TwoSum's error term: 0 iff the float64 difference is exact.
+        back = d - a.double()
+        error = (a.double() - (d - back)) + (-b.double() - back)
+        exact = (error == 0) | ~torch.isfinite(d)
+        return torch.where(exact, d.float(), toward(d))
+    x_lo = rounded(s_lo, m_hi, down32)
+    x_hi = rounded(s_hi, m_lo, up32).clamp(max=0.0)
+    return x_lo, x_hi
+
+
+#: float64 ``exp``'s error, in float64 roundings (torch's float64 exp, SLEEF's u10 or glibc's, is within
+#: 1 ulp = 2 units of 2**-53), and the product that applies the slack: 3.
+_EXP64_ROUNDINGS = 3
+#: The largest float32 below 0: for x < 0, exp(x) <= exp(-2**-149) < 1.
+_BELOW_ZERO = -(2.0 ** -149)
+
+
+def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``(P_lo, P_hi)``: every float32 a kernel's ``exp`` may return for a float32 ``x`` in
+    ``[x_lo, x_hi]`` (``x_hi <= 0``) under SPEC §4.1 F3: within ``ulps`` ulp of ``exp(x)``, with SPEC's ulp
+    (golden.intervals.within_ulps: just above a power of two the results reach ``ulps`` steps of the upper
+    binade below it), never below 0, and ``exp(0) = 1`` exactly.
+
+    The exact ``exp(x_lo)`` and ``exp(x_hi)`` are bounded by float64 ``exp`` and its error
+    (:data:`_EXP64_ROUNDINGS`). At ``x = 0`` the result is 1; for ``x < 0`` the exact value is below 1, in
+    the binade of spacing 2**-24, so the greatest result is below ``1 + ulps 2**-24`` (the bound is taken
+    over the ``x < 0`` part, then 1 joined where ``x_hi = 0``)."""
+    slack = float64_slack(_EXP64_ROUNDINGS)
+    t_lo = torch.exp(x_lo.double()) * (1 - slack)
+    below = torch.minimum(x_hi.double(), torch.tensor(_BELOW_ZERO, dtype=torch.float64))
+    t_hi = torch.exp(below) * (1 + slack)
+    # x < 0: exp(x) < 1 exactly, whatever float64 says; 1 - 2**-53 keeps the spacing of [1/2, 1), and the
+    # float32 results there are at most 1 + ulps 2**-24, exclusive when the cap binds.
+    capped = t_hi >= 1
+    t_hi = torch.where(capped, 1 - 2.0 ** -53, t_hi)
+    p_lo, p_hi = within_ulps(t_lo, torch.maximum(t_hi, t_lo), ulps)
+    p_hi = torch.where(capped & (p_hi.double() >= 1 + ulps * 2.0 ** -24), torch.nextafter(p_hi, _ZERO32), p_hi)
+    p_hi = torch.where(x_hi == 0, torch.maximum(p_hi, _ONE32), p_hi)
+    only_zero = x_lo == 0                                   # x is 0 in every execution: P = exp(0) = 1
+    return torch.where(only_zero, _ONE32, p_lo.clamp(min=0.0)), torch.where(only_zero, _ONE32, p_hi)
+
+
+_ZERO32 = torch.tensor(0.0, dtype=torch.float32)
+_ONE32 = torch.tensor(1.0, dtype=torch.float32)
 
 
 def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):

@@ -45,11 +45,30 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["U32", "TINY32", "down32", "up32", "ulp32", "lowbit", "sum_error_bound", "residue_bound",
-           "widen"]
+__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
+           "within_ulps", "sum_error_bound", "residue_bound", "widen"]
 
 U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
 TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
+U64 = 2.0 ** -53          # float64 unit roundoff: one float64 rounding of a normal result errs by at most U64 relative
+
+
+def float64_slack(roundings: int | torch.Tensor) -> float | torch.Tensor:
+    """A relative bound on the error of a float64 value that went through ``roundings`` float64 roundings
+    of normal results (products, quotients, sums of same-signed terms; an ``exp`` within 1 ulp counts 2):
+    ``(1 + U64)**k - 1 <= gamma_k = k U64 / (1 - k U64)`` (Higham, Accuracy and Stability, Lemma 3.1),
+    and ``k U64 (1 + 2 k U64)`` is above gamma_k for ``k U64 < 1/4``. Every float64 slack of the envelope
+    reads it with the count of its roundings, stated where it is used."""
+    k = roundings
+    return k * U64 * (1 + 2 * k * U64)
+
+
+def float64_sum_slack(terms: int | torch.Tensor) -> float | torch.Tensor:
+    """A bound, relative to the sum of the terms' magnitudes, on the error of a float64 sum (or dot
+    product) of ``terms`` terms in any order, each product rounded once: gamma_(terms) (Higham §3.1),
+    plus 3 roundings for what the fold does around it (the final addition of its two signed parts and
+    the magnitude's own rounding)."""
+    return float64_slack(terms + 3)
 
 
 _DOWN = torch.tensor(-math.inf, dtype=torch.float32)
@@ -68,6 +87,28 @@ def up32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(f.double() < x, torch.nextafter(f, _UP), f)
 
 
+def _sum_error(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """float64: ``(a + b) - s`` exactly for ``s = fl64(a + b)`` (Knuth's TwoSum; NaN where s is not finite)."""
+    back = s - a
+    return (a - (s - back)) + (b - back)
+
+
+def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32: the largest float32 <= the exact ``a + b`` (float64 a, b): :func:`down32` of the float64 sum,
+    one step lower where that sum is a float32 value the exact one lies below. (Where ``fl64(a + b)`` is not
+    a float32 value, the exact sum lies within half a float64 ulp of it, closer than any float32.)"""
+    s = a + b
+    f = down32(s)
+    return torch.where((f.double() == s) & (_sum_error(a, b, s) < 0), torch.nextafter(f, _DOWN), f)
+
+
+def up32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32: the smallest float32 >= the exact ``a + b`` (see :func:`down32_add`)."""
+    s = a + b
+    f = up32(s)
+    return torch.where((f.double() == s) & (_sum_error(a, b, s) > 0), torch.nextafter(f, _UP), f)
+
+
 _EXPONENT_BITS = 0x7FF0000000000000
 
 
@@ -80,6 +121,40 @@ def ulp32(x: torch.Tensor) -> torch.Tensor:
     the cap 2**1000)."""
     binade = (x.double().view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
     return (binade * 2.0 ** -23).clamp(min=2.0 ** -149, max=2.0 ** 1000)
+
+
+def _binade(x: torch.Tensor) -> torch.Tensor:
+    """float64: ``2**floor(log2|x|)`` (0 for 0 and float64 subnormals), from the exponent bits."""
+    return (x.double().view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
+
+
+def _lowest_within(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> torch.Tensor:
+    """float64: the least ``t - ulps ulp(t)`` over the reals ``t`` in ``[t_lo, t_hi]`` (see within_ulps)."""
+    at_low = t_lo - ulps * ulp32(t_lo)
+    # For t > 0 the function drops at each power of two (the ulp doubles there): the first power above t_lo
+    # is the one place it can fall below its value at t_lo (later powers give more).
+    power = 2 * _binade(t_lo)
+    at_power = torch.where((t_lo > 0) & (power <= t_hi), power - ulps * ulp32(power), _INF64)
+    return torch.minimum(at_low, at_power)
+
+
+def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``(lo, hi)``: the least and the greatest float32 ``y`` with ``|y - t| <= ulps * ulp(t)`` for
+    some real ``t`` in ``[t_lo, t_hi]`` (float64 bounds on an exact result): what an operation "within
+    ``ulps`` ulp" (SPEC §4.1 F3) may return, with SPEC's ulp (:func:`ulp32`: of the exact result, at least
+    2**-149).
+
+    Not ``t (1 -+ ulps 2**-23)``: just above a power of two the ulp is the upper binade's, so the results
+    reach below the power by ``ulps`` steps of the upper binade, twice as many steps of the lower one; the
+    least ``t - ulps ulp(t)`` is at ``t_lo`` or at the first power of two above it, when ``t_hi`` reaches it.
+    (``t - n ulp(t)`` is exact in float64: it keeps t's binade or the one below, and t's last bit.) The
+    greatest is the mirror image, at ``t_hi`` (``t + n ulp(t)`` only grows with t). An ``ulps`` that is not
+    a multiple of a power of two rounds ``ulps * ulp`` once: 2**-52 relative, far below a float32 step."""
+    if ulps == 0:
+        return up32(t_lo), down32(t_hi)
+    low = _lowest_within(t_lo, t_hi, ulps)
+    high = -_lowest_within(-t_hi, -t_lo, ulps)
+    return up32(low), down32(high)
 
 
 _INF64 = torch.tensor(math.inf, dtype=torch.float64)
@@ -138,24 +213,28 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
         return torch.zeros(products.shape[:-1], dtype=torch.float64)
     grid = lowbit(products.float()).amin(dim=-1)                        # inf for an all-zero row: exact
     top = ulp32(magnitude * (1 + n * 2.0 ** -23))                       # U_max
-    # Only the spacings above the grid can err: walk as many as the widest gap needs.
+    # Only the spacings above the grid can err: each sum walks as many as its own gap needs (at most
+    # ``levels``), so its bound depends on its own terms alone, not on which other sums share the call.
     gaps = torch.log2(top / grid.clamp(max=1e300)).clamp(min=0)
-    levels = min(levels, int(gaps.max()) + 1) if gaps.numel() else 0
+    own = torch.clamp(torch.floor(gaps) + 1, max=levels).to(torch.int64).reshape(-1).numpy()
+    levels = int(own.max()) if own.size else 0
     terms = products.reshape(-1, n).numpy()
     grid, top = grid.reshape(-1).numpy(), top.reshape(-1).numpy()
     # The spacings walked, finest first: [levels, F]. Each row's residues at every spacing are taken in
     # one pass (a few at a time, so that the [levels, F, n] temporaries stay small); the walk itself is
-    # a recurrence over [F] rows, cheap in numpy.
+    # a recurrence over [F] rows, cheap in numpy. Row f starts at spacing index ``levels - own[f]``.
     spacings = top[None, :] * np.exp2(np.arange(-levels + 1, 1, dtype=np.float64))[:, None]
     residues = np.empty_like(spacings)
     step = max(1, (1 << 21) // max(1, terms.size))
     for first in range(0, levels, step):
         at = spacings[first:first + step, :, None]
         residues[first:first + step] = np.abs(terms - np.rint(terms / at) * at).sum(axis=-1)
-    total = np.where(top * 2.0 ** -levels <= grid, 0.0, (n - 1) * top * 2.0 ** -levels / 2)  # every finer addition
-    for spacing, residue in zip(spacings, residues):
+    finest = top * np.exp2(-own.astype(np.float64))
+    total = np.where(finest <= grid, 0.0, (n - 1) * finest / 2)                  # every finer addition
+    for index, (spacing, residue) in enumerate(zip(spacings, residues)):
         cap = (n - 1) * spacing / 2
-        total = np.where(spacing <= grid, 0.0, np.minimum(cap, total + np.minimum(cap, residue + total)))
+        walked = np.where(spacing <= grid, 0.0, np.minimum(cap, total + np.minimum(cap, residue + total)))
+        total = np.where(index >= levels - own, walked, total)
     return torch.from_numpy(total.reshape(products.shape[:-1]))
 
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ConformanceModel", "SPEC_MODEL", "DETERMINISTIC_MODEL", "EXACT_MODEL", "SUM_MODES"]
+from .errors import UsageError
+
+__all__ = ["ConformanceModel", "SPEC_MODEL", "DETERMINISTIC_MODEL", "EXACT_MODEL", "SUM_MODES", "declared_model"]
 
 #: How a backend's float32 sums (F1) may differ from the exact sum:
 #: ``any-order``  any order or tree, each addition rounded to nearest (SPEC §4.1 F1)
@@ -70,22 +72,24 @@ class ConformanceModel:
         return not self.wider_than_spec()
 
     def wider_than_spec(self) -> list[str]:
-        """The freedoms this model takes beyond SPEC §4.1 (empty for a conforming model)."""
+        """The fields in which this model is wider than SPEC §4.1, each as ``field=value (what SPEC allows)``
+        (empty for a conforming model)."""
         wider = []
         if self.sums == "truncating":
-            wider.append("float32 sums rounded toward zero (F1 asks for round to nearest)")
+            wider.append("sums='truncating' (F1: float32 sums rounded to nearest)")
         if self.exp_ulps > SPEC_MODEL.exp_ulps:
-            wider.append(f"exp within {self.exp_ulps:g} ulp (F3 allows {SPEC_MODEL.exp_ulps:g})")
+            wider.append(f"exp_ulps={self.exp_ulps:g} (F3 allows {SPEC_MODEL.exp_ulps:g})")
         if self.div_ulps > SPEC_MODEL.div_ulps:
-            wider.append(f"O / l within {self.div_ulps:g} ulp (F3 allows {SPEC_MODEL.div_ulps:g})")
+            wider.append(f"div_ulps={self.div_ulps:g} (F3 allows {SPEC_MODEL.div_ulps:g})")
         return wider
 
     def check_narrower(self, what: str = "model") -> "ConformanceModel":
-        """``self`` when it is no wider than SPEC §4.1; else a ValueError naming the extra freedoms
-        (a backend may declare a narrower model and be judged by it, never a wider one)."""
+        """``self`` when it is no wider than SPEC §4.1; else a golden.errors.UsageError (a ValueError) naming
+        the fields (a backend may declare a narrower model and be judged by it, never a wider one)."""
         wider = self.wider_than_spec()
         if wider:
-            raise ValueError(f"{what}={self.name!r} is wider than SPEC §4.1: " + "; ".join(wider))
+            raise UsageError(f"{what} declares a model wider than SPEC §4.1 ({self.name!r}): " + "; ".join(wider)
+                             + ". A backend may declare a narrower model, never a wider one")
         return self
 
     def describe(self) -> str:
@@ -95,6 +99,21 @@ class ConformanceModel:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def declared_model(backend) -> "ConformanceModel":
+    """The model ``backend`` is judged by: the one it declares (``backend.model``), checked no wider than SPEC
+    §4.1 (:meth:`ConformanceModel.check_narrower`), or :data:`SPEC_MODEL` when it declares none. A
+    declaration that is not a ConformanceModel, or a wider one, is a golden.errors.UsageError naming the
+    backend and the field: never used (SPEC §4.1). Read wherever a backend's model is read: when a backend
+    is loaded, in the acceptance rule and the laws, in a report's provenance."""
+    model = getattr(backend, "model", None)
+    owner = f"backend {getattr(backend, 'name', type(backend).__name__)!r}"
+    if model is None:
+        return SPEC_MODEL
+    if not isinstance(model, ConformanceModel):
+        raise UsageError(f"{owner} declares model={model!r}; expected a golden.model.ConformanceModel (or none: SPEC §4.1)")
+    return model.check_narrower(owner)
 
 
 #: SPEC §4.1 as written: the model every backend is judged by unless it declares a narrower one.

@@ -13,6 +13,7 @@ __all__ = [
     "ceil_div",
     "positive_int",
     "blocks_needed",
+    "visible_lengths",
     "gen_block_table",
     "contiguous_to_paged",
     "paged_to_contiguous",
@@ -174,3 +175,13 @@ def paged_to_contiguous(
     b, t, block, row = token_slots(block_table, lengths, block_size)
     out[b, t] = paged[block, row]
     return out
+
+
+def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
+    """int64 [B, S1]: ``cur[b, i] = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2.1), the tokens query
+    position i of batch b sees. ``kv_act_seqs``: [B] ints (a CPU tensor, an array or a sequence). The one
+    place the visible length is computed outside the loop oracle; ``.reshape(-1)`` orders it by output
+    row ``b * S1 + i``."""
+    lengths = kv_act_seqs.numpy() if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs)
+    behind_last = np.arange(s1 - 1, -1, -1)
+    return torch.from_numpy(np.maximum(lengths.astype(np.int64)[:, None] - behind_last, 0))

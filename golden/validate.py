@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .paging import blocks_needed, positive_int
+from .paging import blocks_needed, positive_int, token_slots, visible_lengths
 
 __all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu",
-           "check_block_table", "check_scales_not_negative", "default_softmax_scale", "group_size",
+           "check_block_table", "check_scales_not_negative", "check_scores_in_float32", "check_at12_scores_in_float32",
+           "SCORE_LIMIT", "default_softmax_scale", "group_size",
            "positive_int"]
 
 FP8 = torch.float8_e4m3fn
@@ -258,6 +259,84 @@ def check_scales_not_negative(**scales) -> None:
             at = tuple(int(i) for i in negative.nonzero()[0])
             raise ValueError(f"{name}{list(at)}={float(scale[at])} must be >= 0: a dequant scale is max|x| / 448 "
                              "(SPEC §3), and the acceptance envelope (SPEC §4.2) relies on it")
+
+
+#: SPEC §4.1 "Domain": a cell's scores may reach ``D 448**2 q_scale k_scale softmax_scale``; from 2**127 on
+#: they can leave float32 (the any-order sum and the roundings of F2 add a factor below 2).
+SCORE_LIMIT = 2.0 ** 127
+#: The largest E4M3 magnitude either codec decodes (the calculator's is 240): |raw| <= D E4M3_MAX**2.
+_E4M3_MAX = 448.0
+
+
+def _score_reach(q: np.ndarray, k: np.ndarray, head_dim: int, softmax_scale: float) -> np.ndarray:
+    """float64: the largest magnitude a score's dequant chain can reach, for scales ``q``, ``k`` >= 0:
+    ``D 448**2`` times the largest of the products F2 lets a kernel form (``raw q``, ``raw k``, ``raw q k``,
+    then ``* softmax_scale``). SPEC §4.1 names the last; the domain includes the others, since a kernel
+    that forms ``raw k`` first overflows there whatever ``q`` is (decision recorded in docs/spec.md)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        both = q * k
+        largest = np.maximum(np.maximum(q, k), np.maximum(both, both * softmax_scale))
+        return head_dim * _E4M3_MAX ** 2 * largest
+
+
+def _finite_max(x: torch.Tensor) -> float:
+    values = x.detach().numpy()
+    return float(np.fmax.reduce(values, axis=None, initial=0.0)) if values.size else 0.0   # NaN ignored, inf kept
+
+
+def check_scores_in_float32(q_scale: torch.Tensor, k_scale: torch.Tensor, block_table: torch.Tensor,
+                            kv_act_seqs: torch.Tensor, dims: PagedAttentionDims) -> None:
+    """ValueError naming the scale entries when a score cell that is read (a query row and a token it sees,
+    SPEC §2 items 1-2) can leave float32 (SPEC §4.1 "Domain": :data:`SCORE_LIMIT`, :func:`_score_reach`):
+    such inputs are outside SPEC §2, and neither the golden nor the envelope answers for them. Scales in
+    cells no kernel reads are garbage of any size; a NaN scale passes (it is visible in the output).
+
+    Cheap first: the largest of all entries (NaN ignored). Only when that could reach the limit, each row
+    is paired with the largest K scale among the tokens it sees (a running maximum along each batch's
+    tokens, per kv head)."""
+    d, sm = dims.head_dim, dims.softmax_scale
+    reach = _score_reach(np.float64(_finite_max(q_scale)), np.float64(_finite_max(k_scale)), d, sm)
+    if not reach >= SCORE_LIMIT or kv_act_seqs.numel() == 0 or int(kv_act_seqs.max()) == 0:
+        return
+    batch_idx, token_idx, block, row = token_slots(block_table, kv_act_seqs, dims.block_size)
+    tokens = int(kv_act_seqs.max())
+    k_seen = torch.zeros((dims.batch, tokens, dims.nkv), dtype=torch.float64)
+    k_seen[batch_idx, token_idx] = torch.nan_to_num(k_scale[block, row, :, 0].double(), nan=0.0)
+    k_running, k_where = torch.cummax(k_seen, dim=1)                                  # [B, tokens, N]
+    cur = visible_lengths(kv_act_seqs, dims.s1)                                         # [B, S1]
+    last = (cur - 1).clamp(min=0)
+    k_row = torch.gather(k_running, 1, last[:, :, None].expand(-1, -1, dims.nkv))       # [B, S1, N]
+    k_token = torch.gather(k_where, 1, last[:, :, None].expand(-1, -1, dims.nkv))
+    q = torch.nan_to_num(q_scale.detach().double(), nan=0.0).reshape(dims.batch, dims.s1, dims.nkv, dims.group)
+    k = k_row[..., None].expand_as(q)
+    cell = _score_reach(q.numpy(), k.numpy(), d, sm)
+    bad = (cell >= SCORE_LIMIT) & (cur > 0).numpy()[:, :, None, None]
+    if not bad.any():
+        return
+    b, i, n, g = (int(x) for x in np.argwhere(bad)[0])
+    t = int(k_token[b, i, n])
+    blk, slot = int(block_table[b, t // dims.block_size]), t % dims.block_size
+    h = n * dims.group + g
+    raise ValueError(
+        f"q_scale[{b * dims.s1 + i}, {h}, 0]={float(q_scale[b * dims.s1 + i, h, 0]):g} with k_scale[{blk}, {slot}, {n}, 0]="
+        f"{float(k_scale[blk, slot, n, 0]):g} (a token row {b * dims.s1 + i} sees): its scores can reach "
+        f"{float(cell[b, i, n, g]):.3g} >= 2**127, outside float32 (SPEC §4.1 Domain: D * 448**2 * q_scale * "
+        "k_scale * softmax_scale, and each product F2 lets a kernel form, must stay below 2**127)")
+
+
+def check_at12_scores_in_float32(q_scale: torch.Tensor | None, k_scale: torch.Tensor | None, head_dim: int,
+                                 scale: float) -> None:
+    """:func:`check_scores_in_float32` for AT-12's FP8 variant (SPEC §6), where every cell is read."""
+    if q_scale is None or k_scale is None:
+        return
+    q = torch.nan_to_num(q_scale.detach().double(), nan=0.0).numpy()          # [q_tile, 1]
+    k = torch.nan_to_num(k_scale.detach().double(), nan=0.0).numpy().T        # [1, k_tile]
+    cell = _score_reach(q, k, head_dim, scale)
+    if not (cell >= SCORE_LIMIT).any():
+        return
+    i, j = (int(x) for x in np.argwhere(cell >= SCORE_LIMIT)[0])
+    raise ValueError(f"q_scale[{i}, 0]={float(q_scale[i, 0]):g} with k_scale[{j}, 0]={float(k_scale[j, 0]):g}: "
+                     f"the score can reach {float(cell[i, j]):.3g} >= 2**127, outside float32 (SPEC §4.1 Domain)")
 
 
 def check_on_cpu(**tensors: object) -> None:

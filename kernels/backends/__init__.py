@@ -390,6 +390,8 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     missing = [a for a in ("name", "codec", "paged_attention_fp8", "qk_matmul_scale") if not hasattr(backend, a)]
     if missing:
         raise UsageError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
+    from golden.model import declared_model
+    declared_model(backend)              # a wider model is refused when the backend is loaded, naming the field
     if getattr(backend, "kernel_source", None) is None:
         try:
             backend.kernel_source = KernelSource.of_module(module, attr, source)

@@ -134,6 +134,10 @@ class _UpstreamKernel:
         self.tile_overrides = dict(tiles or {})
         self.supported_shapes = dict(supported or KERNEL_SHAPES)
         self._factory = getattr(self._module, "PfaTileShapeConfig", None)
+        # A kernel from a file is not ours to vouch for: SPEC §4.1 as written judges it, which lets two calls
+        # take their freedoms differently (our kernel on the sim declares DETERMINISTIC_MODEL).
+        from golden.model import SPEC_MODEL
+        self.model = SPEC_MODEL
 
     def tile_config(self, dims):
         return upstream_tile_config(g_tile=dims.g_tile, s2_tile=dims.s2_tile, factory=self._factory,

@@ -34,6 +34,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
        mm1="reverse", mm2="reverse", row_sum="reverse"),
     _V("reciprocal", "O * (1 / l) (within 1 ulp); exp 1 ulp up; upstream's scale order", division="reciprocal",
        exp_ulps=1, scale_order="upstream"),
+    _V("edges-up", "every exp (P, and the update's factors a and c) at the greatest float32 F3 allows, with "
+       "SPEC's ulp (up to 4 steps of the lower binade below a power of two); O / l at the greatest within 1 ulp",
+       exp_edge=1, division="edge-up"),
+    _V("edges-down", "every exp at the least float32 F3 allows (SPEC's ulp); O / l at the least within 1 ulp; "
+       "sums reversed", exp_edge=-1, division="edge-down", mm1="reverse", mm2="reverse", row_sum="reverse"),
+    _V("edges-mixed", "exp at the greatest float32 F3 allows, O / l at the least; upstream's scale order",
+       exp_edge=1, division="edge-down", scale_order="upstream"),
     _V("vertex-low", "every raw score at the low end of the envelope's interval", mm1="vertex-low"),
     _V("vertex-high", "every raw score at the high end of the envelope's interval", mm1="vertex-high"),
     _V("vertex-mixed", "every raw score at either end of its interval, at random; exp 2 ulp down",

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["ORDERS", "fsum", "exp_ulps", "fma", "divide"]
+__all__ = ["ORDERS", "fsum", "exp_ulps", "exp_edge", "fma", "divide", "DIVISIONS"]
 
 ORDERS = ("forward", "reverse", "pairwise", "blocked16", "blocked32", "kahan", "shuffled")
 
@@ -83,6 +83,46 @@ def exp_ulps(x: torch.Tensor, ulps: int = 0) -> torch.Tensor:
     return torch.where(x == 0, torch.ones_like(out), out)
 
 
+def _spec_ulp(t: torch.Tensor) -> torch.Tensor:
+    """float64 SPEC §4.1's ulp of the (float64) value t: ``2**(max(floor(log2 |t|), -126) - 23)``."""
+    _, exponent = torch.frexp(t.abs())                     # |t| = m 2**e, m in [1/2, 1): floor(log2 |t|) = e - 1
+    exponent = torch.where(t == 0, torch.tensor(-126, dtype=exponent.dtype), exponent - 1)
+    return torch.ldexp(torch.ones_like(t), exponent.clamp(min=-126) - 23)
+
+
+def _farthest(t: torch.Tensor, side: int, ulps: float) -> torch.Tensor:
+    """float32: starting from RN(t), the float32 farthest on ``side`` (+1 up, -1 down) whose distance from
+    the exact value stays within ``ulps`` SPEC ulps. ``t`` is float64, within 2**-52 of the exact value:
+    a step must clear the limit by 2**-50 |t| (so a variant never steps past the edge; where a float32 lies
+    that close to the edge it stops one short)."""
+    limit = t + side * (ulps * _spec_ulp(t) - t.abs() * 2.0 ** -50)
+    if side < 0:
+        limit = limit.clamp(min=0.0)
+    y = t.float()
+    toward = torch.tensor(math.inf if side > 0 else -math.inf)
+    for _ in range(int(2 * ulps) + 3):
+        step = torch.nextafter(y, toward)
+        inside = (step.double() <= limit) if side > 0 else (step.double() >= limit)
+        y = torch.where(inside, step, y)
+    return y
+
+
+def exp_edge(x: torch.Tensor, side: int, ulps: float = 2.0) -> torch.Tensor:
+    """float32 ``exp(x)`` at the very edge SPEC §4.1 F3 allows on ``side`` (+1: the greatest float32 within
+    ``ulps`` ulp of the exact value, -1: the least, never below 0), with SPEC's ulp (of the exact result):
+    just above a power of two that is ``ulps`` steps of the upper binade below it, twice as many steps of
+    the lower one. ``exp(0) = 1`` exactly. Written independently of the envelope's ``exp_bounds``."""
+    t = torch.exp(x.double())
+    # For x < 0 the exact value is below 1 even where float64 rounds it to 1 (|x| < 2**-54): its ulp is the
+    # lower binade's, and 1 - 2**-53 stands for it.
+    t = torch.where((x < 0) & (t >= 1), 1 - 2.0 ** -53, t)
+    out = _farthest(t, side, ulps)
+    return torch.where(x == 0, torch.ones_like(out), out)
+
+
+DIVISIONS = ("divide", "reciprocal", "up", "down", "edge-up", "edge-down")
+
+
 def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """float32 ``a * b + c`` rounded once (a fused multiply-add), exactly.
 
@@ -107,7 +147,8 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 def divide(o: torch.Tensor, l: torch.Tensor, how: str = "divide") -> torch.Tensor:
     """float32 ``o / l``: ``divide`` (correctly rounded), ``reciprocal`` (``o * RN(1 / l)``),
-    ``up`` / ``down`` (the correctly rounded quotient one float32 step up / down: 1 ulp off).
+    ``up`` / ``down`` (the correctly rounded quotient one float32 step up / down), ``edge-up`` /
+    ``edge-down`` (the farthest float32 within 1 SPEC ulp of the quotient, :func:`exp_edge`'s rule).
 
     ``o * RN(1 / l)`` has two roundings and can land more than 1 ulp from the quotient; SPEC §4.1 F3
     allows reciprocal and multiplication *within 1 ulp*, so where it does not, the variant returns the
@@ -118,6 +159,8 @@ def divide(o: torch.Tensor, l: torch.Tensor, how: str = "divide") -> torch.Tenso
         return q
     if how in ("up", "down"):
         return torch.nextafter(q, torch.tensor(math.inf if how == "up" else -math.inf))
+    if how in ("edge-up", "edge-down"):
+        return _farthest(o.double() / l.double(), 1 if how == "edge-up" else -1, 1.0)
     if how == "reciprocal":
         r = o * torch.reciprocal(l)
         exact = o.double() / l.double()
@@ -125,4 +168,4 @@ def divide(o: torch.Tensor, l: torch.Tensor, how: str = "divide") -> torch.Tenso
         above = torch.nextafter(q, torch.tensor(math.inf))
         within = ((r.double() - exact).abs() <= (above.double() - below.double()) / 2)
         return torch.where(within, r, q)
-    raise ValueError(f"how={how!r} must be divide, reciprocal, up or down")
+    raise ValueError(f"how={how!r} must be one of {DIVISIONS}")

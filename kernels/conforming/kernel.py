@@ -22,7 +22,7 @@ from golden.intervals import down32, lowbit, up32
 from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL
 from golden.quant import FP8_MAX
 from kernels.backends import Backend
-from kernels.conforming.arithmetic import ORDERS, divide, exp_ulps, fma, fsum
+from kernels.conforming.arithmetic import DIVISIONS, ORDERS, divide, exp_edge, exp_ulps, fma, fsum
 
 __all__ = ["Variant", "ConformingKernel", "VERTICES", "SCALE_ORDERS"]
 
@@ -41,7 +41,11 @@ class Variant:
       ``upstream`` ((S k_scale) q_scale; (O v_scale) p_scale) or ``fused`` (S (q_scale k_scale);
       O (p_scale v_scale)) (F2).
     * ``exp_ulps`` -- exp moved this many float32 steps from the correctly rounded value, exp(0) = 1 (F3).
-    * ``division`` -- ``divide``, ``reciprocal``, ``up``, ``down`` (kernels.conforming.arithmetic.divide; F3).
+    * ``exp_edge`` -- 0, or +1 / -1: every exp (P and the update's factors) at the farthest float32 F3
+      allows above / below the exact value, with SPEC's ulp (kernels.conforming.arithmetic.exp_edge);
+      overrides ``exp_ulps``.
+    * ``division`` -- one of kernels.conforming.arithmetic.DIVISIONS (``divide``, ``reciprocal``, ``up``,
+      ``down``, and ``edge-up`` / ``edge-down``: the farthest float32 within 1 SPEC ulp; F3).
     * ``update`` -- ``plain`` (``a*l + c*l_j``, three roundings) or ``fma`` (``fma(a, l, c*l_j)``).
     """
     name: str
@@ -51,6 +55,7 @@ class Variant:
     row_sum: str = "forward"
     scale_order: str = "spec"
     exp_ulps: int = 0
+    exp_edge: int = 0
     division: str = "divide"
     update: str = "plain"
 
@@ -64,6 +69,10 @@ class Variant:
             raise ValueError(f"scale_order={self.scale_order!r} must be one of {SCALE_ORDERS}")
         if not -2 <= self.exp_ulps <= 2:
             raise ValueError(f"exp_ulps={self.exp_ulps!r} must lie in [-2, 2] (SPEC §4.1 F3)")
+        if self.exp_edge not in (-1, 0, 1):
+            raise ValueError(f"exp_edge={self.exp_edge!r} must be -1, 0 or 1")
+        if self.division not in DIVISIONS:
+            raise ValueError(f"division={self.division!r} must be one of {DIVISIONS}")
         if self.update not in ("plain", "fma"):
             raise ValueError(f"update={self.update!r} must be 'plain' or 'fma'")
 
@@ -91,6 +100,12 @@ class ConformingKernel(Backend):
         self.codec = get_codec(codec)
         self.seed = seed
         self._calls = 0
+
+    def _exp(self, x: torch.Tensor) -> torch.Tensor:
+        """The variant's float32 exp (F3): at an edge, or ``exp_ulps`` steps from the correctly rounded value."""
+        if self.variant.exp_edge:
+            return exp_edge(x, self.variant.exp_edge)
+        return exp_ulps(x, self.variant.exp_ulps)
 
     # -- MM1 ----------------------------------------------------------------------------------------------
     def _raw_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -146,7 +161,7 @@ class ConformingKernel(Backend):
             m_j = s.amax(dim=-1, keepdim=True)
             active = visible.any(dim=-1, keepdim=True).expand_as(m_j)
             x = torch.where(visible, s - torch.where(active, m_j, 0.0), -torch.inf)
-            p = exp_ulps(x, v_.exp_ulps)
+            p = self._exp(x)
             l_j = fsum(p, v_.row_sum, seed=self.seed + start)[..., None]
             scale = torch.full_like(m_j, FP8_MAX).div(torch.where(active, p.amax(dim=-1, keepdim=True), 1.0))
             p8 = self.codec.round(p * scale)
@@ -171,8 +186,8 @@ class ConformingKernel(Backend):
                     torch.where(active, o_j, 0.0), active)
         m, l, o, started = state
         m_new = torch.maximum(m, m_j)
-        a = exp_ulps(torch.where(started & active, m - m_new, 0.0), v_.exp_ulps)
-        c = exp_ulps(torch.where(started & active, m_j - m_new, 0.0), v_.exp_ulps)
+        a = self._exp(torch.where(started & active, m - m_new, 0.0))
+        c = self._exp(torch.where(started & active, m_j - m_new, 0.0))
         if v_.update == "fma":
             l_next, o_next = fma(a, l, c * l_j), fma(a, o, c * o_j)
         else:

@@ -4,6 +4,8 @@
 - :class:`SmallOnly`: the golden with a cost limit (a backend that skips what it cannot afford).
 - :class:`CalculatorCodec`: the golden computed with pypto's CPU-calculator codec, declaring that codec
   (a kernel whose only difference from the spec is its platform's FP8 conversions).
+- :class:`DeclaresNoModel`: the golden, declaring no model (judged by SPEC §4.1 as written).
+- :func:`loose_exp`: the golden declaring a model wider than SPEC §4.1 (exp within 63 ulp): refused.
 """
 from __future__ import annotations
 
@@ -133,3 +135,20 @@ class Slow(GoldenBackend):
             return super().paged_attention_fp8(*args, **kwargs)
         finally:
             busy.unlink(missing_ok=True)
+
+
+class DeclaresNoModel(GoldenBackend):
+    """The golden, declaring no conformance model: SPEC_MODEL judges it."""
+    name = "tests/cases/run_doubles.py:DeclaresNoModel"
+    model = None
+
+
+def loose_exp(**options):
+    """A user backend that declares exp within 63 ulp (SPEC §4.1 F3 allows 2): never judged by it."""
+    import dataclasses
+
+    from golden.model import SPEC_MODEL
+    backend = GoldenBackend(**options)
+    backend.name = "tests/cases/run_doubles.py:loose_exp"
+    backend.model = dataclasses.replace(SPEC_MODEL, name="loose exp", exp_ulps=63)
+    return backend

@@ -140,11 +140,25 @@ def test_a_declared_model_is_reported(tmp_path):
                                examples=0))
     data = report.to_json(run)
     assert report.check_schema(data) == []
-    assert data["backend"]["model"] == {**EXACT_MODEL.to_dict(), "describe": EXACT_MODEL.describe()}
+    assert data["backend"]["model"] == {**EXACT_MODEL.to_dict(), "describe": EXACT_MODEL.describe(), "declared": True}
     from markupsafe import escape      # what the page templates escape with (cases/html_pages.py)
 
     from cases import html_report
-    assert str(escape(f"Model: {EXACT_MODEL.describe()}")) in html_report.render_html(run)
+    assert str(escape(f"Model: {EXACT_MODEL.describe()} (declared by the backend)")) in html_report.render_html(run)
+
+
+def test_the_model_that_judged_the_run_is_reported_when_none_is_declared(tmp_path):
+    """A backend that declares no model is judged by SPEC §4.1 as written: the report names that model and
+    says it was not declared (README: a kernel loaded from a file is judged by SPEC_MODEL)."""
+    from golden.model import SPEC_MODEL
+    run = runner.execute(_args(tmp_path, "tests/cases/run_doubles.py:DeclaresNoModel", cases="edge_causal_s1_3_short",
+                               examples=0))
+    data = report.to_json(run)
+    assert report.check_schema(data) == []
+    assert data["backend"]["model"] == {**SPEC_MODEL.to_dict(), "describe": SPEC_MODEL.describe(), "declared": False}
+    text = Console(width=220, record=True, force_terminal=False)
+    report.print_report(run, text)
+    assert f"Model: {SPEC_MODEL.describe()} (none declared: SPEC §4.1 as written)" in text.export_text()
 
 
 @pytest.mark.parametrize("change, same", [

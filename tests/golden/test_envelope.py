@@ -127,11 +127,10 @@ def test_bad_model_is_a_type_error():
         golden.paged_attention_envelope(**kwargs, model="spec")
 
 
-def test_scores_that_overflow_at_one_end_never_give_a_finite_envelope_without_the_golden():
-    """A visible row whose lower score ends all overflow to -inf (a K scale near float32's largest / raw)
-    while the upper ends stay finite: the bounds may be NaN (the tolerance alone then decides), never a
-    finite interval that leaves the golden out (a first version of the speed-ups of 2026-12-01 turned
-    such a row's -inf maximum into 0 and gave lo above the golden)."""
+def _far_apart_tiles(scale: float) -> tuple[dict, float]:
+    """A row of two tiles: ordinary positive scores, then one large negative raw score per row times a K
+    scale ``scale`` (the second tile's scores are ``raw * scale``, raw about -3e6): tile maxima as far
+    apart as the scale makes them. Returns the case and |raw|."""
     d, codec = 16, golden.SPEC_CODEC
     kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=32, nq=1, nkv=1, head_dim=d,
                                                             block_size=16, s2_tile=16, kv_act_seqs=(32,)), 0).kwargs()
@@ -146,24 +145,62 @@ def test_scores_that_overflow_at_one_end_never_give_a_finite_envelope_without_th
     v[second] = v[second].abs() + 1
     kwargs.update(k_cache=codec.to_fp8(k), v_cache=codec.to_fp8(v), v_scale=torch.ones_like(kwargs["v_scale"]))
     raw = float((q.double() * codec.from_fp8(kwargs["k_cache"])[second, 0, 0].double()).sum())
-    largest = torch.tensor(3.4028234663852886e38 / abs(raw), dtype=torch.float32).view(torch.int32)
-    # Scales a few float32 ulps below the overflow threshold, and two controls where the second tile's
-    # scores are -1e6 and -1e9 (no end overflows): there the bounds must be finite and hold the vertex
-    # kernels. (From about -1e10 on they are NaN: the fold's bound on a rounded exponent argument,
-    # exp(2**-24 |m_j - mu|), overflows float64.)
-    controls = [1e6 / abs(raw), 1e9 / abs(raw)]
-    for step, scale in [(None, c) for c in controls] + [(s, float((largest + s).view(torch.float32))) for s in range(-3, 1)]:
-        k_scale = torch.full_like(kwargs["k_scale"], 1e-6)
-        k_scale[second] = scale
-        case = {**kwargs, "k_scale": k_scale}
-        env = golden.paged_attention_envelope(**case)
-        finite = torch.isfinite(env.lo.float()) & torch.isfinite(env.hi.float())
-        if step is None:
-            assert bool(finite.all()), scale
-        for variant in ("vertex-low", "vertex-high"):
-            out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**case)
-            assert bool((env.inside(out) | ~finite).all()), (step, variant)
-        assert bool((env.inside(env.golden) | ~finite).all()), step
+    k_scale = torch.full_like(kwargs["k_scale"], 1e-6)
+    k_scale[second] = scale
+    return {**kwargs, "k_scale": k_scale}, abs(raw)
+
+
+@pytest.mark.parametrize("logits", [1e6, 1e9, 1.3e10, 1e12, 1e20, 1e30])
+def test_the_envelope_is_finite_however_far_apart_the_tile_maxima(logits):
+    """The second tile's scores at -1e6 ... -1e30 (a first version of the fold was NaN from about -1.2e10
+    on: its bound on a rounded exponent argument, exp(2**-24 |m_j - mu|), overflowed float64): finite, and
+    holding the golden, the vertex kernels and the edge variants."""
+    _, raw = _far_apart_tiles(1.0)
+    case, _ = _far_apart_tiles(float(np.float32(logits / raw)))
+    env = golden.paged_attention_envelope(**case)
+    assert bool(torch.isfinite(env.lo.float()).all() & torch.isfinite(env.hi.float()).all())
+    assert bool(env.inside(env.golden).all())
+    for variant in ("vertex-low", "vertex-high", "edges-up", "edges-down"):
+        out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**case)
+        assert bool(env.inside(out).all()), variant
+
+
+def test_scores_that_can_leave_float32_are_refused_naming_the_entries():
+    """SPEC §4.1 Domain: D * 448**2 * q_scale * k_scale * softmax_scale >= 2**127 for a cell that is read is
+    outside SPEC §2: the golden (both routes) and the envelope refuse it, naming the two scale entries. One
+    float32 step below the limit the envelope is finite and holds the vertex kernels (whose raw scores
+    reach the ends of their intervals)."""
+    from golden.validate import SCORE_LIMIT
+    limit = SCORE_LIMIT / (16 * 448.0 ** 2)               # D = 16, q_scale = softmax_scale = 1
+    at = float(np.float32(limit))
+    at = at if at >= limit else float(np.nextafter(np.float32(at), np.float32(np.inf)))
+    below = float(np.nextafter(np.float32(at), np.float32(0)))
+    case, _ = _far_apart_tiles(at)
+    second = int(case["block_table"][0, 1])
+    for refuse in (golden.paged_attention_fp8, golden.paged_attention_fp8_loop, golden.paged_attention_envelope):
+        with pytest.raises(ValueError, match=rf"q_scale\[0, 0, 0\]=1 with k_scale\[{second}, \d+, 0, 0\]=.* outside float32"):
+            refuse(**case)
+    case, _ = _far_apart_tiles(below)
+    env = golden.paged_attention_envelope(**case)
+    assert bool(torch.isfinite(env.lo.float()).all() & torch.isfinite(env.hi.float()).all())
+    for variant in ("vertex-low", "vertex-high"):
+        out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**case)
+        assert bool(env.inside(out).all()), variant
+    # A scale past the limit in a cell no kernel reads (the unused rows of the second block) is garbage.
+    case["k_scale"] = case["k_scale"].clone()
+    case["k_scale"][int(case["block_table"][0, 0]), :, 0, 0] = 1e-6
+    unread = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=32, nq=1, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16, kv_act_seqs=(20,),
+                                                            garbage="huge"), 0).kwargs()
+    assert float(unread["k_scale"].max()) >= 3e38
+    golden.paged_attention_envelope(**unread)
+
+
+def test_at12_scores_that_can_leave_float32_are_refused():
+    q = golden.SPEC_CODEC.to_fp8(torch.ones(2, 16))
+    scale = torch.ones(2, 1)
+    with pytest.raises(ValueError, match=r"q_scale\[1, 0\]=1e\+30 with k_scale\[0, 0\]=1e\+30"):
+        golden.qk_matmul_scale(q, q, q_scale=scale * torch.tensor([[1.0], [1e30]]), k_scale=scale * 1e30, scale=1.0)
 
 
 @pytest.mark.parametrize("name", ["q_scale", "k_scale", "v_scale"])
@@ -194,11 +231,30 @@ def test_a_negative_dequant_scale_is_a_value_error(name):
         qk_matmul_scale_envelope(q, q, q_scale=scale, k_scale=scale * torch.tensor([[1.0], [1.0], [-1.0], [1.0]]))
 
 
-def test_a_wider_model_is_named():
-    wide = golden.ConformanceModel(name="truncating adder", sums="truncating")
+@pytest.mark.parametrize("field, value, named", [("sums", "truncating", "sums='truncating'"),
+                                                  ("exp_ulps", 63, r"exp_ulps=63 \(F3 allows 2\)"),
+                                                  ("div_ulps", 1.5, r"div_ulps=1.5 \(F3 allows 1\)")])
+def test_a_wider_model_is_refused_naming_the_field(field, value, named):
+    """SPEC §4.1: a backend may declare a narrower model, never a wider one; a wider one is refused with an
+    error naming the field (a UsageError: one line, exit 2 on the command line), wherever it is read."""
+    from golden.errors import UsageError
+    from golden.model import declared_model
+
+    wide = golden.ConformanceModel(name="loose", **{field: value})
     assert not wide.conforming
-    with pytest.raises(ValueError, match="wider than SPEC §4.1: float32 sums rounded toward zero"):
+    with pytest.raises(UsageError, match=named):
         wide.check_narrower()
+
+    class Declares:
+        name, model = "my.module:factory", wide
+    with pytest.raises(UsageError, match=rf"backend 'my.module:factory' declares a model wider than SPEC §4.1 .*{named}"):
+        declared_model(Declares())
+    narrower = golden.ConformanceModel(name="tight", exp_ulps=1, div_ulps=0.5, sums="exact", scale_order="spec")
+    Declares.model = narrower
+    assert declared_model(Declares()) is narrower
+    Declares.model = "spec"
+    with pytest.raises(UsageError, match="declares model='spec'; expected a golden.model.ConformanceModel"):
+        declared_model(Declares())
 
 
 # --- AT-12 -------------------------------------------------------------------------------------------
