@@ -300,11 +300,13 @@ def paged_attention_envelope(
         softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
     )
     check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
-    # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with tokens.
-    slot_read, row_read = read_cells(block_table, kv_act_seqs, num_blocks=k_scale.shape[0], block_size=dims.block_size,
-                                     s1=dims.s1)
-    check_scales_not_negative(q_scale=(q_scale, row_read[:, None, None]), k_scale=(k_scale, slot_read[:, :, None, None]),
-                              v_scale=(v_scale, (kv_act_seqs > 0)[:, None, None]))
+    # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with tokens
+    # (which cells those are is worked out only when some scale is negative at all).
+    if any(bool((scale < 0).any()) for scale in (q_scale, k_scale, v_scale)):
+        slot_read, row_read = read_cells(block_table, kv_act_seqs, num_blocks=k_scale.shape[0],
+                                         block_size=dims.block_size, s1=dims.s1)
+        check_scales_not_negative(q_scale=(q_scale, row_read[:, None, None]), k_scale=(k_scale, slot_read[:, :, None, None]),
+                                  v_scale=(v_scale, (kv_act_seqs > 0)[:, None, None]))
     model = SPEC_MODEL if model is None else model
     if not isinstance(model, ConformanceModel):
         raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")

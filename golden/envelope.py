@@ -38,6 +38,7 @@ tables they read are golden/envelope_stages.py; this module folds them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -47,7 +48,7 @@ from .codec import Fp8Codec
 from .envelope_stages import _mm2_bounds, quantization_error, _sum_relative, dequant_interval, exp_arguments, exp_bounds
 from .envelope_stages import boundary_distance, column_grids
 from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
-from .intervals import TINY32, U32, U64, down32, down32_add, up32_add, float64_slack, float64_sum_slack, lowbit, sum_error_bound, ulp32, up32
+from .intervals import TINY32, U32, U64, above32, below32, down32, float64_slack, float64_sum_slack, lowbit, sum_error_bound, ulp32, up32
 from .intervals import widen, within_ulps
 from .model import ConformanceModel
 from .quant import FP8_MAX
@@ -99,6 +100,21 @@ class AttentionEnvelope:
         return (self.lo.float() <= a) & (a <= self.hi.float())
 
 
+@functools.lru_cache(maxsize=None)
+def _p_scale_bounds(exp_ulps: float) -> tuple[float, torch.Tensor, float, float]:
+    """(largest P, least scale, least and greatest p_scale) for an exp within ``exp_ulps`` (step 4): every
+    x is <= 0, so every P is at most exp_bounds of the x just below 0 (1 for exp_ulps <= 2), and the row
+    max of P lies in [1, that] (the argmax gives exp(0) = 1). The kernel's scale RN(448 / max P) and
+    p_scale (RN(1 / scale), or RN(max P / 448)) are float32 values between the roundings of the ends (RN
+    is monotone): float32 arithmetic, no slack."""
+    below_zero = torch.tensor([-(2.0 ** -149)], dtype=torch.float32)
+    p_max_hi = torch.maximum(exp_bounds(below_zero, below_zero, exp_ulps)[1], torch.ones(1))
+    fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32)
+    scale_lo = fp8_max / p_max_hi
+    return (float(p_max_hi), scale_lo, float(torch.ones(1) / fp8_max),
+            float(torch.maximum(torch.ones(1) / scale_lo, p_max_hi / fp8_max)))
+
+
 class EnvelopeBuilder:
     """Accumulates the per-tile bounds of one ``golden.attention`` evaluation and folds them (steps 1-7).
 
@@ -116,11 +132,7 @@ class EnvelopeBuilder:
         # exp_ulps <= 2) and the row max of P lies in [1, p_max_hi] (the argmax gives exp(0) = 1). The
         # kernel's scale RN(448 / max P) and p_scale (RN(1 / scale), or RN(max P / 448)) are then float32
         # values between the roundings of the ends (RN is monotone): no float64 arithmetic, no slack.
-        below_zero = torch.tensor([-(2.0 ** -149)], dtype=torch.float32)
-        p_max_hi = torch.maximum(exp_bounds(below_zero, below_zero, model.exp_ulps)[1], torch.ones(1))
-        self.scale_lo = self._fp8_max / p_max_hi
-        self.ps_lo = float(torch.ones(1) / self._fp8_max)
-        self.ps_hi = float(torch.maximum(torch.ones(1) / self.scale_lo, p_max_hi / self._fp8_max))
+        p_max_hi, self.scale_lo, self.ps_lo, self.ps_hi = _p_scale_bounds(model.exp_ulps)
         # Per (batch, tile): m_lo, m_hi, L_lo, L_hi (relative to m_hi), O_lo [D], O_hi [D], tokens.
         rows = dims.s1 * dims.group
         self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
@@ -130,7 +142,7 @@ class EnvelopeBuilder:
         # Step 8: the degenerate (tile, row)s' hulls, and the codec's quantization error of a_t = p_scale P8
         # against P: RN(P scale) (1 rounding), the scale and p_scale (2 more: (1 +- u)**3), the codec's own.
         self.hulls: list = []
-        rho_lo, rho_hi, alpha = quantization_error(codec, float(FP8_MAX * p_max_hi * (1 + U32)))
+        rho_lo, rho_hi, alpha = quantization_error(codec, FP8_MAX * p_max_hi * (1 + U32))
         exp_floor = FP8_MAX * model.exp_ulps * TINY32 * rho_hi          # P's absolute exp error, through the codes
         self.code_error = (rho_lo * (1 - U32) ** 3, rho_hi * (1 + U32) ** 3, (alpha + exp_floor) * self.ps_hi * (1 + U32))
 
@@ -247,7 +259,7 @@ class EnvelopeBuilder:
             magnitude = (abs_sum + largest) / 2
             rounding = "toward-zero" if self.model.sums == "truncating" else "nearest"
             e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
-        lo, hi = down32_add(lo, -e2).double(), up32_add(hi, e2).double()    # the kernel's float32 O_raw
+        lo, hi = below32(lo - e2).double(), above32(hi + e2).double()       # the kernel's float32 O_raw (e2 > 0)
         vs = v_scale.double()
         lo = torch.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
         hi = torch.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
@@ -358,20 +370,33 @@ class EnvelopeBuilder:
         on their largest |V|, and on the hull's end (they take their share from it)."""
         at = degenerate[..., 0].nonzero(as_tuple=True)                          # (pair, kv head, row)
         pair, head, row = at
-        vs = v_scale.expand(-1, v.shape[1], -1, -1)[pair, head, 0]               # [F, D]
-        tiled = to_tiles(v.permute(0, 1, 3, 2))                                  # [P, N, D, T]
-        values = tiled[pair, head] * vs[..., None]                               # [F, D, T] exact (E4M3 x float32)
+        vs = v_scale.expand(-1, v.shape[1], -1, -1)[pair, head, 0]               # [F, D], >= 0 (checked)
         seen = visible[pair, 0, row]                                             # [F, T]
         weight = e_hi[pair, head, row]                                           # the largest P each token can have
         matters = seen & (weight >= HULL_NEGLIGIBLE)
         count = seen.sum(dim=-1).double()                                        # [F] visible tokens
         lam = _sum_relative(count, self.model)
-        theta = _sum_relative(count, self.model) * (1 + _F2_ROUNDINGS) + _F2_ROUNDINGS
-        magnitude = values.abs()
-        top = torch.where(matters[:, None, :], values + theta[:, None, None] * magnitude, -math.inf).amax(dim=-1)
-        bottom = torch.where(matters[:, None, :], values - theta[:, None, None] * magnitude, math.inf).amin(dim=-1)
-        largest = torch.where(seen[:, None, :], magnitude, 0.0).amax(dim=-1) * (1 + theta[:, None])
-        total = torch.where(seen[:, None, :], magnitude, 0.0).sum(dim=-1) * (1 + theta[:, None])
+        theta = (_sum_relative(count, self.model) * (1 + _F2_ROUNDINGS) + _F2_ROUNDINGS)[:, None]
+        # Which block holds each token of a tile (-1: none), to read the V rows that matter from the blocks.
+        blocks = v.shape[0]
+        block_of = to_tiles(torch.arange(blocks).reshape(blocks, 1, 1, 1).expand(blocks, 1, 1, v.shape[2]).contiguous(),
+                            fill=-1)[:, 0, 0]                                    # [P, T]
+        f, t = matters.nonzero(as_tuple=True)
+        rows_v = v[block_of[pair[f], t], head[f], t % v.shape[2]]                # [K, D] E4M3 values, exact
+        d = v.shape[-1]
+        # x + theta |x| and x - theta |x| are increasing in x (theta < 1), and V = v8 * v_scale with v_scale
+        # >= 0: their extremes over the tokens that matter are those of v8's.
+        where = f[:, None].expand(-1, d)
+        highest = torch.full((pair.numel(), d), -math.inf, dtype=torch.float64).scatter_reduce_(0, where, rows_v, "amax") * vs
+        lowest = torch.full((pair.numel(), d), math.inf, dtype=torch.float64).scatter_reduce_(0, where, rows_v, "amin") * vs
+        top, bottom = highest + theta * highest.abs(), lowest - theta * lowest.abs()
+        # |V| over the tile's tokens (a superset of the row's visible ones: sound), per block then per tile.
+        magnitude = v.abs()
+        per_tile = to_tiles(torch.cat([magnitude.amax(dim=2), magnitude.sum(dim=2)], dim=-1)[:, :, :, None]
+                            .expand(-1, -1, -1, v.shape[2]).contiguous())          # [P, N, 2D, T] (each block's value
+        per_tile = per_tile.reshape(*per_tile.shape[:3], -1, v.shape[2])[..., 0]   # on its BS columns, taken once)
+        largest = per_tile[pair, head, :d].amax(dim=-1) * vs * (1 + theta)
+        total = per_tile[pair, head, d:].sum(dim=-1) * vs * (1 + theta)            # exact float64 sums of E4M3 values
         negligible = (torch.where(seen & ~matters, weight, 0.0).sum(dim=-1) * (1 + self.exp_rel)
                       + count * self.model.exp_ulps * TINY32)[:, None]
         c_lo, c_hi, alpha = self.code_error
@@ -449,7 +474,9 @@ class EnvelopeBuilder:
         # Tiles a row does not have hold zeros: give them the row's mu, so that their (zero) terms stay finite.
         m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
         n_tiles = counts[..., None].double()
-        w_lo, w_hi, w_abs = tile_weights(m_lo, m_hi, mu, n_tiles, self.model)
+        # Lower weights at m_lo (for N) and at m_hi (for L's terms, relative to m_hi), upper ones at m_hi (both).
+        lows, wl_hi, w_abs = tile_weights(torch.stack((m_lo, m_hi)), m_hi, mu, n_tiles, self.model)
+        w_lo, wl_lo, w_hi = lows[0], lows[1], wl_hi
         w_lo = torch.where(used, (w_lo - w_abs).clamp(min=0.0), 0.0)
         # A term w_j O_j is smallest at w_lo for a positive O and at w_hi + w_abs for a negative one (and
         # the other way round for the largest). So N_lo and N_hi are weighted sums over the tiles of the
@@ -466,7 +493,6 @@ class EnvelopeBuilder:
         # at least the weight of the largest m_lo: the tile holding the kernel's maximum M has its argmax's
         # exp(0) = 1 and a weight of exactly 1 in the kernel (every later factor is exp(0)), so l >= 1, that
         # is L >= exp(M - mu) >= exp(max m_lo - mu).
-        wl_lo, wl_hi, _ = tile_weights(m_hi, m_hi, mu, n_tiles, self.model)
         big_l_lo = (torch.where(used, wl_lo, 0.0) * l_lo).sum(dim=-1, keepdim=True) * (1 - sum_slack)
         big_l_lo = big_l_lo - (w_abs * used * st[..., -1]).sum(dim=-1, keepdim=True) * 2
         floor = torch.exp(torch.where(used, m_lo, -math.inf).amax(dim=-1, keepdim=True) - mu) * (1 - float64_slack(4))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .intervals import U32, down32, down32_add, float64_slack, up32_add, lowbit, residue_bound, sum_error_bound, ulp32, up32, within_ulps
+from .intervals import U32, above32, below32, down32, float64_slack, lowbit, residue_bound, sum_error_bound, ulp32, up32, within_ulps
 from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
@@ -177,9 +177,13 @@ def refine_score_bounds(products: torch.Tensor, raw: torch.Tensor, abs_sum: torc
 def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (lo, hi): every float32 value a kernel's sum can take, given the exact sum ``raw``
     (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
+    exact = raw.float()
     if model.sums == "exact":
-        return raw.float(), raw.float()
-    return down32_add(raw, -e1), up32_add(raw, e1)
+        return exact, exact
+    # e1 = 0: the certificate (every partial sum representable), so the sum is raw itself, a float32 value.
+    # Else raw -+ e1, rounded once in float64, is never exact: the float32 beyond it (intervals.below32).
+    bounded = e1 > 0
+    return torch.where(bounded, below32(raw - e1), exact), torch.where(bounded, above32(raw + e1), exact)
 
 
 def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
@@ -201,21 +205,11 @@ def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: Con
 
 def exp_arguments(s_lo: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Tensor, m_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``(x_lo, x_hi)``: the ends of ``x = RN(S - m)``, a kernel's float32 subtraction (SPEC §2.3), for
-    float32 ``S`` in ``[s_lo, s_hi]`` and a row max ``m`` in ``[m_lo, m_hi]`` (float32 values), ``x_hi <= 0``.
-
-    RN is monotone, so the ends are ``RN(s_lo - m_hi)`` and ``RN(s_hi - m_lo)``, exactly. The float64
-    difference of two float32 values is exact unless their exponents lie more than 29 apart; there it is
-    off by at most 2**-53 relative, and the float32 value below (above) is taken: RN(z) lies between
-    RD(z) and RU(z), which are monotone."""
-    def rounded(a, b, toward):
-        d = a.double() - b.double()
-        # TwoSum's error term: 0 iff the float64 difference is exact.
-        back = d - a.double()
-        error = (a.double() - (d - back)) + (-b.double() - back)
-        exact = (error == 0) | ~torch.isfinite(d)
-        return torch.where(exact, d.float(), toward(d))
-    x_lo = rounded(s_lo, m_hi, down32)
-    x_hi = rounded(s_hi, m_lo, up32).clamp(max=0.0)
+    float32 ``S`` in ``[s_lo, s_hi]`` and a row max ``m`` in ``[m_lo, m_hi]`` (float32 values, given in any
+    float dtype), ``x_hi <= 0``. RN is monotone, so the ends are ``RN(s_lo - m_hi)`` and ``RN(s_hi - m_lo)``:
+    float32 subtractions, exactly what the kernel computes."""
+    x_lo = s_lo.float() - m_hi.float()
+    x_hi = (s_hi.float() - m_lo.float()).clamp(max=0.0)
     return x_lo, x_hi
 
 
@@ -237,22 +231,20 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     the binade of spacing 2**-24, so the greatest result is below ``1 + ulps 2**-24`` (the bound is taken
     over the ``x < 0`` part, then 1 joined where ``x_hi = 0``)."""
     slack = float64_slack(_EXP64_ROUNDINGS)
-    t_lo = torch.exp(x_lo.double()) * (1 - slack)
-    below = torch.minimum(x_hi.double(), torch.tensor(_BELOW_ZERO, dtype=torch.float64))
-    t_hi = torch.exp(below) * (1 + slack)
+    t_lo = torch.exp(x_lo.double()).numpy() * (1 - slack)
+    t_hi = torch.exp(torch.clamp(x_hi.double(), max=_BELOW_ZERO)).numpy() * (1 + slack)
     # x < 0: exp(x) < 1 exactly, whatever float64 says; 1 - 2**-53 keeps the spacing of [1/2, 1), and the
-    # float32 results there are at most 1 + ulps 2**-24, exclusive when the cap binds.
+    # float32 results there are below 1 + ulps 2**-24, strictly when the cap binds. (numpy from here: a few
+    # operations on the flagged elements, where torch's per-call cost would dominate.)
     capped = t_hi >= 1
-    t_hi = torch.where(capped, 1 - 2.0 ** -53, t_hi)
-    p_lo, p_hi = within_ulps(t_lo, torch.maximum(t_hi, t_lo), ulps)
-    p_hi = torch.where(capped & (p_hi.double() >= 1 + ulps * 2.0 ** -24), torch.nextafter(p_hi, _ZERO32), p_hi)
-    p_hi = torch.where(x_hi == 0, torch.maximum(p_hi, _ONE32), p_hi)
-    only_zero = x_lo == 0                                   # x is 0 in every execution: P = exp(0) = 1
-    return torch.where(only_zero, _ONE32, p_lo.clamp(min=0.0)), torch.where(only_zero, _ONE32, p_hi)
-
-
-_ZERO32 = torch.tensor(0.0, dtype=torch.float32)
-_ONE32 = torch.tensor(1.0, dtype=torch.float32)
+    t_hi = np.where(capped, 1 - 2.0 ** -53, t_hi)
+    p_lo, p_hi = (x.numpy() for x in within_ulps(torch.from_numpy(t_lo), torch.from_numpy(np.maximum(t_hi, t_lo)), ulps))
+    p_hi = np.where(capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), np.nextafter(p_hi, np.float32(0)), p_hi)
+    zero_hi, zero_lo = (x.numpy() == 0 for x in (x_hi, x_lo))          # x_lo == 0: x is 0 in every execution
+    p_hi = np.where(zero_hi, np.maximum(p_hi, np.float32(1)), p_hi)
+    p_lo = np.where(zero_lo, np.float32(1), np.maximum(p_lo, np.float32(0)))
+    p_hi = np.where(zero_lo, np.float32(1), p_hi)
+    return torch.from_numpy(p_lo.astype(np.float32, copy=False)), torch.from_numpy(p_hi.astype(np.float32, copy=False))
 
 
 def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):

@@ -45,7 +45,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
+__all__ = ["U32", "TINY32", "U64", "down32", "up32", "below32", "above32", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
            "within_ulps", "sum_error_bound", "residue_bound", "widen"]
 
 U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
@@ -87,26 +87,19 @@ def up32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(f.double() < x, torch.nextafter(f, _UP), f)
 
 
-def _sum_error(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """float64: ``(a + b) - s`` exactly for ``s = fl64(a + b)`` (Knuth's TwoSum; NaN where s is not finite)."""
-    back = s - a
-    return (a - (s - back)) + (b - back)
+def below32(x: torch.Tensor) -> torch.Tensor:
+    """float32: the largest float32 strictly below the float64 ``x`` unless x is not a float32 value, where it
+    is :func:`down32`: a lower bound on any real within half a float64 ulp of x (x rounded by one float64
+    operation), one step looser than needed only where x happens to be a float32 value. For a bound that is
+    never exact (a value minus a positive error bound): the raw score's and MM2's interval ends."""
+    f = x.float()
+    return torch.where(f.double() >= x, torch.nextafter(f, _DOWN), f)
 
 
-def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """float32: the largest float32 <= the exact ``a + b`` (float64 a, b): :func:`down32` of the float64 sum,
-    one step lower where that sum is a float32 value the exact one lies below. (Where ``fl64(a + b)`` is not
-    a float32 value, the exact sum lies within half a float64 ulp of it, closer than any float32.)"""
-    s = a + b
-    f = down32(s)
-    return torch.where((f.double() == s) & (_sum_error(a, b, s) < 0), torch.nextafter(f, _DOWN), f)
-
-
-def up32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """float32: the smallest float32 >= the exact ``a + b`` (see :func:`down32_add`)."""
-    s = a + b
-    f = up32(s)
-    return torch.where((f.double() == s) & (_sum_error(a, b, s) > 0), torch.nextafter(f, _UP), f)
+def above32(x: torch.Tensor) -> torch.Tensor:
+    """float32: the mirror image of :func:`below32`."""
+    f = x.float()
+    return torch.where(f.double() <= x, torch.nextafter(f, _UP), f)
 
 
 _EXPONENT_BITS = 0x7FF0000000000000
@@ -123,19 +116,29 @@ def ulp32(x: torch.Tensor) -> torch.Tensor:
     return (binade * 2.0 ** -23).clamp(min=2.0 ** -149, max=2.0 ** 1000)
 
 
-def _binade(x: torch.Tensor) -> torch.Tensor:
-    """float64: ``2**floor(log2|x|)`` (0 for 0 and float64 subnormals), from the exponent bits."""
-    return (x.double().view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
+def _lowest_within(t_lo: np.ndarray, t_hi: np.ndarray, ulps: float) -> np.ndarray:
+    """float64: the least ``t - ulps ulp(t)`` over the reals ``t`` in ``[t_lo, t_hi]`` (see within_ulps).
+    numpy: a few operations on arrays that are often small, where torch's per-call cost would dominate."""
+    binade = (t_lo.view(np.int64) & _EXPONENT_BITS).view(np.float64)           # 2**floor(log2 |t_lo|)
+    with np.errstate(invalid="ignore"):                                         # inf - inf: NaN stays NaN
+        low = t_lo - ulps * np.maximum(binade * 2.0 ** -23, TINY32)
+        # For t > 0 the function drops at each power of two (the ulp doubles there): the first power above
+        # t_lo is the one place it can fall below its value at t_lo (later powers give more).
+        power = 2 * binade
+        at_power = power - ulps * np.maximum(power * 2.0 ** -23, TINY32)
+        return np.where((t_lo > 0) & (power <= t_hi), np.minimum(low, at_power), low)
 
 
-def _lowest_within(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> torch.Tensor:
-    """float64: the least ``t - ulps ulp(t)`` over the reals ``t`` in ``[t_lo, t_hi]`` (see within_ulps)."""
-    at_low = t_lo - ulps * ulp32(t_lo)
-    # For t > 0 the function drops at each power of two (the ulp doubles there): the first power above t_lo
-    # is the one place it can fall below its value at t_lo (later powers give more).
-    power = 2 * _binade(t_lo)
-    at_power = torch.where((t_lo > 0) & (power <= t_hi), power - ulps * ulp32(power), _INF64)
-    return torch.minimum(at_low, at_power)
+def _np_up32(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        f = x.astype(np.float32)
+    return np.where(f < x, np.nextafter(f, np.float32(np.inf)), f)
+
+
+def _np_down32(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        f = x.astype(np.float32)
+    return np.where(f > x, np.nextafter(f, np.float32(-np.inf)), f)
 
 
 def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,11 +153,13 @@ def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[to
     (``t - n ulp(t)`` is exact in float64: it keeps t's binade or the one below, and t's last bit.) The
     greatest is the mirror image, at ``t_hi`` (``t + n ulp(t)`` only grows with t). An ``ulps`` that is not
     a multiple of a power of two rounds ``ulps * ulp`` once: 2**-52 relative, far below a float32 step."""
+    lo64 = np.ascontiguousarray(t_lo.detach().double().numpy())
+    hi64 = np.ascontiguousarray(t_hi.detach().double().numpy())
     if ulps == 0:
-        return up32(t_lo), down32(t_hi)
-    low = _lowest_within(t_lo, t_hi, ulps)
-    high = -_lowest_within(-t_hi, -t_lo, ulps)
-    return up32(low), down32(high)
+        return torch.from_numpy(_np_up32(lo64)), torch.from_numpy(_np_down32(hi64))
+    low = _lowest_within(lo64, hi64, ulps)
+    high = -_lowest_within(-hi64, -lo64, ulps)
+    return torch.from_numpy(_np_up32(low)), torch.from_numpy(_np_down32(high))
 
 
 _INF64 = torch.tensor(math.inf, dtype=torch.float64)

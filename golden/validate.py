@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .paging import blocks_needed, positive_int, token_slots, visible_lengths
+from .paging import blocks_needed, positive_int, visible_lengths
 
 __all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_scale_args", "check_tile", "check_on_cpu",
            "check_block_table", "check_scales_not_negative", "check_scores_in_float32", "check_at12_scores_in_float32",
@@ -295,26 +295,29 @@ def check_scores_in_float32(q_scale: torch.Tensor, k_scale: torch.Tensor, block_
     is paired with the largest K scale among the tokens it sees (a running maximum along each batch's
     tokens, per kv head)."""
     d, sm = dims.head_dim, dims.softmax_scale
-    reach = _score_reach(np.float64(_finite_max(q_scale)), np.float64(_finite_max(k_scale)), d, sm)
+    q_top, k_top = _finite_max(q_scale), _finite_max(k_scale)
+    reach = d * _E4M3_MAX ** 2 * max(q_top, k_top, q_top * k_top, q_top * k_top * sm)    # Python floats: inf, no raise
     if not reach >= SCORE_LIMIT or kv_act_seqs.numel() == 0 or int(kv_act_seqs.max()) == 0:
         return
-    batch_idx, token_idx, block, row = token_slots(block_table, kv_act_seqs, dims.block_size)
-    tokens = int(kv_act_seqs.max())
-    k_seen = torch.zeros((dims.batch, tokens, dims.nkv), dtype=torch.float64)
-    k_seen[batch_idx, token_idx] = torch.nan_to_num(k_scale[block, row, :, 0].double(), nan=0.0)
-    k_running, k_where = torch.cummax(k_seen, dim=1)                                  # [B, tokens, N]
-    cur = visible_lengths(kv_act_seqs, dims.s1)                                         # [B, S1]
-    last = (cur - 1).clamp(min=0)
-    k_row = torch.gather(k_running, 1, last[:, :, None].expand(-1, -1, dims.nkv))       # [B, S1, N]
-    k_token = torch.gather(k_where, 1, last[:, :, None].expand(-1, -1, dims.nkv))
-    q = torch.nan_to_num(q_scale.detach().double(), nan=0.0).reshape(dims.batch, dims.s1, dims.nkv, dims.group)
-    k = k_row[..., None].expand_as(q)
-    cell = _score_reach(q.numpy(), k.numpy(), d, sm)
-    bad = (cell >= SCORE_LIMIT) & (cur > 0).numpy()[:, :, None, None]
+    # numpy: small index arithmetic, where torch's per-call cost would dominate.
+    lengths = kv_act_seqs.numpy().astype(np.int64)
+    token = np.arange(int(lengths.max()))
+    valid = token[None, :] < lengths[:, None]                                            # [B, tokens]
+    table = block_table.numpy().astype(np.int64)
+    slot = table[:, token // dims.block_size] * dims.block_size + token % dims.block_size
+    k_flat = k_scale.detach().numpy().reshape(-1, dims.nkv)
+    k_seen = np.where(valid[..., None], k_flat[np.where(valid, slot, 0)], 0.0)          # [B, tokens, N]
+    k_running = np.fmax.accumulate(np.nan_to_num(k_seen, nan=0.0), axis=1)            # NaN reads as 0
+    cur = visible_lengths(kv_act_seqs, dims.s1).numpy()                                 # [B, S1]
+    last = np.maximum(cur - 1, 0)
+    k_row = np.take_along_axis(k_running, last[:, :, None], axis=1)                     # [B, S1, N]
+    q = np.nan_to_num(q_scale.detach().numpy().astype(np.float64), nan=0.0).reshape(dims.batch, dims.s1, dims.nkv, dims.group)
+    cell = _score_reach(q, np.broadcast_to(k_row[..., None], q.shape).astype(np.float64), d, sm)
+    bad = (cell >= SCORE_LIMIT) & (cur > 0)[:, :, None, None]
     if not bad.any():
         return
     b, i, n, g = (int(x) for x in np.argwhere(bad)[0])
-    t = int(k_token[b, i, n])
+    t = int(np.argmax(np.nan_to_num(k_seen[b, :last[b, i] + 1, n], nan=0.0)))             # the token with that K scale
     blk, slot = int(block_table[b, t // dims.block_size]), t % dims.block_size
     h = n * dims.group + g
     raise ValueError(

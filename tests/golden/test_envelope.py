@@ -325,3 +325,34 @@ def test_fold_sum_bound_holds_under_cancellation():
                 worst = max(worst, float(error / Fraction(float(slack[d]))))
     assert worst > 0                                   # the sums did round: the check can fail
     assert max(cancelled) < 1e-6                       # and the cancelling ones did cancel
+
+
+@pytest.mark.parametrize("distribution", ALL_DISTRIBUTIONS)
+def test_an_envelope_built_for_some_batches_is_the_full_one_there(distribution):
+    """golden.paged_attention_envelope(batches=...): bit-identical to the full envelope on the batches it
+    was built for (the rule builds only those, properties.acceptance), NaN on the others, on every
+    distribution."""
+
+    @settings(max_examples=4, deadline=None)
+    @given(case=ps.cases_for(KERNEL_SHAPES, distribution=(distribution,), batch=st.integers(2, 4)), data=st.data())
+    def check(case, data):
+        kwargs = case.inputs().kwargs()
+        full = golden.paged_attention_envelope(**kwargs)
+        b = kwargs["kv_act_seqs"].numel()
+        mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=b, max_size=b), label="batches"))
+        part = golden.paged_attention_envelope(**kwargs, batches=mask)
+        rows = mask.repeat_interleave(kwargs["q"].shape[0] // b)
+        assert part.batches == tuple(int(i) for i in mask.nonzero().reshape(-1))
+        for mine, whole in ((part.golden, full.golden), (part.lo, full.lo), (part.hi, full.hi)):
+            assert torch.equal(mine[rows].view(torch.int16), whole[rows].view(torch.int16))
+            assert bool(torch.isnan(mine[~rows].float()).all())
+    check()
+
+
+def test_bad_batches_are_named():
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=2, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16), 0).kwargs()
+    with pytest.raises(TypeError, match="batches must be a bool tensor"):
+        golden.paged_attention_envelope(**kwargs, batches=[0])
+    with pytest.raises(ValueError, match=r"batches has shape \(3,\); expected \(2,\)"):
+        golden.paged_attention_envelope(**kwargs, batches=torch.ones(3, dtype=torch.bool))

@@ -68,3 +68,44 @@ def test_the_edge_of_the_envelope_passes_and_one_step_past_fails():
         past[at] = (env.hi[at].view(torch.int16) + (1 if float(env.hi[at]) > 0 else -1)).view(torch.bfloat16)
     verdict = judge(Output(past), CASE)
     assert not verdict.passed and verdict.deciding.comparison.mismatched == 1
+
+
+def test_the_envelope_is_built_only_for_the_batches_outside_the_tolerance():
+    """SPEC §4.2: an output row's envelope depends on its own batch alone, so the rule builds it only where
+    an element lies outside the tolerance, and says when none was needed."""
+    kwargs = CASE.inputs().kwargs()
+    exact = golden.paged_attention_fp8(**kwargs)
+    verdict = judge(Output(exact, name="the golden"), CASE)
+    assert verdict.passed and verdict.deciding.envelope is None
+    assert verdict.deciding.envelope_note() == "Envelope: not needed (every element within SPEC §4's tolerance)"
+    backend = kernels.get_backend("conforming:forward")
+    reordered = backend.paged_attention_fp8(**kwargs)
+    outside = ~cmp.compare(reordered, exact, kind="attention", s1=3).mismatch_mask.reshape(4, -1).logical_not().all(dim=1)
+    verdict = judge(backend, CASE)
+    env = verdict.deciding.envelope
+    assert verdict.passed and env.batches == tuple(int(b) for b in outside.nonzero().reshape(-1))
+    assert 0 < len(env.batches) < 4, "the case must have a batch within the tolerance"
+    full = golden.paged_attention_envelope(**kwargs)
+    rows = outside.repeat_interleave(3)
+    for built, whole in ((env.lo, full.lo), (env.hi, full.hi)):
+        assert torch.equal(built[rows].view(torch.int16), whole[rows].view(torch.int16))
+        assert bool(torch.isnan(built[~rows].float()).all())
+    assert f"built for {len(env.batches)} batch" in verdict.deciding.envelope_note()
+
+
+def test_a_kernel_that_halves_its_output_fails_on_degenerate_rows():
+    """Logits near 1e6 (``wide``): the scores are uncertain by more than a logit and the fold's bound
+    admits almost any mixture of V rows; step 8 bounds the output as a near-convex combination of the V
+    rows that can matter, so a kernel that halves its output fails there under SPEC_MODEL, while the
+    conforming variants pass."""
+    from properties.case import Case as C
+    case = C(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=2, nkv=1, head_dim=128, block_size=128, s2_tile=256,
+                                         kv_act_seqs=(300, 140), distribution="wide"), seed=3)
+    kwargs = case.inputs().kwargs()
+    env = golden.paged_attention_envelope(**kwargs)
+    assert env.degenerate_rows > 0
+    halved = (golden.paged_attention_fp8(**kwargs).float() / 2).bfloat16()
+    verdict = judge(Output(halved, name="halving"), case)
+    assert not verdict.passed and verdict.deciding.category == "kernel logic"
+    for name in ("vertex-mixed", "edges-up", "edges-down", "shuffled"):
+        assert judge(kernels.get_backend(f"conforming:{name}"), case).passed, name
