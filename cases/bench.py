@@ -6,11 +6,13 @@ Three workloads: every upstream case of SPEC §5; kernel-sized cases as ``pfa-ve
 them for a kernel backend (20 by default, a fixed seed); and a property-testing-shaped one (200
 small ragged cases drawn from the parameter space of the property suite's strategies: B <= 6,
 S1 <= 3, lengths up to 600 including 0, 1 and block and tile boundaries, block sizes 16-128, several
-s2_tile values). For each it reports both goldens' time, the speed-up, cases per second, and whether
-the two agree (count of outputs that are not bit-identical). With ``--stages`` it adds the suite's
-cost per example, stage by stage on one core, with issue 17's budget (cases/bench_stages.py).
+s2_tile values); and ``conforming``, kernel-sized ``outlier_channels`` cases judged on the outputs of the
+conforming variants (where the rule builds the envelope for some rows; part of ``all`` with ``--stages``
+only). For each it reports both goldens' time, the speed-up, cases per second, and whether the two
+agree (count of outputs that are not bit-identical). With ``--stages`` it adds the suite's cost per
+example, stage by stage on one core, with issue 17's budget and issue 26's lines (cases/bench_stages.py).
 
-Run: ``python -m cases.bench [--repeat N] [--workload upstream|kernel|small|all] [--small-cases N]
+Run: ``python -m cases.bench [--repeat N] [--workload upstream|kernel|small|conforming|all] [--small-cases N]
 [--kernel-cases N] [--stages] [--tightness N] [--json PATH]``. Speed goals live here, not in tests.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from golden import (DISTRIBUTIONS, InputBundle, PagedAttentionConfig, make_input
 __all__ = ["WORKLOADS", "upstream_cases", "kernel_workload", "small_workload", "BenchRow", "run_bench",
            "run_stages", "main"]
 
-WORKLOADS = ("upstream", "kernel", "small", "all")
+WORKLOADS = ("upstream", "kernel", "small", "conforming", "all")
 
 def upstream_cases() -> dict[str, InputBundle]:
     """The six upstream cases of SPEC §5, by name, from the case catalog (cases/catalog.json)."""
@@ -161,6 +163,11 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
         bundles = [make_inputs(c, seed=i) for i, c in enumerate(small_workload(small_cases))]
         rows.append(_bench(f"small ragged workload ({small_cases} cases)", bundles, repeat))
         report(_format_row(rows[-1]))
+    if workload == "conforming":
+        from cases.bench_stages import conforming_workload
+        bundles = [case.inputs() for case in conforming_workload(kernel_cases)[0]]
+        rows.append(_bench(f"kernel-sized outlier_channels ({kernel_cases} cases)", bundles, repeat))
+        report(_format_row(rows[-1]))
     return rows
 
 
@@ -184,10 +191,14 @@ def run_stages(workload: str = "all", *, repeat: int = 1, small_cases: int = 200
         workloads.append(("upstream", [catalog[name] for name in SPEC_CASE_NAMES]))
     if workload in ("small", "all"):
         workloads.append(("small", [Case(c, seed=i) for i, c in enumerate(small_workload(small_cases))]))
+    outputs = {}
+    if workload in ("conforming", "all"):
+        cases, outputs["conforming"] = bs.conforming_workload(kernel_cases)
+        workloads.append(("conforming", cases))
     report(bs.STAGE_HEADER)
     stages = []
     for name, cases in workloads:
-        for row in bs.stage_rows(name, cases, repeat=repeat):
+        for row in bs.stage_rows(name, cases, repeat=repeat, outputs=outputs.get(name)):
             stages.append(row)
             report(bs.format_stage_row(row))
     return stages, codecs

@@ -6,6 +6,8 @@ holds there must never reach the result (the golden masks by length, never by ta
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -18,6 +20,8 @@ __all__ = [
     "contiguous_to_paged",
     "paged_to_contiguous",
     "token_slots",
+    "PagedSlots",
+    "paged_slots",
 ]
 
 
@@ -126,31 +130,55 @@ def _fill_value(fill: float, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(fill, dtype=dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class PagedSlots:
+    """Where every valid token of a (checked) block table lives: :func:`token_slots`, kept with what it was
+    worked out for, so that several tensors paged through one table compute it once."""
+    block_table: torch.Tensor
+    lengths: torch.Tensor
+    block_size: int
+    num_blocks: int
+    batch: torch.Tensor
+    token: torch.Tensor
+    block: torch.Tensor
+    row: torch.Tensor
+
+
+def paged_slots(block_table: torch.Tensor, kv_act_seqs: torch.Tensor | list[int], *, block_size: int,
+                num_blocks: int) -> PagedSlots:
+    """The checked :class:`PagedSlots` of a block table (the checks of :func:`contiguous_to_paged`)."""
+    lengths = _check_lengths(kv_act_seqs)
+    block_size = positive_int(block_size, "block_size")
+    num_blocks = positive_int(num_blocks, "num_blocks")
+    _check_table(block_table, lengths, block_size, num_blocks)
+    return PagedSlots(block_table, lengths, block_size, num_blocks, *token_slots(block_table, lengths, block_size))
+
+
 def contiguous_to_paged(
     x: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor | list[int], *,
-    block_size: int, num_blocks: int, fill: float = 0.0,
+    block_size: int, num_blocks: int, fill: float = 0.0, slots: PagedSlots | None = None,
 ) -> torch.Tensor:
     """[num_blocks, block_size, N, X]: ``x`` ([B, S, N, X], BSND) scattered through ``block_table``.
 
     Only each batch's first ``kv_act_seqs[b]`` tokens are written; every other cell (spare
     blocks, the tail of a last block) holds ``fill`` (e.g. NaN, to prove the kernel never reads it).
     Works for any dtype, float8_e4m3fn included (``fill`` is then encoded with the spec codec).
+    ``slots``: :func:`paged_slots` of these same arguments, when several tensors share the table.
     """
-    lengths = _check_lengths(kv_act_seqs)
-    block_size = positive_int(block_size, "block_size")
-    num_blocks = positive_int(num_blocks, "num_blocks")
+    if slots is None or slots.block_table is not block_table or slots.block_size != block_size \
+            or slots.num_blocks != num_blocks or not torch.equal(slots.lengths, _check_lengths(kv_act_seqs)):
+        slots = paged_slots(block_table, kv_act_seqs, block_size=block_size, num_blocks=num_blocks)
+    lengths = slots.lengths
     if not isinstance(x, torch.Tensor) or x.ndim != 4:
         raise ValueError(f"x must be a 4-D tensor [B, S, N, X], got {getattr(x, 'shape', type(x).__name__)}")
     if x.shape[0] != lengths.numel():
         raise ValueError(f"x has batch {x.shape[0]} but kv_act_seqs has {lengths.numel()} entries")
     if lengths.numel() and int(lengths.max()) > x.shape[1]:
         raise ValueError(f"kv_act_seqs max {int(lengths.max())} exceeds x's sequence length {x.shape[1]}")
-    _check_table(block_table, lengths, block_size, num_blocks)
     paged = torch.empty((num_blocks, block_size, *x.shape[2:]), dtype=x.dtype)
     paged_bits = paged.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else paged
     paged_bits.fill_(_fill_value(fill, x.dtype).view(torch.uint8) if x.dtype == torch.float8_e4m3fn else fill)
-    b, t, block, row = token_slots(block_table, lengths, block_size)
-    paged[block, row] = x[b, t]
+    paged[slots.block, slots.row] = x[slots.batch, slots.token]
     return paged
 
 

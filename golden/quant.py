@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 
 from .codec import FP8_MAX, SPEC_CODEC, Fp8Codec
@@ -66,6 +67,11 @@ def _scales_from_amax(amax: torch.Tensor, *, dim: int, zero_rows: str, name: str
 
     if zero_rows not in _ZERO_ROW_POLICIES:
         raise ValueError(f"zero_rows={zero_rows!r} is not a policy; expected one of {_ZERO_ROW_POLICIES}")
+    values = amax.detach().numpy()
+    if np.isfinite(values).all() and values.all():          # the common case, checked cheaply (numpy)
+        scale = _fp8_max_over(amax)
+        if not np.isinf(scale.numpy()).any():
+            return scale, torch.reciprocal(scale)
     if torch.isnan(amax).any():
         row = first(torch.isnan(amax))
         raise ValueError(f"{name} has NaN in row {row} (max over {axis_desc}); quantization needs finite values")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from golden.model import ConformanceModel, declared_model
@@ -78,12 +79,13 @@ def _same_bits(after: torch.Tensor, before: torch.Tensor) -> bool:
     zeros included). False sends the tensor to the comparison core, which says what changed."""
     if after.dtype != before.dtype or after.shape != before.shape or after.stride() != before.stride():
         return False
-    if after.dtype.is_floating_point or after.dtype.is_complex:
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(after.element_size())
-        if width is None:
-            return False
-        after, before = after.view(width), before.view(width)
-    return bool(torch.equal(after, before))
+    if after.is_contiguous() and after.device.type == "cpu":
+        # The bytes, through numpy (torch.equal on uint8 runs at a tenth of the speed).
+        return bool(np.array_equal(after.view(torch.uint8).numpy(), before.view(torch.uint8).numpy()))
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(after.element_size())
+    if width is None:
+        return False
+    return bool(torch.equal(after.view(width), before.view(width)))
 
 
 def split_bundle(bundle) -> tuple[dict, dict]:

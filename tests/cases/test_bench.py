@@ -3,6 +3,8 @@ documents, and a bench run reports the two goldens' agreement (timings are not a
 goals live in the benchmark itself)."""
 from __future__ import annotations
 
+import torch
+
 from cases.bench import BenchRow, run_bench, small_workload
 
 
@@ -53,16 +55,32 @@ def test_stage_rows_time_every_stage_and_total_them():
     from properties.case import Case
     cases = [Case(c, seed=i) for i, c in enumerate(small_workload(3))]
     rows = {r.stage: r for r in bs.stage_rows("small", cases)}
-    assert list(rows) == ["inputs", "golden spec", "golden calculator", "envelope", "comparison",
-                          "inputs + golden(s) + envelope + comparison", "envelope / golden (issue 16)"]
-    for name in ("inputs", "golden spec", "golden calculator", "envelope", "comparison"):
+    assert list(rows) == ["inputs", "torch.rand", "golden spec", "golden calculator", "envelope", "comparison", "rule",
+                          "inputs / torch.rand (issue 26)", "inputs + rule", "rule / golden (issue 26)",
+                          "envelope / golden (issue 16)"]
+    for name in ("inputs", "torch.rand", "golden spec", "golden calculator", "envelope", "comparison", "rule"):
         assert rows[name].cases == 3 and 0 < rows[name].mean <= rows[name].worst
-    # The one rule computes the envelope under each codec, which returns the golden too: an example
-    # costs its inputs, the two envelopes and the comparison, not the goldens on top.
-    parts = sum(rows[n].mean for n in ("inputs", "envelope", "comparison"))
-    assert rows["inputs + golden(s) + envelope + comparison"].mean == pytest.approx(parts)
+    # An example costs its inputs and the rule, which computes the golden itself (and the envelope only
+    # where an element lies outside the tolerance: the golden's own output needs none).
+    assert rows["inputs + rule"].mean == pytest.approx(rows["inputs"].mean + rows["rule"].mean)
+    assert rows["rule / golden (issue 26)"].mean == pytest.approx(rows["rule"].mean / rows["golden spec"].mean)
+    assert rows["inputs / torch.rand (issue 26)"].mean == pytest.approx(rows["inputs"].mean / rows["torch.rand"].mean)
     goldens = rows["golden spec"].mean + rows["golden calculator"].mean
     assert rows["envelope / golden (issue 16)"].mean == pytest.approx(rows["envelope"].mean / goldens)
+
+
+def test_the_rule_is_timed_on_the_outputs_given(monkeypatch):
+    """The conforming workload's rule judges the conforming variants' outputs (the envelope built where
+    needed), not the golden's."""
+    from cases import bench_stages as bs
+    from properties import acceptance
+    cases, outputs = bs.conforming_workload(2)
+    assert [c.config.distribution for c in cases] == ["outlier_channels"] * 2
+    judged = []
+    real = acceptance.judge
+    monkeypatch.setattr(acceptance, "judge", lambda backend, case, **kw: judged.append(backend.out) or real(backend, case, **kw))
+    bs.stage_rows("conforming", cases, outputs=outputs)
+    assert all(torch.equal(out, outputs(case, None)) for out, case in zip(judged, cases))
 
 
 def test_stage_rows_time_the_envelope_under_both_codecs(monkeypatch):

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+import golden
 import golden_helpers as gh
 from golden import SPEC_CODEC, InputBundle, PagedAttentionConfig, make_inputs, paged_to_contiguous
 from golden.inputs import DISTRIBUTIONS, GARBAGE
@@ -173,3 +174,19 @@ def test_a_config_with_a_block_table_round_trips_and_one_without_keeps_its_dict(
     assert data["block_table"][0] == [19, 18, 0, 1, 2, -1, -1] and C.from_dict(data) == config
     assert "block_table" not in RAGGED.to_dict()     # fingerprints and regression ids of other configs unchanged
     assert hash(config) != hash(RAGGED)
+
+
+@pytest.mark.parametrize("distribution", golden.DISTRIBUTIONS)
+def test_drawn_values_counts_what_make_inputs_draws(distribution, monkeypatch):
+    """golden.inputs.drawn_values, the yardstick of make_inputs' speed (pfa-verify bench --stages), is the
+    number of random values its draws of Q, K and V take from the generator."""
+    import golden.inputs as gi
+    drawn = []
+    for name in ("rand", "randn", "randint"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(gi.torch, name, lambda *a, _real=real, **kw: drawn.append(_real(*a, **kw)) or drawn[-1])
+    config = golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16,
+                                         s2_tile=16, distribution=distribution)
+    monkeypatch.setattr(gi, "gen_block_table", lambda *a, **kw: torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32))
+    golden.make_inputs(config, 0)
+    assert sum(x.numel() for x in drawn) == gi.drawn_values(config)
