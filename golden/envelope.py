@@ -26,14 +26,18 @@ an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row
    ``w_j l_j = sum_t exp(S_t - M)``. So ``out = N / L`` with ``N = sum_j exp(m_j - mu) O_j`` and ``L =
    sum_t exp(S_t - mu)`` for any ``mu``: the uncertainty of a tile's max counts once (in N), not three
    times as a step-by-step interval fold would count it (in a, c and l_j).
-7. ``O / l`` within ``div_ulps``; bf16 round to nearest even of each end (monotone). Rows with
-   ``cur == 0`` are ``[0, 0]``.
+7. ``O / l`` within ``div_ulps`` (SPEC's ulp); bf16 round to nearest even of each end (monotone). Rows
+   with ``cur == 0`` are ``[0, 0]``.
+8. Degenerate rows (scores uncertain by more than a logit): also a near-convex combination of the tiles'
+   means, and a degenerate tile's mean one of the V rows that can matter; the envelope is the
+   intersection.
 
 The golden (exact sums, correctly rounded exp and division) is one conforming execution: it always
 lies inside. ``tests/golden/test_envelope.py`` holds containment and runs conforming variants and
 vertex kernels (every raw score at an end of its interval) against it; the acceptance rule that uses
 it is ``properties.acceptance.judge``. The bounds of single stages (steps 1-5, and the sum of l) and the
-tables they read are golden/envelope_stages.py; this module folds them.
+tables they read are golden/envelope_stages.py; this module carries them per tile, and
+golden/envelope_fold.py folds the tiles of each row (steps 6-8).
 """
 from __future__ import annotations
 
@@ -45,11 +49,11 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .envelope_stages import _mm2_bounds, quantization_error, _sum_relative, dequant_interval, exp_arguments, exp_bounds
-from .envelope_stages import boundary_distance, column_grids
-from .envelope_stages import raw_interval, refine_score_bounds, score_bounds
-from .intervals import TINY32, U32, U64, above32, below32, down32, float64_slack, float64_sum_slack, lowbit, sum_error_bound, ulp32, up32
-from .intervals import widen, within_ulps
+from .envelope_fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
+from .envelope_stages import _mm2_bounds, _sum_relative, boundary_distance, column_grids, dequant_interval
+from .envelope_stages import exp_arguments, exp_bounds, quantization_error, raw_interval, refine_score_bounds
+from .envelope_stages import score_bounds, upper_relative_to_max
+from .intervals import TINY32, U32, U64, down32_add, float64_slack, lowbit, sum_error_bound, ulp32, up32_add, widen
 from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
@@ -57,18 +61,10 @@ from .scratch import SCRATCH
 __all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",
            "dequant_interval", "exp_bounds", "DEGENERATE_SPREAD"]
 
-#: A row whose scores' intervals are wider than this (in logit units) can move P by a factor e**2 or
-#: more: the envelope there is close to "any mixture of the V rows" and the case is reported as
-#: degenerate (logits near 1e6, where one float32 ulp of S is already 0.06).
-DEGENERATE_SPREAD = 1.0
 #: Rows whose scores are uncertain by more than this on average (in logits; l moves by about as much,
 #: relative: 2**-9 is a quarter of SPEC §4's 1/128) get the sharper bound of step 1 even when no code
 #: of P flips.
 SHARPEN_WIDTH = 2.0 ** -9
-#: Step 8: tokens (and tiles) whose share of l is at most this are bounded by their mass, not in the hull.
-HULL_NEGLIGIBLE = 2.0 ** -40
-#: The two float32 products of F2 after MM2 (O_raw * p_scale * v_scale, any order): relative.
-_F2_ROUNDINGS = (1 + 2.0 ** -24) ** 2 - 1
 #: Scores whose P is at most this in every conforming execution are left at the plain bound of step 1.
 NEGLIGIBLE_P = 2.0 ** -30
 
@@ -216,7 +212,7 @@ class EnvelopeBuilder:
     def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> torch.Tensor:
         """bool, tile layout: the scores of rows whose l may move by more than :data:`SHARPEN_WIDTH`
         relative (the P-weighted mean width of their scores, ``P ~ exp(S_hi - m_hi)``)."""
-        weight = _upper_relative_to_max(e_hi, s_hi, m_lo, m_hi)
+        weight = upper_relative_to_max(e_hi, s_hi, m_lo, m_hi)
         width = torch.where(visible, (s_hi - s_lo).double(), 0.0)
         mean = (weight * width).sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True).clamp(min=1e-300)
         return visible & (mean > SHARPEN_WIDTH) & (width > 0)
@@ -234,7 +230,7 @@ class EnvelopeBuilder:
         z = (ARGUMENT_ROUNDING + 2 * U64) * gap                        # + the float64 differences' own rounding
         low = (e_lo * (1 - z).clamp(min=0.0)).sum(dim=-1, keepdim=True)
         far = visible & (z > 0.5)
-        high = (torch.where(far, 0.0, _upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z)) * visible).sum(dim=-1, keepdim=True)
+        high = (torch.where(far, 0.0, upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z)) * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
         # float64's own roundings, relative: a term of ``high`` has two exps (2 units each of 2**-53), and
         # three products (e_hi exp(.), (1 + 2 z)'s own rounding, the product): 7; the sum of n positive terms
@@ -259,7 +255,7 @@ class EnvelopeBuilder:
             magnitude = (abs_sum + largest) / 2
             rounding = "toward-zero" if self.model.sums == "truncating" else "nearest"
             e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
-        lo, hi = below32(lo - e2).double(), above32(hi + e2).double()       # the kernel's float32 O_raw (e2 > 0)
+        lo, hi = down32_add(lo, -e2).double(), up32_add(hi, e2).double()    # the kernel's float32 O_raw
         vs = v_scale.double()
         lo = torch.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
         hi = torch.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
@@ -309,7 +305,8 @@ class EnvelopeBuilder:
         any_visible = visible.any(dim=-1, keepdim=True)
         degenerate = any_visible & (spread > DEGENERATE_SPREAD)
         if bool(degenerate.any()):
-            self._tile_hulls(degenerate, visible, e_hi, v, v_scale, to_tiles, index)
+            self.hulls.append(tile_hull(degenerate, visible, e_hi, v, v_scale, to_tiles, index, model=self.model,
+                                        code_error=self.code_error))
         state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
         self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
         self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
@@ -351,230 +348,10 @@ class EnvelopeBuilder:
             merged.append(old)
         return s_lo, s_hi, tuple(merged)
 
-    # -- step 8: degenerate rows ----------------------------------------------------------------------
-    def _tile_hulls(self, degenerate, visible, e_hi, v, v_scale, to_tiles, index) -> None:
-        """Step 8 for the (tile, row)s of this chunk whose scores are uncertain by more than
-        :data:`DEGENERATE_SPREAD`: bounds on the tile's own mean ``mu_j = O_j / l_j`` (per channel) that do
-        not depend on the scores' spread, kept sparse in ``self.hulls`` for the fold.
-
-        In the kernel's own frame (P relative to its m_j, so the argmax gives P = 1 and ``l_j >= 1``),
-        ``O_j = sum_t a_t (V_t + e_t |V_t|)`` with ``V_t = v8_t v_scale`` exact, ``|e_t| <= theta'`` (MM2's
-        any-order bound relative to its magnitude, and the two float32 products of F2), and ``a_t =
-        p_scale P8_t`` within ``[c_lo P_t - alpha', c_hi P_t + alpha']`` (the codec's quantization error,
-        golden.envelope_stages.quantization_error, and the roundings of ``RN(P scale)``, the scale and
-        p_scale); ``l_j = (sum_t P_t)(1 +- lambda)`` (F1). So ``mu_j`` is a near-convex combination of the
-        V rows: between ``g-(min V - theta'|V|)`` and ``g+(max V + theta'|V|)`` over the tokens that can
-        matter (``P <= e_hi < HULL_NEGLIGIBLE`` elsewhere), where ``g+`` applies ``c_hi / (1 - lambda)`` to a
-        non-negative value and ``c_lo / (1 + lambda)`` to a negative one (``g-`` the other way round), plus
-        an absolute term: the codes' absolute error ``alpha'`` on every token, the negligible tokens' mass
-        on their largest |V|, and on the hull's end (they take their share from it)."""
-        at = degenerate[..., 0].nonzero(as_tuple=True)                          # (pair, kv head, row)
-        pair, head, row = at
-        vs = v_scale.expand(-1, v.shape[1], -1, -1)[pair, head, 0]               # [F, D], >= 0 (checked)
-        seen = visible[pair, 0, row]                                             # [F, T]
-        weight = e_hi[pair, head, row]                                           # the largest P each token can have
-        matters = seen & (weight >= HULL_NEGLIGIBLE)
-        count = seen.sum(dim=-1).double()                                        # [F] visible tokens
-        lam = _sum_relative(count, self.model)
-        theta = (_sum_relative(count, self.model) * (1 + _F2_ROUNDINGS) + _F2_ROUNDINGS)[:, None]
-        # Which block holds each token of a tile (-1: none), to read the V rows that matter from the blocks.
-        blocks = v.shape[0]
-        block_of = to_tiles(torch.arange(blocks).reshape(blocks, 1, 1, 1).expand(blocks, 1, 1, v.shape[2]).contiguous(),
-                            fill=-1)[:, 0, 0]                                    # [P, T]
-        f, t = matters.nonzero(as_tuple=True)
-        rows_v = v[block_of[pair[f], t], head[f], t % v.shape[2]]                # [K, D] E4M3 values, exact
-        d = v.shape[-1]
-        # x + theta |x| and x - theta |x| are increasing in x (theta < 1), and V = v8 * v_scale with v_scale
-        # >= 0: their extremes over the tokens that matter are those of v8's.
-        where = f[:, None].expand(-1, d)
-        highest = torch.full((pair.numel(), d), -math.inf, dtype=torch.float64).scatter_reduce_(0, where, rows_v, "amax") * vs
-        lowest = torch.full((pair.numel(), d), math.inf, dtype=torch.float64).scatter_reduce_(0, where, rows_v, "amin") * vs
-        top, bottom = highest + theta * highest.abs(), lowest - theta * lowest.abs()
-        # |V| over the tile's tokens (a superset of the row's visible ones: sound), per block then per tile.
-        magnitude = v.abs()
-        per_tile = to_tiles(torch.cat([magnitude.amax(dim=2), magnitude.sum(dim=2)], dim=-1)[:, :, :, None]
-                            .expand(-1, -1, -1, v.shape[2]).contiguous())          # [P, N, 2D, T] (each block's value
-        per_tile = per_tile.reshape(*per_tile.shape[:3], -1, v.shape[2])[..., 0]   # on its BS columns, taken once)
-        largest = per_tile[pair, head, :d].amax(dim=-1) * vs * (1 + theta)
-        total = per_tile[pair, head, d:].sum(dim=-1) * vs * (1 + theta)            # exact float64 sums of E4M3 values
-        negligible = (torch.where(seen & ~matters, weight, 0.0).sum(dim=-1) * (1 + self.exp_rel)
-                      + count * self.model.exp_ulps * TINY32)[:, None]
-        c_lo, c_hi, alpha = self.code_error
-        lam = lam[:, None]
-
-        def g_up(x):
-            return torch.where(x >= 0, x * c_hi / (1 - lam), x * c_lo / (1 + lam))
-
-        def g_down(x):
-            return torch.where(x >= 0, x * c_lo / (1 + lam), x * c_hi / (1 - lam))
-        high, low = g_up(top), g_down(bottom)
-        extra = (alpha * total + negligible * c_hi * largest + negligible * torch.maximum(high.abs(), low.abs())) / (1 - lam)
-        # float64: about 8 roundings on each side (the products above, the quotients, the sums): relative.
-        slack = float64_slack(8 + count[:, None])
-        self.hulls.append((index[pair], head, row, low - extra - slack * (low.abs() + extra),
-                           high + extra + slack * (high.abs() + extra)))
-
-    def _row_hulls(self, st, used, counts, wl_hi, big_l_lo, w_abs, tiles):
-        """Step 8 at the fold: (rows, lo, hi) for the degenerate rows, the output as a near-convex combination
-        of the tiles' means ``mu_j`` (``out = sum_j beta_j (1 + g_j) mu_j / sum_j beta_j (1 + g'_j)`` with
-        ``beta_j = w_j l_j >= 0`` and ``|g|, |g'| <= gamma``, the recurrence's roundings): between the least
-        and the greatest mean over the tiles that can matter, through ``(1 +- gamma) / (1 -+ gamma)`` by sign,
-        plus the other tiles' share (``beta_j <= w_hi l_hi``, at most HULL_NEGLIGIBLE of L) on their largest
-        |mean|. A tile's mean is its hull (:meth:`_tile_hulls`) where it is degenerate, else ``O_j / l_j``
-        from its intervals (the kernel's own ``l_j`` lies in ``[max(L_lo, 1), L_hi exp(m_hi - m_lo)]``)."""
-        dims, d = self.dims, self.dims.head_dim
-        spread = self.spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
-        rows = ((spread > DEGENERATE_SPREAD) & used).any(dim=-1).nonzero(as_tuple=True)      # (b, n, r)
-        if not rows[0].numel():
-            return None
-        f = st[rows]                                                                        # [F, T, 2D + 5]
-        m_lo, m_hi, l_lo, l_hi = (f[..., i] for i in range(4))
-        o_lo, o_hi = f[..., 4:4 + d], f[..., 4 + d:4 + 2 * d]
-        own_lo = torch.maximum(l_lo, torch.ones(())) * (1 - float64_slack(1))
-        own_hi = l_hi * torch.exp(m_hi - m_lo) * (1 + float64_slack(4))
-        mean_lo, mean_hi = widen(torch.minimum(o_lo / own_lo[..., None], o_lo / own_hi[..., None]),
-                                 torch.maximum(o_hi / own_lo[..., None], o_hi / own_hi[..., None]), float64_slack(2))
-        position = torch.full(st.shape[:3], -1, dtype=torch.int64)
-        position[rows] = torch.arange(rows[0].numel())
-        for state_row, head, row, low, high in self.hulls:
-            b, t = state_row // tiles, state_row % tiles
-            at = position[b, head, row]
-            keep = at >= 0
-            at, t = at[keep], t[keep]
-            mean_lo[at, t] = torch.maximum(mean_lo[at, t], low[keep])
-            mean_hi[at, t] = torch.minimum(mean_hi[at, t], high[keep])
-        use = used[rows]                                                                    # [F, T]
-        beta = torch.where(use, wl_hi[rows] * l_hi, 0.0) + torch.where(use, w_abs[rows] * f[..., -1] * 2, 0.0)
-        floor = big_l_lo[rows]                                                              # [F, 1]
-        matters = use & (beta >= HULL_NEGLIGIBLE * floor)
-        top = torch.where(matters[..., None], mean_hi, -math.inf).amax(dim=1)              # [F, D]
-        bottom = torch.where(matters[..., None], mean_lo, math.inf).amin(dim=1)
-        t_count = counts[rows][..., None].double()
-        gamma = torch.where(t_count > 1, (1 + U32) ** (2 * t_count) - 1, 0.0)
-        high = torch.where(top >= 0, top * (1 + gamma) / (1 - gamma), top * (1 - gamma) / (1 + gamma))
-        low = torch.where(bottom >= 0, bottom * (1 - gamma) / (1 + gamma), bottom * (1 + gamma) / (1 - gamma))
-        rest = torch.where(use & ~matters, beta, 0.0)
-        largest = torch.where(use[..., None], torch.maximum(mean_lo.abs(), mean_hi.abs()), 0.0)
-        extra = ((rest[..., None] * largest).sum(dim=1) + rest.sum(dim=1, keepdim=True) * torch.maximum(high.abs(), low.abs())) / floor
-        slack = float64_slack(8 + tiles)
-        return rows, low - extra - slack * (low.abs() + extra), high + extra + slack * (high.abs() + extra)
-
-    # -- steps 6-7 --------------------------------------------------------------------------------------
+    # -- steps 6-8 (golden/envelope_fold.py) ------------------------------------------------------------
     def fold(self, tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 (lo, hi) [B, N, R, D] of ``O / l`` from the stored tiles of each row (``tiles_per_row``
         [B, 1, R]; rows with 0 tiles give [0, 0]); counts the degenerate rows in ``degenerate_rows``."""
-        dims, d = self.dims, self.dims.head_dim
-        st = self.states.view(dims.batch, tiles, dims.nkv, -1, 2 * d + 5).permute(0, 2, 3, 1, 4)   # [B, N, R, T, .]
-        counts = torch.from_numpy(np.broadcast_to(tiles_per_row[:, 0, :][:, None, :], st.shape[:3]).copy())
-        used = torch.arange(tiles)[None, None, None, :] < counts[..., None]                         # [B, N, R, T]
-        m_lo, m_hi, l_lo, l_hi = (st[..., i] for i in range(4))
-        o_lo, o_hi = st[..., 4:4 + d], st[..., 4 + d:4 + 2 * d]
-        mu = torch.where(used, m_hi, -math.inf).amax(dim=-1, keepdim=True)                           # [B, N, R, 1]
-        mu = torch.where(torch.isfinite(mu), mu, 0.0)
-        # Tiles a row does not have hold zeros: give them the row's mu, so that their (zero) terms stay finite.
-        m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
-        n_tiles = counts[..., None].double()
-        # Lower weights at m_lo (for N) and at m_hi (for L's terms, relative to m_hi), upper ones at m_hi (both).
-        lows, wl_hi, w_abs = tile_weights(torch.stack((m_lo, m_hi)), m_hi, mu, n_tiles, self.model)
-        w_lo, wl_lo, w_hi = lows[0], lows[1], wl_hi
-        w_lo = torch.where(used, (w_lo - w_abs).clamp(min=0.0), 0.0)
-        # A term w_j O_j is smallest at w_lo for a positive O and at w_hi + w_abs for a negative one (and
-        # the other way round for the largest). So N_lo and N_hi are weighted sums over the tiles of the
-        # positive and negative parts of O_lo and O_hi, one batched matrix product each, with no
-        # [B, N, R, T, D] product kept; float64's roundings: float64_sum_slack of the row's own tiles.
-        away = torch.where(used, w_hi + w_abs, 0.0)
-        n_lo, n_lo_abs = _signed_weighted_sum(w_lo, away, o_lo)
-        n_hi, n_hi_abs = _signed_weighted_sum(away, w_lo, o_hi)
-        sum_slack = float64_sum_slack(n_tiles)
-        n_lo = n_lo - sum_slack * n_lo_abs
-        n_hi = n_hi + sum_slack * n_hi_abs
-        # L = sum_t exp(S_t - mu) up to the roundings: each tile's sum relative to its m_hi (denominator)
-        # times the weight of m_hi. Its terms are positive: the same slack, relative to the sum. Below, L is
-        # at least the weight of the largest m_lo: the tile holding the kernel's maximum M has its argmax's
-        # exp(0) = 1 and a weight of exactly 1 in the kernel (every later factor is exp(0)), so l >= 1, that
-        # is L >= exp(M - mu) >= exp(max m_lo - mu).
-        big_l_lo = (torch.where(used, wl_lo, 0.0) * l_lo).sum(dim=-1, keepdim=True) * (1 - sum_slack)
-        big_l_lo = big_l_lo - (w_abs * used * st[..., -1]).sum(dim=-1, keepdim=True) * 2
-        floor = torch.exp(torch.where(used, m_lo, -math.inf).amax(dim=-1, keepdim=True) - mu) * (1 - float64_slack(4))
-        big_l_lo = torch.maximum(big_l_lo, floor)
-        big_l_hi = (torch.where(used, wl_hi, 0.0) * l_hi + w_abs * used * st[..., -1] * 2).sum(dim=-1, keepdim=True)
-        big_l_hi = big_l_hi * (1 + sum_slack)
-        # The exact quotient N / L, each end rounded once in float64 (1 unit), then O / l within div_ulps
-        # (F3, SPEC's ulp: golden.intervals.within_ulps).
-        q_lo = torch.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
-        q_hi = torch.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
-        q_lo, q_hi = widen(q_lo, q_hi, float64_slack(1))
-        hulls = self._row_hulls(st, used, counts, wl_hi, big_l_lo, w_abs, tiles) if self.hulls else None
-        if hulls is not None:                                 # step 8: both bound the same quotient
-            rows, low, high = hulls
-            q_lo[rows] = torch.maximum(q_lo[rows], low)
-            q_hi[rows] = torch.minimum(q_hi[rows], high)
-        lo, hi = within_ulps(q_lo, q_hi, self.model.div_ulps)
-        started = counts[..., None] > 0
-        lo = torch.where(started, lo, 0.0)
-        hi = torch.where(started, hi, 0.0)
-        spread = self.spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
-        self.degenerate_rows = int(((spread > DEGENERATE_SPREAD) & used).any(dim=-1).sum())
+        lo, hi, self.degenerate_rows = fold(self.states, self.spread, self.hulls, self.dims, self.model, tiles,
+                                            tiles_per_row)
         return lo, hi
-
-
-#: Rows whose max is uncertain by more than this (logits) get ``exp(S_hi - m_hi)`` from its own exp: the
-#: product ``exp(S_hi - m_lo) exp(m_lo - m_hi)`` would meet an overflowed and an underflowed (or subnormal,
-#: a few significant bits) factor.
-_WIDE_MAX = 600.0
-
-
-def _upper_relative_to_max(e_hi: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Tensor, m_hi: torch.Tensor) -> torch.Tensor:
-    """float64 ``exp(S_hi - m_hi)`` from ``e_hi = exp(S_hi - m_lo)``: the product with ``exp(m_lo - m_hi)``
-    (two float64 exps and a product, 5 units of 2**-53), computed on its own in rows of :data:`_WIDE_MAX`."""
-    relative = e_hi * torch.exp(m_lo - m_hi)
-    wide = (m_hi - m_lo) > _WIDE_MAX
-    if bool(wide.any()):
-        relative = torch.where(wide, torch.exp(s_hi.double() - m_hi), relative)
-    return relative
-
-
-#: The relative rounding of the kernel's float32 exponent arguments (``x = RN(S - m)`` and the online
-#: update's ``RN(m - m')``): ``|RN(z) - z| <= 2**-24 |z|`` for a normal z; a subnormal z moves exp by a factor
-#: ``e**(+-2**-150)``, which is 1 in float64 and lies inside every slack below.
-ARGUMENT_ROUNDING = U32
-
-
-def tile_weights(m_lo: torch.Tensor, m_hi: torch.Tensor, mu: torch.Tensor, n_tiles: torch.Tensor,
-                 model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float64 ``(w_lo, w_hi, w_abs)`` [..., T]: bounds on a tile's weight in the kernel's ``O = sum_j w_j O_j``
-    and ``l = sum_j w_j l_j`` (module docstring, step 6), relative to ``exp(mu)``, for a tile whose max lies
-    in ``[m_lo, m_hi]``, of a row of ``n_tiles`` [..., 1] tiles whose max is at most ``mu``:
-    ``w_lo - w_abs <= w exp(M - mu) <= w_hi + w_abs``.
-
-    The kernel's weight is ``c_j a_(j+1) ... a_T``: at most ``T - 1`` factors ``exp(RN(z))`` whose exact
-    arguments ``z`` are all <= 0 and add up to ``m_j - M``, so their roundings add up to at most
-    ``delta |m_j - M|`` (:data:`ARGUMENT_ROUNDING`); each exp within ``exp_ulps`` (relative ``e = exp_ulps
-    2**-23``, and ``exp_ulps 2**-149`` absolute where it is subnormal), and the recurrence's float32 products
-    and sums, 2 per tile on a weight's path (``(1 + u)**(2T)``, and 2**-150 each where subnormal). With
-    ``M <= mu`` the exponent ``(m_j - M)(1 +- delta) + (M - mu)`` lies between ``(m_j - mu)(1 + delta)`` and
-    ``(m_j - mu)(1 - delta)``: the bounds are ``exp`` of those (at most 1: no factor overflows, however far
-    apart the tile maxima), times ``(1 +- e)**(T - 1) (1 +- u)**(2T)``, taken in the exponent
-    (``log(1 + x) <= x``, ``log(1 - x) >= -x (1 + 2x)`` for small x). A row of one tile has no factor.
-
-    float64: the arguments carry 4 roundings (the difference, the product, two additions), covered by
-    4 units of relative margin on ``m - mu``; ``exp`` itself 2 units and the product by the slack 1: 3."""
-    many = n_tiles > 1
-    factors = (n_tiles - 1).clamp(min=0)
-    e = model.exp_ulps * 2.0 ** -23
-    delta = many.double() * ARGUMENT_ROUNDING + 4 * U64
-    up = factors * e + torch.where(many, 2 * n_tiles * U32, 0.0)
-    down = factors * e * (1 + 2 * e) + torch.where(many, 2 * n_tiles * U32 * (1 + 2 * U32), 0.0)
-    w_hi = torch.exp((m_hi - mu) * (1 - delta) + up) * (1 + float64_slack(3))
-    w_lo = torch.exp((m_lo - mu) * (1 + delta) - down) * (1 - float64_slack(3))
-    w_abs = torch.where(many, (factors * model.exp_ulps * TINY32 + 2 * n_tiles * TINY32 / 2) * 2, 0.0)
-    return w_lo, w_hi, w_abs.expand_as(w_hi)
-
-
-def _signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor, o: torch.Tensor):
-    """float64 ``(sum_t pw_t max(o_t, 0) + nw_t min(o_t, 0), the same with |.|)`` over the tile axis of
-    ``o`` [..., T, D], weights [..., T]: the fold's N bounds and the magnitude its rounding bound reads.
-    One [..., T, D] temporary at a time (the upstream cases have 65 tiles of 128 channels per row)."""
-    plus = torch.matmul(positive_weight[..., None, :], o.clamp(min=0))[..., 0, :]
-    minus = torch.matmul(negative_weight[..., None, :], o.clamp(max=0))[..., 0, :]
-    return plus + minus, plus - minus

@@ -1,12 +1,15 @@
 """The bounds of the acceptance envelope's stages (golden/envelope.py, whose module docstring numbers
 the steps): the raw score's error E1 (step 1, the any-order bound and the sharper residue bound), the
-float32 intervals of the raw sum and of the dequantized score (step 2, F2), of ``exp`` (step 3, F3),
-the deviations of MM2 when flippable codes of P take either end (step 5) and the relative error of
-the sum of l (step 6); and the tables they read, built once per codec and kept on it: the grids of
-the codes (the exactness certificate's, for Q rows and K columns) and the rounding boundaries of step
-4's flip test (boundary_distance). Functions of tensors and arrays (the |V| of _mm2_bounds goes into the
-shared golden.scratch buffer): golden/envelope.py's EnvelopeBuilder folds them, golden/at12.py and
-kernels/conforming use the score bounds. golden.envelope re-exports the public names.
+float32 intervals of the raw sum and of the dequantized score (step 2, F2), of ``x = RN(S - m)`` and of
+``exp`` (step 3, F3, SPEC's ulp), the deviations of MM2 when flippable codes of P take either end (step
+5), the relative error of the sum of l and ``exp(S_hi - m_hi)`` for it (step 6); and the tables they
+read, built once per codec and kept on it: the grids of the codes (the exactness certificate's, for Q
+rows and K columns), the rounding boundaries of step 4's flip test (boundary_distance) and the codec's
+quantization error (step 8). Functions of tensors and arrays (the |V| of _mm2_bounds goes into the
+shared golden.scratch buffer): golden/envelope.py's EnvelopeBuilder carries them per tile,
+golden/envelope_fold.py folds them, golden/at12.py and kernels/conforming use the score bounds.
+golden.envelope re-exports the public names. Each is held alone at its edges in
+tests/golden/test_stage_bounds.py.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .intervals import U32, above32, below32, down32, float64_slack, lowbit, residue_bound, sum_error_bound, ulp32, up32, within_ulps
+from .intervals import U32, down32_add, float64_slack, lowbit, residue_bound, sum_error_bound, up32_add, within_ulps
 from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
@@ -177,13 +180,9 @@ def refine_score_bounds(products: torch.Tensor, raw: torch.Tensor, abs_sum: torc
 def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (lo, hi): every float32 value a kernel's sum can take, given the exact sum ``raw``
     (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
-    exact = raw.float()
     if model.sums == "exact":
-        return exact, exact
-    # e1 = 0: the certificate (every partial sum representable), so the sum is raw itself, a float32 value.
-    # Else raw -+ e1, rounded once in float64, is never exact: the float32 beyond it (intervals.below32).
-    bounded = e1 > 0
-    return torch.where(bounded, below32(raw - e1), exact), torch.where(bounded, above32(raw + e1), exact)
+        return raw.float(), raw.float()
+    return down32_add(raw, -e1), up32_add(raw, e1)
 
 
 def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
@@ -280,3 +279,19 @@ def _sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
     tree = per * (n - 1).clamp(min=0) * U32 * (1 + n * 2.0 ** -23)
     kahan = 2 * U32 + 16 * n * U32 * U32
     return torch.where(n >= 2, torch.maximum(tree, kahan), 0.0)
+
+
+#: Rows whose max is uncertain by more than this (logits) get ``exp(S_hi - m_hi)`` from its own exp: the
+#: product ``exp(S_hi - m_lo) exp(m_lo - m_hi)`` would meet an overflowed and an underflowed (or subnormal,
+#: a few significant bits) factor.
+_WIDE_MAX = 600.0
+
+
+def upper_relative_to_max(e_hi: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Tensor, m_hi: torch.Tensor) -> torch.Tensor:
+    """float64 ``exp(S_hi - m_hi)`` from ``e_hi = exp(S_hi - m_lo)``: the product with ``exp(m_lo - m_hi)``
+    (two float64 exps and a product, 5 units of 2**-53), computed on its own in rows of :data:`_WIDE_MAX`."""
+    relative = e_hi * torch.exp(m_lo - m_hi)
+    wide = (m_hi - m_lo) > _WIDE_MAX
+    if bool(wide.any()):
+        relative = torch.where(wide, torch.exp(s_hi.double() - m_hi), relative)
+    return relative

@@ -45,7 +45,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["U32", "TINY32", "U64", "down32", "up32", "below32", "above32", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
+__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
            "within_ulps", "sum_error_bound", "residue_bound", "widen"]
 
 U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
@@ -73,33 +73,74 @@ def float64_sum_slack(terms: int | torch.Tensor) -> float | torch.Tensor:
 
 _DOWN = torch.tensor(-math.inf, dtype=torch.float32)
 _UP = torch.tensor(math.inf, dtype=torch.float32)
+_MINUS_ZERO_BITS = np.int32(-2 ** 31)
+
+
+def _step32(f: np.ndarray, move: np.ndarray, direction: int) -> np.ndarray:
+    """float32: ``f`` moved one float32 step down (``direction`` -1) or up (+1) where ``move``, on the bit
+    patterns (vectorized integer arithmetic: torch's ``where`` and numpy's ``nextafter`` cost several times
+    as much per element): a pattern's magnitude grows by one toward the side away from 0, so stepping away
+    from 0 adds 1 to it, toward 0 subtracts 1; a zero moving either way becomes the smallest subnormal of
+    that sign (taken as -0 going down, +0 going up)."""
+    bits = np.ascontiguousarray(f).view(np.int32).copy()
+    zero = ((bits & np.int32(0x7FFFFFFF)) == 0) & move
+    if zero.any():
+        bits = np.where(zero, _MINUS_ZERO_BITS if direction < 0 else np.int32(0), bits)
+    sign = (bits >> np.int32(31)) | np.int32(1)                       # -1 for negative patterns, +1 otherwise
+    bits -= move.astype(np.int32) * sign * np.int32(-direction)
+    return bits.view(np.float32)
+
+
+def _as_array(x: torch.Tensor) -> np.ndarray:
+    return x.detach().double().numpy()
 
 
 def down32(x: torch.Tensor) -> torch.Tensor:
     """float32: the largest float32 <= x (x float64; -inf stays -inf, NaN stays NaN)."""
-    f = x.float()
-    return torch.where(f.double() > x, torch.nextafter(f, _DOWN), f)
+    values = _as_array(x)
+    with np.errstate(over="ignore"):
+        f = values.astype(np.float32)
+    return torch.from_numpy(_step32(f, f > values, -1))
 
 
 def up32(x: torch.Tensor) -> torch.Tensor:
     """float32: the smallest float32 >= x (x float64)."""
-    f = x.float()
-    return torch.where(f.double() < x, torch.nextafter(f, _UP), f)
+    values = _as_array(x)
+    with np.errstate(over="ignore"):
+        f = values.astype(np.float32)
+    return torch.from_numpy(_step32(f, f < values, 1))
 
 
-def below32(x: torch.Tensor) -> torch.Tensor:
-    """float32: the largest float32 strictly below the float64 ``x`` unless x is not a float32 value, where it
-    is :func:`down32`: a lower bound on any real within half a float64 ulp of x (x rounded by one float64
-    operation), one step looser than needed only where x happens to be a float32 value. For a bound that is
-    never exact (a value minus a positive error bound): the raw score's and MM2's interval ends."""
-    f = x.float()
-    return torch.where(f.double() >= x, torch.nextafter(f, _DOWN), f)
+def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tensor:
+    """float32 RD (-1) or RU (+1) of the exact ``a + b``: the float64 sum ``s``, its exact error (Knuth's
+    TwoSum), and one step past the float32 nearest ``s`` where that one lies on the wrong side of the
+    exact sum (beyond ``s``, or at ``s`` with the error pointing away)."""
+    a, b = np.broadcast_arrays(_as_array(a), _as_array(b))
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a + b
+        back = s - a
+        error = (a - (s - back)) + (b - back)
+        f = s.astype(np.float32)
+    wide = f.astype(np.float64)
+    if direction < 0:
+        move = (wide > s) | ((wide == s) & (error < 0))
+    else:
+        move = (wide < s) | ((wide == s) & (error > 0))
+    return torch.from_numpy(_step32(f, move, direction))
 
 
-def above32(x: torch.Tensor) -> torch.Tensor:
-    """float32: the mirror image of :func:`below32`."""
-    f = x.float()
-    return torch.where(f.double() <= x, torch.nextafter(f, _UP), f)
+def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32: the largest float32 <= the exact ``a + b`` (float64 a, b): :func:`down32` of the float64 sum,
+    one step lower where that sum is a float32 value the exact one lies below. (Where ``fl64(a + b)`` is not
+    a float32 value, the exact sum lies within half a float64 ulp of it, closer than any float32.) Exact
+    where the sum is: a raw score's bound ``raw - e1`` often is a float32 value (both on coarse grids), and
+    a bound that stepped past it anyway would be one float32 step looser there."""
+    return _rounded_sum(a, b, -1)
+
+
+def up32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32: the smallest float32 >= the exact ``a + b`` (see :func:`down32_add`)."""
+    return _rounded_sum(a, b, 1)
 
 
 _EXPONENT_BITS = 0x7FF0000000000000

@@ -292,14 +292,15 @@ def test_at12_cancellation_is_where_the_tolerance_is_not_sound():
 
 
 def test_fold_sum_bound_holds_under_cancellation():
-    """The fold's float64 weighted sums over 65 tiles (golden.envelope._signed_weighted_sum) with the slack
+    """The fold's float64 weighted sums over 65 tiles (golden.envelope_fold.signed_weighted_sum) with the slack
     fold adds, ``(T + 4) 2**-53`` times the magnitude: the exact rational sum lies inside, on terms built
     to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones.
     What it can catch: a slack far too small (1 * 2**-53 fails). It cannot tell the derived (T + 4) from a
     few units less: BLAS's sums stay far from the worst case; the derivation is float64_sum_slack's."""
     from fractions import Fraction
 
-    from golden.envelope import _signed_weighted_sum, float64_sum_slack
+    from golden.envelope_fold import signed_weighted_sum
+    from golden.intervals import float64_sum_slack
     rng = np.random.default_rng(7)
     tiles = 65
     worst = 0.0
@@ -312,7 +313,7 @@ def test_fold_sum_bound_holds_under_cancellation():
             o[-1] = 0.0                                 # 65 tiles: the last has no partner
             pw[1::2] = pw[0:-1:2]
         nw = np.nextafter(pw, 0.0) if trial % 2 == 0 else np.exp(-rng.random(tiles) * 5)
-        got, magnitude = _signed_weighted_sum(torch.from_numpy(pw), torch.from_numpy(nw), torch.from_numpy(o))
+        got, magnitude = signed_weighted_sum(torch.from_numpy(pw), torch.from_numpy(nw), torch.from_numpy(o))
         if trial % 2 == 0:
             cancelled.append(float((got.abs() / magnitude).max()))
         slack = float64_sum_slack(tiles) * magnitude

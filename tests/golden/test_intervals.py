@@ -137,3 +137,30 @@ def test_lowbit_matches_the_integer_definition_on_random_float32_patterns():
     # inf and NaN read as their bits say (exponent field 255): 2**128 for inf.
     specials = torch.tensor([0x7F800000, 0x7FC00000, 0x7F800001], dtype=torch.int32).view(torch.float32)
     assert lowbit(specials).tolist() == [2.0 ** 128, 2.0 ** 127, 2.0 ** 105]
+
+
+def test_outward_rounding_is_the_neighbouring_float32_at_every_kind_of_value():
+    """down32 / up32 step on the bit patterns; held to numpy's nextafter on float64 values just beside
+    float32 values of every kind: zeros of both signs, subnormals, the smallest normal, powers of two,
+    the largest finite, past it (inf), negative ones, and random patterns; NaN stays NaN."""
+    specials = np.array([0.0, -0.0, 2.0 ** -149, -(2.0 ** -149), 2.0 ** -126, 1.0, -1.0, 2.0, 3.4028234663852886e38,
+                         -3.4028234663852886e38], dtype=np.float32)
+    rng = np.random.default_rng(4)
+    patterns = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    f32 = np.concatenate([specials, patterns[np.isfinite(patterns)]]).astype(np.float32)
+    base = f32.astype(np.float64)
+    with np.errstate(over="ignore"):
+        beside = (base, np.nextafter(base, np.inf), np.nextafter(base, -np.inf))
+    for x in beside:
+        lo, hi = down32(torch.from_numpy(x)).numpy(), up32(torch.from_numpy(x)).numpy()
+        with np.errstate(over="ignore"):
+            near = x.astype(np.float32)
+        with np.errstate(over="ignore"):
+            want_lo = np.where(near.astype(np.float64) > x, np.nextafter(near, np.float32(-np.inf)), near)
+            want_hi = np.where(near.astype(np.float64) < x, np.nextafter(near, np.float32(np.inf)), near)
+        assert np.array_equal(lo.view(np.uint32), want_lo.view(np.uint32))
+        assert np.array_equal(hi.view(np.uint32), want_hi.view(np.uint32))
+    assert math.isnan(float(down32(torch.tensor([math.nan], dtype=torch.float64))[0]))
+    assert float(down32(torch.tensor([3.5e38], dtype=torch.float64))[0]) == 3.4028234663852886e38
+    assert float(up32(torch.tensor([-3.5e38], dtype=torch.float64))[0]) == -3.4028234663852886e38
+    assert float(up32(torch.tensor([3.5e38], dtype=torch.float64))[0]) == math.inf

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-import golden.envelope as envelope_module
-from golden.envelope import tile_weights
+import golden.envelope_fold as fold_module
+from golden.envelope_fold import tile_weights
 from golden.envelope_stages import dequant_interval, exp_arguments, exp_bounds
-from golden.intervals import above32, below32, float64_slack, float64_sum_slack, within_ulps
+from golden.intervals import down32_add, float64_slack, float64_sum_slack, up32_add, within_ulps
 from golden.model import SPEC_MODEL
 from kernels.conforming.arithmetic import exp_edge
 
@@ -264,21 +264,20 @@ def test_dequant_interval_one_step_tighter_fail():
 
 # --- directed rounding of an exact sum (the raw score's and MM2's interval ends) -----------------------
 
-def test_rounding_past_a_rounded_bound_holds_the_exact_value():
-    """below32 / above32 of fl64(a - e) and fl64(a + e) (a exact, e > 0 a bound) hold the exact a -+ e, also
-    where fl64 lands on a float32 value the exact one lies a hair beside (where down32 of it would err); the
-    raw score's and MM2's interval ends are so taken. Unit: one float32 step (down32 there fails)."""
-    cases = [(1.0, 2.0 ** -80), (2.0 ** 24, 2.0 ** -40), (1.5, 2.0 ** -25), (1e30, 1.0), (3.0, 2.0 ** -52), (-1.0, 2.0 ** -80)]
-    missed = 0
-    for a, e in cases:
-        for sign in (-1, 1):
-            exact = Fraction(a) + sign * Fraction(e)
-            x = torch.tensor([a + sign * e], dtype=torch.float64)
-            bound = below32(x) if sign < 0 else above32(x)
-            assert (Fraction(float(bound)) <= exact) if sign < 0 else (Fraction(float(bound)) >= exact), (a, sign, e)
-            plain = torch.tensor([float(x)]).float() if float(np.float32(float(x))) == float(x) else None
-            missed += plain is not None and ((Fraction(float(plain)) > exact) if sign < 0 else (Fraction(float(plain)) < exact))
-    assert missed > 0, "the cases must include one where rounding to the nearest float32 would err"
+def test_directed_rounding_of_an_exact_sum_is_exact():
+    """down32_add / up32_add of float64 a, b is RD32 / RU32 of the exact a + b: where fl64(a + b) lands on a
+    float32 value the exact sum lies a hair beside (where down32 of it would err), and where the exact sum
+    is itself a float32 value (where a rounding that always stepped past would be one step loose). The raw
+    score's and MM2's interval ends are so taken. Unit: one float32 step (both directions fail)."""
+    cases = [(1.0, -2.0 ** -80), (1.0, 2.0 ** -80), (-1.0, 2.0 ** -80), (3.0, 0.0), (2.0 ** 24, -2.0 ** -40),
+             (1.5, 2.0 ** -25), (1e30, -1.0), (0.0, -2.0 ** -160), (5.0, -0.5), (448.0 * 448.0, -0.25)]
+    for a, b in cases:
+        exact = Fraction(a) + Fraction(b)
+        lo = down32_add(torch.tensor([a], dtype=torch.float64), torch.tensor([b], dtype=torch.float64))
+        hi = up32_add(torch.tensor([a], dtype=torch.float64), torch.tensor([b], dtype=torch.float64))
+        assert Fraction(float(lo)) <= exact <= Fraction(float(hi)), (a, b)
+        assert Fraction(float(torch.nextafter(lo, _INF32))) > exact, (a, b)       # the largest below: tight
+        assert Fraction(float(torch.nextafter(hi, _NINF32))) < exact, (a, b)
 
 
 # --- the online update's weights (the fold, step 6) ----------------------------------------------------
@@ -343,7 +342,7 @@ def test_tile_weights_hold_the_kernels_recurrence_at_its_edges():
 def test_tile_weights_without_the_argument_rounding_fail(monkeypatch):
     """Unit: the rounding of the exponent arguments (ARGUMENT_ROUNDING, 2**-24 relative): without it, the
     weights of the tiles whose maxima differ by a rounded amount fall outside."""
-    monkeypatch.setattr(envelope_module, "ARGUMENT_ROUNDING", 0.0)
+    monkeypatch.setattr(fold_module, "ARGUMENT_ROUNDING", 0.0)
     with pytest.raises(AssertionError):
         _check_weights(tile_weights)
 
