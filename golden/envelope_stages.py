@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec
-from .intervals import U32, down32_add, float64_slack, lowbit, residue_bound, sum_error_bound, up32_add, within_ulps
+from .intervals import U32, down32_add, float64_slack, lowbit, residue_bound, step32, sum_error_bound, up32_add, within_ulps
 from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
@@ -238,7 +238,7 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     capped = t_hi >= 1
     t_hi = np.where(capped, 1 - 2.0 ** -53, t_hi)
     p_lo, p_hi = (x.numpy() for x in within_ulps(torch.from_numpy(t_lo), torch.from_numpy(np.maximum(t_hi, t_lo)), ulps))
-    p_hi = np.where(capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), np.nextafter(p_hi, np.float32(0)), p_hi)
+    p_hi = step32(p_hi, capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), -1)   # P > 0 here
     zero_hi, zero_lo = (x.numpy() == 0 for x in (x_hi, x_lo))          # x_lo == 0: x is 0 in every execution
     p_hi = np.where(zero_hi, np.maximum(p_hi, np.float32(1)), p_hi)
     p_lo = np.where(zero_lo, np.float32(1), np.maximum(p_lo, np.float32(0)))

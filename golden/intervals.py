@@ -45,7 +45,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
+__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "step32", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
            "within_ulps", "sum_error_bound", "residue_bound", "widen"]
 
 U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
@@ -76,8 +76,8 @@ _UP = torch.tensor(math.inf, dtype=torch.float32)
 _MINUS_ZERO_BITS = np.int32(-2 ** 31)
 
 
-def _step32(f: np.ndarray, move: np.ndarray, direction: int) -> np.ndarray:
-    """float32: ``f`` moved one float32 step down (``direction`` -1) or up (+1) where ``move``, on the bit
+def step32(f: np.ndarray, move: np.ndarray, direction: int) -> np.ndarray:
+    """float32 (numpy): ``f`` moved one float32 step down (``direction`` -1) or up (+1) where ``move``, on the bit
     patterns (vectorized integer arithmetic: torch's ``where`` and numpy's ``nextafter`` cost several times
     as much per element): a pattern's magnitude grows by one toward the side away from 0, so stepping away
     from 0 adds 1 to it, toward 0 subtracts 1; a zero moving either way becomes the smallest subnormal of
@@ -97,18 +97,12 @@ def _as_array(x: torch.Tensor) -> np.ndarray:
 
 def down32(x: torch.Tensor) -> torch.Tensor:
     """float32: the largest float32 <= x (x float64; -inf stays -inf, NaN stays NaN)."""
-    values = _as_array(x)
-    with np.errstate(over="ignore"):
-        f = values.astype(np.float32)
-    return torch.from_numpy(_step32(f, f > values, -1))
+    return torch.from_numpy(_np_down32(_as_array(x)))
 
 
 def up32(x: torch.Tensor) -> torch.Tensor:
     """float32: the smallest float32 >= x (x float64)."""
-    values = _as_array(x)
-    with np.errstate(over="ignore"):
-        f = values.astype(np.float32)
-    return torch.from_numpy(_step32(f, f < values, 1))
+    return torch.from_numpy(_np_up32(_as_array(x)))
 
 
 def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tensor:
@@ -126,7 +120,7 @@ def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tens
         move = (wide > s) | ((wide == s) & (error < 0))
     else:
         move = (wide < s) | ((wide == s) & (error > 0))
-    return torch.from_numpy(_step32(f, move, direction))
+    return torch.from_numpy(step32(f, move, direction))
 
 
 def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -167,19 +161,19 @@ def _lowest_within(t_lo: np.ndarray, t_hi: np.ndarray, ulps: float) -> np.ndarra
         # t_lo is the one place it can fall below its value at t_lo (later powers give more).
         power = 2 * binade
         at_power = power - ulps * np.maximum(power * 2.0 ** -23, TINY32)
-        return np.where((t_lo > 0) & (power <= t_hi), np.minimum(low, at_power), low)
+        return np.minimum(low, at_power, out=low, where=(t_lo > 0) & (power <= t_hi))
 
 
 def _np_up32(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         f = x.astype(np.float32)
-    return np.where(f < x, np.nextafter(f, np.float32(np.inf)), f)
+    return step32(f, f < x, 1)
 
 
 def _np_down32(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         f = x.astype(np.float32)
-    return np.where(f > x, np.nextafter(f, np.float32(-np.inf)), f)
+    return step32(f, f > x, -1)
 
 
 def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:

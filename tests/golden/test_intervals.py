@@ -73,6 +73,8 @@ def test_plain_bound_is_reached_by_aligned_roundings():
     sharp = float(residue_bound(t[None, :], t.abs().sum()[None])[0])
     assert error <= sharp <= plain
     assert error >= 0.99 * plain
+    # Unit: half an ulp of one addition. With one addition fewer counted, the bound would be exceeded.
+    assert error > (n - 2) / 2 * 2.0 ** -23
 
 
 @settings(max_examples=60, deadline=None)
