@@ -242,7 +242,8 @@ def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1, outputs: Call
 
 
 def _ratio(workload: str, stage: str, numerator: Sequence[float], denominator: Sequence[float], note: str) -> StageRow:
-    """One workload-wide ratio (all cases' seconds over all cases' seconds), as mean and worst."""
+    """One workload-wide ratio (all cases' seconds over all cases' seconds): one figure, in both the mean
+    and the worst field (a goal line reads the worst)."""
     ratio = sum(numerator) / sum(denominator) if sum(denominator) else None
     return StageRow(workload, stage, len(numerator), ratio, ratio, unit="x", note=note)
 

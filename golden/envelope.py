@@ -112,7 +112,7 @@ def _p_scale_bounds(exp_ulps: float) -> tuple[float, torch.Tensor, float, float]
 
 
 class EnvelopeBuilder:
-    """Accumulates the per-tile bounds of one ``golden.attention`` evaluation and folds them (steps 1-7).
+    """Accumulates the per-tile bounds of one ``golden.attention`` evaluation and folds them (steps 1-8).
 
     golden/attention.py creates it when an envelope is asked for and hands it each chunk's gathered
     operands; it never recomputes what the golden computed (exact MM1 and MM2 sums, the golden's P8).
@@ -124,11 +124,7 @@ class EnvelopeBuilder:
         self.softmax_scale = torch.tensor(dims.softmax_scale, dtype=torch.float32)
         self._minus_inf = torch.tensor(-math.inf, dtype=torch.float32)
         self._fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32)
-        # Step 4's constants. Every x is <= 0, so every P is at most p_max_hi (exp_bounds of the x just below 0: 1 for
-        # exp_ulps <= 2) and the row max of P lies in [1, p_max_hi] (the argmax gives exp(0) = 1). The
-        # kernel's scale RN(448 / max P) and p_scale (RN(1 / scale), or RN(max P / 448)) are then float32
-        # values between the roundings of the ends (RN is monotone): no float64 arithmetic, no slack.
-        p_max_hi, self.scale_lo, self.ps_lo, self.ps_hi = _p_scale_bounds(model.exp_ulps)
+        p_max_hi, self.scale_lo, self.ps_lo, self.ps_hi = _p_scale_bounds(model.exp_ulps)     # step 4's constants
         # Per (batch, tile): m_lo, m_hi, L_lo, L_hi (relative to m_hi), O_lo [D], O_hi [D], tokens.
         rows = dims.s1 * dims.group
         self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
@@ -136,11 +132,11 @@ class EnvelopeBuilder:
         self.flippable = 0
         self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
         # Step 8: the degenerate (tile, row)s' hulls, and the codec's quantization error of a_t = p_scale P8
-        # against P: RN(P scale) (1 rounding), the scale and p_scale (2 more: (1 +- u)**3), the codec's own.
+        # against the kernel's own P: RN(P scale) (1 rounding), the scale and p_scale (2 more: (1 +- u)**3),
+        # the codec's own (relative, and absolute in units of p_scale).
         self.hulls: list = []
         rho_lo, rho_hi, alpha = quantization_error(codec, FP8_MAX * p_max_hi * (1 + U32))
-        exp_floor = FP8_MAX * model.exp_ulps * TINY32 * rho_hi          # P's absolute exp error, through the codes
-        self.code_error = (rho_lo * (1 - U32) ** 3, rho_hi * (1 + U32) ** 3, (alpha + exp_floor) * self.ps_hi * (1 + U32))
+        self.code_error = (rho_lo * (1 - U32) ** 3, rho_hi * (1 + U32) ** 3, alpha * self.ps_hi * (1 + U32))
 
     # -- steps 1-2 (block layout [Q, N, R, BS]) ---------------------------------------------------------
     def scores(self, raw, abs_sum, grid, q_scale, k_scale, magnitude):
@@ -169,7 +165,7 @@ class EnvelopeBuilder:
         seen = visible.any(dim=-1, keepdim=True)
         m_lo = torch.where(seen, s_lo.amax(dim=-1, keepdim=True).double(), 0.0)
         m_hi = torch.where(seen, s_hi.amax(dim=-1, keepdim=True).double(), 0.0)
-        d_lo = s_lo.double() - m_hi                           # exact: a difference of two float32 values
+        d_lo = s_lo.double() - m_hi                           # float64 (the bounds that read it carry its rounding)
         d_hi = s_hi.double() - m_lo
         e_lo, e_hi = torch.exp(d_lo), torch.exp(d_hi)         # 0 off the visible columns (d = -inf there)
         eps = self._p_width(s_lo, s_hi, m_lo, m_hi, visible)
@@ -222,15 +218,19 @@ class EnvelopeBuilder:
         ``l_j``, relative to ``exp(m_hi - m_j)`` (module docstring, step 6; the fold multiplies by the
         weight of ``m_hi``): the terms between ``e_lo = exp(S_lo - m_hi)`` and ``e_hi exp(m_lo - m_hi) =
         exp(S_hi - m_hi)``, moved by the relative rounding ``delta`` of the kernel's exponent arguments
-        (:data:`ARGUMENT_ROUNDING`: ``e**(-z) >= 1 - z`` below, ``e**z <= 1 / (1 - z) <= 1 + 2 z`` above for
-        ``z <= 1/2``; a term with ``z > 1/2`` has ``|S - m| > 2**22`` and is below 2**-149), then exp's error
+        (golden.envelope_fold.ARGUMENT_ROUNDING: ``e**(-z) >= 1 - z`` below; ``e**z <= 1 / (1 - z) <= 1 + 2 z``
+        above for ``z <= 1/2``, and ``exp((S_hi - m_hi)(1 - delta))`` itself beyond), then exp's error
         (relative ``exp_rel`` and ``exp_ulps 2**-149`` absolute, SPEC's ulp) and the row sum's (F1)."""
         n = visible.sum(dim=-1, keepdim=True).double()
-        gap = torch.where(visible, m_hi - s_lo.double(), 0.0)          # >= |S - m_hi| for every S of the column
-        z = (ARGUMENT_ROUNDING + 2 * U64) * gap                        # + the float64 differences' own rounding
-        low = (e_lo * (1 - z).clamp(min=0.0)).sum(dim=-1, keepdim=True)
-        far = visible & (z > 0.5)
-        high = (torch.where(far, 0.0, upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z)) * visible).sum(dim=-1, keepdim=True)
+        delta = ARGUMENT_ROUNDING + 4 * U64                            # + the float64 differences' and products' own
+        z_lo = delta * torch.where(visible, m_hi - s_lo.double(), 0.0)  # delta |S - m_hi| at the lower end of S
+        z_hi = delta * torch.where(visible, m_hi - s_hi.double(), 0.0)  # ... at the upper end
+        low = (e_lo * (1 - z_lo).clamp(min=0.0)).sum(dim=-1, keepdim=True)
+        high = upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z_hi)
+        far = visible & (z_hi > 0.5)          # e**z <= 1 + 2 z fails: exp((S_hi - m_hi)(1 - delta)) on its own
+        if bool(far.any()):
+            high = torch.where(far, torch.exp((s_hi.double() - m_hi) * (1 - delta)), high)
+        high = (high * visible).sum(dim=-1, keepdim=True)
         rel = _sum_relative(n, self.model)
         # float64's own roundings, relative: a term of ``high`` has two exps (2 units each of 2**-53), and
         # three products (e_hi exp(.), (1 + 2 z)'s own rounding, the product): 7; the sum of n positive terms
@@ -238,7 +238,7 @@ class EnvelopeBuilder:
         # products and the rounding of 1 - z per term, n - 1 in the sum, 4 after: fewer.
         f64 = float64_slack(n + 10)
         l_lo = (low * (1 - self.exp_rel) * (1 - rel) * (1 - f64) - n * self.model.exp_ulps * TINY32).clamp(min=0.0)
-        l_hi = (high * (1 + self.exp_rel) * (1 + rel) + (n * self.model.exp_ulps + far.sum(dim=-1, keepdim=True)) * TINY32) * (1 + f64)
+        l_hi = (high * (1 + self.exp_rel) * (1 + rel) + n * self.model.exp_ulps * TINY32) * (1 + f64)
         return l_lo, l_hi, n
 
     # -- step 5 -----------------------------------------------------------------------------------------
@@ -305,7 +305,7 @@ class EnvelopeBuilder:
         any_visible = visible.any(dim=-1, keepdim=True)
         degenerate = any_visible & (spread > DEGENERATE_SPREAD)
         if bool(degenerate.any()):
-            self.hulls.append(tile_hull(degenerate, visible, e_hi, v, v_scale, to_tiles, index, model=self.model,
+            self.hulls.append(tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index, model=self.model,
                                         code_error=self.code_error))
         state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
         self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))

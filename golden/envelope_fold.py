@@ -74,8 +74,9 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
     # is L >= exp(M - mu) >= exp(max m_lo - mu).
     big_l_lo = (torch.where(used, wl_lo, 0.0) * l_lo).sum(dim=-1, keepdim=True) * (1 - sum_slack)
     big_l_lo = big_l_lo - (w_abs * used * st[..., -1]).sum(dim=-1, keepdim=True) * 2
-    floor = torch.exp(torch.where(used, m_lo, -math.inf).amax(dim=-1, keepdim=True) - mu) * (1 - float64_slack(4))
-    big_l_lo = torch.maximum(big_l_lo, floor)
+    # (m - mu) in float64 may be rounded: taken 4 units further from 0, as tile_weights takes it.
+    floor = torch.exp((torch.where(used, m_lo, -math.inf).amax(dim=-1, keepdim=True) - mu) * (1 + 4 * U64))
+    big_l_lo = torch.maximum(big_l_lo, floor * (1 - float64_slack(3)))
     big_l_hi = (torch.where(used, wl_hi, 0.0) * l_hi + w_abs * used * st[..., -1] * 2).sum(dim=-1, keepdim=True)
     big_l_hi = big_l_hi * (1 + sum_slack)
     # The exact quotient N / L, each end rounded once in float64 (1 unit), then O / l within div_ulps
@@ -83,12 +84,16 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
     q_lo = torch.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
     q_hi = torch.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
     q_lo, q_hi = widen(q_lo, q_hi, float64_slack(1))
+    # L's lower bound underflows where the row max is uncertain by hundreds of logits: the quotient is then
+    # unbounded by step 6 (step 8 bounds it: such a row is degenerate).
+    unbounded = big_l_lo <= 0
+    q_lo, q_hi = q_lo.masked_fill(unbounded, -math.inf), q_hi.masked_fill(unbounded, math.inf)
     spread = spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
     bounded = row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles, hulls) if hulls else None
     if bounded is not None:                               # step 8: both bound the same quotient
         rows, low, high = bounded
-        q_lo[rows] = torch.maximum(q_lo[rows], low)
-        q_hi[rows] = torch.minimum(q_hi[rows], high)
+        q_lo[rows] = torch.fmax(q_lo[rows], low)
+        q_hi[rows] = torch.fmin(q_hi[rows], high)
     lo, hi = within_ulps(q_lo, q_hi, model.div_ulps)
     started = counts[..., None] > 0
     lo = torch.where(started, lo, 0.0)
@@ -112,7 +117,7 @@ def row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles: int, hull
     m_lo, m_hi, l_lo, l_hi = (f[..., i] for i in range(4))
     o_lo, o_hi = f[..., 4:4 + d], f[..., 4 + d:4 + 2 * d]
     own_lo = torch.maximum(l_lo, torch.ones(())) * (1 - float64_slack(1))
-    own_hi = l_hi * torch.exp(m_hi - m_lo) * (1 + float64_slack(4))
+    own_hi = l_hi * torch.exp((m_hi - m_lo) * (1 + 4 * U64)) * (1 + float64_slack(4))     # (m_hi - m_lo): rounded
     mean_lo, mean_hi = widen(torch.minimum(o_lo / own_lo[..., None], o_lo / own_hi[..., None]),
                              torch.maximum(o_hi / own_lo[..., None], o_hi / own_hi[..., None]), float64_slack(2))
     position = torch.full(st.shape[:3], -1, dtype=torch.int64)
@@ -136,12 +141,15 @@ def row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles: int, hull
     low = torch.where(bottom >= 0, bottom * (1 - gamma) / (1 + gamma), bottom * (1 + gamma) / (1 - gamma))
     rest = torch.where(use & ~matters, beta, 0.0)
     largest = torch.where(use[..., None], torch.maximum(mean_lo.abs(), mean_hi.abs()), 0.0)
-    extra = ((rest[..., None] * largest).sum(dim=1) + rest.sum(dim=1, keepdim=True) * torch.maximum(high.abs(), low.abs())) / floor
-    slack = float64_slack(8 + tiles)
+    shares = (rest[..., None] * largest).sum(dim=1) + rest.sum(dim=1, keepdim=True) * torch.maximum(high.abs(), low.abs())
+    # The other tiles' share over L (where L's lower bound underflowed every tile counts: no share), and the
+    # recurrence's products where they are float32 subnormals: 2**-150 each, 2 per tile, over l >= 1.
+    extra = torch.where(shares > 0, shares / floor, 0.0) + t_count * TINY32
+    slack = float64_slack(8 + t_count)
     return rows, low - extra - slack * (low.abs() + extra), high + extra + slack * (high.abs() + extra)
 
 
-def tile_hull(degenerate, visible, e_hi, v, v_scale, to_tiles, index, *, model: ConformanceModel,
+def tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index, *, model: ConformanceModel,
               code_error: tuple[float, float, float]) -> tuple:
     """Step 8 for the (tile, row)s of this chunk whose scores are uncertain by more than
     :data:`DEGENERATE_SPREAD`: bounds on the tile's own mean ``mu_j = O_j / l_j`` (per channel) that do
@@ -188,8 +196,12 @@ def tile_hull(degenerate, visible, e_hi, v, v_scale, to_tiles, index, *, model: 
     per_tile = per_tile.reshape(*per_tile.shape[:3], -1, v.shape[2])[..., 0]   # on its BS columns, taken once)
     largest = per_tile[pair, head, :d].amax(dim=-1) * vs * (1 + theta)
     total = per_tile[pair, head, d:].sum(dim=-1) * vs * (1 + theta)            # exact float64 sums of E4M3 values
-    negligible = (torch.where(seen & ~matters, weight, 0.0).sum(dim=-1) * (1 + model.exp_ulps * 2.0 ** -23)
-                  + count * model.exp_ulps * TINY32)[:, None]
+    # A negligible token's P is at most exp(RN(S_hi - m_lo)) within exp_ulps, and RN(d) <= d (1 - u) for d < 0
+    # (e_hi < HULL_NEGLIGIBLE there): exp((S_hi - m_lo)(1 - delta)), with the float64 difference's rounding.
+    rest = seen & ~matters
+    above = torch.where(rest, s_hi[pair, head, row].double() - m_lo[pair, head, row], -math.inf)
+    mass = torch.exp(above * (1 - ARGUMENT_ROUNDING - 4 * U64)).sum(dim=-1)
+    negligible = (mass * (1 + model.exp_ulps * 2.0 ** -23) * (1 + float64_slack(4)) + count * model.exp_ulps * TINY32)[:, None]
     c_lo, c_hi, alpha = code_error
     lam = lam[:, None]
 
@@ -199,7 +211,8 @@ def tile_hull(degenerate, visible, e_hi, v, v_scale, to_tiles, index, *, model: 
     def g_down(x):
         return torch.where(x >= 0, x * c_lo / (1 + lam), x * c_hi / (1 - lam))
     high, low = g_up(top), g_down(bottom)
-    extra = (alpha * total + negligible * c_hi * largest + negligible * torch.maximum(high.abs(), low.abs())) / (1 - lam)
+    # + the two float32 products after MM2 where subnormal (2**-150 each), over l_j >= 1.
+    extra = (alpha * total + negligible * c_hi * largest + negligible * torch.maximum(high.abs(), low.abs())) / (1 - lam) + TINY32
     # float64: about 8 roundings on each side (the products above, the quotients, the sums): relative.
     slack = float64_slack(8 + count[:, None])
     return (index[pair], head, row, low - extra - slack * (low.abs() + extra),

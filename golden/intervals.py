@@ -71,8 +71,6 @@ def float64_sum_slack(terms: int | torch.Tensor) -> float | torch.Tensor:
     return float64_slack(terms + 3)
 
 
-_DOWN = torch.tensor(-math.inf, dtype=torch.float32)
-_UP = torch.tensor(math.inf, dtype=torch.float32)
 _MINUS_ZERO_BITS = np.int32(-2 ** 31)
 
 
@@ -82,7 +80,7 @@ def step32(f: np.ndarray, move: np.ndarray, direction: int) -> np.ndarray:
     as much per element): a pattern's magnitude grows by one toward the side away from 0, so stepping away
     from 0 adds 1 to it, toward 0 subtracts 1; a zero moving either way becomes the smallest subnormal of
     that sign (taken as -0 going down, +0 going up)."""
-    bits = np.ascontiguousarray(f).view(np.int32).copy()
+    bits = np.array(f, dtype=np.float32, order="C", copy=True).view(np.int32)    # keeps a 0-d shape
     zero = ((bits & np.int32(0x7FFFFFFF)) == 0) & move
     if zero.any():
         bits = np.where(zero, _MINUS_ZERO_BITS if direction < 0 else np.int32(0), bits)
@@ -92,7 +90,7 @@ def step32(f: np.ndarray, move: np.ndarray, direction: int) -> np.ndarray:
 
 
 def _as_array(x: torch.Tensor) -> np.ndarray:
-    return x.detach().double().numpy()
+    return np.asarray(x.detach().double().numpy())
 
 
 def down32(x: torch.Tensor) -> torch.Tensor:
@@ -188,13 +186,10 @@ def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[to
     (``t - n ulp(t)`` is exact in float64: it keeps t's binade or the one below, and t's last bit.) The
     greatest is the mirror image, at ``t_hi`` (``t + n ulp(t)`` only grows with t). An ``ulps`` that is not
     a multiple of a power of two rounds ``ulps * ulp`` once: 2**-52 relative, far below a float32 step."""
-    lo64 = np.ascontiguousarray(t_lo.detach().double().numpy())
-    hi64 = np.ascontiguousarray(t_hi.detach().double().numpy())
-    if ulps == 0:
-        return torch.from_numpy(_np_up32(lo64)), torch.from_numpy(_np_down32(hi64))
-    low = _lowest_within(lo64, hi64, ulps)
-    high = -_lowest_within(-hi64, -lo64, ulps)
-    return torch.from_numpy(_np_up32(low)), torch.from_numpy(_np_down32(high))
+    lo64, hi64 = _as_array(t_lo), _as_array(t_hi)
+    if ulps != 0:
+        lo64, hi64 = _lowest_within(lo64, hi64, ulps), -_lowest_within(-hi64, -lo64, ulps)
+    return torch.from_numpy(np.asarray(_np_up32(lo64))), torch.from_numpy(np.asarray(_np_down32(hi64)))
 
 
 _INF64 = torch.tensor(math.inf, dtype=torch.float64)

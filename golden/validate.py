@@ -272,7 +272,8 @@ def _score_reach(q: np.ndarray, k: np.ndarray, head_dim: int, softmax_scale: flo
     """float64: the largest magnitude a score's dequant chain can reach, for scales ``q``, ``k`` >= 0:
     ``D 448**2`` times the largest of the products F2 lets a kernel form (``raw q``, ``raw k``, ``raw q k``,
     then ``* softmax_scale``). SPEC §4.1 names the last; the domain includes the others, since a kernel
-    that forms ``raw k`` first overflows there whatever ``q`` is (decision recorded in docs/spec.md)."""
+    that forms ``raw k`` first overflows there whatever ``q`` is (a conforming output would be NaN, which no
+    envelope holds): stricter than SPEC's formula, and said so in README, "The acceptance envelope"."""
     with np.errstate(over="ignore", invalid="ignore"):
         both = q * k
         largest = np.maximum(np.maximum(q, k), np.maximum(both, both * softmax_scale))

@@ -18,7 +18,7 @@ import torch
 from golden.attention import visible_lengths
 from golden.codec import get_codec
 from golden.envelope import refine_score_bounds, score_bounds
-from golden.intervals import down32, lowbit, up32
+from golden.intervals import down32_add, lowbit, up32_add
 from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL
 from golden.quant import FP8_MAX
 from kernels.backends import Backend
@@ -122,7 +122,7 @@ class ConformingKernel(Backend):
         if at[0].numel():
             products = (q.double()[..., :, None, :] * k.double()[..., None, :, :])[at]
             e1 = e1.index_put(at, torch.minimum(e1[at], refine_score_bounds(products, exact[at], abs_sum[at])))
-        low, high = down32(exact - e1), up32(exact + e1)
+        low, high = down32_add(exact, -e1), up32_add(exact, e1)       # the ends exactly, as the envelope takes them
         if order == "vertex-low":
             return low
         if order == "vertex-high":

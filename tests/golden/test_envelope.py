@@ -293,9 +293,9 @@ def test_at12_cancellation_is_where_the_tolerance_is_not_sound():
 
 def test_fold_sum_bound_holds_under_cancellation():
     """The fold's float64 weighted sums over 65 tiles (golden.envelope_fold.signed_weighted_sum) with the slack
-    fold adds, ``(T + 4) 2**-53`` times the magnitude: the exact rational sum lies inside, on terms built
+    fold adds, ``float64_sum_slack(T)`` times the magnitude: the exact rational sum lies inside, on terms built
     to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones.
-    What it can catch: a slack far too small (1 * 2**-53 fails). It cannot tell the derived (T + 4) from a
+    What it can catch: a slack far too small (1 * 2**-53 fails). It cannot tell the derived count from a
     few units less: BLAS's sums stay far from the worst case; the derivation is float64_sum_slack's."""
     from fractions import Fraction
 
@@ -357,3 +357,39 @@ def test_bad_batches_are_named():
         golden.paged_attention_envelope(**kwargs, batches=[0])
     with pytest.raises(ValueError, match=r"batches has shape \(3,\); expected \(2,\)"):
         golden.paged_attention_envelope(**kwargs, batches=torch.ones(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("k_scale", [1.2345e5, 1.2345e9])
+def test_the_envelope_is_finite_where_the_row_max_is_uncertain_by_thousands_of_logits(k_scale):
+    """Scores near 2e10 (far inside SPEC §4.1's domain): the row max is uncertain by thousands of logits,
+    L's lower bound of step 6 underflows to 0 (a first version then divided 0 by 0: NaN bounds, so the
+    tolerance alone judged). Step 8 bounds the row: finite, holding the golden, the vertex kernels and the
+    edge variants."""
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16), 0).kwargs()
+    kwargs.update(k_scale=torch.full_like(kwargs["k_scale"], k_scale), q_scale=torch.full_like(kwargs["q_scale"], 1.1),
+                  softmax_scale=0.3)
+    env = golden.paged_attention_envelope(**kwargs)
+    assert env.degenerate_rows == 1
+    assert bool(torch.isfinite(env.lo.float()).all() & torch.isfinite(env.hi.float()).all())
+    assert bool(env.inside(env.golden).all())
+    for variant in ("vertex-low", "vertex-high", "vertex-mixed", "edges-up", "edges-down"):
+        out = kernels.get_backend(f"conforming:{variant}").paged_attention_fp8(**kwargs)
+        assert bool(env.inside(out).all()), variant
+
+
+def test_the_sum_of_l_holds_a_token_whose_wide_interval_reaches_the_max():
+    """Step 6's bound on a tile's l (EnvelopeBuilder.denominator): a token whose score may lie anywhere in
+    [m - 2**24, m] may still be the max, with P = 1. A first version dropped such terms (an argument-rounding
+    factor past 1/2) from L's upper end and gave 1.0000005 where two tokens at m give 2."""
+    import types
+
+    from golden.envelope import EnvelopeBuilder
+    builder = types.SimpleNamespace(exp_rel=golden.SPEC_MODEL.exp_ulps * 2.0 ** -23, model=golden.SPEC_MODEL)
+    m = 1.0e7
+    s_lo = torch.tensor([[m - 2.0 ** 24, m - 1.0]], dtype=torch.float32)
+    s_hi = torch.tensor([[m, m]], dtype=torch.float32)
+    m_lo, m_hi = s_lo.amax(-1, keepdim=True).double(), s_hi.amax(-1, keepdim=True).double()
+    e_lo, e_hi = torch.exp(s_lo.double() - m_hi), torch.exp(s_hi.double() - m_lo)
+    l_lo, l_hi, _ = EnvelopeBuilder.denominator(builder, s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, torch.tensor([[True, True]]))
+    assert float(l_lo) <= 1.0 and float(l_hi) >= 2.0

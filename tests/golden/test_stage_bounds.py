@@ -72,6 +72,22 @@ def _exp_reach(x: float, ulps: float) -> tuple[float, float]:
     return _within(mpmath.exp(mpmath.mpf(x)), ulps, floor_zero=True)
 
 
+def _rn32(q: Fraction) -> float:
+    """The float32 nearest the exact rational q (ties to even), independently of any float arithmetic."""
+    if q == 0:
+        return 0.0
+    lo = _greatest_float32_at_or_below(mpmath.mpf(q.numerator) / q.denominator)
+    while Fraction(lo) > q:                                       # mpmath's division rounded: settle exactly
+        lo = float(np.nextafter(np.float32(lo), np.float32(-np.inf)))
+    while Fraction(float(np.nextafter(np.float32(lo), np.float32(np.inf)))) <= q:
+        lo = float(np.nextafter(np.float32(lo), np.float32(np.inf)))
+    hi = lo if Fraction(lo) == q else float(np.nextafter(np.float32(lo), np.float32(np.inf)))
+    below, above = q - Fraction(lo), Fraction(hi) - q
+    if below != above:
+        return lo if below < above else hi
+    return lo if int(np.float32(lo).view(np.uint32)) % 2 == 0 else hi
+
+
 def _steps(x: float, k: int) -> float:
     """The float32 k steps from x (negative: down)."""
     f = np.float32(x)
@@ -80,11 +96,14 @@ def _steps(x: float, k: int) -> float:
     return float(f)
 
 
-def _inward(bounds):
-    """A bound made one float32 step tighter on both sides: what the meta checks feed the checkers."""
+def _inward(bounds, side: str):
+    """A bound made one float32 step tighter on one side (``lo`` or ``hi``): what the meta checks feed the
+    checkers, each side on its own (a check that failed only on one side would pass the other's)."""
     def tighter(*args, **kwargs):
         lo, hi = bounds(*args, **kwargs)
-        return torch.nextafter(lo, _INF32), torch.nextafter(hi, _NINF32)
+        if side == "lo":
+            return torch.nextafter(lo, _INF32), hi
+        return lo, torch.nextafter(hi, _NINF32)
     return tighter
 
 
@@ -132,9 +151,11 @@ def test_exp_bounds_hold_every_result_f3_allows_at_its_edges(ulps):
     assert tight >= 0.95 * len(_exp_edges()), tight
 
 
-def test_exp_bounds_one_step_tighter_fail():
+@pytest.mark.parametrize("ulps", [2.0, 1.0, 0.5])
+@pytest.mark.parametrize("side", ["lo", "hi"])
+def test_exp_bounds_one_step_tighter_fail(ulps, side):
     with pytest.raises(AssertionError):
-        _check_exp(_inward(exp_bounds), 2.0)
+        _check_exp(_inward(exp_bounds, side), ulps)
 
 
 def test_the_issue_example_reaches_three_steps_below_one_half():
@@ -178,7 +199,7 @@ def _check_exp_arguments(arguments) -> None:
             for mv in (m_lo, m_hi):
                 if sv > mv:
                     continue
-                x = float(torch.tensor([sv]) - torch.tensor([mv]))
+                x = _rn32(Fraction(sv) - Fraction(mv))
                 assert float(x_lo) <= x <= float(x_hi), (sv, mv, x, float(x_lo), float(x_hi))
 
 
@@ -186,10 +207,11 @@ def test_exp_arguments_hold_the_float32_subtraction():
     _check_exp_arguments(exp_arguments)
 
 
-def test_exp_arguments_one_step_tighter_fail():
+@pytest.mark.parametrize("side", ["lo", "hi"])
+def test_exp_arguments_one_step_tighter_fail(side):
     """Unit: one float32 step of x."""
     with pytest.raises(AssertionError):
-        _check_exp_arguments(_inward(exp_arguments))
+        _check_exp_arguments(_inward(exp_arguments, side))
 
 
 # --- O / l within 1 ulp, and any "within n ulp" -------------------------------------------------------
@@ -227,10 +249,11 @@ def test_within_ulps_holds_every_result_at_binade_edges(ulps):
     assert float(lo) == _within(mpmath.mpf(1) + mpmath.mpf(2) ** -40, ulps)[0]
 
 
-def test_within_ulps_one_step_tighter_fail():
+@pytest.mark.parametrize("side", ["lo", "hi"])
+def test_within_ulps_one_step_tighter_fail(side):
     """Unit: one float32 step of the result."""
     with pytest.raises(AssertionError):
-        _check_within(_inward(within_ulps), 1.0)
+        _check_within(_inward(within_ulps, side), 1.0)
 
 
 # --- the dequant chain (F2) ---------------------------------------------------------------------------
@@ -256,10 +279,11 @@ def test_dequant_interval_holds_every_order():
     _check_dequant(dequant_interval)
 
 
-def test_dequant_interval_one_step_tighter_fail():
+@pytest.mark.parametrize("side", ["lo", "hi"])
+def test_dequant_interval_one_step_tighter_fail(side):
     """Unit: one float32 step of S. The bound is the min and max over the orders at the ends, exactly."""
     with pytest.raises(AssertionError):
-        _check_dequant(_inward(dequant_interval))
+        _check_dequant(_inward(dequant_interval, side))
 
 
 # --- directed rounding of an exact sum (the raw score's and MM2's interval ends) -----------------------
@@ -334,6 +358,39 @@ def _check_weights(weights) -> None:
                 assert float(w_lo[0, j] - w_abs[0, j]) <= scaled <= float(w_hi[0, j] + w_abs[0, j]), (maxima, j, side)
 
 
+def _kernel_sum(maxima: list[float], values: list[float], side: int) -> tuple[float, float]:
+    """The kernel's ``l = sum_j w_j l_j`` through the online update (SPEC §2.3: ``l = a l + c l_j``, every
+    product and sum rounded to float32), every exp at the edge F3 allows on ``side``, and its M."""
+    m, l = torch.tensor([maxima[0]]), torch.tensor([values[0]])
+    for m_j, l_j in zip(maxima[1:], values[1:]):
+        m_j, l_j = torch.tensor([m_j]), torch.tensor([l_j])
+        m_new = torch.maximum(m, m_j)
+        l = exp_edge(m - m_new, side) * l + exp_edge(m_j - m_new, side) * l_j
+        m = m_new
+    return float(l), float(m)
+
+
+def test_tile_weights_hold_the_kernels_sums_with_their_roundings():
+    """The recurrence's own roundings (``(1 + u)**(2T)``): l_j with all 24 bits set, so every product and
+    sum rounds, and the maxima given as intervals around them (``mu`` above the kernel's M): the kernel's
+    ``l exp(M - mu)`` lies within ``sum_j [w_lo - w_abs, w_hi + w_abs] l_j``, exactly summed."""
+    rng = np.random.default_rng(9)
+    for maxima in _weight_cases():
+        values = [float(np.float32(1 + rng.random())) for _ in maxima]
+        for widen_by in (0.0, 0.25):
+            m = torch.tensor([maxima], dtype=torch.float64)
+            m_lo, m_hi = m - widen_by, m + widen_by
+            mu = m_hi.amax(dim=-1, keepdim=True)
+            w_lo, w_hi, w_abs = tile_weights(m_lo, m_hi, mu, torch.tensor([[float(len(maxima))]], dtype=torch.float64),
+                                             SPEC_MODEL)
+            low = sum(mpmath.mpf(float(w_lo[0, j] - w_abs[0, j])) * v for j, v in enumerate(values))
+            high = sum(mpmath.mpf(float(w_hi[0, j] + w_abs[0, j])) * v for j, v in enumerate(values))
+            for side in (-1, 1):
+                got, big_m = _kernel_sum(maxima, values, side)
+                scaled = mpmath.mpf(got) * mpmath.exp(mpmath.mpf(big_m) - mpmath.mpf(float(mu)))
+                assert low <= scaled <= high, (maxima, widen_by, side)
+
+
 def test_tile_weights_hold_the_kernels_recurrence_at_its_edges():
     """Finite wherever the maxima lie, and the kernel's weights inside, with every exp at either edge."""
     _check_weights(tile_weights)
@@ -354,11 +411,10 @@ def test_float64_slack_covers_its_roundings(roundings):
     """(1 + 2**-53)**k - 1, exactly, is at most float64_slack(k), and more than float64_slack(k - 1) could
     hold (unit: one rounding)."""
     u = Fraction(1, 2 ** 53)
-    worst = (1 + u) ** roundings - 1 if roundings <= 1000 else None
-    if worst is None:                                   # k u (1 + k u) >= (1 + u)**k - 1 for k u < 1/2
-        worst = roundings * u * (1 + roundings * u / 2)
-        assert Fraction(float64_slack(roundings)) >= worst
+    if roundings > 1000:                                # gamma_k = k u / (1 - k u) >= (1 + u)**k - 1 (Higham 3.1)
+        assert Fraction(float64_slack(roundings)) >= roundings * u / (1 - roundings * u)
         return
+    worst = (1 + u) ** roundings - 1
     assert Fraction(float64_slack(roundings)) >= worst
     assert Fraction(float64_slack(roundings - 1)) < worst
 
@@ -367,15 +423,20 @@ def test_float64_sum_slack_covers_a_cancelling_dot_product():
     """A float64 dot product of T terms whose partial sums cancel (pairs of large values of opposite sign
     next to small ones): the error, exactly, within float64_sum_slack(T) times the sum of magnitudes."""
     rng = np.random.default_rng(5)
+    worst = Fraction(0)
     for t in (2, 3, 17, 65):
         for _ in range(20):
             w = rng.random(t) + 0.5
             o = rng.standard_normal(t) * 10.0 ** rng.integers(-20, 20, size=t)
-            o[1::2] = -o[0:-1:2] * (1 + 2.0 ** -52)
+            w[1::2] = w[0:-1:2]                              # pairs that cancel to a few float64 ulps
+            o[1::2] = -o[0:-1:2][: o[1::2].size] * (1 + 2.0 ** -52)
             got = float(torch.from_numpy(w)[None, :] @ torch.from_numpy(o)[:, None])
             exact = sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(w, o))
             magnitude = sum(abs(Fraction(float(a)) * Fraction(float(b))) for a, b in zip(w, o))
+            assert abs(exact) < magnitude * Fraction(1, 2 ** 40) or t % 2     # they do cancel (even t)
             assert abs(Fraction(got) - exact) <= Fraction(float64_sum_slack(t)) * magnitude
+            worst = max(worst, abs(Fraction(got) - exact) / magnitude)
+    assert worst > 0                                          # the sums did round: the check can fail
 
 
 # --- bf16 rounding of the ends -------------------------------------------------------------------------
