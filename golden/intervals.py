@@ -110,14 +110,15 @@ def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tens
     a, b = np.broadcast_arrays(_as_array(a), _as_array(b))
     with np.errstate(over="ignore", invalid="ignore"):
         s = a + b
-        back = s - a
-        error = (a - (s - back)) + (b - back)
         f = s.astype(np.float32)
-    wide = f.astype(np.float64)
-    if direction < 0:
-        move = (wide > s) | ((wide == s) & (error < 0))
-    else:
-        move = (wide < s) | ((wide == s) & (error > 0))
+        wide = f.astype(np.float64)
+        move = (wide > s) if direction < 0 else (wide < s)
+        on = np.nonzero(wide == s)                 # only there does the exact error's sign decide
+        if on[0].size:
+            a_on, b_on, s_on = a[on], b[on], s[on]
+            back = s_on - a_on
+            error = (a_on - (s_on - back)) + (b_on - back)
+            move[on] = (error < 0) if direction < 0 else (error > 0)
     return torch.from_numpy(step32(f, move, direction))
 
 
