@@ -161,7 +161,7 @@ def _outcome(ref, out, s1: int) -> Outcome:
 
 
 def _envelope_record(ref) -> dict | None:
-    """The envelope's part in one comparison: the batches it was built for (those holding an element
+    """The envelope's part in one comparison: the output rows it was built for (those holding an element
     outside the tolerance), elements that passed only inside it, P elements whose code may flip there,
     degenerate rows, and for a failure how far outside it the worst element lies (in units of its
     tolerance); None when none was needed (every element within the tolerance)."""
@@ -170,7 +170,7 @@ def _envelope_record(ref) -> dict | None:
         return None
     return {"inside_only": res.by_envelope, "flippable": env.flippable, "p_elements": env.p_elements,
             "degenerate_rows": env.degenerate_rows,
-            "batches_built": None if env.batches is None else len(env.batches),
+            "rows_built": None if env.rows is None else len(env.rows),
             "outside_by": res.outside_envelope if res.outside_index is not None else None,
             "note": ref.envelope_note()}
 

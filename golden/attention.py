@@ -280,7 +280,7 @@ def paged_attention_envelope(
     v_cache: torch.Tensor, v_scale: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
     softmax_scale: float | None = None, s2_tile: int = 128, g_tile: int | None = None,
     codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
-    batches: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> AttentionEnvelope:
     """The golden's output and the acceptance envelope around it (SPEC §4.2; golden/envelope.py).
 
@@ -288,10 +288,11 @@ def paged_attention_envelope(
     set of conforming executions the envelope holds. ``result.golden`` is bit-identical to
     ``paged_attention_fp8``'s output, and ``result.lo <= result.golden <= result.hi`` elementwise.
 
-    ``batches`` (a bool [B] mask, or None for all): build it for those batches only. An output row's
-    envelope depends on its own batch's inputs alone (SPEC §4.2), so on those rows ``golden``, ``lo`` and
-    ``hi`` are bit-identical to the full envelope's; the other rows are NaN there (``result.batches`` says
-    which were built), and the counts cover the built rows. The inputs are checked whole either way.
+    ``rows`` (a bool [B*S1] mask over the output rows ``b * S1 + i``, or None for all): build it for those
+    rows only. An output row's envelope depends on that row's inputs alone (SPEC §4.2), so there
+    ``golden``, ``lo`` and ``hi`` are bit-identical to the full envelope's; the other rows are NaN
+    (``result.rows`` says which were built), and the counts cover the built rows. The inputs are checked
+    whole either way.
     """
     check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
                  block_table=block_table, kv_act_seqs=kv_act_seqs)
@@ -314,11 +315,15 @@ def paged_attention_envelope(
     # The tile count of the whole case, also for a subset: the fold's float64 sums then run over the same
     # number of (zero-padded) tiles, and give the same bits.
     tiles = max(ceil_div(int(kv_act_seqs.max()), dims.s2_tile) if kv_act_seqs.numel() else 0, 1)
-    picked = _checked_batches(batches, dims.batch)
+    picked = _checked_rows(rows, dims.batch * dims.s1)
     if picked is not None:
-        rows = (picked[:, None] * dims.s1 + torch.arange(dims.s1)).reshape(-1)
-        sub = dataclasses.replace(dims, batch=int(picked.numel()))
-        tensors = (q[rows], q_scale[rows], k_cache, k_scale, v_cache, v_scale[picked], block_table[picked], kv_act_seqs[picked])
+        # Each picked row (b, i) becomes a case of its own with S1 = 1 and length cur[b, i]: it sees the same
+        # tokens in the same tiles, and everything of a row is computed from them alone, so its bounds are
+        # the full envelope's, bit for bit (tested); the rows of one position share its heads.
+        owner = picked // dims.s1
+        cur = visible_lengths(kv_act_seqs, dims.s1).reshape(-1)[picked].to(kv_act_seqs.dtype)
+        sub = dataclasses.replace(dims, batch=int(picked.numel()), s1=1)
+        tensors = (q[picked], q_scale[picked], k_cache, k_scale, v_cache, v_scale[owner], block_table[owner], cur)
     else:
         sub, tensors = dims, (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs)
     builder = EnvelopeBuilder(sub, codec, model, tiles)
@@ -329,20 +334,20 @@ def paged_attention_envelope(
             out = lo = hi = torch.zeros((0,) + tuple(q.shape[1:]))
     out, lo, hi = (x.to(torch.bfloat16) for x in (out, lo, hi))
     if picked is not None:
-        out, lo, hi = (torch.full(q.shape, float("nan"), dtype=torch.bfloat16).index_copy_(0, rows, x) for x in (out, lo, hi))
+        out, lo, hi = (torch.full(q.shape, float("nan"), dtype=torch.bfloat16).index_copy_(0, picked, x) for x in (out, lo, hi))
     return AttentionEnvelope(golden=out, lo=lo, hi=hi, model=model, codec=codec.name, p_elements=builder.p_elements,
                              flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0),
-                             batches=None if picked is None else tuple(int(b) for b in picked))
+                             rows=None if picked is None else tuple(int(r) for r in picked))
 
 
-def _checked_batches(batches, batch: int) -> torch.Tensor | None:
-    """int64 indices of the batches a bool [B] mask selects (None: all of them); a TypeError or ValueError
-    naming ``batches`` otherwise."""
-    if batches is None:
+def _checked_rows(rows, count: int) -> torch.Tensor | None:
+    """int64 indices of the output rows a bool [B*S1] mask selects (None: all of them); a TypeError or
+    ValueError naming ``rows`` otherwise."""
+    if rows is None:
         return None
-    if not isinstance(batches, torch.Tensor) or batches.dtype != torch.bool:
-        raise TypeError(f"batches must be a bool tensor [B] (or None for all), got {type(batches).__name__}"
-                        + (f" of {batches.dtype}" if isinstance(batches, torch.Tensor) else ""))
-    if tuple(batches.shape) != (batch,):
-        raise ValueError(f"batches has shape {tuple(batches.shape)}; expected ({batch},), one entry per batch")
-    return batches.nonzero().reshape(-1)
+    if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool:
+        raise TypeError(f"rows must be a bool tensor [B*S1] (or None for all), got {type(rows).__name__}"
+                        + (f" of {rows.dtype}" if isinstance(rows, torch.Tensor) else ""))
+    if tuple(rows.shape) != (count,):
+        raise ValueError(f"rows has shape {tuple(rows.shape)}; expected ({count},), one entry per output row (B*S1)")
+    return rows.nonzero().reshape(-1)

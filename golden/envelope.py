@@ -76,8 +76,8 @@ class AttentionEnvelope:
     ``p_elements``: visible P elements (one per row, tile token); ``flippable``: those whose E4M3 code
     a conforming kernel may choose either way; ``degenerate_rows``: query rows whose scores are
     uncertain by more than :data:`DEGENERATE_SPREAD` (see there), counting only the scores whose P can
-    exceed :data:`NEGLIGIBLE_P` (the others move nothing). ``batches``: the batches it was built for (None:
-    all; golden.paged_attention_envelope's ``batches``); the tensors are NaN on the other rows and the
+    exceed :data:`NEGLIGIBLE_P` (the others move nothing). ``rows``: the output rows it was built for (None:
+    all; golden.paged_attention_envelope's ``rows``); the tensors are NaN on the other rows and the
     counts cover the built rows only.
     """
     golden: torch.Tensor
@@ -88,7 +88,7 @@ class AttentionEnvelope:
     p_elements: int
     flippable: int
     degenerate_rows: int
-    batches: tuple[int, ...] | None = None
+    rows: tuple[int, ...] | None = None
 
     def inside(self, actual: torch.Tensor) -> torch.Tensor:
         """bool: ``lo <= actual <= hi`` elementwise (False where either is not finite)."""

@@ -13,9 +13,9 @@ narrower one; a wider declaration is refused, :func:`backend_model`): an element
     |k - g| <= 1e-4 + |g| / 128     or     lo <= k <= hi
 
 and rows with ``cur == 0`` are exactly 0. The envelope is paid only where it decides: the tolerance is
-applied first, and the envelope is built for the batches holding an element outside it (an output row's
-envelope depends on its own batch alone, SPEC §4.2, and is bit-identical there to the full one); a case
-whose every element lies within the tolerance builds none. That is done under the spec codec and, when the backend
+applied first, and the envelope is built for the output rows holding an element outside it (an output
+row's envelope depends on that row's inputs alone, SPEC §4.2, and is bit-identical there to the full
+one); a case whose every element lies within the tolerance builds none. That is done under the spec codec and, when the backend
 declares another codec (pypto's CPU calculator), under that codec too. Each comparison gets a category:
 
 ==================  =============================================================================
@@ -131,8 +131,8 @@ class Reference:
             return "Envelope: not needed (every element within SPEC §4's tolerance)" if self.passed else ""
         env = self.envelope
         note = cmp.envelope_line(self.comparison)
-        if env.batches is not None:
-            note += f"; built for {len(env.batches)} batch{'es' if len(env.batches) != 1 else ''} (those outside the tolerance)"
+        if env.rows is not None:
+            note += f"; built for {len(env.rows)} output row{'s' if len(env.rows) != 1 else ''} (those outside the tolerance)"
         if env.flippable:
             note += f"; {env.flippable} of {env.p_elements} P elements may take either of two E4M3 codes"
         if env.degenerate_rows:
@@ -182,15 +182,15 @@ def backend_model(backend) -> ConformanceModel:
 
 def _reference(out, tensors, scalars, *, codec, model, name: str, s1: int, tags) -> Reference:
     """One comparison under ``codec``: the golden and SPEC §4's tolerance first; the envelope (SPEC §4.2)
-    only for the batches that hold an element outside the tolerance, bit-identical there to the full
-    envelope's (golden.paged_attention_envelope's ``batches``), since nothing else can change the verdict."""
+    only for the output rows that hold an element outside the tolerance, bit-identical there to the full
+    envelope's (golden.paged_attention_envelope's ``rows``), since nothing else can change the verdict."""
     import golden
     expected = golden.paged_attention_fp8(**tensors, **scalars, codec=codec)
     res = cmp.compare(out, expected, kind="attention", s1=s1)
     envelope = None
     if not res.passed and res.attribute is None:
-        needs = res.mismatch_mask.reshape(tensors["kv_act_seqs"].numel(), -1).any(dim=1)
-        envelope = golden.paged_attention_envelope(**tensors, **scalars, codec=codec, model=model, batches=needs)
+        needs = res.mismatch_mask.reshape(out.shape[0], -1).any(dim=1)          # output rows b * S1 + i
+        envelope = golden.paged_attention_envelope(**tensors, **scalars, codec=codec, model=model, rows=needs)
         res = cmp.compare(out, expected, kind="attention", s1=s1, envelope=(envelope.lo, envelope.hi))
     bounds = None if envelope is None else (envelope.lo, envelope.hi)
     ratio = cmp.error_ratio(out, expected, kind="attention", envelope=bounds) if res.attribute is None else None

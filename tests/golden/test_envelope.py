@@ -329,34 +329,33 @@ def test_fold_sum_bound_holds_under_cancellation():
 
 
 @pytest.mark.parametrize("distribution", ALL_DISTRIBUTIONS)
-def test_an_envelope_built_for_some_batches_is_the_full_one_there(distribution):
-    """golden.paged_attention_envelope(batches=...): bit-identical to the full envelope on the batches it
-    was built for (the rule builds only those, properties.acceptance), NaN on the others, on every
-    distribution."""
+def test_an_envelope_built_for_some_rows_is_the_full_one_there(distribution):
+    """golden.paged_attention_envelope(rows=...): bit-identical to the full envelope on the output rows it
+    was built for (the rule builds only those, properties.acceptance; each row as a case of its own with
+    S1 = 1 and its visible length), NaN on the others, on every distribution (S1 up to 3: causal rows)."""
 
     @settings(max_examples=4, deadline=None)
     @given(case=ps.cases_for(KERNEL_SHAPES, distribution=(distribution,), batch=st.integers(2, 4)), data=st.data())
     def check(case, data):
         kwargs = case.inputs().kwargs()
         full = golden.paged_attention_envelope(**kwargs)
-        b = kwargs["kv_act_seqs"].numel()
-        mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=b, max_size=b), label="batches"))
-        part = golden.paged_attention_envelope(**kwargs, batches=mask)
-        rows = mask.repeat_interleave(kwargs["q"].shape[0] // b)
-        assert part.batches == tuple(int(i) for i in mask.nonzero().reshape(-1))
+        count = kwargs["q"].shape[0]
+        mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=count, max_size=count), label="rows"))
+        part = golden.paged_attention_envelope(**kwargs, rows=mask)
+        assert part.rows == tuple(int(i) for i in mask.nonzero().reshape(-1))
         for mine, whole in ((part.golden, full.golden), (part.lo, full.lo), (part.hi, full.hi)):
-            assert torch.equal(mine[rows].view(torch.int16), whole[rows].view(torch.int16))
-            assert bool(torch.isnan(mine[~rows].float()).all())
+            assert torch.equal(mine[mask].view(torch.int16), whole[mask].view(torch.int16))
+            assert bool(torch.isnan(mine[~mask].float()).all())
     check()
 
 
-def test_bad_batches_are_named():
+def test_bad_rows_are_named():
     kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=2, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
                                                             block_size=16, s2_tile=16), 0).kwargs()
-    with pytest.raises(TypeError, match="batches must be a bool tensor"):
-        golden.paged_attention_envelope(**kwargs, batches=[0])
-    with pytest.raises(ValueError, match=r"batches has shape \(3,\); expected \(2,\)"):
-        golden.paged_attention_envelope(**kwargs, batches=torch.ones(3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="rows must be a bool tensor"):
+        golden.paged_attention_envelope(**kwargs, rows=[0])
+    with pytest.raises(ValueError, match=r"rows has shape \(3,\); expected \(2,\)"):
+        golden.paged_attention_envelope(**kwargs, rows=torch.ones(3, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("k_scale", [1.2345e5, 1.2345e9])
