@@ -26,7 +26,7 @@ __all__ = ["fold", "tile_hull", "row_hulls", "tile_weights", "signed_weighted_su
            "HULL_NEGLIGIBLE", "ARGUMENT_ROUNDING"]
 
 #: A row whose scores' intervals are wider than this (in logit units) can move P by a factor e**2 or
-#: more: the envelope there is close to "any mixture of the V rows" (logits near 1e6, where one float32
+#: more: step 6's bound there is close to "any mixture of the V rows" (logits near 1e6, where one float32
 #: ulp of S is already 0.06): such rows are counted as degenerate and get step 8.
 DEGENERATE_SPREAD = 1.0
 #: Step 8: tokens (and tiles) whose share of l is at most this are bounded by their mass, not in the hull.

@@ -137,7 +137,7 @@ class Reference:
             note += f"; {env.flippable} of {env.p_elements} P elements may take either of two E4M3 codes"
         if env.degenerate_rows:
             note += (f"; degenerate input: {env.degenerate_rows} rows have scores uncertain by more than "
-                     "1 logit (logits near 1e6), where the envelope admits almost any mixture of V rows")
+                     "1 logit (logits near 1e6), bounded there by the V rows that can matter (SPEC §4.2, step 8)")
         return note
 
 
