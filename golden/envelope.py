@@ -50,7 +50,7 @@ import torch
 
 from .codec import Fp8Codec
 from .envelope_fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
-from .envelope_stages import _mm2_bounds, _sum_relative, boundary_distance, column_grids, dequant_interval
+from .envelope_stages import _mm2_bounds, sum_relative, boundary_distance, column_grids, dequant_interval
 from .envelope_stages import exp_arguments, exp_bounds, quantization_error, raw_interval, refine_score_bounds
 from .envelope_stages import score_bounds, upper_relative_to_max
 from .intervals import TINY32, U32, U64, down32_add, float64_slack, lowbit, sum_error_bound, ulp32, up32_add, widen
@@ -231,7 +231,7 @@ class EnvelopeBuilder:
         if bool(far.any()):
             high = torch.where(far, torch.exp((s_hi.double() - m_hi) * (1 - delta)), high)
         high = (high * visible).sum(dim=-1, keepdim=True)
-        rel = _sum_relative(n, self.model)
+        rel = sum_relative(n, self.model)
         # float64's own roundings, relative: a term of ``high`` has two exps (2 units each of 2**-53), and
         # three products (e_hi exp(.), (1 + 2 z)'s own rounding, the product): 7; the sum of n positive terms
         # n - 1; the products by (1 + exp_rel), (1 + rel) and their own sums: 4. ``low``: one exp, two

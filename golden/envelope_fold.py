@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from .envelope_stages import _sum_relative
+from .envelope_stages import sum_relative
 from .intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps
 from .model import ConformanceModel
 
@@ -174,8 +174,8 @@ def tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index
     weight = e_hi[pair, head, row]                                           # the largest P each token can have
     matters = seen & (weight >= HULL_NEGLIGIBLE)
     count = seen.sum(dim=-1).double()                                        # [F] visible tokens
-    lam = _sum_relative(count, model)
-    theta = (_sum_relative(count, model) * (1 + _F2_ROUNDINGS) + _F2_ROUNDINGS)[:, None]
+    lam = sum_relative(count, model)
+    theta = (sum_relative(count, model) * (1 + _F2_ROUNDINGS) + _F2_ROUNDINGS)[:, None]
     # Which block holds each token of a tile (-1: none), to read the V rows that matter from the blocks.
     blocks = v.shape[0]
     block_of = to_tiles(torch.arange(blocks).reshape(blocks, 1, 1, 1).expand(blocks, 1, 1, v.shape[2]).contiguous(),

@@ -24,7 +24,8 @@ from .model import ConformanceModel
 from .quant import FP8_MAX
 from .scratch import SCRATCH
 
-__all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds"]
+__all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds",
+           "sum_relative", "quantization_error", "upper_relative_to_max"]
 
 def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
     """float64[256]: the largest power of two dividing each code's value (inf for zero codes): the
@@ -271,7 +272,7 @@ def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
     return per_tile_sum(low), per_tile_sum(high), magnitude
 
 
-def _sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
+def sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
     """float64: relative error bound of a float32 sum of ``n`` non-negative terms (l_j, F1)."""
     if model.sums == "exact":
         return torch.where(n >= 2, U32, 0.0)
