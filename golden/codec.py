@@ -19,7 +19,7 @@ Decisions recorded here (SPEC §3), each with its test in tests/golden/test_code
 - Signed zero keeps its sign (-0.0 -> 0x80), as every IEEE conversion does.
 
 How it runs at memory speed (issue 17). The rule of each codec is written once, as float arithmetic
-on the magnitude (``_round_to_e4m3_grid``, ``_e4m3_code_of`` in golden/e4m3.py, ``_encode_magnitude``), and ``encode``
+on the magnitude (``round_to_e4m3_grid``, ``e4m3_code_of`` in golden/e4m3.py, ``_encode_magnitude``), and ``encode``
 and ``round`` read it from a table of 2 x 65536 entries built from that rule on first use. The
 index of a float32 x is its top 16 bits (sign, exponent, 7 mantissa bits) and one more bit saying
 whether its low 16 bits are nonzero. That is enough: every rounding boundary of the spec codec is a
@@ -46,8 +46,8 @@ import math
 import numpy as np
 import torch
 
-from .e4m3 import _MANTISSA_BITS, _NAN_CODE, _SIGN_BIT, _e4m3_code_of, _e4m3fn_decode_table, _round_to_e4m3_grid
-from .e4m3 import _table_index, _table_patterns
+from .e4m3 import MANTISSA_BITS, NAN_CODE, SIGN_BIT, e4m3_code_of, e4m3fn_decode_table, round_to_e4m3_grid
+from .e4m3 import table_index, table_patterns
 
 __all__ = [
     "FP8_MAX",
@@ -108,7 +108,7 @@ class Fp8Codec:
         raise NotImplementedError
 
     def _nan_code(self) -> int:
-        return _NAN_CODE
+        return NAN_CODE
 
     def _table_input(self, x: np.ndarray) -> np.ndarray:
         """float32 values whose table index decides the code: ``x`` itself, or what the codec's rule
@@ -129,7 +129,7 @@ class Fp8Codec:
         table = self._lookup_tables()[0]
         for start in range(0, x32.size, _ENCODE_CHUNK):
             chunk = self._table_input(x32[start:start + _ENCODE_CHUNK])
-            np.take(table, _table_index(chunk.view(np.uint32)), out=codes[start:start + _ENCODE_CHUNK], mode="clip")
+            np.take(table, table_index(chunk.view(np.uint32)), out=codes[start:start + _ENCODE_CHUNK], mode="clip")
         if x.dtype != torch.float32:
             # The sign of NaN comes from the input itself: torch's float16 -> float32 conversion drops
             # it in its scalar tail (not in its vector body), which would make -NaN encode as 0x7F or
@@ -137,14 +137,14 @@ class Fp8Codec:
             source = x.detach()
             nan = torch.isnan(source).reshape(-1)
             if bool(nan.any()):
-                sign = torch.signbit(source).reshape(-1)[nan].to(torch.uint8) * _SIGN_BIT
+                sign = torch.signbit(source).reshape(-1)[nan].to(torch.uint8) * SIGN_BIT
                 out[nan] = (out[nan] & 0x7F) | sign
         return out.reshape(x.shape)
 
     def _encode_by_rule(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 codes of float32 ``x`` by the codec's rule (float arithmetic on the magnitude,
         elementwise): the definition the lookup tables are built from."""
-        sign = torch.signbit(x).to(torch.int64) * _SIGN_BIT
+        sign = torch.signbit(x).to(torch.int64) * SIGN_BIT
         magnitude = x.abs().double()
         nan = torch.isnan(x)
         codes = self._encode_magnitude(torch.where(nan, 0.0, magnitude))
@@ -155,7 +155,7 @@ class Fp8Codec:
         """(uint8 codes, float32 values read back) [131072] by table index (module docstring), built
         from ``_encode_by_rule`` on first use (a few milliseconds)."""
         if self._tables is None:
-            codes = self._encode_by_rule(_table_patterns())
+            codes = self._encode_by_rule(table_patterns())
             self._tables = (codes.numpy(), self._decode_table_np[codes.numpy()])
         return self._tables
 
@@ -227,7 +227,7 @@ class Fp8Codec:
         reads_nan = self._reads_nan  # only then can a value read back be NaN
         for start in range(0, flat.size, _ENCODE_CHUNK):
             chunk = flat[start:start + _ENCODE_CHUNK]
-            got = np.take(table, _table_index(self._table_input(chunk).view(np.uint32)),
+            got = np.take(table, table_index(self._table_input(chunk).view(np.uint32)),
                           out=values[start:start + _ENCODE_CHUNK], mode="clip")
             if reads_nan:
                 nan = np.isnan(got)
@@ -296,10 +296,10 @@ class E4M3FNSaturating(Fp8Codec):
     max_value = FP8_MAX
 
     def _build_decode_table(self) -> torch.Tensor:
-        return _e4m3fn_decode_table()
+        return e4m3fn_decode_table()
 
     def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
-        return _e4m3_code_of(torch.clamp(_round_to_e4m3_grid(magnitude), max=self.max_value))
+        return e4m3_code_of(torch.clamp(round_to_e4m3_grid(magnitude), max=self.max_value))
 
 
 class PyptoCalculatorE4M3(Fp8Codec):
@@ -323,17 +323,17 @@ class PyptoCalculatorE4M3(Fp8Codec):
     max_value = 240.0
 
     def _build_decode_table(self) -> torch.Tensor:
-        table = _e4m3fn_decode_table()
+        table = e4m3fn_decode_table()
         codes = torch.arange(256)
-        top_binade = ((codes >> _MANTISSA_BITS) & 0xF) == 0xF
-        table[top_binade] = torch.where(codes[top_binade] & _SIGN_BIT != 0, -240.0, 240.0)
+        top_binade = ((codes >> MANTISSA_BITS) & 0xF) == 0xF
+        table[top_binade] = torch.where(codes[top_binade] & SIGN_BIT != 0, -240.0, 240.0)
         return table
 
     def _encode_magnitude(self, magnitude: torch.Tensor) -> torch.Tensor:
         integer = torch.round(magnitude)
         saturated = integer >= self.max_value          # checked on the integer, before the grid
-        rounded = _round_to_e4m3_grid(torch.where(saturated, 0.0, integer))
-        return torch.where(saturated, 0x7E, _e4m3_code_of(rounded))
+        rounded = round_to_e4m3_grid(torch.where(saturated, 0.0, integer))
+        return torch.where(saturated, 0x7E, e4m3_code_of(rounded))
 
     def _nan_code(self) -> int:
         return 0x7E  # the calculator saturates NaN like any value >= 240 (sign bit ORed in by encode)

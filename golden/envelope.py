@@ -50,7 +50,7 @@ import torch
 
 from .codec import Fp8Codec
 from .envelope_fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
-from .envelope_stages import _mm2_bounds, sum_relative, boundary_distance, column_grids, dequant_interval
+from .envelope_stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
 from .envelope_stages import exp_arguments, exp_bounds, quantization_error, raw_interval, refine_score_bounds
 from .envelope_stages import score_bounds, upper_relative_to_max
 from .intervals import TINY32, U32, U64, down32_add, float64_slack, lowbit, sum_error_bound, ulp32, up32_add, widen
@@ -297,7 +297,7 @@ class EnvelopeBuilder:
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
         l_lo, l_hi, n = self.denominator(s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible)
-        low_dev, high_dev, abs_sum = _mm2_bounds(to_blocks(p8).double(), to_blocks(p8_lo).double(),
+        low_dev, high_dev, abs_sum = mm2_bounds(to_blocks(p8).double(), to_blocks(p8_lo).double(),
                                                  to_blocks(p8_hi).double(), v, per_tile_sum)
         o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, v_scale)
         # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.

@@ -5,7 +5,7 @@ float32 intervals of the raw sum and of the dequantized score (step 2, F2), of `
 5), the relative error of the sum of l and ``exp(S_hi - m_hi)`` for it (step 6); and the tables they
 read, built once per codec and kept on it: the grids of the codes (the exactness certificate's, for Q
 rows and K columns), the rounding boundaries of step 4's flip test (boundary_distance) and the codec's
-quantization error (step 8). Functions of tensors and arrays (the |V| of _mm2_bounds goes into the
+quantization error (step 8). Functions of tensors and arrays (the |V| of mm2_bounds goes into the
 shared golden.scratch buffer): golden/envelope.py's EnvelopeBuilder carries them per tile,
 golden/envelope_fold.py folds them, golden/at12.py and kernels/conforming use the score bounds.
 golden.envelope re-exports the public names. Each is held alone at its edges in
@@ -25,7 +25,7 @@ from .quant import FP8_MAX
 from .scratch import SCRATCH
 
 __all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds",
-           "sum_relative", "quantization_error", "upper_relative_to_max"]
+           "sum_relative", "quantization_error", "upper_relative_to_max", "mm2_bounds"]
 
 def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
     """float64[256]: the largest power of two dividing each code's value (inf for zero codes): the
@@ -247,7 +247,7 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     return torch.from_numpy(p_lo.astype(np.float32, copy=False)), torch.from_numpy(p_hi.astype(np.float32, copy=False))
 
 
-def _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
+def mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
     """(low, high, magnitude) per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the
     golden's when each flippable code takes either end (low, high >= 0), and ``P8_hi @ |v8|``, which
     bounds every partial sum of a conforming MM2 (step 5). Blocks are [Q, N, R, BS].

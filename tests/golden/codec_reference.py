@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from golden.e4m3 import _e4m3_code_of, _round_to_e4m3_grid
+from golden.e4m3 import e4m3_code_of, round_to_e4m3_grid
 
 __all__ = ["encode", "round_value"]
 
@@ -26,14 +26,14 @@ _SLICE = 1 << 20
 
 
 def _spec_magnitude(magnitude: torch.Tensor) -> torch.Tensor:
-    return _e4m3_code_of(torch.clamp(_round_to_e4m3_grid(magnitude), max=448.0))
+    return e4m3_code_of(torch.clamp(round_to_e4m3_grid(magnitude), max=448.0))
 
 
 def _calculator_magnitude(magnitude: torch.Tensor) -> torch.Tensor:
     integer = torch.round(magnitude)
     saturated = integer >= 240.0
-    rounded = _round_to_e4m3_grid(torch.where(saturated, 0.0, integer))
-    return torch.where(saturated, 0x7E, _e4m3_code_of(rounded))
+    rounded = round_to_e4m3_grid(torch.where(saturated, 0.0, integer))
+    return torch.where(saturated, 0x7E, e4m3_code_of(rounded))
 
 
 _RULES = {"e4m3fn-sat": (_spec_magnitude, _NAN_CODE), "pypto-0.2.0-calculator": (_calculator_magnitude, 0x7E)}
@@ -61,5 +61,5 @@ def round_value(codec_name: str, x: torch.Tensor, decode_table: torch.Tensor) ->
     calculator's ``decode(encode(x))``, both on x converted to float32 first."""
     x = x.float()
     if codec_name == "e4m3fn-sat":
-        return torch.copysign(torch.clamp(_round_to_e4m3_grid(x.abs()), max=448.0), x)
+        return torch.copysign(torch.clamp(round_to_e4m3_grid(x.abs()), max=448.0), x)
     return decode_table[encode(codec_name, x).long()]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import golden
-from golden.envelope_stages import NO_GRID, _mm2_bounds, boundary_distance, column_grid_exponents
+from golden.envelope_stages import NO_GRID, mm2_bounds, boundary_distance, column_grid_exponents
 from golden.intervals import down32, lowbit, up32
 
 CODECS = [golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC]
@@ -92,7 +92,7 @@ def test_mm2_bounds_are_the_signed_deviations_and_the_magnitude():
     def per_tile_sum(x):                              # two blocks per tile
         return x.view(2, 2, *x.shape[1:]).sum(dim=1)
 
-    low, high, magnitude = _mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum)
+    low, high, magnitude = mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum)
     down, up = golden_p8 - p8_lo, p8_hi - golden_p8
     v_pos, v_neg = v.clamp(min=0), (-v).clamp(min=0)
     assert torch.equal(low, per_tile_sum(down @ v_pos + up @ v_neg))
