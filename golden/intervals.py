@@ -242,6 +242,9 @@ def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum:
     return bound
 
 
+_RESIDUE_BLOCK = 1 << 16      # values per block of residue_bound's scratch (512 KiB)
+
+
 def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: int = 24) -> torch.Tensor:
     """float64 [...]: the sharper any-order bound of the module docstring for the sums of ``products``
     [..., n] (exact float64 terms, float32 values) whose partial sums are bounded by ``magnitude`` [...].
@@ -264,15 +267,27 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
     levels = int(own.max()) if own.size else 0
     terms = products.reshape(-1, n).numpy()
     grid, top = grid.reshape(-1).numpy(), top.reshape(-1).numpy()
-    # The spacings walked, finest first: [levels, F]. Each row's residues at every spacing are taken in
-    # one pass (a few at a time, so that the [levels, F, n] temporaries stay small); the walk itself is
-    # a recurrence over [F] rows, cheap in numpy. Row f starts at spacing index ``levels - own[f]``.
+    # The spacings walked, finest first: [levels, F]. Each row's residues at every spacing, in blocks of
+    # (spacings, rows) whose [.., .., n] scratch stays in cache (2**16 values: a block the size of the
+    # whole [levels, F, n] product ran 2.4x slower at F = 1152), each operation in place; the walk itself
+    # is a recurrence over [F] rows, cheap in numpy. Row f starts at spacing index ``levels - own[f]``.
+    # (``terms / at`` and ``* at`` are exact: ``at`` is a power of two, the results far from float64's ends.)
     spacings = top[None, :] * np.exp2(np.arange(-levels + 1, 1, dtype=np.float64))[:, None]
     residues = np.empty_like(spacings)
-    step = max(1, (1 << 21) // max(1, terms.size))
-    for first in range(0, levels, step):
-        at = spacings[first:first + step, :, None]
-        residues[first:first + step] = np.abs(terms - np.rint(terms / at) * at).sum(axis=-1)
+    rows = max(1, min(terms.shape[0], _RESIDUE_BLOCK // n))
+    per_block = max(1, min(levels, _RESIDUE_BLOCK // (rows * n)))
+    scratch = np.empty((per_block, rows, n))
+    for row in range(0, terms.shape[0], rows):
+        block = terms[row:row + rows]
+        for first in range(0, levels, per_block):
+            at = spacings[first:first + per_block, row:row + rows, None]
+            part = scratch[:at.shape[0], :block.shape[0]]
+            np.divide(block, at, out=part)
+            np.rint(part, out=part)
+            np.multiply(part, at, out=part)
+            np.subtract(block, part, out=part)
+            np.abs(part, out=part)
+            part.sum(axis=-1, out=residues[first:first + per_block, row:row + rows])
     finest = top * np.exp2(-own.astype(np.float64))
     total = np.where(finest <= grid, 0.0, (n - 1) * finest / 2)                  # every finer addition
     for index, (spacing, residue) in enumerate(zip(spacings, residues)):
