@@ -1,13 +1,14 @@
-"""``pfa-verify``: the command line, the last stage of the cases/ pipeline
-(collect -> run -> report -> html_report -> cli). Nothing imports it, so ``python -m cases.cli`` and
-the ``pfa-verify`` script are the same program.
+"""``pfa-verify``: the command line over cases/' four rooms (data, running, reporting, measuring).
+Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are the same program.
 
     pfa-verify run [options]              regressions, catalog and generated cases on a backend
     pfa-verify compare A.json B.json [--html PATH]   two reports of the same selection side by side
-                                          (cases/report_compare.py)
-    pfa-verify bench [options]            the golden self-check and benchmark (cases/bench.py)
-    pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/mutants.py)
-    pfa-verify search [options]           law searches split into tasks, on a cluster too (cases/search.py)
+                                          (cases/reporting/report_compare.py)
+    pfa-verify bench [options]            the golden self-check and benchmark (cases/measuring/bench.py)
+    pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/measuring/mutants.py)
+    pfa-verify conforming [options]       the false reds of the conforming variants (cases/measuring/conforming.py)
+    pfa-verify tightness [--cases N]      the envelope's tightness per distribution (cases/measuring/tightness.py)
+    pfa-verify search [options]           law searches split into tasks, on a cluster too (cases/running/search.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line;
                                           the cases subcommand is cases/cli_cases.py)
     pfa-verify cases show ID              the whole record of one
@@ -15,7 +16,7 @@ the ``pfa-verify`` script are the same program.
     pfa-verify cases prune [--backend NAME] [--dry-run]   delete captured cases that now pass on the
                                           backend they were captured on
 
-Exit status: 0 passed, 1 failed (see cases/report.py for the rule), 2 the command could not run (a
+Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 the command could not run (a
 usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
 one line). Any other exception is a bug of ours and keeps its traceback.
 """
@@ -25,7 +26,7 @@ import argparse
 import os
 import sys
 
-from cases.pool import count_argument as _count
+from cases.running.pool import count_argument as _count
 
 __all__ = ["build_parser", "main"]
 
@@ -54,14 +55,28 @@ class _Progress:
 
 # --- pfa-verify run ------------------------------------------------------------------------------
 
+def run_options(args: argparse.Namespace, command: str | None = None):
+    """The typed :class:`cases.running.run.RunOptions` of parsed ``pfa-verify run`` arguments; ``command``
+    (default: this process's own command line) is how the report quotes the run."""
+    import dataclasses
+
+    from cases.running.run import RunOptions
+    fields = {f.name for f in dataclasses.fields(RunOptions)} - {"command"}
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    given["allow_skips"] = tuple(given.get("allow_skips") or ())
+    if given.get("distribution") is not None:
+        given["distribution"] = tuple(given["distribution"])
+    return RunOptions(**given, command=command or "pfa-verify run " + " ".join(sys.argv[2:]))
+
+
 def _cmd_run(args) -> int:
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from cases import html_report, report
-    from cases import run as runner
-    from cases.collect import SOURCES
+    from cases.reporting import html_report, report
+    from cases.running import run as runner
+    from cases.data.collect import SOURCES
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
     progress = _Progress(console)
 
@@ -71,7 +86,7 @@ def _cmd_run(args) -> int:
         console.print(f"{len(items)} cases: " + ", ".join(
             f"{sum(i.source == s for i in items)} {s}" for s in SOURCES), highlight=False)
 
-    from cases.pool import ClusterError
+    from cases.running.pool import ClusterError
     try:
         if console.is_terminal:
             with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
@@ -83,9 +98,9 @@ def _cmd_run(args) -> int:
                     if progress.total is not None and bar.tasks[0].total is None:
                         bar.update(progress.task, total=progress.total)
                     progress(event, item, result)
-                run = runner.execute(args, progress=hook, on_items=announce)
+                run = runner.execute(run_options(args), progress=hook, on_items=announce)
         else:
-            run = runner.execute(args, progress=progress, on_items=announce)
+            run = runner.execute(run_options(args), progress=progress, on_items=announce)
     except ClusterError as exc:
         return _cluster_refused(exc)
     report.print_report(run, console)
@@ -97,7 +112,7 @@ def _cmd_run(args) -> int:
 
 
 def _cluster_refused(exc) -> int:
-    """A cluster that cannot take the work: one line, exit 2, before any case ran (cases/pool.py)."""
+    """A cluster that cannot take the work: one line, exit 2, before any case ran (cases/running/pool.py)."""
     print(f"pfa-verify: error: {exc}", file=sys.stderr)
     return 2
 
@@ -122,7 +137,7 @@ def _distributions(text: str) -> tuple[str, ...]:
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     from cases.cli_cases import byte_count
-    from cases.pool import add_cluster_argument
+    from cases.running.pool import add_cluster_argument
     from kernels import SKIP_KINDS
     parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
                         "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
@@ -163,7 +178,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 # --- pfa-verify compare --------------------------------------------------------------------------
 
 def _add_compare(parser: argparse.ArgumentParser) -> None:
-    from cases import report_compare
+    from cases.reporting import report_compare
     report_compare.add_arguments(parser)
     parser.set_defaults(func=report_compare.run)
 
@@ -171,11 +186,11 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
 # --- pfa-verify mutants --------------------------------------------------------------------------
 
 def _conforming(args, console, names, laws) -> int:
-    """``--level conforming``: the false reds of the correct variants (cases/conforming.py)."""
+    """``--level conforming``: the false reds of the correct variants (cases/measuring/conforming.py)."""
     import json as json_module
     from pathlib import Path
 
-    from cases import conforming
+    from cases.measuring import conforming
     run = conforming.false_reds(examples=args.examples, seed=args.seed, names=names, laws=laws,
                                 catalog=not args.no_catalog, workers=args.workers, cluster=args.cluster)
     console.print(conforming.render_table(run))
@@ -211,7 +226,7 @@ def _cmd_mutants(args) -> int:
 
     from rich.console import Console
 
-    from cases import mutants as matrix
+    from cases.measuring import mutants as matrix
     console = Console() if sys.stdout.isatty() else Console(width=240, force_terminal=False)
     if args.list:
         return _list_catalog(args, console)
@@ -222,8 +237,11 @@ def _cmd_mutants(args) -> int:
 
     names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
     laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
-    from cases.pool import ClusterError
+    from cases.running.pool import ClusterError
     if args.level == "conforming":
+        if args.command == "mutants":
+            print("pfa-verify: note: 'mutants --level conforming' is now 'pfa-verify conforming' (same options)",
+                  file=sys.stderr)
         try:
             return _conforming(args, console, names, laws)
         except ClusterError as exc:
@@ -268,11 +286,16 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _add_mutants(parser: argparse.ArgumentParser) -> None:
-    from cases.pool import add_cluster_argument
-    parser.add_argument("--level", choices=("golden", "sim", "conforming"), default="golden",
-                        help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the sim; "
-                             "conforming: correct variants (SPEC §4.1), whose every failure is a false red")
+def _add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) -> None:
+    """The options of ``pfa-verify mutants`` (``level`` None: with ``--level``) and of ``pfa-verify
+    conforming`` (``level="conforming"``: the same matrix for the correct variants)."""
+    from cases.running.pool import add_cluster_argument
+    if level is None:
+        parser.add_argument("--level", choices=("golden", "sim", "conforming"), default="golden",
+                            help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the "
+                                 "sim; conforming: the old spelling of 'pfa-verify conforming'")
+    else:
+        parser.set_defaults(level=level)
     parser.add_argument("--examples", type=_count, default=20, help="examples per law and mutant (default 20, "
                         "the ci profile's)")
     parser.add_argument("--seed", type=_count, default=0, help="seed of the searches (default 0)")
@@ -299,17 +322,28 @@ def _add_mutants(parser: argparse.ArgumentParser) -> None:
 # --- pfa-verify search ---------------------------------------------------------------------------
 
 def _add_search(parser: argparse.ArgumentParser) -> None:
-    from cases import search
+    from cases.running import search
     search.add_arguments(parser)
     parser.set_defaults(func=search.main)
 
 
-# --- pfa-verify bench ----------------------------------------------------------------------------
+def _add_conforming(parser: argparse.ArgumentParser) -> None:
+    _add_mutants(parser, level="conforming")
+    parser.set_defaults(func=_cmd_mutants)
+
+
+# --- pfa-verify bench, tightness ------------------------------------------------------------------
 
 def _add_bench(parser: argparse.ArgumentParser) -> None:
-    from cases import bench
+    from cases.measuring import bench
     bench.add_arguments(parser)
     parser.set_defaults(func=bench.run)
+
+
+def _add_tightness(parser: argparse.ArgumentParser) -> None:
+    from cases.measuring import tightness
+    tightness.add_arguments(parser)
+    parser.set_defaults(func=tightness.main)
 
 
 # --- pfa-verify cases ... ------------------------------------------------------------------------
@@ -326,6 +360,10 @@ SUBCOMMANDS = {
     "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
     "cases": ("list, show, replay and prune captured regression cases", _add_cases),
     "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
+    "conforming": ("the false reds of correct kernels: every conforming variant (SPEC §4.1) through every law and "
+                   "the catalog; any failure is a false red of the suite (options as mutants)", _add_conforming),
+    "tightness": ("how wide the acceptance envelope is, per value distribution, on kernel-sized cases "
+                  "(cases/tightness.json holds the recorded figures)", _add_tightness),
     "search": ("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
                "cluster; failures shrunk and captured once per signature", _add_search),
 }

@@ -1,4 +1,4 @@
-"""``pfa-verify cases list | show | replay | prune``: the captured regressions (cases/regressions.py)
+"""``pfa-verify cases list | show | replay | prune``: the captured regressions (cases/data/regressions.py)
 from the command line. cases/cli.py adds this subcommand with :func:`add_arguments`; the exit status
 follows cli.py's rule (0 passed, 1 a replayed case still fails, 2 could not run).
 """
@@ -22,7 +22,7 @@ def byte_count(text: str) -> int:
 
 
 def _cmd_list(args) -> int:
-    from cases import regressions
+    from cases.data import regressions
     from golden.errors import UsageError
     ids = regressions.list_ids(directory=args.dir)
     if not ids:
@@ -37,7 +37,7 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from cases import regressions
+    from cases.data import regressions
     reg = regressions.load(args.id, directory=args.dir)
     data = reg.to_json()
     message = data.pop("message")
@@ -47,7 +47,7 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    from cases import regressions
+    from cases.data import regressions
     from kernels import BackendUnavailable, get_backend
     from kernels.backends import use_backend_threads
     reg = regressions.load(args.id, directory=args.dir)
@@ -72,7 +72,8 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_prune(args) -> int:
-    from cases import ledger, regressions
+    from properties import ledger
+    from cases.data import regressions
     from golden.errors import UsageError
     from kernels import BackendUnavailable, get_backend
     from kernels.backends import use_backend_threads

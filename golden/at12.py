@@ -12,7 +12,7 @@ import torch
 
 from .attention import dequantize_scores
 from .codec import Fp8Codec, get_codec
-from .envelope import dequant_interval, raw_interval, refine_score_bounds, score_bounds
+from .envelope.stages import dequant_interval, raw_interval, refine_score_bounds, score_bounds
 from .intervals import lowbit
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel

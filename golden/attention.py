@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec, get_codec
-from .envelope import AttentionEnvelope, EnvelopeBuilder
+from .envelope import AttentionEnvelope, Chunk, EnvelopeBuilder
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
 from .paging import blocks_needed, ceil_div, token_slots, visible_lengths
@@ -209,10 +209,10 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         else:
             tile_states.index_copy_(0, index, states)
         if envelope is not None:
-            envelope.chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
-                           q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
-                           visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
-                           to_tiles=to_tiles, to_blocks=to_blocks, per_tile_sum=per_tile_sum, index=index)
+            envelope.chunk(Chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
+                                 q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
+                                 visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
+                                 to_tiles=to_tiles, to_blocks=to_blocks, per_tile_sum=per_tile_sum, index=index))
 
     # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
     by_row = tile_states.view(batch, most_tiles, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
@@ -282,7 +282,7 @@ def paged_attention_envelope(
     codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
     rows: torch.Tensor | None = None,
 ) -> AttentionEnvelope:
-    """The golden's output and the acceptance envelope around it (SPEC §4.2; golden/envelope.py).
+    """The golden's output and the acceptance envelope around it (SPEC §4.2; golden/envelope/builder.py).
 
     Arguments as :func:`paged_attention_fp8`; ``model`` (default ``golden.model.SPEC_MODEL``) is the
     set of conforming executions the envelope holds. ``result.golden`` is bit-identical to

@@ -287,7 +287,9 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
             np.multiply(part, at, out=part)
             np.subtract(block, part, out=part)
             np.abs(part, out=part)
-            part.sum(axis=-1, out=residues[first:first + per_block, row:row + rows])
+            # Into a fresh array: numpy sums each contiguous row pairwise then, whatever the block. (Into a
+            # strided ``out`` it may add along the rows instead, and a sum's bits would depend on F.)
+            residues[first:first + per_block, row:row + rows] = part.sum(axis=-1)
     finest = top * np.exp2(-own.astype(np.float64))
     total = np.where(finest <= grid, 0.0, (n - 1) * finest / 2)                  # every finer addition
     for index, (spacing, residue) in enumerate(zip(spacings, residues)):

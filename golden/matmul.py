@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["exact_matmul", "exact_einsum"]
+__all__ = ["exact_matmul"]
 
 
 def exact_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """float32 ``a @ b`` of float32 operands holding E4M3 values, summed in float64 (exact)."""
     return torch.matmul(a.double(), b.double()).float()
 
-
-def exact_einsum(equation: str, *operands: torch.Tensor) -> torch.Tensor:
-    """float32 ``einsum(equation, ...)`` with the same float64 accumulation as ``exact_matmul``."""
-    return torch.einsum(equation, *(x.double() for x in operands)).float()

@@ -9,7 +9,7 @@ independently at every operation and on every call:
   last) and of MM2 (``p_scale``, ``v_scale``) in any order, each rounded to float32;
 - F3 ``exp`` within 2 ulp with ``exp(0) = 1`` exactly, ``O / l`` within 1 ulp.
 
-:data:`SPEC_MODEL` is that contract. The acceptance envelope (golden/envelope.py) is computed for a
+:data:`SPEC_MODEL` is that contract. The acceptance envelope (golden/envelope/builder.py) is computed for a
 model, so a backend that knows more about itself may declare a *narrower* one (``exp`` within 1 ulp, or
 sums rounded once like the golden's) and be judged by it; it may never declare a wider one
 (:meth:`ConformanceModel.check_narrower`). A platform probe that measures a wider behaviour (a

@@ -1,4 +1,4 @@
-"""Per-thread scratch buffers for the golden and its envelope (golden/attention.py, golden/envelope.py).
+"""Per-thread scratch buffers for the golden and its envelope (golden/attention.py, golden/envelope/builder.py).
 
 A fresh multi-megabyte array costs a page fault per 4 KiB on first touch, which on a small case costs
 more than decoding into it, and on the upstream cases doubles the cost of a pass over K or V (a

@@ -9,26 +9,29 @@ kernels.Skip(kind, reason) from its skip_reason(config). pypto is imported only 
 backends, and only when they are created.
 """
 from golden.errors import UsageError
-from kernels.backends import SKIP_KINDS, Backend, BackendUnavailable, KernelRunError, Skip, resolve_device_index
-from kernels.backends import get_backend as _builtin_backend
+from kernels.backends import SKIP_KINDS, Backend, BackendUnavailable, KernelRunError, Skip, get_backend, register_prefix
+from kernels.backends import resolve_device_index
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "get_backend",
            "resolve_device_index"]
 
 
-def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
-    """The backend called ``name`` (kernels.backends.get_backend: golden, sim, sim-spec-codec, npu, auto,
-    an import or file path, pypto-gym:...), ``mutant:NAME``, a mutant of the catalog (kernels/mutants;
-    issue 12), or ``conforming:NAME``, a correct variant using SPEC §4.1's freedoms (kernels/conforming;
-    issue 16). Both build on the backends, so they are resolved here, above them."""
-    if isinstance(name, str) and name.startswith("mutant:"):
-        if device is not None:
-            raise UsageError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
-        from kernels.mutants import get_mutant
-        return get_mutant(name.removeprefix("mutant:"), **options)
-    if isinstance(name, str) and name.startswith("conforming:"):
-        if device is not None:
-            raise UsageError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
-        from kernels.conforming import get_variant
-        return get_variant(name.removeprefix("conforming:"), **options)
-    return _builtin_backend(name, device=device, **options)
+def _mutant(name: str, *, device=None, **options) -> Backend:
+    """``mutant:NAME``: a mutant of the catalog (kernels/mutants; issue 12)."""
+    if device is not None:
+        raise UsageError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
+    from kernels.mutants import get_mutant
+    return get_mutant(name.removeprefix("mutant:"), **options)
+
+
+def _conforming(name: str, *, device=None, **options) -> Backend:
+    """``conforming:NAME``: a correct variant using SPEC §4.1's freedoms (kernels/conforming; issue 16)."""
+    if device is not None:
+        raise UsageError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
+    from kernels.conforming import get_variant
+    return get_variant(name.removeprefix("conforming:"), **options)
+
+
+# Both build on the backends, so they join the one resolver (kernels.backends.get_backend) from here.
+register_prefix("mutant:", _mutant)
+register_prefix("conforming:", _conforming)

@@ -6,7 +6,7 @@ counts per batch, per kv head, per tile walk (how many ``s2_tile`` tiles the row
 ``cur`` spans and the size of the last one), and in rows with ``cur == 0`` (SPEC §2 item 5: must be 0).
 
 Whether a difference is one a conforming kernel can make (an E4M3 code of P flipped by a legal float32
-reordering) is not attribution's question: the acceptance envelope (SPEC §4.2, golden/envelope.py)
+reordering) is not attribution's question: the acceptance envelope (SPEC §4.2, golden/envelope/builder.py)
 answers it with a proof, and a mismatch is by definition outside it.
 
 This module never decides pass or fail and never prints: :meth:`Attribution.render` returns the

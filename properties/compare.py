@@ -31,7 +31,7 @@ bit difference each element has (a value, the sign of a zero, a NaN's bits). Int
 their values as integers, which are their bits.
 
 The envelope (SPEC §4.2). For ``attention`` and ``at12`` the caller may pass ``envelope=(lo, hi)``,
-tensors of the compared shape holding every conforming result (golden/envelope.py). An element then
+tensors of the compared shape holding every conforming result (golden/envelope/builder.py). An element then
 passes when ``|actual - expected| <= atol + rtol * |expected|`` *or* ``lo <= actual <= hi``. Both
 intervals contain ``expected``, so their union is one interval, and the rule reads per side: the
 allowed error above ``expected`` is ``max(tol, hi - expected)``, below it ``max(tol, expected - lo)``.

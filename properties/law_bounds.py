@@ -15,7 +15,7 @@ from properties.case import Case
 __all__ = ["acceptance_width", "at12_fp8_vs_bf16_bound"]
 
 
-def _tags(backend, case) -> dict:
+def case_tags(backend, case) -> dict:
     return {"case": case.label() if isinstance(case, Case) else repr(case), "backend": backend.name}
 
 
@@ -31,7 +31,7 @@ def _assert_outputs(actual, expected, *, identifier, backend, case, tensors, sca
     context = list(context)
     if res.attribute is None:
         context.append("Attribution: " + attribution_of(res, tensors, scalars)[1])
-    raise AssertionError(cmp.make_mismatch_message(res, identifier=identifier, tags=_tags(backend, case),
+    raise AssertionError(cmp.make_mismatch_message(res, identifier=identifier, tags=case_tags(backend, case),
                                                    context=context)) from None
 
 
@@ -61,7 +61,7 @@ _PAIR_NOTE = ("Allowed per element: the width of the acceptance interval of the 
               "two outputs that each pass the one rule can differ")
 
 
-def _assert_same(actual, expected, *, identifier, backend, case, tensors, scalars):
+def assert_same_output(actual, expected, *, identifier, backend, case, tensors, scalars):
     """Two calls of ``backend`` that compute the same logical result: bit-identical for a deterministic
     backend (its model says it takes the same choices on every call); for any other, SPEC §4.1 lets each
     call take its freedoms afresh, so they are held to the width of the acceptance interval."""
@@ -70,18 +70,18 @@ def _assert_same(actual, expected, *, identifier, backend, case, tensors, scalar
         _assert_outputs(actual, expected, kind="exact", identifier=identifier, backend=backend, case=case,
                         tensors=tensors, scalars=scalars)
     else:
-        _assert_pair(actual, expected, acceptance_width(backend, tensors, scalars), identifier=identifier,
+        assert_pair_within(actual, expected, acceptance_width(backend, tensors, scalars), identifier=identifier,
                      backend=backend, case=case, tensors=tensors, scalars=scalars)
 
 
-def _assert_pair(actual, expected, width, *, identifier, backend, case, tensors, scalars):
+def assert_pair_within(actual, expected, width, *, identifier, backend, case, tensors, scalars):
     """``actual`` and ``expected`` (two outputs of ``backend`` with one golden) within ``width``."""
     __tracebackhide__ = True
     _assert_outputs(actual, expected, kind="bound", atol=width, identifier=identifier, backend=backend, case=case,
                     tensors=tensors, scalars=scalars, context=[_PAIR_NOTE])
 
 
-def _e4m3_half_spacing(y: torch.Tensor) -> torch.Tensor:
+def e4m3_half_spacing(y: torch.Tensor) -> torch.Tensor:
     """Half the E4M3 spacing at |y| (2**-10 in the subnormal range, below 2**-6)."""
     e = torch.floor(torch.log2(y.abs().clamp(min=2.0 ** -6)))
     return torch.exp2(e - 4)

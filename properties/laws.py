@@ -2,7 +2,7 @@
 
 A law raises AssertionError (with the message of :mod:`properties.compare`) when it does not hold
 and returns None otherwise; it never writes files. tests/properties binds the laws to strategies, and
-``cases.regressions.check`` runs one by name (:data:`LAWS`), capturing a failure for replay. The
+``cases.data.regressions.check`` runs one by name (:data:`LAWS`), capturing a failure for replay. The
 ``acceptance`` law is :func:`properties.acceptance.judge`, the one acceptance rule.
 
 Every law also says when an example cannot make it fail (:func:`vacuous`): GQA repetition with a
@@ -30,7 +30,7 @@ from properties import compare as cmp
 from properties import transforms as tf
 from properties.acceptance import backend_model, call, judge, reference_backend, split_bundle
 from properties.case import Case
-from properties.law_bounds import _assert_pair, _assert_same, _e4m3_half_spacing, _tags
+from properties.law_bounds import assert_pair_within, assert_same_output, e4m3_half_spacing, case_tags
 from properties.law_bounds import acceptance_width, at12_fp8_vs_bf16_bound
 
 __all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
@@ -110,7 +110,7 @@ def acceptance(backend, case: Case) -> None:
     """SPEC §4: the backend's output is within rtol 1/128, atol 1e-4 of the golden's, elementwise
     (the one rule of :mod:`properties.acceptance`; the search climbs the worst error over tolerance)."""
     __tracebackhide__ = True
-    verdict = judge(backend, case, tags=_tags(backend, case))
+    verdict = judge(backend, case, tags=case_tags(backend, case))
     from hypothesis.control import currently_in_test_context
     if currently_in_test_context():
         from hypothesis import target
@@ -125,7 +125,7 @@ def outputs_finite(backend, case: Case) -> None:
     """Finite inputs in every cell the kernel reads give a finite output (SPEC §2-§3)."""
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
-    out = call(backend, tensors, tags=_tags(backend, case), **scalars).float()
+    out = call(backend, tensors, tags=case_tags(backend, case), **scalars).float()
     bad = ~torch.isfinite(out)
     if bool(bad.any()):
         res = cmp.compare(out, torch.zeros_like(out), kind="exact", s1=case.config.s1)
@@ -140,14 +140,14 @@ def outputs_finite(backend, case: Case) -> None:
 def block_permutation(backend, case: Case, perm_seed: int = 0) -> None:
     """SPEC §2 item 2: moving every physical block elsewhere (and renumbering the table) leaves the
     output bit-identical: only the table says where a token lives (for a deterministic backend; any
-    other is held to the acceptance width, :func:`_assert_same`)."""
+    other is held to the acceptance width, :func:`assert_same_output`)."""
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     perm = tf.derangement(tensors["k_cache"].shape[0], perm_seed)
-    tags = _tags(backend, case)
+    tags = case_tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     moved = call(backend, tf.permute_blocks(tensors, perm), tags=tags, **scalars)
-    _assert_same(moved, out, backend=backend, case=case, tensors=tensors, scalars=scalars,
+    assert_same_output(moved, out, backend=backend, case=case, tensors=tensors, scalars=scalars,
                  identifier=f"Output with blocks permuted (perm_seed={perm_seed}) vs original")
 
 
@@ -156,13 +156,13 @@ def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
     """SPEC §2 items 2 and 5: NaN, huge or plausible-but-wrong values in every cell that must not be
     read (unowned blocks, rows past each length, their K scales, q of rows with cur == 0) give the
     output of zeros there, bit for bit (for a deterministic backend; any other is held to the acceptance
-    width, :func:`_assert_same`)."""
+    width, :func:`assert_same_output`)."""
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
-    tags = _tags(backend, case)
+    tags = case_tags(backend, case)
     clean = call(backend, tf.poison_unread(tensors, None), tags=tags, **scalars)
     dirty = call(backend, tf.poison_unread(tensors, fill), tags=tags, **scalars)
-    _assert_same(dirty, clean, backend=backend, case=case, tensors=tensors, scalars=scalars,
+    assert_same_output(dirty, clean, backend=backend, case=case, tensors=tensors, scalars=scalars,
                  identifier=f"Output with {fill} in unread cells vs zeros there")
 
 
@@ -174,10 +174,10 @@ def gqa_repetition(backend, case: Case) -> None:
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     group = case.config.nq // case.config.nkv
-    tags = _tags(backend, case)
+    tags = case_tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     flat = call(backend, tf.repeat_kv_heads(tensors, group), tags=tags, **dict(scalars, g_tile=None))
-    _assert_pair(flat, out, acceptance_width(backend, tensors, scalars),
+    assert_pair_within(flat, out, acceptance_width(backend, tensors, scalars),
                  identifier=f"Output with KV heads repeated x{group} vs grouped",
                  backend=backend, case=case, tensors=tensors, scalars=scalars)
 
@@ -191,7 +191,7 @@ def tile_invariance(backend, case: Case, s2_tile: int | None = None, g_tile: int
     c = case.config
     other = c.replace(s2_tile=c.s2_tile if s2_tile is None else s2_tile, g_tile=g_tile)
     alt = dataclasses.replace(case, config=other)
-    verdict = judge(backend, alt, tags=_tags(backend, alt))       # the tag shows the tiles compared
+    verdict = judge(backend, alt, tags=case_tags(backend, alt))       # the tag shows the tiles compared
     if not verdict.passed:
         raise AssertionError(f"At s2_tile={other.s2_tile}, g_tile={g_tile} instead of s2_tile={c.s2_tile}, "
                              f"g_tile={c.g_tile}:\n{verdict.message()}")
@@ -208,12 +208,12 @@ def batch_independence(backend, case: Case, batch_index: int = 0) -> None:
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     b, s1 = batch_index % case.config.batch, case.config.s1
-    tags = _tags(backend, case)
+    tags = case_tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     alone_inputs = tf.select_batch(tensors, b, s1)
     alone = call(backend, alone_inputs, tags=tags, **scalars)
     rows = slice(b * s1, (b + 1) * s1)
-    _assert_pair(alone, out[rows], acceptance_width(backend, tensors, scalars)[rows],
+    assert_pair_within(alone, out[rows], acceptance_width(backend, tensors, scalars)[rows],
                  identifier=f"Batch {b} alone vs batched", backend=backend, case=case, tensors=alone_inputs,
                  scalars=scalars)
 
@@ -226,7 +226,7 @@ def causal_prefix(backend, case: Case) -> None:
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     c = case.config
-    tags = _tags(backend, case)
+    tags = case_tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
     width = acceptance_width(backend, tensors, scalars)
     single = dataclasses.replace(case, config=c.replace(s1=1), explicit=None)   # labels the failing call
@@ -236,7 +236,7 @@ def causal_prefix(backend, case: Case) -> None:
         short = dict(tensors, q=tensors["q"][rows].contiguous(), q_scale=tensors["q_scale"][rows].contiguous(),
                      kv_act_seqs=cur[:, i].contiguous())
         got = call(backend, short, tags=tags, **scalars)
-        _assert_pair(got, out[rows], width[rows], identifier=f"Query position {i} as its own call vs causal S1={c.s1}",
+        assert_pair_within(got, out[rows], width[rows], identifier=f"Query position {i} as its own call vs causal S1={c.s1}",
                      backend=backend, case=single, tensors=short, scalars=scalars)
 
 
@@ -259,7 +259,7 @@ def quant_round_trip(backend, x) -> None:
     x = torch.as_tensor(x, dtype=torch.float32)
     x8, dq = golden.quantize_per_token(x)
     y = x / dq
-    cmp.assert_close(x8.float(), y, kind="bound", rtol=2.0 ** -22, atol=_e4m3_half_spacing(y),
+    cmp.assert_close(x8.float(), y, kind="bound", rtol=2.0 ** -22, atol=e4m3_half_spacing(y),
                      identifier="Dequantized codes vs x * scale (half an E4M3 spacing allowed, SPEC §3)")
     cmp.assert_close(x8.float().abs().amax(dim=-1), torch.full((x.shape[0],), FP8_MAX), kind="exact",
                      identifier="Largest |code| per row vs 448 (SPEC §3)")

@@ -13,7 +13,7 @@ Options
   --allow-quarantined  captured cases the ledger quarantines are skips (else failures).
 
 Fixtures: ``backend``; ``check_law(name, case, **params)``, which runs a law of properties.laws on
-the backend under test and captures a failure in cases/regressions (cases.regressions.check);
+the backend under test and captures a failure in cases/regressions (cases.data.regressions.check);
 ``suite_pytester``, pytest's ``pytester`` set up to run a pytest session with this suite's conftest.
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     import torch
 
-    from cases.versions import versions
+    from cases.data.versions import versions
 
     # From its metadata, never imported: pypto must first be imported by kernels.pypto_workarounds.
     pypto_version = versions()["pypto"] or "not installed"
@@ -148,7 +148,7 @@ def check_law(backend, request: pytest.FixtureRequest):
     """``check_law(name, case, **params)``: law ``name`` on the backend under test; a failure is
     captured in cases/regressions (named so that a fresh process rebuilds the backend) before it is
     reported, and the message ends with the replay command."""
-    from cases import regressions
+    from cases.data import regressions
 
     option = request.config.getoption("--backend")
     name_in_files = backend.name if option == "auto" else option

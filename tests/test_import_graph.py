@@ -2,15 +2,16 @@
 ([tool.importlinter]; ``lint-imports`` at the project root checks them by hand):
 
 - ``packages``: golden <- kernels <- properties <- cases (tests may use all);
-- ``cases-pipeline``: cases/ is a pipeline, catalog, ledger, versions, regressions, collect, provenance,
-  shrink, tightness, bench_stages, bench, pool, mutants, conforming, search -> run -> report -> html_report ->
-  report_compare -> cli; nothing imports cli, and a new module of cases/ must take its place in the list;
+- ``cases-rooms``: cases/ is four rooms under the command line, cli > cli_cases > measuring > reporting >
+  running > data; a room imports only the rooms below it, nothing imports cli, and a new module at the top
+  of cases/ must take its place in the list;
 - ``no-cycles``: no import cycle between the modules of a package (a module importing its own package's
   __init__, as kernels.backends.sim takes Backend from kernels.backends, is how a package shares its
   base, not a cycle).
 
 Imports inside functions count, and so do chains through other modules. The contracts are also shown to
-break: a copy of the tree with one upward import, one import against the pipeline and one cycle planted.
+break: a copy of the tree with one upward import, one import from a lower room to a higher one and one
+cycle planted.
 """
 from __future__ import annotations
 
@@ -47,13 +48,14 @@ def test_a_planted_upward_import_breaks_the_contracts(tmp_path):
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    _plant(tmp_path / "golden" / "quant.py", "from cases import report")          # upward: golden -> cases
-    _plant(tmp_path / "cases" / "catalog.py", "from cases import html_report")    # against the pipeline
+    _plant(tmp_path / "golden" / "quant.py", "from cases.reporting import report")           # upward: golden -> cases
+    _plant(tmp_path / "cases" / "data" / "catalog.py", "from cases.reporting import html_report")  # data -> reporting
     _plant(tmp_path / "golden" / "paging.py", "from golden import attention")     # attention imports paging
     done = lint_imports(tmp_path)
     out = done.stdout
     assert done.returncode == 1 and "Contracts: 0 kept, 3 broken." in out, out + done.stderr
-    assert "golden is not allowed to import cases:" in out and "golden.quant -> cases.report" in out
-    assert "cases.catalog is not allowed to import cases.html_report:" in out
+    assert "golden is not allowed to import cases:" in out and "golden.quant -> cases.reporting.report" in out
+    assert "cases.data is not allowed to import cases.reporting:" in out
+    assert "cases.data.catalog -> cases.reporting.html_report" in out
     cycles = out.split("no import cycle")[-1]
     assert "No cycles are allowed in golden." in cycles and "- .paging -> .attention (1 import)" in cycles

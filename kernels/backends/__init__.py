@@ -234,6 +234,24 @@ def unsupported_shape(config, supported: dict | None) -> Skip | None:
 _WORKER = re.compile(r"^gw(\d+)$")
 
 
+def runs_on_npu(backend) -> bool:
+    """Whether ``backend`` (a backend, or the name it is asked for by) runs on an NPU device: ours (``npu``),
+    ``pypto-gym-npu:...`` and anything built on kernels.backends.npu.NpuBackend. The one place that decides
+    it: the worker pool gives such a backend a device per worker, and a cluster one NPU per task."""
+    if isinstance(backend, str):
+        return backend == "npu" or backend.startswith("pypto-gym-npu:")
+    from kernels.backends.npu import NpuBackend
+    return isinstance(backend, NpuBackend)
+
+
+def limit_time(backend, max_seconds: float | None):
+    """``backend`` with its per-call time limit set where it has one (the sim's ``max_seconds``):
+    ``max_seconds`` None leaves the backend's own, 0 means no limit."""
+    if max_seconds is not None and hasattr(backend, "max_seconds"):
+        backend.max_seconds = max_seconds or None
+    return backend
+
+
 def resolve_device_index(device: int | str | None = None, environ=None) -> tuple[int, str]:
     """(device index, where it came from) for the npu backend.
 
@@ -346,13 +364,34 @@ BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim":
                                                        "sim-spec-codec": _sim_spec_codec, "npu": _npu, "auto": _auto}
 
 
+def _pypto_gym(name: str, *, device=None, **options):
+    from kernels.backends.upstream import make_backend
+    return make_backend(name, device=device, **options)
+
+
+#: Backends named ``PREFIX:REST``, each factory called with the whole name (and ``device``, options): the
+#: one resolver of prefixed names. kernels/__init__.py adds ``mutant:`` and ``conforming:``: those are
+#: built on the backends, so they are registered from above them (:func:`register_prefix`).
+PREFIXED: dict[str, Callable[..., Backend]] = {"pypto-gym:": _pypto_gym, "pypto-gym-spec-codec:": _pypto_gym,
+                                               "pypto-gym-npu:": _pypto_gym}
+
+
+def register_prefix(prefix: str, factory: Callable[..., Backend]) -> None:
+    """Make :func:`get_backend` resolve names ``prefix...`` (``prefix`` ends in ':') with ``factory(name,
+    device=..., **options)``."""
+    if not (isinstance(prefix, str) and prefix.endswith(":") and prefix.count(":") == 1):
+        raise ValueError(f"prefix={prefix!r} must be a word ending in one ':' (such as 'mutant:')")
+    PREFIXED[prefix] = factory
+
+
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:
     """The backend called `name`: golden, sim, sim-spec-codec (the sim with the spec's E4M3 in the
     calculator), npu, auto, an import path 'package.module:factory',
     a file path 'path/to/file.py:factory' (test doubles; relative to the working directory or the
     project root), a kernel in PyPTO-Gym's calling convention, 'pypto-gym:PATH.py[:FUNCTION]'
-    (sim), 'pypto-gym-spec-codec:...' (sim-spec-codec) or 'pypto-gym-npu:...' (kernels/backends/upstream.py). kernels.get_backend adds the
-    mutants of the catalog, 'mutant:NAME' (kernels/mutants).
+    (sim), 'pypto-gym-spec-codec:...' (sim-spec-codec) or 'pypto-gym-npu:...' (kernels/backends/upstream.py),
+    and the names of :data:`PREFIXED`: 'mutant:NAME', a mutant of the catalog (kernels/mutants), and
+    'conforming:NAME', a correct variant using SPEC §4.1's freedoms (kernels/conforming).
 
     - device: NPU index for npu/auto (see resolve_device_index); rejected for golden and sim.
     - options: passed to the backend (sim: level="execute" or "compile").
@@ -361,9 +400,9 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     """
     if not isinstance(name, str) or not name:
         raise UsageError(f"name={name!r} must be golden, sim, npu, auto or 'package.module:factory'")
-    if name.startswith(("pypto-gym:", "pypto-gym-spec-codec:", "pypto-gym-npu:")):
-        from kernels.backends.upstream import make_backend
-        return make_backend(name, device=device, **options)
+    prefix = name.partition(":")[0] + ":"
+    if ":" in name and prefix in PREFIXED:
+        return PREFIXED[prefix](name, device=device, **options)
     if name in BUILTIN_BACKENDS:
         if device is not None and name in ("golden", "sim", "sim-spec-codec"):
             raise UsageError(f"device={device!r} applies to the npu backend only, not {name!r}")

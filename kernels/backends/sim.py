@@ -147,7 +147,7 @@ class SimBackend(PyptoBackend):
         except (RuntimeError, self._pypto.frontend.parser.error.ParserError) as exc:
             # pypto's trace or calculator refused the kernel (its C++ errors reach Python as RuntimeError,
             # an error inside the trace as the parser's RenderedParserError): the kernel did not deliver,
-            # a kill in the mutant matrix (cases/mutants.py). Building the kernel (its module, the jit
+            # a kill in the mutant matrix (cases/measuring/mutants.py). Building the kernel (its module, the jit
             # wrapper) happens before this and is never caught here.
             text = str(exc).strip()
             raise KernelRunError(f"the kernel failed inside pypto: {text.splitlines()[0] if text else ''}") from exc

@@ -17,7 +17,7 @@ import torch
 
 from golden.attention import visible_lengths
 from golden.codec import get_codec
-from golden.envelope import refine_score_bounds, score_bounds
+from golden.envelope.stages import refine_score_bounds, score_bounds
 from golden.intervals import down32_add, lowbit, up32_add
 from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL
 from golden.quant import FP8_MAX

@@ -38,7 +38,7 @@ bounds (W12).
                     process fails with "function nested is not allowed". After a failure we reset
                     pypto's global state.           test_compile_after_failed_compile
                     A failure inside RecordFunc.EndFunction (the calculator, while it verifies the
-                    traced graph) cannot be reset: spoiled() says so, and cases/pool.py replaces the
+                    traced graph) cannot be reset: spoiled() says so, and cases/running/pool.py replaces the
                     process.       tests/cases/test_pool.py::test_a_spoiled_worker_is_replaced
   W8 cost model     the SIM-mode cost model that runs after the compile (CostModelRunOnceDataFromHost)
                     dies with SIGSEGV on large grids (pfa_fp8_b16_s1_1_s2_8195_nkv_2, B=16 x 65

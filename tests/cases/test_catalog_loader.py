@@ -1,4 +1,4 @@
-"""cases/catalog.py, catalog.json and catalog.schema.json: SPEC §5 names verbatim, defaults as data, bad input
+"""cases/data/catalog.py, catalog.json and catalog.schema.json: SPEC §5 names verbatim, defaults as data, bad input
 rejected naming the case and the key."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from cases import catalog
+from cases.data import catalog
 
 
 def test_catalog_holds_the_six_spec_cases_by_name():
@@ -93,5 +93,5 @@ def test_loader_accepts_a_minimal_entry():
 
 
 def test_the_catalog_file_matches_its_schema():
-    from cases import schemas
+    from cases.data import schemas
     assert schemas.errors(json.loads(catalog.CATALOG_PATH.read_text()), "catalog") == []

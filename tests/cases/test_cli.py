@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import golden
-from cases import cli, regressions
+from cases import cli
+from cases.data import regressions
 from properties.case import Case, REPO_ROOT
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
@@ -58,7 +59,7 @@ def test_python_m_cases_cli_is_the_same_program():
     assert result.returncode == 0
     for name in cli.SUBCOMMANDS:
         assert name in result.stdout, result.stdout
-    assert set(cli.SUBCOMMANDS) == {"run", "compare", "bench", "cases", "mutants", "search"}
+    assert set(cli.SUBCOMMANDS) == {"run", "compare", "bench", "tightness", "cases", "mutants", "conforming", "search"}
 
 
 def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):
@@ -75,7 +76,7 @@ def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):
 def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch):
     """Issue 18: a TypeError inside the report or HTML code is a bug of ours, not "could not run":
     it propagates (a traceback and exit 1 from Python), never one line and exit 2."""
-    from cases import html_report
+    from cases.reporting import html_report
 
     def broken(run):
         return len(run.seed)                  # TypeError: an int has no len()

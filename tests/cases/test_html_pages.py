@@ -1,5 +1,5 @@
-"""cases/html_pages.py and cases/templates/: the report pages come from autoescaped templates, and the run's
-table is one row model (cases.report.table_rows) that the terminal and the page both render."""
+"""cases/reporting/html_pages.py and cases/templates/: the report pages come from autoescaped templates, and the run's
+table is one row model (cases.reporting.report.table_rows) that the terminal and the page both render."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,9 @@ import re
 import pytest
 from rich.console import Console
 
-from cases import html_pages, html_report, mutants, report
-from cases.run import CaseResult, Outcome, RunResult
+from cases.reporting import html_pages, html_report, report
+from cases.measuring import mutants
+from cases.running.run import CaseResult, Outcome, RunResult
 
 HOSTILE = "<script>alert('x')</script> & \"quoted\""
 

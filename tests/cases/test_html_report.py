@@ -1,19 +1,20 @@
-"""cases/html_report.py: one self-contained file, one table, one heat map and histogram per failure."""
+"""cases/reporting/html_report.py: one self-contained file, one table, one heat map and histogram per failure."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from cases import cli, html_report
-from cases import run as runner
+from cases import cli
+from cases.reporting import html_report
+from cases.running import run as runner
 
 
 def _run(tmp, backend, examples=0):
     args = cli.build_parser().parse_args(["run", "--backend", backend, "--cases",
                                           "edge_causal_s1_3_short,edge_tail_tile_3_tokens",
                                           "--examples", str(examples), "--regressions", str(tmp / "regs")])
-    return runner.execute(args)
+    return runner.execute(cli.run_options(args))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_colours_split_at_the_tolerance():
 def test_skips_are_listed_with_their_reason(tmp_path):
     args = cli.build_parser().parse_args(["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short",
                                           "--examples", "0", "--regressions", str(tmp_path)])
-    run = runner.execute(args)
+    run = runner.execute(cli.run_options(args))
     run.results[0].outcomes[0] = runner.Outcome("spec", "skipped", counts=False, message="skipped: too big here",
                                                 skip_kind="limit")
     text = html_report.render_html(run)

@@ -12,7 +12,8 @@ import json
 import pytest
 
 import golden
-from cases import cli, regressions
+from cases import cli
+from cases.data import regressions
 from properties.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=4, nkv=2, head_dim=32, block_size=32, s2_tile=64,

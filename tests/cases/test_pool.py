@@ -1,4 +1,4 @@
-"""cases/pool.py: the one worker pool (issue 19; issue 18 items 6 and 11): order, faults, a fresh worker
+"""cases/running/pool.py: the one worker pool (issue 19; issue 18 items 6 and 11): order, faults, a fresh worker
 after a failure inside pypto's trace, and the cluster's refusals that need no Ray.
 
 The Ray executor's own tests (a local Ray) are in tests/cases/test_cluster.py, marked ``cluster``
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from cases import cli
-from cases.pool import Pool, parse_cluster, task_resources
+from cases.running.pool import Pool, parse_cluster, task_resources
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens,edge_constant_rows"
 DIES = "tests/cases/run_doubles.py:DiesOnTheTailCase"
@@ -54,7 +54,7 @@ def test_tasks_come_back_in_payload_order_with_the_node_that_ran_them():
 
 
 def slot_and_pid(_):
-    from cases.pool import worker_slot
+    from cases.running.pool import worker_slot
     return worker_slot(), os.getpid()
 
 
@@ -140,8 +140,8 @@ def test_a_case_whose_worker_dies_every_time_is_an_error_and_fails_the_run(tmp_p
 
 
 def test_failures_are_captured_by_the_driver_once(tmp_path, monkeypatch):
-    """The workers judge; the one writer (cases/regressions.py) runs in this process, once per case."""
-    from cases import regressions
+    """The workers judge; the one writer (cases/data/regressions.py) runs in this process, once per case."""
+    from cases.data import regressions
     saved = []
     real = regressions.save
     monkeypatch.setattr(regressions, "save", lambda reg, **kw: saved.append((os.getpid(), reg.id)) or real(reg, **kw))
@@ -186,9 +186,9 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
     in its process (W7: "function nested is not allowed", or a crash). In one worker: an error, then a
     pass, the pass in a new process; and the same in a serial run."""
     import golden
-    from cases import regressions
-    from cases.collect import Item
-    from cases.run import run_items
+    from cases.data import regressions
+    from cases.data.collect import Item
+    from cases.running.run import run_items
     from properties.case import Case
     bad = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=512, nq=4, nkv=1, s2_tile=256, kv_act_seqs=(512, 100)), 1)
     good = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=4, nkv=1, kv_act_seqs=(300, 5)), 2)
@@ -216,7 +216,7 @@ def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exite
     """A sibling ending with a status once the pool broke is a consequence; with no worker killed, it is named."""
     from types import SimpleNamespace
 
-    from cases.pool import _death
+    from cases.running.pool import _death
     procs = lambda *codes: {i: SimpleNamespace(exitcode=c) for i, c in enumerate(codes)}  # noqa: E731
     assert _death(procs(-signal.SIGKILL, 1, 0, None, -signal.SIGTERM)) == "a worker process ended: killed by SIGKILL"
     assert _death(procs(1, 0)) == "a worker process ended: exit status 1"
@@ -227,7 +227,7 @@ def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exite
 def test_a_bad_count_names_the_value(text, message):
     import argparse
 
-    from cases.pool import count_argument
+    from cases.running.pool import count_argument
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         count_argument(text)
     assert count_argument("3") == 3

@@ -1,4 +1,4 @@
-"""cases/regressions.py and cases/ledger.py: the capture file round trip, no pickle, bad files."""
+"""cases/data/regressions.py and cases/ledger.py: the capture file round trip, no pickle, bad files."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import golden
-from cases import ledger, regressions
+from properties import ledger
+from cases.data import regressions
 from properties.case import Case
 from properties.strategies import At12Case
 
@@ -90,7 +91,7 @@ def test_a_case_file_breaking_its_schema_is_never_written(tmp_path):
 
 
 def test_the_captured_cases_match_their_schema():
-    from cases import schemas
+    from cases.data import schemas
     for rid in regressions.list_ids():
         data = json.loads((regressions.directory() / f"{rid}.json").read_text())
         assert schemas.errors(data, "regression") == [], rid

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from cases import ledger, regressions
+from properties import ledger
+from cases.data import regressions
 
 
 def _params():

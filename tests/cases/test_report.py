@@ -1,4 +1,4 @@
-"""cases/report.py: the JSON report against its schema (cases/report.schema.json), the table, the exit status."""
+"""cases/reporting/report.py: the JSON report against its schema (cases/report.schema.json), the table, the exit status."""
 from __future__ import annotations
 
 import copy
@@ -9,16 +9,17 @@ from rich.console import Console
 
 import golden
 
-from cases import cli, report
-from cases import run as runner
+from cases import cli
+from cases.reporting import report
+from cases.running import run as runner
 
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"
 CODEC = "tests/cases/run_doubles.py:CalculatorCodec"
 
 
 def _args(tmp_path, backend, cases="edge_causal_s1_3_short,edge_tail_tile_3_tokens", examples=1):
-    return cli.build_parser().parse_args(["run", "--backend", backend, "--cases", cases, "--examples", str(examples),
-                                          "--regressions", str(tmp_path / "regs")])
+    return cli.run_options(cli.build_parser().parse_args(["run", "--backend", backend, "--cases", cases, "--examples",
+                                                          str(examples), "--regressions", str(tmp_path / "regs")]))
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +107,9 @@ def test_report_names_what_it_checked_by_content(failing_run):
     import hashlib
     from pathlib import Path
 
-    from cases import regressions
-    from cases.catalog import CATALOG_PATH
-    from cases.collect import fingerprint
+    from cases.data import regressions
+    from cases.data.catalog import CATALOG_PATH
+    from cases.data.collect import fingerprint
     data = report.to_json(failing_run)
     assert report.check_schema(data) == []
     kernel = data["backend"]["kernel"]
@@ -141,9 +142,9 @@ def test_a_declared_model_is_reported(tmp_path):
     data = report.to_json(run)
     assert report.check_schema(data) == []
     assert data["backend"]["model"] == {**EXACT_MODEL.to_dict(), "describe": EXACT_MODEL.describe(), "declared": True}
-    from markupsafe import escape      # what the page templates escape with (cases/html_pages.py)
+    from markupsafe import escape      # what the page templates escape with (cases/reporting/html_pages.py)
 
-    from cases import html_report
+    from cases.reporting import html_report
     assert str(escape(f"Model: {EXACT_MODEL.describe()} (declared by the backend)")) in html_report.render_html(run)
 
 
@@ -165,7 +166,7 @@ def test_the_model_that_judged_the_run_is_reported_when_none_is_declared(tmp_pat
     ({}, True), ({"seed": 1}, False), ({"examples": 3}, False), ({"supported": {"head_dim": (128,), "block_size": (128,)}}, False),
     ({"cases": "edge_causal_s1_3_short"}, False)], ids=["same", "seed", "examples", "supported shapes", "cases"])
 def test_the_selection_fingerprint_follows_the_selection(tmp_path, change, same):
-    from cases.collect import collect_items, selection
+    from cases.data.collect import collect_items, selection
     base = {"cases": "edge_causal_s1_3_short,edge_tail_tile_3_tokens", "examples": 2, "seed": 0, "supported": None}
 
     def fp(opts):
@@ -176,7 +177,7 @@ def test_the_selection_fingerprint_follows_the_selection(tmp_path, change, same)
 
 
 def test_regressions_fingerprint_is_over_the_files(tmp_path):
-    from cases.provenance import regressions_fingerprint
+    from cases.data.provenance import regressions_fingerprint
     empty = regressions_fingerprint(tmp_path / "none")
     assert empty["cases"] == 0
     (tmp_path / "abc.json").write_text("{}")

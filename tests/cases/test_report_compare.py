@@ -1,4 +1,4 @@
-"""cases/report_compare.py: ``pfa-verify compare A.json B.json`` (issue 20): same selection side by side,
+"""cases/reporting/report_compare.py: ``pfa-verify compare A.json B.json`` (issue 20): same selection side by side,
 verdicts that differ, worst error over the tolerance, refusal of different selections (exit 2).
 
 Reports come from real runs of the golden and of test doubles (tests/cases/run_doubles.py), so the
@@ -14,8 +14,8 @@ import torch
 
 import golden
 from cases import cli
-from cases import report_compare as rc
-from cases.catalog import load_catalog
+from cases.reporting import report_compare as rc
+from cases.data.catalog import load_catalog
 
 CASES = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"

@@ -1,14 +1,15 @@
-"""cases/run.py: ``pfa-verify run`` (issue 5): order, both codecs, capture, exit status, workers, skips."""
+"""cases/running/run.py: ``pfa-verify run`` (issue 5): order, both codecs, capture, exit status, workers, skips."""
 from __future__ import annotations
 
 import json
 
 import pytest
 import golden
-from cases import cli, regressions
-from cases import run as runner
-from cases.catalog import load_catalog
-from cases.collect import generated_cases
+from cases import cli
+from cases.data import regressions
+from cases.running import run as runner
+from cases.data.catalog import load_catalog
+from cases.data.collect import generated_cases
 from properties.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
@@ -108,7 +109,7 @@ def test_sim_backend_owns_its_limits():
 
 
 def _clock_jumping_after(monkeypatch, calls: int):
-    """cases.run's time.time: the real clock for ``calls`` calls, then an hour later (a spent budget)."""
+    """cases.running.run's time.time: the real clock for ``calls`` calls, then an hour later (a spent budget)."""
     import time
     real, seen = time.time, []
 
@@ -280,7 +281,7 @@ def test_a_budget_does_not_start_a_case_its_estimate_says_would_end_after_it(tmp
 def test_workers_take_regressions_first_then_the_longest_cases():
     from kernels.backends.sim_cost import Estimate
     from types import SimpleNamespace
-    from cases.collect import Item
+    from cases.data.collect import Item
     cat = load_catalog()
     items = [Item("g", "generated", cat["pfa_fp8_b2_s1_1_s2_1k"]), Item("r", "regression", cat["edge_tail_tile_3_tokens"]),
              Item("c", "catalog", cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"])]

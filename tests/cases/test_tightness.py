@@ -1,13 +1,13 @@
-"""cases/tightness.py: the envelope's widening per distribution, held to the recorded shares.
+"""cases/measuring/tightness.py: the envelope's widening per distribution, held to the recorded shares.
 
 A share that grows fails (the envelope got looser, or the cases changed); a share that shrinks is an
-improvement: record it (``python -m cases.tightness --record``) so that the next change is held to it.
+improvement: record it (``pfa-verify tightness --record``) so that the next change is held to it.
 """
 from __future__ import annotations
 
 import pytest
 
-from cases import tightness
+from cases.measuring import tightness
 
 RECORDED = tightness.recorded()
 

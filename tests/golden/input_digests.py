@@ -98,7 +98,7 @@ def _kernel_sized_entries() -> list[dict]:
 
 
 def _catalog_entries() -> list[dict]:
-    from cases.catalog import load_catalog
+    from cases.data.catalog import load_catalog
     return [{"name": f"catalog_{name}", "config": case.config.to_dict(), "seed": case.seed,
              "slow": name in SLOW_CATALOG} for name, case in load_catalog().items()]
 

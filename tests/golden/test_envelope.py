@@ -1,4 +1,4 @@
-"""golden/envelope.py and golden.at12.qk_matmul_scale_envelope: the acceptance envelope (SPEC §4.2).
+"""golden/envelope/builder.py and golden.at12.qk_matmul_scale_envelope: the acceptance envelope (SPEC §4.2).
 
 Sound: the golden always lies inside, and so does every conforming variant (kernels/conforming: sums
 in other orders and trees, Kahan, fused multiply-adds, other scale orders, exp 2 ulp and division 1 ulp
@@ -49,7 +49,7 @@ def test_golden_lies_inside_and_is_the_golden(case, codec):
 def test_conforming_variants_lie_inside(distribution):
     """Conforming variants (kernels/conforming, vertex kernels included) on kernel-sized cases of every
     distribution: inside, element by element. (tox -e mutants runs the full cross product, more examples
-    and a search for escapes: pfa-verify mutants --level conforming.)"""
+    and a search for escapes: pfa-verify conforming.)"""
 
     @settings(max_examples=4, deadline=None)
     @given(case=ps.cases_for(KERNEL_SHAPES, distribution=(distribution,), batch=st.integers(1, 2)),
@@ -292,14 +292,14 @@ def test_at12_cancellation_is_where_the_tolerance_is_not_sound():
 
 
 def test_fold_sum_bound_holds_under_cancellation():
-    """The fold's float64 weighted sums over 65 tiles (golden.envelope_fold.signed_weighted_sum) with the slack
+    """The fold's float64 weighted sums over 65 tiles (golden.envelope.fold.signed_weighted_sum) with the slack
     fold adds, ``float64_sum_slack(T)`` times the magnitude: the exact rational sum lies inside, on terms built
     to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones.
     What it can catch: a slack far too small (1 * 2**-53 fails). It cannot tell the derived count from a
     few units less: BLAS's sums stay far from the worst case; the derivation is float64_sum_slack's."""
     from fractions import Fraction
 
-    from golden.envelope_fold import signed_weighted_sum
+    from golden.envelope.fold import signed_weighted_sum
     from golden.intervals import float64_sum_slack
     rng = np.random.default_rng(7)
     tiles = 65

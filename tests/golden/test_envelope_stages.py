@@ -1,4 +1,4 @@
-"""golden/envelope_stages.py's lookups and MM2 bounds, against their definitions.
+"""golden/envelope/stages.py's lookups and MM2 bounds, against their definitions.
 
 The flip test's boundary distance (step 4), the K columns' grids (step 1's certificate) and MM2's
 deviations (step 5) are computed through tables and stacked products for speed; each is held here to
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import golden
-from golden.envelope_stages import NO_GRID, mm2_bounds, boundary_distance, column_grid_exponents
+from golden.envelope.stages import NO_GRID, mm2_bounds, boundary_distance, column_grid_exponents
 from golden.intervals import down32, lowbit, up32
 
 CODECS = [golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC]

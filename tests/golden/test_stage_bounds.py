@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-import golden.envelope_fold as fold_module
-from golden.envelope_fold import tile_weights
-from golden.envelope_stages import dequant_interval, exp_arguments, exp_bounds
+import golden.envelope.fold as fold_module
+from golden.envelope.fold import tile_weights
+from golden.envelope.stages import dequant_interval, exp_arguments, exp_bounds
 from golden.intervals import down32_add, float64_slack, float64_sum_slack, up32_add, within_ulps
 from golden.model import SPEC_MODEL
 from kernels.conforming.arithmetic import exp_edge

@@ -68,7 +68,7 @@ def test_a_view_clipped_at_the_end_is_the_tail_idiom(row_gather):
 
 
 def _edge_tail_case():
-    from cases.catalog import load_catalog
+    from cases.data.catalog import load_catalog
 
     case = load_catalog()["edge_tail_tile_3_tokens"]
     assert case.config.s2 == 515 and case.config.s2_tile == 256      # a [1, 5] table, walked in 3 tiles of 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cases import mutants as matrix
+from cases.measuring import mutants as matrix
 from kernels.mutants.kernel_level import KERNEL_MUTANTS
 from ledger_marks import survivor_params
 from properties.law_examples import PAGED_LAWS

@@ -76,7 +76,7 @@ def test_a_pypto_gym_file_that_raises_is_the_same_error_twice(tmp_path):
 
 def test_a_kernel_mutant_that_does_not_import_is_a_value_error(monkeypatch, tmp_path):
     """The mutated copy is loaded by the same loader: a snippet that breaks the file's Python is a
-    ValueError naming the copy (cases/mutants.py then reports the row broken, never killed)."""
+    ValueError naming the copy (cases/measuring/mutants.py then reports the row broken, never killed)."""
     from kernels.mutants import kernel_level
     monkeypatch.setenv("PFA_VERIFY_CACHE", str(tmp_path))
     monkeypatch.setitem(kernel_level.KERNEL_MUTANTS, "broken_syntax", kernel_level.KernelMutant(
@@ -89,9 +89,9 @@ def test_a_kernel_mutant_that_does_not_import_is_a_value_error(monkeypatch, tmp_
 
 @pytest.mark.sim
 def test_a_kernel_mutant_that_does_not_import_is_a_broken_row_never_a_kill(pypto_module, monkeypatch):
-    """cases/mutants.py (issue 18 item 5): the mutant's backend fails to build, so its row is broken:
+    """cases/measuring/mutants.py (issue 18 item 5): the mutant's backend fails to build, so its row is broken:
     not killed, its error reported, and the matrix's exit status 1 whatever the kill ratio."""
-    from cases import mutants as matrix
+    from cases.measuring import mutants as matrix
     from kernels import mutants
     from kernels.mutants import kernel_level
     broken = kernel_level.KernelMutant("a snippet that does not parse", "p = pypto.exp(pypto.sub(s, m_j))",

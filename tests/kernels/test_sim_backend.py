@@ -88,7 +88,7 @@ def test_batch_chunks_give_the_golden_the_same_bits():
 
 def test_chunks_are_planned_to_fit_the_memory_cap():
     from kernels.backends import sim_cost
-    from cases.catalog import load_catalog
+    from cases.data.catalog import load_catalog
 
     cat = load_catalog()
     small = sim_cost.estimate(cat["pfa_fp8_b2_s1_1_s2_1k"].config)
@@ -141,7 +141,7 @@ def test_making_a_sim_backend_leaves_the_threads_to_the_process(pypto_module):
 def test_the_run_header_says_when_w9s_fast_path_is_off(pypto_module, monkeypatch):
     """Native.why_not (kernels/pypto_workarounds/native.py) reaches the run's header and report when the
     calculator cannot re-run a kept graph (then every call traces again), and nothing is said otherwise."""
-    from cases.run import choose_backend
+    from cases.running.run import choose_backend
     from kernels import pypto_workarounds as pw
     from kernels.pypto_workarounds import native
 

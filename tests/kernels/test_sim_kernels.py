@@ -19,8 +19,8 @@ from properties import laws
 from properties.acceptance import call, judge, reference_backend
 from properties.case import Case
 from properties.strategies import At12Case
-from cases.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
-from cases.catalog import load_catalog
+from cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
+from cases.data.catalog import load_catalog
 from kernels.compile_inputs import compile_inputs
 
 pytestmark = pytest.mark.sim

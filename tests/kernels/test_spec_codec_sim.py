@@ -23,7 +23,7 @@ def spec_sim(pypto_module):
 
 
 def _catalog(name):
-    from cases.catalog import load_catalog
+    from cases.data.catalog import load_catalog
     return load_catalog()[name]
 
 

@@ -1,6 +1,6 @@
 """Tests of the suite itself (issue 16): no false red. Every conforming variant (kernels/conforming: a
 correct kernel using only SPEC §4.1's freedoms) passes every paged-attention law on the laws' own
-examples, as the mutants are searched (cases/conforming.py); a failure here is the suite calling a correct
+examples, as the mutants are searched (cases/measuring/conforming.py); a failure here is the suite calling a correct
 kernel wrong. The vertex variants (every raw score at an end of its interval) are run through the one
 acceptance rule, which they stress. ``tox -e mutants`` runs the same with 20 examples per law, the
 catalog, and the acceptance law's search steered towards the edge of the rule."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cases import conforming
+from cases.measuring import conforming
 from kernels.conforming import VARIANTS
 from properties.law_examples import PAGED_LAWS
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import golden
-from cases import mutants as matrix
+from cases.measuring import mutants as matrix
 from kernels import KernelRunError
 from kernels.mutants import MUTANTS, get_mutant
 from kernels.mutants.staged import StagedGolden

@@ -1,4 +1,4 @@
-"""``pfa-verify mutants`` (cases/mutants.py): the kill matrix's report, exit status and errors."""
+"""``pfa-verify mutants`` (cases/measuring/mutants.py): the kill matrix's report, exit status and errors."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from cases import cli
-from cases import mutants as matrix
+from cases.measuring import mutants as matrix
 from kernels import get_backend
 from kernels.mutants import MUTANTS
 

@@ -25,7 +25,7 @@ TESTS = Path(__file__).resolve().parent.parent
 
 #: Project functions that raise AssertionError when what they check does not hold (by their contract).
 RAISING = {"laws.run": "properties.laws.run: a law raises AssertionError when it fails",
-           "regressions.replay": "cases.regressions.replay: raises AssertionError when the case still fails",
+           "regressions.replay": "cases.data.regressions.replay: raises AssertionError when the case still fails",
            "find": "hypothesis.find: raises NoSuchExample when no draw satisfies the condition (reachability)"}
 #: test id -> why it asserts nothing (none today).
 EXEMPT: dict[str, str] = {}

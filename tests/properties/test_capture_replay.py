@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from cases import regressions
+from cases.data import regressions
 from properties import strategies as ps
 from properties.case import REPO_ROOT
 

@@ -3,7 +3,7 @@
 Each import context runs in a fresh process (what a module harvested once stays harvested): a plain
 one, and one that has also loaded the PyPTO-Gym backend module, the mutants and a user's kernel file
 (a file outside any test folder, with literals of its own). Both generate ``pfa-verify run``'s cases
-(cases.collect.generated_cases, kernel-sized as for sim and pypto-gym) and the ``sim`` profile's
+(cases.data.collect.generated_cases, kernel-sized as for sim and pypto-gym) and the ``sim`` profile's
 derandomized law examples (tests/conftest.py's profile, properties/law_examples.py), and print them.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ _SCRIPT = textwrap.dedent("""
     import importlib.util, json, sys
     context, kernel_file = sys.argv[1], sys.argv[2]
     if context == "loaded":
-        import kernels.backends.upstream, cases.mutants, kernels.mutants.golden_level  # noqa: F401
+        import kernels.backends.upstream, cases.measuring.mutants, kernels.mutants.golden_level  # noqa: F401
         spec = importlib.util.spec_from_file_location("a_users_kernel", kernel_file)
         module = importlib.util.module_from_spec(spec)
         sys.modules["a_users_kernel"] = module
@@ -54,7 +54,7 @@ _SCRIPT = textwrap.dedent("""
         f = getattr(m, "__file__", None)
         if f and is_local_module_file(f):
             harvest |= set(constants_from_module(m).integers)
-    from cases.collect import generated_cases
+    from cases.data.collect import generated_cases
     cases = generated_cases(12, 0, supported=KERNEL_SHAPES)
     print(json.dumps({"seeds": [c.seed for c in cases], "configs": [c.config.to_dict() for c in cases],
                       "laws": laws, "harvestable_integers": len(harvest)}))
@@ -112,7 +112,7 @@ def test_a_local_constant_pool_would_change_the_cases(monkeypatch):
     from hypothesis.internal.conjecture import providers
     from hypothesis.internal.constants_ast import Constants
 
-    from cases.collect import generated_cases
+    from cases.data.collect import generated_cases
     from kernels.config import KERNEL_SHAPES
     pinned = [c.seed for c in generated_cases(12, 0, supported=KERNEL_SHAPES)]
     providers.CONSTANTS_CACHE.cache.clear()

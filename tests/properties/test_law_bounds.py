@@ -70,7 +70,7 @@ def test_quant_round_trip_bound_is_reached_at_the_e4m3_midpoints():
     x8, dq = golden.quantize_per_token(x)
     assert float(dq) == 1.0
     error = (x8.float() - x).abs()[0, 1:]
-    half = laws._e4m3_half_spacing(x[0, 1:])
+    half = laws.e4m3_half_spacing(x[0, 1:])
     assert torch.equal(error, half), "every value is rounded by exactly half a spacing"
     laws.run("quant_round_trip", kernels.get_backend("golden"), x)
 
@@ -116,7 +116,7 @@ def test_two_outputs_at_opposite_ends_of_the_acceptance_interval_pass_and_one_st
     assert bool(((low_b.float() >= low) & (high_b.float() <= high)).all())
     width = laws.acceptance_width(_TwoOutputs(None, None), tensors, scalars)
     assert bool(((high_b.float() - low_b.float()) <= width).all())
-    laws._assert_pair(high_b, low_b, width, identifier="ends", backend=_TwoOutputs(None, None), case=case,
+    laws.assert_pair_within(high_b, low_b, width, identifier="ends", backend=_TwoOutputs(None, None), case=case,
                       tensors=tensors, scalars=scalars)
     past = high_b.clone()
     gap = high_b.float() - low_b.float()
@@ -124,6 +124,6 @@ def test_two_outputs_at_opposite_ends_of_the_acceptance_interval_pass_and_one_st
     past[at] = _bf16_step(high_b[at], up=True)
     assert float(past[at]) - float(low_b[at]) > float(width[at])
     with pytest.raises(AssertionError, match="Allowed per element: the width of the acceptance interval"):
-        laws._assert_pair(past, low_b, width, identifier="ends", backend=_TwoOutputs(None, None), case=case,
+        laws.assert_pair_within(past, low_b, width, identifier="ends", backend=_TwoOutputs(None, None), case=case,
                           tensors=tensors, scalars=scalars)
     assert math.isfinite(float(width.max()))

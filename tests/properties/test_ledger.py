@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import golden
-from cases import regressions
+from cases.data import regressions
 from kernels.mutants import MUTANTS
 from properties import ledger
 

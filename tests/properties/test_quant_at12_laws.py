@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cases import regressions
+from cases.data import regressions
 from properties import strategies as ps
 
 

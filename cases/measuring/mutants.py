@@ -120,7 +120,7 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
     at the first failure, an AssertionError of the law (``by="law"``) or a KernelRunError of the
     backend (``by="error"``), then let Hypothesis shrink it for ``shrink_s`` seconds. Any other
     exception propagates (:func:`_kill_kind`)."""
-    from cases.shrink import hunt
+    from cases.running.shrink import hunt
     from properties import law_examples, laws
 
     def check(example):
@@ -140,7 +140,7 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
 def catalog_kill(backend) -> LawKill:
     """The catalog's cases the backend runs, smallest first, under the one rule, to the first failure
     (a kill as in :func:`search`: a failed rule, an AssertionError or a KernelRunError)."""
-    from cases.catalog import load_catalog
+    from cases.data.catalog import load_catalog
     from properties.acceptance import judge
     start = time.perf_counter()
     cases = [c for c in load_catalog().values() if backend.skip_reason(c.config) is None]
@@ -206,7 +206,7 @@ def _one_or_error(name: str | None, **options) -> MutantResult:
 
 
 def _row_task(payload) -> MutantResult:
-    """One row in a worker of cases/pool.py."""
+    """One row in a worker of cases/running/pool.py."""
     name, options = payload
     return _one_or_error(name, **options)
 
@@ -214,10 +214,10 @@ def _row_task(payload) -> MutantResult:
 def rows(names: list, *, level: str, workers: int = 1, progress=None, cluster=None, **options) -> list:
     """:func:`_one_or_error` for each of ``names`` (None: the baseline), results in that order. Golden
     rows run here when ``workers`` is 1 and no ``cluster`` is given; otherwise, and always at the sim
-    level, each row runs in a worker of cases/pool.py (one OpenMP thread each), a fresh process per sim
+    level, each row runs in a worker of cases/running/pool.py (one OpenMP thread each), a fresh process per sim
     row: a kernel that failed inside pypto's trace may leave the process behind it unusable. A row whose
     worker died twice is a broken row (its error), never a kill."""
-    from cases.pool import Pool
+    from cases.running.pool import Pool
     note = progress or (lambda *a: None)
     if workers <= 1 and level != "sim" and cluster is None:
         return [_one_or_error(n, level=level, progress=note, **options) for n in names]
@@ -242,7 +242,7 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
                 catalog: bool = True, goal: float | None = None, workers: int = 1, shrink_s: float = 30.0,
                 allowed_survivors=(), progress=None, cluster=None) -> MutantsRun:
     """The baseline and every mutant of ``level`` (or ``names``) through every paged-attention law,
-    in ``workers`` processes or on ``cluster`` (cases/pool.py; one mutant each at a time); each first
+    in ``workers`` processes or on ``cluster`` (cases/running/pool.py; one mutant each at a time); each first
     kill shrunk for ``shrink_s`` s."""
     from golden.errors import check_known
     from kernels import mutants
@@ -252,7 +252,7 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     listing = "`pfa-verify mutants --list` shows the catalog"
     check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint=listing)
     if "ledger" in allowed_survivors:      # the ledger's survivors of this level (properties/ledger.py)
-        from cases import ledger
+        from properties import ledger
         ledger.check(mutants=mutants.MUTANTS)
         allowed_survivors = [n for n in allowed_survivors if n != "ledger"] + list(ledger.survivors(level))
     check_known("--allow-survivors", "mutant", allowed_survivors, mutants.MUTANTS, hint=listing)
@@ -298,7 +298,7 @@ def to_json(run: MutantsRun) -> dict:
             "worst_examples_to_kill": max(to_kill) if to_kill else None,
             "allowed_survivors": list(run.allowed_survivors),
             "seconds": round(run.seconds, 1), "exit_status": run.exit_status}
-    from cases.schemas import check_written
+    from cases.data.schemas import check_written
     check_written(data, "mutants")
     return data
 
@@ -380,7 +380,7 @@ _CSS = ("body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:c
 
 def render_html(run: MutantsRun) -> str:
     """The kill matrix as one self-contained HTML page (cases/templates/mutants.html.j2; no scripts, no network)."""
-    from cases import html_pages
+    from cases.reporting import html_pages
     rows = []
     for m in [run.baseline] + run.mutants:
         first = m.first_kill

@@ -5,10 +5,10 @@ host CPU, and it decides how many examples a run checks per hour. This table tim
 core (torch set to one thread; numpy is single-threaded), per case, for three workloads:
 
 - ``kernel``: kernel-sized cases, as ``pfa-verify run`` generates them for a kernel backend
-  (``cases.collect.generated_cases`` with ``kernels.config.KERNEL_SHAPES``, a fixed seed);
+  (``cases.data.collect.generated_cases`` with ``kernels.config.KERNEL_SHAPES``, a fixed seed);
 - ``upstream``: the six cases of SPEC §5, where the golden is also timed against a plain FP32 loop
   oracle (:func:`fp32_loop_oracle`, what a kernel's own test would use as its reference);
-- ``small``: the small ragged workload of ``cases.bench.small_workload``.
+- ``small``: the small ragged workload of ``cases.measuring.bench.small_workload``.
 
 - ``conforming``: kernel-sized ``outlier_channels`` cases with the outputs of the conforming variants
   (:func:`conforming_workload`), where the rule builds the envelope for the rows outside the tolerance.
@@ -252,7 +252,7 @@ def conforming_workload(count: int = 20, seed: int = 0) -> tuple[list, Callable]
     """(cases, outputs): ``count`` kernel-sized ``outlier_channels`` cases (where some rows need the
     envelope) and the output of a conforming variant for each (kernels/conforming, in turn), computed
     once: the rule's cost where the envelope is built."""
-    from cases.collect import generated_cases
+    from cases.data.collect import generated_cases
     from kernels.config import KERNEL_SHAPES
     from kernels.conforming import VARIANTS, get_variant
 

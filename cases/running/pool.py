@@ -30,10 +30,10 @@ import os
 import socket
 from typing import Callable
 
-# The worker side (what runs in a worker process) is cases/pool_worker.py; its public names are
+# The worker side (what runs in a worker process) is cases/running/pool_worker.py; its public names are
 # re-exported here, where run, mutants and search import them.
-from cases.pool_worker import _call, _local_init, _ray_call, _retire, _Spoiled
-from cases.pool_worker import worker_backend, worker_setup, worker_slot
+from cases.running.pool_worker import call_in_worker, local_init, ray_call, retire_if_spoiled, WorkerSpoiled
+from cases.running.pool_worker import worker_backend, worker_setup, worker_slot
 
 __all__ = ["ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
            "worker_setup", "worker_backend", "add_cluster_argument", "RETRIES"]
@@ -103,8 +103,8 @@ class TaskResult:
 def task_resources(backend) -> dict:
     """What one task of ``backend`` asks a cluster for: ``{"NPU": 1}`` for the npu backends (ours,
     pypto-gym-npu and anything built on kernels.backends.npu.NpuBackend), else ``{"CPU": 1}``."""
-    from kernels.backends.npu import NpuBackend
-    return {"NPU": 1} if isinstance(backend, NpuBackend) else {"CPU": 1}
+    from kernels.backends import runs_on_npu
+    return {"NPU": 1} if runs_on_npu(backend) else {"CPU": 1}
 
 
 # --- the pool -----------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ class Pool:
             except Exception as exc:  # noqa: BLE001 - a task that raised is reported, never retried
                 results.append(TaskResult(k, error=_raised(exc), node=socket.gethostname(), pid=os.getpid()))
             done(k, results[-1])
-            if _retire() and k + 1 < len(payloads):
+            if retire_if_spoiled() and k + 1 < len(payloads):
                 rest = Pool(workers=1, spawn=True)._local_tasks(
                     fn, payloads[k + 1:], lambda j: start(k + 1 + j), lambda j, r: done(k + 1 + j, _shifted(r, k + 1)))
                 return results + [_shifted(r, k + 1) for r in rest]
@@ -235,7 +235,7 @@ class Pool:
             for s in range(self.workers):
                 slots.put(s)
             died, retired, processes = [], False, {}
-            with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_local_init, initargs=(slots,),
+            with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=local_init, initargs=(slots,),
                                      max_tasks_per_child=1 if self.fresh else None) as pool:
                 running: dict = {}
                 while queue or running:
@@ -243,7 +243,7 @@ class Pool:
                         if running and (queue[0] in alone or alone & set(running.values())):
                             break
                         k = queue.pop(0)
-                        running[pool.submit(_call, fn, payloads[k])] = k
+                        running[pool.submit(call_in_worker, fn, payloads[k])] = k
                         attempts[k] += 1
                         processes.update(getattr(pool, "_processes", None) or {})   # for the exit codes
                         start(k)
@@ -281,7 +281,7 @@ class Pool:
         ray = self._ray
         custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
         remote = ray.remote(num_cpus=self.resources.get("CPU", 0), resources=custom or None, max_retries=0,
-                            max_calls=1 if self.fresh else 0)(_ray_call)
+                            max_calls=1 if self.fresh else 0)(ray_call)
         results: dict = {}
         attempts = [0] * len(payloads)
         causes: dict = {}
@@ -298,11 +298,11 @@ class Pool:
             for ref in ready:
                 k = running.pop(ref)
                 try:
-                    value, node, pid, _ = ray.get(ref)      # an unusable worker retires itself (_ray_call)
+                    value, node, pid, _ = ray.get(ref)      # an unusable worker retires itself (ray_call)
                     results[k] = TaskResult(k, value, node=node, pid=pid, attempts=attempts[k])
                 except ray.exceptions.RayTaskError as exc:   # the task raised: reported, not retried
                     cause = getattr(exc, "cause", None)
-                    if isinstance(cause, _Spoiled):          # refused by a worker on its way out: again
+                    if isinstance(cause, WorkerSpoiled):          # refused by a worker on its way out: again
                         attempts[k] -= 1
                         queue.insert(0, k)
                         continue

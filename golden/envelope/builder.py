@@ -1,62 +1,24 @@
-"""The acceptance envelope (SPEC §4.2): per output element, an interval holding every conforming result.
-
-A conforming kernel (SPEC §4.1, :class:`golden.model.ConformanceModel`) may sum in any float32 order
-(F1), multiply the dequant scales in any order (F2) and use an ``exp`` within 2 ulp and a division
-within 1 ulp (F3). With large logits a few ulps of S move an element of P across an E4M3 rounding
-boundary, and the output moves by more than SPEC §4's tolerance. :func:`paged_attention_envelope`
-returns ``[lo, hi]`` per output element, sound by construction: every stage of SPEC §2 is carried as
-an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row, tile) at a time:
-
-1. MM1. ``raw`` lies within ``E1`` of the exact sum ``s = q8 . k8``: the any-order bound, 0 where the
-   exactness certificate holds, the sharper residue bound where the plain one lets a code of P flip
-   or moves l visibly (for the scores whose P can exceed NEGLIGIBLE_P: on degenerate rows that is 1%
-   of them, and the residue walk costs a pass over the products per spacing).
-2. Dequant (F2). ``S = raw * q_scale * k_scale * softmax_scale``, three roundings in any order.
-3. Local softmax. ``m_j`` lies between the row maxima of the ends of S; ``x = S - m_j`` in
-   ``[S_lo - m_hi, min(0, S_hi - m_lo)]``; ``P = exp(x)`` within ``exp_ulps`` (``exp(0) = 1``).
-4. P quantization. The row max of P is at least 1 (the argmax gives ``exp(0)``), so the P scale is
-   in ``[448 / max P_hi, 448]``; the codes reachable are those between the codes of the two ends
-   (encode and decode are monotone in every codec): an element whose two ends give different codes
-   is *flippable*, a proof that a conforming kernel may quantize it either way.
-5. MM2. The golden's ``P8 @ v8`` plus the flippable codes' deviations (sparse), within the any-order
-   bound of the tile's sum, then ``* p_scale * v_scale`` (F2).
-6. Online update, in closed form. Unrolled, the kernel's state after the last tile is
-   ``O = sum_j w_j O_j`` and ``l = sum_j w_j l_j`` with ``w_j = exp(m_j - M)`` up to the roundings of the
-   factors ``a``, ``c`` and of the recurrence; a factor common to both cancels in ``O / l``, and
-   ``w_j l_j = sum_t exp(S_t - M)``. So ``out = N / L`` with ``N = sum_j exp(m_j - mu) O_j`` and ``L =
-   sum_t exp(S_t - mu)`` for any ``mu``: the uncertainty of a tile's max counts once (in N), not three
-   times as a step-by-step interval fold would count it (in a, c and l_j).
-7. ``O / l`` within ``div_ulps`` (SPEC's ulp); bf16 round to nearest even of each end (monotone). Rows
-   with ``cur == 0`` are ``[0, 0]``.
-8. Degenerate rows (scores uncertain by more than a logit): also a near-convex combination of the tiles'
-   means, and a degenerate tile's mean one of the V rows that can matter; the envelope is the
-   intersection.
-
-The golden (exact sums, correctly rounded exp and division) is one conforming execution: it always
-lies inside. ``tests/golden/test_envelope.py`` holds containment and runs conforming variants and
-vertex kernels (every raw score at an end of its interval) against it; the acceptance rule that uses
-it is ``properties.acceptance.judge``. The bounds of single stages (steps 1-5, and the sum of l) and the
-tables they read are golden/envelope_stages.py; this module carries them per tile, and
-golden/envelope_fold.py folds the tiles of each row (steps 6-8).
-"""
+"""The envelope's builder (golden/envelope/__init__.py has the derivation, steps 1-8): the per-tile
+bounds of one evaluation of golden/attention.py, kept per (batch, tile), then folded per row."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
-from .codec import Fp8Codec
-from .envelope_fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
-from .envelope_stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
-from .envelope_stages import exp_arguments, exp_bounds, quantization_error, raw_interval, refine_score_bounds
-from .envelope_stages import score_bounds, upper_relative_to_max
-from .intervals import TINY32, U32, U64, down32_add, float64_slack, lowbit, sum_error_bound, ulp32, up32_add, widen
-from .model import ConformanceModel
-from .quant import FP8_MAX
-from .scratch import SCRATCH
+from ..codec import Fp8Codec
+from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
+from .stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
+from .stages import exp_arguments, exp_bounds, quantization_error, raw_interval, refine_score_bounds
+from .stages import score_bounds, upper_relative_to_max
+from ..intervals import TINY32, U32, U64, down32_add, float64_slack, lowbit, sum_error_bound, ulp32, up32_add, widen
+from ..model import ConformanceModel
+from ..quant import FP8_MAX
+from ..scratch import SCRATCH
 
 __all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",
            "dequant_interval", "exp_bounds", "DEGENERATE_SPREAD"]
@@ -94,6 +56,42 @@ class AttentionEnvelope:
         """bool: ``lo <= actual <= hi`` elementwise (False where either is not finite)."""
         a = actual.float()
         return (self.lo.float() <= a) & (a <= self.hi.float())
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One chunk of the golden's evaluation, as golden/attention.py hands it over (its own operands and
+    results, never recomputed here). Block layout [Q, N, R, BS] for the MM1 operands and results, tile
+    layout [P, N, R, T] for the softmax; ``to_tiles``, ``to_blocks`` and ``per_tile_sum`` map between
+    them (blocks a tile lacks: 0)."""
+    raw64: torch.Tensor          # exact q8 . k8 per block, float64 [Q, N, R, BS]
+    q_blocks: torch.Tensor       # q codes' values per block row, float64 [Q, N, R, D]
+    k_blocks: torch.Tensor       # K's values transposed, float64 [Q, N, D, BS]
+    k_rows: np.ndarray           # the blocks' K codes as the cache holds them, uint8 [Q, BS, N, D]
+    q_grid: torch.Tensor         # each query row's grid (intervals.lowbit of its codes), float64 [Q, N, R, 1]
+    q_scale: torch.Tensor        # float32 [Q, N, R, 1]
+    k_scale: torch.Tensor        # float32 [Q, N, 1, BS]
+    visible: torch.Tensor        # bool [P, 1, R, T] (SPEC §2.1)
+    p: torch.Tensor              # the golden's P, float32 tiles
+    p8: torch.Tensor             # the golden's P8 values, float32 tiles
+    mm2: torch.Tensor            # the golden's exact P8 @ v8 per tile, float64 [P, N, R, D]
+    v: torch.Tensor              # V's values per block, float64 [Q, N, BS, D]
+    v_scale: torch.Tensor        # float32 [P, N, 1, D]
+    to_tiles: Callable
+    to_blocks: Callable
+    per_tile_sum: Callable
+    index: torch.Tensor          # where each pair's results go: batch * tiles + tile
+
+
+class TileBounds(NamedTuple):
+    """Steps 3-4 of one tile layout (:meth:`EnvelopeBuilder.softmax`): the row max's ends, the ends of
+    ``exp(S - m_hi)`` and ``exp(S - m_lo)`` (float64), and the least and greatest E4M3 code value of P."""
+    m_lo: torch.Tensor
+    m_hi: torch.Tensor
+    e_lo: torch.Tensor
+    e_hi: torch.Tensor
+    p8_lo: torch.Tensor
+    p8_hi: torch.Tensor
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,8 +147,8 @@ class EnvelopeBuilder:
         return dequant_interval(raw_lo, raw_hi, q_scale, k_scale, self.softmax_scale, self.model)
 
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
-    def softmax(self, s_lo, s_hi, visible, distance, p8):
-        """Steps 3-4 on one tile layout: (m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi); the P scale's bounds are
+    def softmax(self, s_lo, s_hi, visible, distance, p8) -> TileBounds:
+        """Steps 3-4 on one tile layout (:class:`TileBounds`); the P scale's bounds are
         the builder's constants ``ps_lo``, ``ps_hi``.
 
         ``e_lo = exp(S_lo - m_hi)`` and ``e_hi = exp(S_hi - m_lo)`` (float64, 0 off the visible columns)
@@ -180,7 +178,7 @@ class EnvelopeBuilder:
             # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
             p8_lo.view(-1)[at] = self.codec.round(p_lo * self.scale_lo)
             p8_hi.view(-1)[at] = self.codec.round(p_hi * self._fp8_max)
-        return m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi
+        return TileBounds(m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi)
 
     def _p_width(self, s_lo, s_hi, m_lo, m_hi, visible) -> torch.Tensor:
         """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
@@ -199,7 +197,7 @@ class EnvelopeBuilder:
         """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) and any
         conforming y lie within (1 +- 2 eps)(1 +- 2**-22) of each other (P, the scale 448 / max P, their
         roundings); unless a rounding boundary lies that close to y (``distance``, relative to y:
-        golden.envelope_stages.boundary_distance), no conforming kernel flips it. NaN distances and
+        golden.envelope.stages.boundary_distance), no conforming kernel flips it. NaN distances and
         infinite eps count as may-flip."""
         margin = (2 * eps + 2.0 ** -21) * (1 + 2.0 ** -40)      # the float64 distance's own rounding
         return visible & ~(distance > margin)
@@ -218,7 +216,7 @@ class EnvelopeBuilder:
         ``l_j``, relative to ``exp(m_hi - m_j)`` (module docstring, step 6; the fold multiplies by the
         weight of ``m_hi``): the terms between ``e_lo = exp(S_lo - m_hi)`` and ``e_hi exp(m_lo - m_hi) =
         exp(S_hi - m_hi)``, moved by the relative rounding ``delta`` of the kernel's exponent arguments
-        (golden.envelope_fold.ARGUMENT_ROUNDING: ``e**(-z) >= 1 - z`` below; ``e**z <= 1 / (1 - z) <= 1 + 2 z``
+        (golden.envelope.fold.ARGUMENT_ROUNDING: ``e**(-z) >= 1 - z`` below; ``e**z <= 1 / (1 - z) <= 1 + 2 z``
         above for ``z <= 1/2``, and ``exp((S_hi - m_hi)(1 - delta))`` itself beyond), then exp's error
         (relative ``exp_rel`` and ``exp_ulps 2**-149`` absolute, SPEC's ulp) and the row sum's (F1)."""
         n = visible.sum(dim=-1, keepdim=True).double()
@@ -268,87 +266,83 @@ class EnvelopeBuilder:
         """float64 [..., 1]: each query row's grid (the smallest power of two dividing its codes' values)."""
         return column_grids(self.codec, q_codes)[..., None]
 
-    def chunk(self, *, raw64, q_blocks, k_blocks, k_rows, q_grid, q_scale, k_scale, visible, p, p8, mm2, v, v_scale,
-              to_tiles, to_blocks, per_tile_sum, index) -> None:
-        """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``index``.
-
-        Block layout [Q, N, R, BS] for the MM1 operands and results, tile layout [P, N, R, T] for the
-        softmax; ``p`` and ``p8`` (tiles) and ``mm2`` (tiles, exact) are the golden's own; ``k_rows`` the
-        blocks' K codes as the cache holds them, [Q, BS, N, D] (for the columns' grids)."""
-        abs_sum = torch.matmul(q_blocks.abs(), SCRATCH.abs("|K| or |V|", k_blocks))
+    def chunk(self, c: Chunk) -> None:
+        """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``c.index``."""
+        abs_sum = torch.matmul(c.q_blocks.abs(), SCRATCH.abs("|K| or |V|", c.k_blocks))
         # The exactness certificate needs M1 <= 2**24 g. A column's grid is at most the lowbit of any of its
         # values, so a few of them bound it: K's grid is read in full only where that bound could give it.
-        magnitude = (abs_sum + raw64.abs()) / 2
-        k_bound = lowbit(k_blocks[:, :, :4, :]).amin(dim=2, keepdim=True)                       # [Q, N, 1, BS]
-        if bool((magnitude <= 2.0 ** 24 * q_grid * k_bound).any()):
-            k_grid = torch.from_numpy(column_grids(self.codec, k_rows).transpose(0, 2, 1)[:, :, None, :])   # [Q, N, 1, BS]
-            grid = q_grid * k_grid
+        magnitude = (abs_sum + c.raw64.abs()) / 2
+        k_bound = lowbit(c.k_blocks[:, :, :4, :]).amin(dim=2, keepdim=True)                       # [Q, N, 1, BS]
+        if bool((magnitude <= 2.0 ** 24 * c.q_grid * k_bound).any()):
+            k_grid = torch.from_numpy(column_grids(self.codec, c.k_rows).transpose(0, 2, 1)[:, :, None, :])   # [Q, N, 1, BS]
+            grid = c.q_grid * k_grid
         else:
             grid = torch.zeros(())
-        block_lo, block_hi, e1 = self.scores(raw64, abs_sum, grid, q_scale, k_scale, magnitude)
-        s_lo, s_hi = to_tiles(block_lo), to_tiles(block_hi)
-        distance = boundary_distance(self.codec, p)
-        tiles = self.softmax(s_lo, s_hi, visible, distance, p8)
+        block_lo, block_hi, e1 = self.scores(c.raw64, abs_sum, grid, c.q_scale, c.k_scale, magnitude)
+        s_lo, s_hi = c.to_tiles(block_lo), c.to_tiles(block_hi)
+        distance = boundary_distance(self.codec, c.p)
+        bounds = self.softmax(s_lo, s_hi, c.visible, distance, c.p8)
         if self.model.sums == "any-order":
-            s_lo, s_hi, tiles = self._sharpen(raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, distance, p8,
-                                              (block_lo, block_hi), s_lo, s_hi, tiles, to_tiles, to_blocks)
-        m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi = tiles
-        flip = visible & (p8_lo != p8_hi)
+            s_lo, s_hi, bounds = self._sharpen(c, abs_sum, e1, distance, (block_lo, block_hi), s_lo, s_hi, bounds)
+        visible = c.visible
+        flip = visible & (bounds.p8_lo != bounds.p8_hi)
         self.p_elements += int(visible.expand_as(flip).sum())
         self.flippable += int(flip.sum())
-        l_lo, l_hi, n = self.denominator(s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible)
-        low_dev, high_dev, abs_sum = mm2_bounds(to_blocks(p8).double(), to_blocks(p8_lo).double(),
-                                                 to_blocks(p8_hi).double(), v, per_tile_sum)
-        o_lo, o_hi = self.values(mm2, low_dev, high_dev, abs_sum, n, v_scale)
+        l_lo, l_hi, n = self.denominator(s_lo, s_hi, bounds.m_lo, bounds.m_hi, bounds.e_lo, bounds.e_hi, visible)
+        low_dev, high_dev, abs_sum = mm2_bounds(c.to_blocks(c.p8).double(), c.to_blocks(bounds.p8_lo).double(),
+                                                 c.to_blocks(bounds.p8_hi).double(), c.v, c.per_tile_sum)
+        o_lo, o_hi = self.values(c.mm2, low_dev, high_dev, abs_sum, n, c.v_scale)
         # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.
-        spread = torch.where(visible & (e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
+        spread = torch.where(visible & (bounds.e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
         any_visible = visible.any(dim=-1, keepdim=True)
         degenerate = any_visible & (spread > DEGENERATE_SPREAD)
         if bool(degenerate.any()):
-            self.hulls.append(tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index, model=self.model,
-                                        code_error=self.code_error))
-        state = torch.cat([m_lo, m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(m_lo)], dim=-1)
-        self.states.index_copy_(0, index, torch.where(any_visible, state, 0.0))
-        self.spread.index_copy_(0, index, torch.where(any_visible, spread, 0.0))
+            self.hulls.append(tile_hull(degenerate, visible, bounds.e_hi, s_hi, bounds.m_lo, c.v, c.v_scale, c.to_tiles, c.index,
+                                        model=self.model, code_error=self.code_error))
+        state = torch.cat([bounds.m_lo, bounds.m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(bounds.m_lo)], dim=-1)
+        self.states.index_copy_(0, c.index, torch.where(any_visible, state, 0.0))
+        self.spread.index_copy_(0, c.index, torch.where(any_visible, spread, 0.0))
 
-    def _sharpen(self, raw64, abs_sum, e1, q_blocks, k_blocks, q_scale, k_scale, visible, distance, p8, blocks, s_lo, s_hi, tiles,
-                 to_tiles, to_blocks):
+    def _sharpen(self, c: Chunk, abs_sum, e1, distance, blocks, s_lo, s_hi, bounds: TileBounds):
         """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is
         uncertain enough to move l by a visible share of the tolerance, and in those rows every score that
-        may be the row's max (m_j moves every x of the row); then steps 2-4 again for the rows touched."""
-        flip = visible & (tiles[4] != tiles[5])
-        wide = self._wide_rows(s_lo, s_hi, tiles[0], tiles[1], tiles[3], visible)
+        may be the row's max (m_j moves every x of the row); then steps 2-4 again for the rows touched.
+        ``blocks``: the plain (S_lo, S_hi) in the block layout."""
+        visible = c.visible
+        flip = visible & (bounds.p8_lo != bounds.p8_hi)
+        wide = self._wide_rows(s_lo, s_hi, bounds.m_lo, bounds.m_hi, bounds.e_hi, visible)
         rows = (flip | wide).any(dim=-1, keepdim=True)
         if not bool(rows.any()):
-            return s_lo, s_hi, tiles
-        maybe_max = visible & rows & (s_hi.double() >= tiles[0])
+            return s_lo, s_hi, bounds
+        maybe_max = visible & rows & (s_hi.double() >= bounds.m_lo)
         # A score whose P is below NEGLIGIBLE_P even at the top of its plain interval moves l by less than
         # n NEGLIGIBLE_P relative and its code cannot leave 0 (448 P is far below E4M3's smallest
         # subnormal): narrowing it changes nothing visible, and on degenerate rows it is most of them.
-        flagged = to_blocks((flip | wide | maybe_max) & (tiles[3] >= NEGLIGIBLE_P)) & (e1 > 0)
+        flagged = c.to_blocks((flip | wide | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P)) & (e1 > 0)
         at = flagged.nonzero(as_tuple=True)
         if not at[0].numel():
-            return s_lo, s_hi, tiles
-        products = q_blocks[at[0], at[1], at[2], :] * k_blocks[at[0], at[1], :, at[3]]
-        e1 = torch.minimum(e1[at], refine_score_bounds(products, raw64[at], abs_sum[at]))
+            return s_lo, s_hi, bounds
+        products = c.q_blocks[at[0], at[1], at[2], :] * c.k_blocks[at[0], at[1], :, at[3]]
+        e1 = torch.minimum(e1[at], refine_score_bounds(products, c.raw64[at], abs_sum[at]))
         # Steps 1-2 again for the sharpened scores only (elementwise: the others keep their intervals).
-        lo, hi = self._scaled(raw64[at], e1, q_scale[at[0], at[1], at[2], 0], k_scale[at[0], at[1], 0, at[3]])
-        s_lo, s_hi = to_tiles(blocks[0].index_put(at, lo)), to_tiles(blocks[1].index_put(at, hi))
+        lo, hi = self._scaled(c.raw64[at], e1, c.q_scale[at[0], at[1], at[2], 0], c.k_scale[at[0], at[1], 0, at[3]])
+        plain_lo, plain_hi = blocks
+        s_lo, s_hi = c.to_tiles(plain_lo.index_put(at, lo)), c.to_tiles(plain_hi.index_put(at, hi))
         if bool(rows.all()):
-            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, distance, p8)
+            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, distance, c.p8)
         # Steps 3-4 again for the rows touched only (every step is per row): on the largest upstream
         # cases 15 to 19 rows of a chunk's 48.
         at = rows[..., 0].nonzero(as_tuple=True)                                  # (pair, head, row)
         seen = visible.expand(s_lo.shape)
-        again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], p8[at])
+        again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], c.p8[at])
         merged = []
-        for old, new in zip(tiles, again):
+        for old, new in zip(bounds, again):
             old = old.expand(*s_lo.shape[:3], old.shape[-1]).clone()
             old[at] = new
             merged.append(old)
-        return s_lo, s_hi, tuple(merged)
+        return s_lo, s_hi, TileBounds(*merged)
 
-    # -- steps 6-8 (golden/envelope_fold.py) ------------------------------------------------------------
+    # -- steps 6-8 (golden/envelope/fold.py) ------------------------------------------------------------
     def fold(self, tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 (lo, hi) [B, N, R, D] of ``O / l`` from the stored tiles of each row (``tiles_per_row``
         [B, 1, R]; rows with 0 tiles give [0, 0]); counts the degenerate rows in ``degenerate_rows``."""

@@ -1,4 +1,4 @@
-"""The bounds of the acceptance envelope's stages (golden/envelope.py, whose module docstring numbers
+"""The bounds of the acceptance envelope's stages (golden/envelope/builder.py, whose module docstring numbers
 the steps): the raw score's error E1 (step 1, the any-order bound and the sharper residue bound), the
 float32 intervals of the raw sum and of the dequantized score (step 2, F2), of ``x = RN(S - m)`` and of
 ``exp`` (step 3, F3, SPEC's ulp), the deviations of MM2 when flippable codes of P take either end (step
@@ -6,8 +6,8 @@ float32 intervals of the raw sum and of the dequantized score (step 2, F2), of `
 read, built once per codec and kept on it: the grids of the codes (the exactness certificate's, for Q
 rows and K columns), the rounding boundaries of step 4's flip test (boundary_distance) and the codec's
 quantization error (step 8). Functions of tensors and arrays (the |V| of mm2_bounds goes into the
-shared golden.scratch buffer): golden/envelope.py's EnvelopeBuilder carries them per tile,
-golden/envelope_fold.py folds them, golden/at12.py and kernels/conforming use the score bounds.
+shared golden.scratch buffer): golden/envelope/builder.py's EnvelopeBuilder carries them per tile,
+golden/envelope/fold.py folds them, golden/at12.py and kernels/conforming use the score bounds.
 golden.envelope re-exports the public names. Each is held alone at its edges in
 tests/golden/test_stage_bounds.py.
 """
@@ -18,11 +18,11 @@ import math
 import numpy as np
 import torch
 
-from .codec import Fp8Codec
-from .intervals import U32, down32_add, float64_slack, lowbit, residue_bound, step32, sum_error_bound, up32_add, within_ulps
-from .model import ConformanceModel
-from .quant import FP8_MAX
-from .scratch import SCRATCH
+from ..codec import Fp8Codec
+from ..intervals import U32, down32_add, float64_slack, lowbit, residue_bound, step32, sum_error_bound, up32_add, within_ulps
+from ..model import ConformanceModel
+from ..quant import FP8_MAX
+from ..scratch import SCRATCH
 
 __all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds",
            "sum_relative", "quantization_error", "upper_relative_to_max", "mm2_bounds"]
@@ -114,7 +114,7 @@ def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def quantization_error(codec: Fp8Codec, top: float) -> tuple[float, float, float]:
     """``(rho_lo, rho_hi, alpha)``: for every float32 ``y`` in ``[0, top]``, the value ``codec.round(y)`` reads
     back lies in ``[rho_lo y - alpha, rho_hi y + alpha]`` (the degenerate rows' bound, step 8 of
-    golden/envelope.py). Read off the codec's own rounding boundaries: between two boundaries the value is
+    golden/envelope/builder.py). Read off the codec's own rounding boundaries: between two boundaries the value is
     one constant ``v`` and ``y`` spans ``[b, b')``, so ``v / b`` and ``v / b'`` are the extremes of the ratio.
     Below ``Y0`` (the last boundary under which some interval is off by more than 1/16 relative: the spec
     codec's subnormals, the calculator's integer rounding; the saturating last interval excepted) the error

@@ -12,7 +12,7 @@ A path says where a kernel was; only its bytes say which kernel it was. So a rep
   and the function; null otherwise (the golden, the mutants);
 - ``backend.spec_codec_not_applicable``: why the run made no comparison under the spec codec (the
   backend's codec is its platform's and cannot be the spec's), or null;
-- ``project``: cases.versions.project() (version, git commit, whether tracked files differ from it);
+- ``project``: cases.data.versions.project() (version, git commit, whether tracked files differ from it);
 - ``inputs.catalog``: the sha256 of cases/catalog.json; ``inputs.regressions``: the captured cases the
   run started with, as one fingerprint over every file's name and sha256.
 """
@@ -41,7 +41,7 @@ def backend_provenance(backend) -> dict:
 
 def catalog_fingerprint() -> dict:
     """``{"path", "sha256"}`` of cases/catalog.json."""
-    from cases.catalog import CATALOG_PATH
+    from cases.data.catalog import CATALOG_PATH
     return {"path": "cases/catalog.json", "sha256": _sha256(CATALOG_PATH)}
 
 
@@ -49,7 +49,7 @@ def regressions_fingerprint(directory=None) -> dict:
     """``{"directory", "cases", "fingerprint"}`` of a captured-regressions folder: ``fingerprint`` is
     ``sha256:`` of one line ``name sha256`` per .json and .npz file, sorted by name (an empty or missing
     folder has the fingerprint of nothing)."""
-    from cases import regressions
+    from cases.data import regressions
     folder = regressions.directory(directory)
     files = sorted(p for p in folder.glob("*") if p.suffix in (".json", ".npz") and p.is_file()) \
         if folder.is_dir() else []
@@ -60,6 +60,6 @@ def regressions_fingerprint(directory=None) -> dict:
 
 def run_provenance(backend, *, regressions_dir=None) -> dict:
     """Everything above for one run, read when it starts (before any capture)."""
-    from cases.versions import project
+    from cases.data.versions import project
     return {"backend": backend_provenance(backend), "project": project(),
             "inputs": {"catalog": catalog_fingerprint(), "regressions": regressions_fingerprint(regressions_dir)}}

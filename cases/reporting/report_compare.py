@@ -2,7 +2,7 @@
 
 The use: two kernels on the same cases (PyPTO-Gym's file beside ours), or two versions of one kernel.
 Both reports must have checked the same selection, i.e. carry the same ``selection.fingerprint``
-(cases/collect.py: every selected case's name, source, law, config and seed): otherwise their cases
+(cases/data/collect.py: every selected case's name, source, law, config and seed): otherwise their cases
 are not the same inputs and a side-by-side table would compare unlike things, so :func:`compare`
 refuses with one line (:class:`SelectionMismatch`, exit 2) saying which part of the selection differs.
 
@@ -79,7 +79,7 @@ class Comparison:
 def load_report(path) -> dict:
     """The JSON run report at ``path``, checked against cases/report.schema.json; a UsageError naming
     the file when it is missing, not JSON, from another schema version, or invalid."""
-    from cases.report import SCHEMA_ID, check_schema
+    from cases.reporting.report import SCHEMA_ID, check_schema
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -93,7 +93,7 @@ def load_report(path) -> dict:
                          "`pfa-verify run --json` of this version; earlier reports carry no selection fingerprint)")
     errors = check_schema(data)
     if errors:
-        from cases.schemas import and_more
+        from cases.data.schemas import and_more
         raise UsageError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}" + and_more(errors))
     return data
 
@@ -259,8 +259,8 @@ def scatter(c: Comparison) -> dict:
 def render_html(c: Comparison) -> str:
     """The comparison as one self-contained HTML string (cases/templates/compare.html.j2; inline CSS and
     SVG, no scripts)."""
-    from cases import html_pages
-    from cases.html_report import CSS
+    from cases.reporting import html_pages
+    from cases.reporting.html_report import CSS
     return html_pages.render("compare.html.j2", css=CSS + _EXTRA_CSS, differ=bool(c.differing),
                              summary=summary_line(c), sides=_side_rows(c), plot=scatter(c), rows=_ordered(c),
                              ratio_text=_ratio_text)

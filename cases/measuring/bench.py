@@ -10,9 +10,9 @@ s2_tile values); and ``conforming``, kernel-sized ``outlier_channels`` cases jud
 conforming variants (where the rule builds the envelope for some rows; part of ``all`` with ``--stages``
 only). For each it reports both goldens' time, the speed-up, cases per second, and whether the two
 agree (count of outputs that are not bit-identical). With ``--stages`` it adds the suite's cost per
-example, stage by stage on one core, with issue 17's budget and issue 26's lines (cases/bench_stages.py).
+example, stage by stage on one core, with issue 17's budget and issue 26's lines (cases/measuring/bench_stages.py).
 
-Run: ``python -m cases.bench [--repeat N] [--workload upstream|kernel|small|conforming|all] [--small-cases N]
+Run: ``python -m cases.measuring.bench [--repeat N] [--workload upstream|kernel|small|conforming|all] [--small-cases N]
 [--kernel-cases N] [--stages] [--tightness N] [--json PATH]``. Speed goals live here, not in tests.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ WORKLOADS = ("upstream", "kernel", "small", "conforming", "all")
 
 def upstream_cases() -> dict[str, InputBundle]:
     """The six upstream cases of SPEC §5, by name, from the case catalog (cases/catalog.json)."""
-    from cases.catalog import SPEC_CASE_NAMES, load_catalog
+    from cases.data.catalog import SPEC_CASE_NAMES, load_catalog
 
     catalog = load_catalog()
     return {name: catalog[name].inputs() for name in SPEC_CASE_NAMES}
@@ -45,8 +45,8 @@ def upstream_cases() -> dict[str, InputBundle]:
 
 def kernel_workload(count: int = 20, seed: int = 0) -> list:
     """``count`` kernel-sized cases (properties.case.Case) as ``pfa-verify run`` generates them for a
-    kernel built for ``kernels.config.KERNEL_SHAPES`` (cases.collect.generated_cases; same seed, same cases)."""
-    from cases.collect import generated_cases
+    kernel built for ``kernels.config.KERNEL_SHAPES`` (cases.data.collect.generated_cases; same seed, same cases)."""
+    from cases.data.collect import generated_cases
     from kernels.config import KERNEL_SHAPES
     return generated_cases(count, seed, supported=KERNEL_SHAPES)
 
@@ -164,7 +164,7 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
         rows.append(_bench(f"small ragged workload ({small_cases} cases)", bundles, repeat))
         report(_format_row(rows[-1]))
     if workload == "conforming":
-        from cases.bench_stages import conforming_workload
+        from cases.measuring.bench_stages import conforming_workload
         bundles = [case.inputs() for case in conforming_workload(kernel_cases)[0]]
         rows.append(_bench(f"kernel-sized outlier_channels ({kernel_cases} cases)", bundles, repeat))
         report(_format_row(rows[-1]))
@@ -173,9 +173,9 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
 
 def run_stages(workload: str = "all", *, repeat: int = 1, small_cases: int = 200, kernel_cases: int = 20,
                report: Callable[[str], None] = print) -> tuple[list, list]:
-    """(stage rows, codec rows) of cases/bench_stages.py for the chosen workload; prints as it goes."""
-    from cases import bench_stages as bs
-    from cases.catalog import SPEC_CASE_NAMES, load_catalog
+    """(stage rows, codec rows) of cases/measuring/bench_stages.py for the chosen workload; prints as it goes."""
+    from cases.measuring import bench_stages as bs
+    from cases.data.catalog import SPEC_CASE_NAMES, load_catalog
     from properties.case import Case
 
     _check_workload(workload)
@@ -228,8 +228,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", action="store_true",
                         help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
     parser.add_argument("--tightness", type=int, default=0, metavar="N",
-                        help="add the acceptance envelope's tightness per value distribution on N kernel-sized "
-                             "cases each (issue 16; cases/tightness.py)")
+                        help="the old spelling of 'pfa-verify tightness --cases N' (the envelope's tightness per "
+                             "value distribution), added after the bench")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
 
 
@@ -246,10 +246,11 @@ def run(args: argparse.Namespace) -> int:
         stages, codecs = run_stages(args.workload, repeat=args.repeat, **sizes)
     tight = []
     if args.tightness:
+        print("pfa-verify: note: 'bench --tightness N' is now 'pfa-verify tightness --cases N'", file=sys.stderr)
         from rich.console import Console
 
         import golden
-        from cases import tightness
+        from cases.measuring import tightness
         tight = [tightness.measure(d, args.tightness) for d in golden.DISTRIBUTIONS]
         Console(width=160).print(tightness.render_table(tight))
     if args.json:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from golden.errors import UsageError
+from cases.data import FOLDER
 
 __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "FORMAT_VERSION", "MAX_FILE_BYTES"]
@@ -51,7 +52,7 @@ def directory(path=None) -> Path:
     if path is not None:
         return Path(path)
     env = os.environ.get("PFA_VERIFY_REGRESSIONS")
-    return Path(env) if env else Path(__file__).resolve().parent / "regressions"
+    return Path(env) if env else FOLDER / "regressions"
 
 
 def _case_to_dict(case) -> dict:
@@ -112,7 +113,7 @@ class Regression:
             tensors = {k: v for k, v in case.inputs().kwargs().items() if isinstance(v, torch.Tensor)}
             if sum(t.numel() * t.element_size() for t in tensors.values()) <= _TENSOR_BUDGET:
                 explicit = tensors
-        from cases.versions import versions
+        from cases.data.versions import versions
         return cls(rid, law, backend, case_d, dict(params), _tolerance(law), message, versions(),
                    datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    f"{rid}.npz" if explicit else None, explicit)
@@ -142,7 +143,7 @@ _DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "bfloat16": torch.bfloat16}
 
 def save(reg: Regression, *, directory=None) -> Path:
     """Write ``<id>.json`` (and ``<id>.npz``) into the regressions folder; return the JSON path."""
-    from cases.schemas import check_written
+    from cases.data.schemas import check_written
     data = reg.to_json()
     check_written(data, "regression")
     folder = globals()["directory"](directory)
@@ -200,7 +201,7 @@ def _load_npz(path: Path) -> dict:
 def _check_schema(name: str, data) -> None:
     """The file against cases/regression.schema.json, then what a schema cannot say (an array case's
     values fill its shape)."""
-    from cases import schemas
+    from cases.data import schemas
     found = schemas.violations(data, "regression")
     if found:
         e = found[0]
@@ -277,7 +278,7 @@ def replay_command(regression_id: str, directory=None) -> str:
     capture), so the line works pasted into a shell without that variable."""
     if directory is None:
         env = os.environ.get("PFA_VERIFY_REGRESSIONS")
-        default = Path(__file__).resolve().parent / "regressions"
+        default = FOLDER / "regressions"
         directory = env if env and Path(env).resolve() != default else None
     where = f" --dir {directory}" if directory is not None else ""
     return f"pfa-verify cases{where} replay {regression_id}"

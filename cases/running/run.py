@@ -1,22 +1,22 @@
 """``pfa-verify run``: every captured, catalog and generated case on one backend, held to the golden.
 
 The second stage of the cases/ pipeline (collect -> run -> report -> html_report -> cli): it runs
-what :mod:`cases.collect` selected and returns results; it prints nothing.
+what :mod:`cases.data.collect` selected and returns results; it prints nothing.
 
 For each paged-attention case the verdict is :func:`properties.acceptance.judge`'s, the one
 acceptance rule (the same as pytest's ``acceptance`` law, ``cases replay`` and ``cases prune``): one
 outcome per reference codec (spec, and the backend's declared codec when it differs), each with its
-attribution and whether it counts. A counted failure is captured (:func:`cases.regressions.capture`)
+attribution and whether it counts. A counted failure is captured (:func:`cases.data.regressions.capture`)
 and its message ends with the replay command. A captured regression of another law is replayed
-through :func:`cases.regressions.replay`.
+through :func:`cases.data.regressions.replay`.
 
 A case is *checked* when its comparisons ran. A case not checked is skipped (``Skip.kind``: the
 kernel is not built for it, it is over a limit, the budget is spent, the ledger quarantines it, the
 backend could not run it) or an error (the backend raised, a worker could not start its backend, the
 case file would not load). Errors always fail the run; skips fail it unless their kind was allowed
-(``--allow-skips``); :mod:`cases.report` applies the rule.
+(``--allow-skips``); :mod:`cases.reporting.report` applies the rule.
 
-Cases run in :mod:`cases.pool` (here, in local worker processes, or on a Ray cluster); whatever ran
+Cases run in :mod:`cases.running.pool` (here, in local worker processes, or on a Ray cluster); whatever ran
 them, a counted failure is captured here, on the driver, as its result comes back (:func:`_captured`),
 and every result names the node that ran it.
 """
@@ -25,12 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import sys
 import time
 
 import torch
 
-from cases.collect import Item, collect_items
+from cases.data.collect import Item, collect_items
 
 __all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "schedule", "estimate",
            "execute", "RATIO_BINS"]
@@ -57,7 +56,7 @@ class Outcome:
     attribution_detail: str | None = None
     replay: str | None = None
     skip_kind: str | None = None      # kernels.backends.SKIP_KINDS, for skipped outcomes
-    signature: tuple | None = None    # a generated case's failure group (cases/shrink.py), not reported
+    signature: tuple | None = None    # a generated case's failure group (cases/running/shrink.py), not reported
     error_map: list | None = None     # [B*S1][NQ] worst error / allowed over d (failures only)
     ratio_histogram: list | None = None  # counts per RATIO_BINS interval, then non-finite mismatches
 
@@ -72,7 +71,7 @@ class CaseResult:
     seconds: float
     outcomes: list
     node: str | None = None            # the host (and Ray node) that ran the case
-    attempts: int = 1                  # 2: its first worker died (cases/pool.py) and it ran again
+    attempts: int = 1                  # 2: its first worker died (cases/running/pool.py) and it ran again
     to_capture: str | None = None      # a counted catalog failure's message, captured on the driver
 
     @property
@@ -93,9 +92,9 @@ class RunResult:
     fallback: bool = False            # auto fell back to the golden: no kernel checked
     allow_fallback: bool = False
     allowed_skips: tuple = ()         # skip kinds that do not fail the run
-    selection: dict | None = None     # cases.collect.selection(): what was selected, fingerprinted
-    provenance: dict | None = None    # cases.provenance.run_provenance(): which kernel, project, inputs
-    execution: dict | None = None     # cases.pool.Pool.describe(): executor, workers, cluster resources, nodes
+    selection: dict | None = None     # cases.data.collect.selection(): what was selected, fingerprinted
+    provenance: dict | None = None    # cases.data.provenance.run_provenance(): which kernel, project, inputs
+    execution: dict | None = None     # cases.running.pool.Pool.describe(): executor, workers, cluster resources, nodes
 
 
 # --- the backend ---------------------------------------------------------------------------------
@@ -107,10 +106,10 @@ def choose_backend(name: str, *, device=None, max_seconds: float | None = None):
     Raises kernels.BackendUnavailable when the named backend cannot start here.
     """
     import kernels
+    from kernels.backends import limit_time
 
-    backend = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
-    if max_seconds is not None and hasattr(backend, "max_seconds"):
-        backend.max_seconds = max_seconds or None        # 0: no limit
+    backend = limit_time(kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name),
+                         max_seconds)
     note = getattr(backend, "selection", None) or f"backend {backend.name} (as asked)"
     note = "; ".join([note] + (backend.notes() if hasattr(backend, "notes") else []))
     replay_name = backend.name if name == "auto" else name
@@ -178,13 +177,13 @@ def _envelope_record(ref) -> dict | None:
 def _run_paged(backend, item: Item, regressions_dir) -> tuple[list, str | None]:
     """The outcomes of one paged case, and the message to capture a counted catalog failure with (the
     driver captures it, :func:`_captured`; a generated one is captured once per signature, shrunk)."""
-    from cases import regressions
+    from cases.data import regressions
     from properties.acceptance import judge
     verdict = judge(backend, item.case, tags={"case": item.name, "backend": backend.name})
     outcomes = [_outcome(ref, verdict.output, item.case.config.s1) for ref in verdict.references]
     counted = [o for o in outcomes if o.verdict == "fail" and o.counts]
     if counted and item.source == "generated":
-        from cases.shrink import signature
+        from cases.running.shrink import signature
         counted[0].signature = signature(verdict)
     elif counted and item.source == "regression":
         command = regressions.replay_command(item.regression, regressions_dir)
@@ -199,7 +198,7 @@ def _captured(backend_name: str, item: Item, result: CaseResult, *, capture: boo
     """``result`` after capturing its counted catalog failure through the one writer (here, on the driver)."""
     if result.to_capture is None:
         return result
-    from cases import regressions
+    from cases.data import regressions
     command, line = regressions.capture("acceptance", backend_name, item.case, {}, result.to_capture,
                                         enabled=capture, directory=regressions_dir)
     for o in result.outcomes:
@@ -211,7 +210,7 @@ def _captured(backend_name: str, item: Item, result: CaseResult, *, capture: boo
 
 def _run_regression_law(backend, item: Item, regressions_dir) -> list:
     """Replay a captured case of another law (``item.record``: its file, read by the driver)."""
-    from cases import regressions
+    from cases.data import regressions
     reg = item.record
     try:
         regressions.replay(reg, backend, directory=regressions_dir)
@@ -252,7 +251,7 @@ def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, de
     the driver); never raises for a backend failure (verdict ``error``). ``deadline`` (``time.time()``
     value): past it, the item is skipped with the reason."""
     start = time.perf_counter()
-    from cases import ledger
+    from properties import ledger
     from kernels import BackendUnavailable, Skip
     from properties.acceptance import InputsModified
     known = ledger.lookup(item.regression, backend_name, config=getattr(item.case, "config", None))
@@ -300,11 +299,11 @@ def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, de
                       time.perf_counter() - start, outcomes, to_capture=to_capture)
 
 
-# --- many cases, through the pool (cases/pool.py) ---------------------------------------------------
+# --- many cases, through the pool (cases/running/pool.py) ---------------------------------------------------
 
 def _case_task(payload) -> CaseResult:
-    """One case in a worker of cases/pool.py: the worker's backend (built once), then the item."""
-    from cases.pool import worker_backend
+    """One case in a worker of cases/running/pool.py: the worker's backend (built once), then the item."""
+    from cases.running.pool import worker_backend
     name, options, item = payload
     try:
         backend = worker_backend(name, device=options["device"], max_seconds=options["max_seconds"])
@@ -326,11 +325,11 @@ def run_items(backend, backend_name: str, items: list, *, workers: int = 1, devi
               regressions_dir=None, progress=None, deadline: float | None = None,
               max_seconds: float | None = None, pool=None) -> list:
     """Results in ``items`` order. ``progress(event, item, result)`` sees ``start`` and ``done``.
-    In this process with one worker and no ``pool``; else through ``pool`` (a cases.pool.Pool, default
+    In this process with one worker and no ``pool``; else through ``pool`` (a cases.running.pool.Pool, default
     ``workers`` local processes), whose workers build their own backend by name (one that cannot turns
     each of its cases into an ``error``, never a skip), in :func:`schedule` order. Counted catalog
     failures are captured here as their results arrive."""
-    from cases.pool import Pool
+    from cases.running.pool import Pool
     note = progress or (lambda *a: None)
     local = pool is None and (workers <= 1 or len(items) <= 1)
     order = list(range(len(items))) if local else schedule(backend, items)
@@ -356,26 +355,51 @@ def run_items(backend, backend_name: str, items: list, *, workers: int = 1, devi
     return [results[k] for k in range(len(items))]
 
 
-def execute(options, *, progress=None, on_items=None) -> RunResult:
-    """The run behind ``pfa-verify run`` (no printing): choose, connect, collect, run, capture. ``options``
-    has the command's fields (cli.py). ``on_items(items, note)`` hears what will run, and how the backend
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What ``pfa-verify run`` was asked for, typed (cases.cli.run_options builds it from the command's
+    arguments; the option of the same name in ``pfa-verify run --help`` says what each does)."""
+    backend: str = "auto"
+    cases: str = "all"
+    examples: int = 20
+    seed: int = 0
+    distribution: tuple[str, ...] | None = None
+    device: int | None = None
+    workers: int = 1
+    cluster: str | None = None
+    budget: int | None = None
+    max_seconds: int | None = None
+    allow_skips: tuple[str, ...] = ()
+    allow_fallback: bool = False
+    regressions: str | None = None
+    no_capture: bool = False
+    shrink_seconds: int = 60
+    command: str = "pfa-verify run"       # how the run was asked for, as the report quotes it
+
+
+def execute(options: RunOptions, *, progress=None, on_items=None) -> RunResult:
+    """The run behind ``pfa-verify run`` (no printing): choose, connect, collect, run, capture, as
+    ``options`` (:class:`RunOptions`) say. ``on_items(items, note)`` hears what will run, and how the backend
     was chosen, before the first case starts. kernels.BackendUnavailable propagates (a backend that
-    cannot start checks nothing), and so does cases.pool.ClusterError (a cluster that cannot take the
+    cannot start checks nothing), and so does cases.running.pool.ClusterError (a cluster that cannot take the
     cases: both before any case runs)."""
-    from cases.collect import selection
-    from cases.pool import Pool, task_resources
-    from cases.provenance import run_provenance
-    from cases.shrink import capture_generated
+    from cases.data.collect import selection
+    from cases.running.pool import Pool, task_resources
+    from cases.data.provenance import run_provenance
+    from cases.running.shrink import capture_generated
     from kernels.backends import use_backend_threads
+    if not isinstance(options, RunOptions):
+        raise TypeError(f"options must be a cases.running.run.RunOptions (cases.cli.run_options builds one from the "
+                        f"command's arguments), got {type(options).__name__}")
     start = time.perf_counter()
     backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
     use_backend_threads(backend)                 # this process's (workers set their own)
-    cluster = getattr(options, "cluster", None)
+    cluster = options.cluster
     pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
     with pool if cluster else contextlib.nullcontext():
         provenance = run_provenance(backend, regressions_dir=options.regressions)   # before anything is captured
         supported = getattr(backend, "supported_shapes", None)
-        distributions = getattr(options, "distribution", None)
+        distributions = options.distribution
         items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
                               regressions_dir=options.regressions, distributions=distributions)
         selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
@@ -390,10 +414,10 @@ def execute(options, *, progress=None, on_items=None) -> RunResult:
                             deadline=deadline, max_seconds=options.max_seconds, pool=pool if cluster else None)
     capture_generated(backend, name, items, results, seed=options.seed, supported=supported,
                       capture=not options.no_capture, regressions_dir=options.regressions,
-                      shrink_s=getattr(options, "shrink_seconds", 60), examples=options.examples,
+                      shrink_s=options.shrink_seconds, examples=options.examples,
                       distributions=distributions)
     return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
                      options.seed, results, time.perf_counter() - start,
-                     "pfa-verify run " + " ".join(sys.argv[2:]), fallback=bool(getattr(backend, "fallback", False)),
+                     options.command, fallback=bool(getattr(backend, "fallback", False)),
                      allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
                      selection=selected, provenance=provenance, execution=pool.describe())

@@ -51,7 +51,7 @@ def generated_strategy(supported: dict | None = None, distributions: tuple[str, 
 
 
 def generation_draws(n: int) -> int:
-    """Draws that give ``n`` distinct generated cases (replaying them, cases/shrink.py, draws as many)."""
+    """Draws that give ``n`` distinct generated cases (replaying them, cases/running/shrink.py, draws as many)."""
     return 3 * n
 
 
@@ -88,8 +88,9 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, or a comma-separated
     list of catalog names and regression ids.
     """
-    from cases import ledger, regressions
-    from cases.catalog import load_catalog
+    from properties import ledger
+    from cases.data import regressions
+    from cases.data.catalog import load_catalog
     from golden.errors import UsageError
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)

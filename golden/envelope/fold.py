@@ -1,4 +1,4 @@
-"""The acceptance envelope's fold (SPEC §4.2; steps 6-8 of golden/envelope.py): from the bounds of each
+"""The acceptance envelope's fold (SPEC §4.2; steps 6-8 of golden/envelope/builder.py): from the bounds of each
 (batch, tile, kv head, row) to the bounds of each output row.
 
 6. The online update in closed form: ``out = N / L`` with ``N = sum_j w_j O_j`` and ``L = sum_j w_j l_j``
@@ -9,7 +9,7 @@
    and a degenerate tile's mean one of its V rows that can matter (:func:`tile_hull`); both bounds hold, so
    their intersection does.
 
-golden/envelope.py's EnvelopeBuilder keeps the per-tile states and the hulls, and calls :func:`fold` once.
+golden/envelope/builder.py's EnvelopeBuilder keeps the per-tile states and the hulls, and calls :func:`fold` once.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import math
 import numpy as np
 import torch
 
-from .envelope_stages import sum_relative
-from .intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps
-from .model import ConformanceModel
+from .stages import sum_relative
+from ..intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps
+from ..model import ConformanceModel
 
 __all__ = ["fold", "tile_hull", "row_hulls", "tile_weights", "signed_weighted_sum", "DEGENERATE_SPREAD",
            "HULL_NEGLIGIBLE", "ARGUMENT_ROUNDING"]
@@ -160,7 +160,7 @@ def tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index
     ``O_j = sum_t a_t (V_t + e_t |V_t|)`` with ``V_t = v8_t v_scale`` exact, ``|e_t| <= theta'`` (MM2's
     any-order bound relative to its magnitude, and the two float32 products of F2), and ``a_t =
     p_scale P8_t`` within ``[c_lo P_t - alpha', c_hi P_t + alpha']`` (the codec's quantization error,
-    golden.envelope_stages.quantization_error, and the roundings of ``RN(P scale)``, the scale and
+    golden.envelope.stages.quantization_error, and the roundings of ``RN(P scale)``, the scale and
     p_scale); ``l_j = (sum_t P_t)(1 +- lambda)`` (F1). So ``mu_j`` is a near-convex combination of the
     V rows: between ``g-(min V - theta'|V|)`` and ``g+(max V + theta'|V|)`` over the tokens that can
     matter (``P <= e_hi < HULL_NEGLIGIBLE`` elsewhere), where ``g+`` applies ``c_hi / (1 - lambda)`` to a
@@ -189,13 +189,14 @@ def tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index
     highest = torch.full((pair.numel(), d), -math.inf, dtype=torch.float64).scatter_reduce_(0, where, rows_v, "amax") * vs
     lowest = torch.full((pair.numel(), d), math.inf, dtype=torch.float64).scatter_reduce_(0, where, rows_v, "amin") * vs
     top, bottom = highest + theta * highest.abs(), lowest - theta * lowest.abs()
-    # |V| over the tile's tokens (a superset of the row's visible ones: sound), per block then per tile.
-    magnitude = v.abs()
-    per_tile = to_tiles(torch.cat([magnitude.amax(dim=2), magnitude.sum(dim=2)], dim=-1)[:, :, :, None]
-                        .expand(-1, -1, -1, v.shape[2]).contiguous())          # [P, N, 2D, T] (each block's value
-    per_tile = per_tile.reshape(*per_tile.shape[:3], -1, v.shape[2])[..., 0]   # on its BS columns, taken once)
-    largest = per_tile[pair, head, :d].amax(dim=-1) * vs * (1 + theta)
-    total = per_tile[pair, head, d:].sum(dim=-1) * vs * (1 + theta)            # exact float64 sums of E4M3 values
+    # |V| over the row's visible tokens, a prefix of the tile's (SPEC §2.1): running maxima and sums along
+    # the tile, read at the row's last visible token. The sums are exact (E4M3 magnitudes, multiples of
+    # 2**-9 below 448, far fewer than 2**20 of them), so a row's values do not depend on what else the
+    # chunk holds: the same bits for the row alone (golden.paged_attention_envelope's ``rows``).
+    magnitude = to_tiles(v.abs().transpose(2, 3).contiguous())              # [P, N, D, T]
+    last = (count.to(torch.int64) - 1).clamp(min=0)                          # degenerate rows see >= 1 token
+    largest = torch.cummax(magnitude, dim=-1).values[pair, head, :, last] * vs * (1 + theta)
+    total = torch.cumsum(magnitude, dim=-1)[pair, head, :, last] * vs * (1 + theta)
     # A negligible token's P is at most exp(RN(S_hi - m_lo)) within exp_ulps, and RN(d) <= d (1 - u) for d < 0
     # (e_hi < HULL_NEGLIGIBLE there): exp((S_hi - m_lo)(1 - delta)), with the float64 difference's rounding.
     rest = seen & ~matters

@@ -11,7 +11,7 @@ one distribution at a time) the envelope of the golden (golden.paged_attention_e
   the 99th percentile and at most (1 or less: the rule is the tolerance);
 - ``cost``: the envelope's time over the golden's (the envelope evaluation includes the golden).
 
-``pfa-verify bench --tightness`` prints the table; tests/cases/test_tightness.py holds the shares of a
+``pfa-verify tightness`` prints the table (``--record`` rewrites cases/tightness.json); tests/cases/test_tightness.py holds the shares of a
 fixed set of cases to the recorded ones in cases/tightness.json (a share that grows fails).
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from pathlib import Path
+from cases.data import FOLDER
 
-__all__ = ["Tightness", "measure", "render_table", "RECORDED"]
+__all__ = ["Tightness", "measure", "render_table", "RECORDED", "add_arguments", "main"]
 
-RECORDED = Path(__file__).resolve().parent / "tightness.json"
+RECORDED = FOLDER / "tightness.json"
 
 
 @dataclasses.dataclass
@@ -54,10 +54,10 @@ class Tightness:
 
 def _cases(distribution: str, count: int, seed: int) -> list:
     """The cases the table measures: ``pfa-verify run``'s generated cases for our kernel's shapes, of
-    ``distribution`` only (cases.collect.generated_cases: the same whatever else the process imported)."""
+    ``distribution`` only (cases.data.collect.generated_cases: the same whatever else the process imported)."""
     from kernels.config import KERNEL_SHAPES
 
-    from .collect import generated_cases
+    from cases.data.collect import generated_cases
     return generated_cases(count, seed, supported=KERNEL_SHAPES, distributions=(distribution,))
 
 
@@ -128,9 +128,25 @@ def record(count: int = 4, seed: int = 0) -> dict:
     return data
 
 
-if __name__ == "__main__":  # python -m cases.tightness --record
-    import sys
-    if sys.argv[1:] == ["--record"]:
-        print(json.dumps(record(), indent=1))
-    else:
-        sys.exit("usage: python -m cases.tightness --record   (pfa-verify bench --tightness prints the table)")
+def add_arguments(parser) -> None:
+    """The options of ``pfa-verify tightness``."""
+    parser.add_argument("--cases", type=int, default=20, metavar="N", help="kernel-sized cases per distribution (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the derandomized draws (default 0)")
+    parser.add_argument("--record", action="store_true",
+                        help="measure 4 cases per distribution and rewrite cases/tightness.json (what "
+                             "tests/cases/test_tightness.py holds the envelope to)")
+
+
+def main(args) -> int:
+    """``pfa-verify tightness``: the table, or with ``--record`` the recorded shares rewritten."""
+    from golden.errors import UsageError
+    if args.cases < 1:
+        raise UsageError(f"--cases {args.cases}: expected at least 1 case per distribution")
+    if args.record:
+        print(json.dumps(record(seed=args.seed), indent=1))
+        return 0
+    from rich.console import Console
+
+    import golden
+    Console(width=160).print(render_table([measure(d, args.cases, args.seed) for d in golden.DISTRIBUTIONS]))
+    return 0

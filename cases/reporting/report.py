@@ -15,8 +15,8 @@ on the backend it was asked for, and every comparison that counts passed. It fai
 The JSON report (schema: cases/report.schema.json, documented in README.md under "Report schema")
 has one object per case and comparison in ``results``, a ``summary`` whose ``verdict`` line says what
 was and was not checked on which backend, the ``versions`` of what produced it, and what it checked
-named by content (cases/provenance.py: the backend's codec, model and kernel file with its sha256, the
-project's commit, the catalog's and regressions' fingerprints; cases/collect.py: the ``selection``
+named by content (cases/data/provenance.py: the backend's codec, model and kernel file with its sha256, the
+project's commit, the catalog's and regressions' fingerprints; cases/data/collect.py: the ``selection``
 fingerprint, which ``pfa-verify compare`` matches).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import json
 import math
 from pathlib import Path
 
-from cases.versions import versions
+from cases.data.versions import versions
 
 __all__ = ["SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
            "Row", "table_rows", "skipped_groups", "render_table", "print_report", "provenance_lines",
@@ -130,7 +130,7 @@ def to_json(run) -> dict:
 
 
 def execution(run) -> dict:
-    """What executed the cases (cases.pool.Pool.describe()) and how many each node ran."""
+    """What executed the cases (cases.running.pool.Pool.describe()) and how many each node ran."""
     described = dict(run.execution or {"executor": "here", "workers": 1, "cluster": None, "task_resources": {"CPU": 1},
                                        "resources": None, "nodes": []})
     described["cases_per_node"] = dict(collections.Counter(r.node for r in run.results if r.node))
@@ -140,7 +140,7 @@ def execution(run) -> dict:
 def write_json(run, path) -> Path:
     """Write the report, checked against cases/report.schema.json first (a report that breaks it is a
     bug of ours: RuntimeError, nothing written)."""
-    from cases.schemas import check_written
+    from cases.data.schemas import check_written
     data = to_json(run)
     check_written(data, "report")
     path = Path(path)
@@ -152,8 +152,8 @@ def write_json(run, path) -> Path:
 
 def check_schema(instance) -> list[str]:
     """Errors of ``instance`` against cases/report.schema.json, as ``"$.path: message"`` lines; [] when
-    valid (cases/schemas.py: the jsonschema package, draft 2020-12)."""
-    from cases import schemas
+    valid (cases/data/schemas.py: the jsonschema package, draft 2020-12)."""
+    from cases.data import schemas
     return schemas.errors(instance, "report")
 
 
@@ -163,7 +163,7 @@ def check_schema(instance) -> list[str]:
 class Row:
     """One row of the run's table: one comparison of one case. Tables show the case's own cells (name,
     source, backend, seconds) on its first comparison only (``first``)."""
-    outcome: object              # cases.run.Outcome
+    outcome: object              # cases.running.run.Outcome
     first: bool                  # the case's first comparison
     name: str
     source: str

@@ -1,7 +1,7 @@
-"""The worker side of the pool (cases/pool.py): what runs inside a worker process, a local one or a
+"""The worker side of the pool (cases/running/pool.py): what runs inside a worker process, a local one or a
 Ray task. :func:`worker_setup` once per process, :func:`worker_slot` its index, :func:`worker_backend`
-its backend built once; ``_call`` / ``_ray_call`` run a task and say whether the process must be
-replaced before another (pypto after a failure inside its trace, W7). cases/pool.py, the driver side,
+its backend built once; ``_call`` / ``ray_call`` run a task and say whether the process must be
+replaced before another (pypto after a failure inside its trace, W7). cases/running/pool.py, the driver side,
 re-exports the public names.
 """
 from __future__ import annotations
@@ -40,16 +40,14 @@ def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
     (ASCEND_RT_VISIBLE_DEVICES, kernels.backends.resolve_device_index). A backend that cannot start
     raises the same one-line error on every call (RuntimeError naming the worker and the reason)."""
     import kernels
+    from kernels.backends import limit_time, runs_on_npu
     slot = worker_slot()
-    npu = name == "npu" or name.startswith("pypto-gym-npu:")
-    dev = ((device or 0) + slot if slot is not None else None) if npu else device
+    dev = ((device or 0) + slot if slot is not None else None) if runs_on_npu(name) else device
     key = (name, dev, max_seconds)
     if key not in _BACKENDS:
         try:
             backend = kernels.get_backend(name) if dev is None else kernels.get_backend(name, device=dev)
-            if max_seconds is not None and hasattr(backend, "max_seconds"):
-                backend.max_seconds = max_seconds or None        # 0: no limit
-            _BACKENDS[key] = backend
+            _BACKENDS[key] = limit_time(backend, max_seconds)
         except Exception as exc:  # noqa: BLE001 - kept, and raised for each task of this worker
             reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
             where = f"worker {slot}" if slot is not None else f"the worker on {_node()}"
@@ -59,7 +57,7 @@ def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
     return _BACKENDS[key]
 
 
-def _local_init(slots) -> None:
+def local_init(slots) -> None:
     """A local worker's start: its slot from the pool's queue, given back when the process ends. A pool
     with ``max_tasks_per_child=1`` (``fresh``) starts a new process after every task, and a process that
     kept its slot would leave the next one waiting in ``slots.get()`` for ever (a hung kill matrix).
@@ -79,7 +77,7 @@ def _node() -> str:
     return host
 
 
-def _retire() -> str | None:
+def retire_if_spoiled() -> str | None:
     """Why this process must not run another task (pypto's state after a failure inside its trace,
     kernels.pypto_workarounds.spoiled), or None."""
     if "kernels.pypto_workarounds" not in sys.modules:
@@ -88,24 +86,24 @@ def _retire() -> str | None:
     return spoiled()
 
 
-def _call(fn: Callable, payload) -> tuple:
+def call_in_worker(fn: Callable, payload) -> tuple:
     """What a worker runs: ``fn(payload)``, with the node and process that ran it, and why the process
     must be replaced before another task (None: it need not)."""
     worker_setup()
-    return fn(payload), _node(), os.getpid(), _retire()
+    return fn(payload), _node(), os.getpid(), retire_if_spoiled()
 
 
-class _Spoiled(RuntimeError):
+class WorkerSpoiled(RuntimeError):
     """A Ray worker refusing a task because an earlier task left its process unusable (it exits)."""
 
 
-def _ray_call(fn: Callable, payload) -> tuple:
+def ray_call(fn: Callable, payload) -> tuple:
     _SLOT.update(ray=True, slot=None)
-    why = _retire()
+    why = retire_if_spoiled()
     if why:
         # Ray cannot retire a task's worker on request: this one refuses the task (the driver hands it
         # out again, uncharged) and exits a moment later, once the refusal has gone back.
         import threading
         threading.Timer(0.5, os._exit, args=(0,)).start()
-        raise _Spoiled(why)
-    return _call(fn, payload)
+        raise WorkerSpoiled(why)
+    return call_in_worker(fn, payload)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cases import schemas
+from cases.data import schemas
 from golden.errors import UsageError
+from cases.data import FOLDER
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
 
-CATALOG_PATH = Path(__file__).resolve().parent / "catalog.json"
+CATALOG_PATH = FOLDER / "catalog.json"
 SPEC_CASE_NAMES = (
     "pfa_fp8_b1_s1_2_s2_2048_nkv_8", "pfa_fp8_b16_s1_1_s2_8195_nkv_2", "pfa_fp8_b16_s1_1_s2_8k_nkv_1",
     "pfa_fp8_b16_s1_1_s2_8k_nkv_2", "pfa_fp8_b2_s1_1_s2_1k", "pfa_fp8_b16_s1_1_s2_256_nkv_4",

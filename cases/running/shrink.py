@@ -5,7 +5,7 @@ run`` runs it to shrink the failures of its generated cases (issue 12). A failin
 rarely the smallest case that shows its bug, and one bug fails many generated cases alike, so before
 anything is captured the failures are grouped by :func:`signature` (category of the one acceptance
 rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker: the
-generation that produced the cases is replayed (same strategy, same seed, cases/collect.py) with
+generation that produced the cases is replayed (same strategy, same seed, cases/data/collect.py) with
 "fails with this signature" as the failure, so Hypothesis meets the group's first failing case and
 shrinks from it.
 """
@@ -127,10 +127,10 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
                       capture: bool, regressions_dir, shrink_s: float, examples: int, distributions=None) -> dict:
     """Capture ``pfa-verify run``'s generated failures once per signature (on the driver, after every
     result came back), each shrunk by Hypothesis from the generation that produced it (:func:`hunt`);
-    every failing outcome (cases.run.Outcome) gets its group's replay line. Returns {signature:
+    every failing outcome (cases.running.run.Outcome) gets its group's replay line. Returns {signature:
     (captured case, member names)}."""
-    from cases import regressions
-    from cases.collect import generated_strategy, generation_draws
+    from cases.data import regressions
+    from cases.data.collect import generated_strategy, generation_draws
     from properties.acceptance import judge
     groups: dict = {}
     for item, result in zip(items, results):

@@ -3,10 +3,10 @@
 =========================  =======================================================  ===================
 schema file                what it describes                                        read / written by
 =========================  =======================================================  ===================
-catalog.schema.json        cases/catalog.json (SPEC §5 names, defaults, edge cases)  cases/catalog.py
-regression.schema.json     a captured case, cases/regressions/<id>.json              cases/regressions.py
-mutants.schema.json        the kill matrix of ``pfa-verify mutants --json``          cases/mutants.py
-report.schema.json         the report of ``pfa-verify run --json``                   cases/report.py
+catalog.schema.json        cases/catalog.json (SPEC §5 names, defaults, edge cases)  cases/data/catalog.py
+regression.schema.json     a captured case, cases/regressions/<id>.json              cases/data/regressions.py
+mutants.schema.json        the kill matrix of ``pfa-verify mutants --json``          cases/measuring/mutants.py
+report.schema.json         the report of ``pfa-verify run --json``                   cases/reporting/report.py
 =========================  =======================================================  ===================
 
 A file read from disk that breaks its schema is a :class:`golden.errors.UsageError` naming the file
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
+from cases.data import FOLDER
 
 __all__ = ["SCHEMA_DIR", "schema", "violations", "errors", "describe", "where", "and_more", "check_written"]
 
-SCHEMA_DIR = Path(__file__).resolve().parent
+SCHEMA_DIR = FOLDER
 
 
 @functools.cache

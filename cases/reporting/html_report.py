@@ -11,19 +11,19 @@ and comparison, then for each failing comparison its error picture:
 - the attribution of the difference: kernel logic or backend codec, the envelope's part (SPEC §4.2), with the
   message of :mod:`properties.compare` and the replay command.
 
-The page is cases/templates/run_report.html.j2 (cases/html_pages.py); its table is the terminal's
-(:func:`cases.report.table_rows`); this module computes the pictures' geometry.
+The page is cases/templates/run_report.html.j2 (cases/reporting/html_pages.py); its table is the terminal's
+(:func:`cases.reporting.report.table_rows`); this module computes the pictures' geometry.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from cases import html_pages
-from cases.html_pages import ratio_colour, slug
-from cases.report import provenance_lines, skipped_groups, summarize, table_rows
-from cases.run import RATIO_BINS
-from cases.versions import versions
+from cases.reporting import html_pages
+from cases.reporting.html_pages import ratio_colour, slug
+from cases.reporting.report import provenance_lines, skipped_groups, summarize, table_rows
+from cases.running.run import RATIO_BINS
+from cases.data.versions import versions
 
 __all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]
 

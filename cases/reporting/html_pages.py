@@ -1,7 +1,7 @@
 """The HTML pages of the reports, from Jinja2 templates in cases/templates/ (autoescaped).
 
-Three pages share one look: the run report (cases/html_report.py), the kill matrix (cases/mutants.py)
-and the comparison of two runs (cases/report_compare.py). Each module computes what its page shows
+Three pages share one look: the run report (cases/reporting/html_report.py), the kill matrix (cases/measuring/mutants.py)
+and the comparison of two runs (cases/reporting/report_compare.py). Each module computes what its page shows
 (rows, the geometry of its pictures) and :func:`render` fills the template; no page is assembled from
 strings. Every value is escaped by the template engine (``autoescape``), so a case name, a message or
 a file path cannot break the page; a name the template uses that the caller did not give is an error
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
+from cases.data import FOLDER
 
 __all__ = ["TEMPLATES", "render", "ratio_colour", "slug"]
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = FOLDER / "templates"
 
 
 @functools.cache

@@ -2,8 +2,8 @@
 
 Each law's search of ``examples`` examples is split into ``tasks`` tasks of about ``examples / tasks``
 examples, each under its own seed (:func:`task_seed`: distinct per law and task, the same for the same
-``--seed``), and the tasks run through :mod:`cases.pool` (here, local processes or a Ray cluster). A
-task is one :func:`cases.shrink.hunt` over the law's examples (properties/law_examples.py, the same
+``--seed``), and the tasks run through :mod:`cases.running.pool` (here, local processes or a Ray cluster). A
+task is one :func:`cases.running.shrink.hunt` over the law's examples (properties/law_examples.py, the same
 domains as pytest's law tests and the mutants): it stops at its first failure and does not shrink it.
 
 With ``--database`` the tasks share Hypothesis's example database (a directory every node can reach,
@@ -13,7 +13,7 @@ node, and by tomorrow's search.
 
 The failures come back to the driver, grouped by :func:`failure_signature` (law, kind of failure);
 the first of each group, in law and task order, is shrunk here by Hypothesis for ``shrink_s``
-seconds (the task's seed replayed, or the database) and captured once through cases/regressions.py;
+seconds (the task's seed replayed, or the database) and captured once through cases/data/regressions.py;
 every other member points at it. Exit 1 when anything failed, or a task ended in an error (its worker
 died twice, the backend could not start); 0 when every example of every law held.
 """
@@ -70,7 +70,7 @@ def task_seed(seed: int, law: str, task: int) -> int:
 
 def failure_signature(law: str, kind: str, message: str) -> tuple:
     """How failures are grouped: the law and the kind (``law``: the law's assertion; ``error``: the
-    backend raised, with the exception's type). Coarse on purpose, as cases/shrink.py's: one bug, one
+    backend raised, with the exception's type). Coarse on purpose, as cases/running/shrink.py's: one bug, one
     signature, one captured case."""
     return (law, kind) if kind == "law" else (law, kind, message.split(":", 1)[0])
 
@@ -95,9 +95,9 @@ def _key(law: str, backend_name: str) -> str:
 
 
 def _search_task(payload) -> TaskReport:
-    """One task in a worker (cases/pool.py): the worker's backend, then the law's search."""
-    from cases.pool import worker_backend
-    from cases.shrink import hunt
+    """One task in a worker (cases/running/pool.py): the worker's backend, then the law's search."""
+    from cases.running.pool import worker_backend
+    from cases.running.shrink import hunt
     from properties import law_examples, laws
     law, task, seed, examples, backend_name, database = payload
     report = TaskReport(law, task, seed)
@@ -117,7 +117,7 @@ def _search_task(payload) -> TaskReport:
 def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples: int, database, shrink_s: float):
     """``(case, params, message, how)`` of the group's first failure, shrunk by Hypothesis when it
     reproduces (the task's seed, or the database, replayed here on the driver); else as the task found it."""
-    from cases.shrink import hunt
+    from cases.running.shrink import hunt
     from properties import law_examples, laws
     if shrink_s > 0:
         def check(example):
@@ -141,8 +141,8 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool; failures grouped,
     the first of each group shrunk and captured once, here."""
     import kernels
-    from cases import regressions
-    from cases.pool import Pool, task_resources
+    from cases.data import regressions
+    from cases.running.pool import Pool, task_resources
     from properties.law_examples import PAGED_LAWS
     if not laws:
         raise UsageError(f"--laws: none given; expected some of {', '.join(PAGED_LAWS)}")
@@ -247,7 +247,7 @@ def main(args) -> int:
 
     from rich.console import Console
 
-    from cases.pool import ClusterError
+    from cases.running.pool import ClusterError
     from properties.law_examples import PAGED_LAWS
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
     laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws is not None else PAGED_LAWS
@@ -278,8 +278,8 @@ def main(args) -> int:
 
 def add_arguments(parser) -> None:
     """The options of ``pfa-verify search``."""
-    from cases.pool import add_cluster_argument
-    from cases.pool import count_argument as count
+    from cases.running.pool import add_cluster_argument
+    from cases.running.pool import count_argument as count
 
     parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
                         "any name --backend of pfa-verify run takes")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
-from pathlib import Path
+from cases.data import FOLDER
 
 __all__ = ["versions", "project"]
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = FOLDER.parent
 
 
 def _dist_version(name: str) -> str | None:
@@ -29,7 +29,7 @@ def versions() -> dict:
     if own is None:  # running from a source tree that is not installed
         try:
             import tomllib
-            own = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["version"]
+            own = tomllib.loads((_ROOT / "pyproject.toml").read_text())["project"]["version"]
         except Exception:  # noqa: BLE001 - best effort
             own = None
     return {"pfa-verify": own, "torch": torch.__version__, "pypto": _dist_version("pypto"),

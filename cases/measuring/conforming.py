@@ -1,4 +1,4 @@
-"""``pfa-verify mutants --level conforming``: false reds of the suite, as a number (issue 16).
+"""``pfa-verify conforming``: false reds of the suite, as a number (issue 16).
 
 The mutants' counterpart. Every variant of kernels/conforming is a correct kernel that uses only SPEC
 §4.1's freedoms (other float32 summation orders and trees, Kahan, fused multiply-adds, other dequant
@@ -94,7 +94,7 @@ def _law_cell(law: str, backend, *, examples: int, seed: int) -> Cell:
 
 
 def _catalog_cell(backend) -> Cell:
-    from cases.catalog import load_catalog
+    from cases.data.catalog import load_catalog
     from properties.acceptance import judge
     cell = Cell(CATALOG, 0, 0, 0.0)
     start = time.perf_counter()
@@ -130,7 +130,7 @@ def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool)
 
 
 def _variant_task(payload) -> VariantResult:
-    """One variant in a worker of cases/pool.py."""
+    """One variant in a worker of cases/running/pool.py."""
     name, options = payload
     return _variant(name, **options)
 
@@ -138,7 +138,7 @@ def _variant_task(payload) -> VariantResult:
 def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, catalog: bool = True,
                workers: int = 1, cluster=None) -> ConformingRun:
     """Every conforming variant (or ``names``) through every paged-attention law (or ``laws``) and the
-    catalog, ``examples`` examples per law; ``workers`` processes or ``cluster`` (cases/pool.py), one
+    catalog, ``examples`` examples per law; ``workers`` processes or ``cluster`` (cases/running/pool.py), one
     variant each at a time. A variant whose worker died twice is a broken row (exit 1)."""
     from kernels.conforming import VARIANTS
     from properties.law_examples import PAGED_LAWS
@@ -149,7 +149,7 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
     check_known("--laws", "law", laws, PAGED_LAWS)
     start = time.perf_counter()
     options = dict(examples=examples, seed=seed, laws=laws, catalog=catalog)
-    from cases.pool import Pool
+    from cases.running.pool import Pool
     with Pool(workers=workers, cluster=cluster) as pool:
         tasks = pool.map(_variant_task, [(n, options) for n in chosen])
     results = [t.value if t.error is None else VariantResult(n, VARIANTS[n].description, [], error=t.error.splitlines()[0])
