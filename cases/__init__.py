@@ -6,6 +6,6 @@
 - ``cases.reporting``: terminal, JSON and HTML reports, and the comparison of two reports;
 - ``cases.measuring``: the suite measuring itself (bench, tightness, the kill matrices).
 
-Each room imports only the rooms listed before it; ``cases.cli`` (with ``cli_cases``) is the command line
+Each room imports only the rooms listed before it; ``cases.cli`` (a package: every option of every subcommand) is the command line
 over all four, and nothing imports it (the ``cases-rooms`` contract in pyproject.toml).
 """

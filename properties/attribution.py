@@ -9,6 +9,10 @@ Whether a difference is one a conforming kernel can make (an E4M3 code of P flip
 reordering) is not attribution's question: the acceptance envelope (SPEC §4.2, golden/envelope/builder.py)
 answers it with a proof, and a mismatch is by definition outside it.
 
+:func:`error_picture` summarizes the per-element ratio of error to tolerance where it is computed (a
+worker process), so that reports can draw it without the tensor: the worst ratio per (row, head) and
+a histogram over :data:`RATIO_BINS`.
+
 This module never decides pass or fail and never prints: :meth:`Attribution.render` returns the
 one line that :func:`~properties.compare.make_mismatch_message` shows as context.
 """
@@ -16,13 +20,32 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import torch
 
 from golden.attention import visible_lengths
 from golden.paging import ceil_div
 
-__all__ = ["Attribution", "attribute"]
+__all__ = ["Attribution", "attribute", "RATIO_BINS", "error_picture"]
+
+#: Bins of ``|actual - golden| / (atol + rtol |golden|)`` (1 is the tolerance, SPEC §4), and the rule's
+#: ratio where the envelope decides (properties.compare.error_ratio).
+RATIO_BINS = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1e3, math.inf)
+
+
+def error_picture(ratio: torch.Tensor) -> tuple[list, list]:
+    """(the worst ratio per (row, head), None where not finite; the count of ratios in each
+    :data:`RATIO_BINS` interval, then of non-finite ones) of a per-element ratio ``[B*S1, NQ, D]``."""
+    worst = ratio.amax(dim=-1)
+    error_map = [[(float(v) if math.isfinite(v) else None) for v in row] for row in worst.tolist()]
+    flat = ratio.reshape(-1)
+    finite = flat[torch.isfinite(flat)]
+    counts = []
+    for lo, hi in zip(RATIO_BINS[:-1], RATIO_BINS[1:]):
+        counts.append(int(((finite >= lo) & (finite < hi)).sum()) if lo > 0 else int((finite < hi).sum()))
+    counts.append(int((~torch.isfinite(flat)).sum()))
+    return error_map, counts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,8 @@
 ([tool.importlinter]; ``lint-imports`` at the project root checks them by hand):
 
 - ``packages``: golden <- kernels <- properties <- cases (tests may use all);
-- ``cases-rooms``: cases/ is four rooms under the command line, cli > cli_cases > measuring > reporting >
-  running > data; a room imports only the rooms below it, nothing imports cli, and a new module at the top
+- ``cases-rooms``: cases/ is four rooms under the command line, cli > measuring > reporting > running >
+  data; a room imports only the rooms below it, nothing imports cli, and a new module at the top
   of cases/ must take its place in the list;
 - ``no-cycles``: no import cycle between the modules of a package (a module importing its own package's
   __init__, as kernels.backends.sim takes Backend from kernels.backends, is how a package shares its

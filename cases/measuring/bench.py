@@ -12,12 +12,12 @@ only). For each it reports both goldens' time, the speed-up, cases per second, a
 agree (count of outputs that are not bit-identical). With ``--stages`` it adds the suite's cost per
 example, stage by stage on one core, with issue 17's budget and issue 26's lines (cases/measuring/bench_stages.py).
 
-Run: ``python -m cases.measuring.bench [--repeat N] [--workload upstream|kernel|small|conforming|all] [--small-cases N]
-[--kernel-cases N] [--stages] [--tightness N] [--json PATH]``. Speed goals live here, not in tests.
+Run: ``pfa-verify bench [--repeat N] [--workload upstream|kernel|small|conforming|all] [--small-cases N]
+[--kernel-cases N] [--stages] [--json PATH]`` (the options: cases/cli/measure_commands.py). Speed goals live
+here, not in tests.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -214,50 +214,34 @@ def _format_row(row: BenchRow) -> str:
             f"{row.non_identical:>7} / {row.outputs:<8}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pfa-verify bench", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=WORKLOADS, default="all")
-    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
-    parser.add_argument("--small-cases", type=int, default=200, help="size of the small ragged workload")
-    parser.add_argument("--kernel-cases", type=int, default=20, help="size of the kernel-sized workload")
-    parser.add_argument("--stages", action="store_true",
-                        help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
-    parser.add_argument("--tightness", type=int, default=0, metavar="N",
-                        help="the old spelling of 'pfa-verify tightness --cases N' (the envelope's tightness per "
-                             "value distribution), added after the bench")
-    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or args.small_cases < 1 or args.kernel_cases < 1 or args.tightness < 0:
+def main(*, workload: str = "all", repeat: int = 3, small_cases: int = 200, kernel_cases: int = 20, stages: bool = False,
+         tightness: int = 0, json_path: str | None = None) -> int:
+    """``pfa-verify bench`` (its options in cases/cli/measure_commands.py): print the rows, write them as JSON;
+    exit 1 when the two goldens disagree or a row is not finite."""
+    if repeat < 1 or small_cases < 1 or kernel_cases < 1 or tightness < 0:
         raise SystemExit("pfa-verify bench: --repeat, --small-cases and --kernel-cases must be >= 1")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {repeat}")
     print(_HEADER)
-    sizes = {"small_cases": args.small_cases, "kernel_cases": args.kernel_cases}
-    rows = run_bench(args.workload, repeat=args.repeat, **sizes)
-    stages, codecs = [], []
-    if args.stages:
-        print(f"\nThe suite's cost per example, on one core (torch 1 thread), best of {args.repeat} per stage and case:")
-        stages, codecs = run_stages(args.workload, repeat=args.repeat, **sizes)
+    sizes = {"small_cases": small_cases, "kernel_cases": kernel_cases}
+    rows = run_bench(workload, repeat=repeat, **sizes)
+    stage_list, codecs = [], []
+    if stages:
+        print(f"\nThe suite's cost per example, on one core (torch 1 thread), best of {repeat} per stage and case:")
+        stage_list, codecs = run_stages(workload, repeat=repeat, **sizes)
     tight = []
-    if args.tightness:
+    if tightness:
         print("pfa-verify: note: 'bench --tightness N' is now 'pfa-verify tightness --cases N'", file=sys.stderr)
         from rich.console import Console
 
         import golden
-        from cases.measuring import tightness
-        tight = [tightness.measure(d, args.tightness) for d in golden.DISTRIBUTIONS]
-        Console(width=160).print(tightness.render_table(tight))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
+        from cases.measuring import tightness as tightness_module
+        tight = [tightness_module.measure(d, tightness) for d in golden.DISTRIBUTIONS]
+        Console(width=160).print(tightness_module.render_table(tight))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
             data = [r.to_dict() for r in rows]
-            if args.stages or tight:
-                data = {"goldens": data, "stages": [r.to_dict() for r in stages], "codecs": [r.to_dict() for r in codecs],
+            if stages or tight:
+                data = {"goldens": data, "stages": [r.to_dict() for r in stage_list], "codecs": [r.to_dict() for r in codecs],
                         "tightness": [r.to_dict() for r in tight]}
             json.dump(data, f, indent=2)
     disagree = sum(r.non_identical for r in rows)
@@ -269,5 +253,5 @@ def run(args: argparse.Namespace) -> int:
     return 1 if disagree or not_finite else 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":     # python -m cases.measuring.bench: the default bench
     sys.exit(main())

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
+
 __all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "summary_line"]
 
-CATALOG = "catalog"
 
 
 @dataclasses.dataclass
@@ -59,12 +60,6 @@ class ConformingRun:
         return 1 if self.false_reds or any(v.error for v in self.variants) else 0
 
 
-def _record(case, params, exc) -> dict:
-    text = str(exc)
-    return {"config": case.config.to_dict(), "seed": case.seed, "params": dict(params),
-            "message": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
-
-
 def _law_cell(law: str, backend, *, examples: int, seed: int) -> Cell:
     """Every one of ``examples`` examples of ``law`` (generate and target phases), failures counted."""
     from hypothesis import HealthCheck, Phase, given, settings
@@ -86,7 +81,7 @@ def _law_cell(law: str, backend, *, examples: int, seed: int) -> Cell:
         except Exception as exc:  # noqa: BLE001 - any failure of a correct kernel is a false red
             cell.failures += 1
             if cell.first_failure is None:
-                cell.first_failure = _record(case, params, exc)
+                cell.first_failure = example_record(case, params, exc)
 
     run()
     cell.seconds = time.perf_counter() - start
@@ -94,11 +89,10 @@ def _law_cell(law: str, backend, *, examples: int, seed: int) -> Cell:
 
 
 def _catalog_cell(backend) -> Cell:
-    from cases.data.catalog import load_catalog
     from properties.acceptance import judge
     cell = Cell(CATALOG, 0, 0, 0.0)
     start = time.perf_counter()
-    for case in load_catalog().values():
+    for case in catalog_cases(backend):
         cell.examples += 1
         try:
             verdict = judge(backend, case)
@@ -109,7 +103,7 @@ def _catalog_cell(backend) -> Cell:
             error = exc
         cell.failures += 1
         if cell.first_failure is None:
-            cell.first_failure = _record(case, {}, error) | {"name": case.name}
+            cell.first_failure = example_record(case, {}, error)
     cell.seconds = time.perf_counter() - start
     return cell
 
@@ -129,12 +123,6 @@ def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool)
                              error=f"{type(exc).__name__}: {exc}")
 
 
-def _variant_task(payload) -> VariantResult:
-    """One variant in a worker of cases/running/pool.py."""
-    name, options = payload
-    return _variant(name, **options)
-
-
 def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, catalog: bool = True,
                workers: int = 1, cluster=None) -> ConformingRun:
     """Every conforming variant (or ``names``) through every paged-attention law (or ``laws``) and the
@@ -149,11 +137,8 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
     check_known("--laws", "law", laws, PAGED_LAWS)
     start = time.perf_counter()
     options = dict(examples=examples, seed=seed, laws=laws, catalog=catalog)
-    from cases.running.pool import Pool
-    with Pool(workers=workers, cluster=cluster) as pool:
-        tasks = pool.map(_variant_task, [(n, options) for n in chosen])
-    results = [t.value if t.error is None else VariantResult(n, VARIANTS[n].description, [], error=t.error.splitlines()[0])
-               for n, t in zip(chosen, tasks)]
+    results = run_rows(_variant, chosen, options=options, workers=workers, cluster=cluster,
+                       broken=lambda name, error: VariantResult(name, VARIANTS[name].description, [], error=error))
     return ConformingRun(examples, seed, results, time.perf_counter() - start)
 
 

@@ -24,11 +24,12 @@ import dataclasses
 import statistics
 import time
 
+from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
+
 __all__ = ["LawKill", "MutantResult", "MutantsRun", "search", "catalog_kill", "kill_matrix", "to_json",
            "render_table", "render_html", "GOALS"]
 
 GOALS = {"golden": 1.0, "sim": 0.9}
-CATALOG = "catalog"
 
 
 @dataclasses.dataclass
@@ -100,10 +101,6 @@ class MutantsRun:
         return 1 if self.baseline.killed or broken or self.goal_ratio() < self.goal else 0
 
 
-def _example_record(case, params) -> dict:
-    return {"config": case.config.to_dict(), "seed": case.seed, "params": dict(params)}
-
-
 def _kill_kind(error: BaseException) -> str:
     """``"law"`` (an AssertionError: the law failed) or ``"error"`` (a kernels.KernelRunError: the kernel
     did not deliver); any other exception is not a kill and is raised again: the row is broken."""
@@ -133,18 +130,16 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
     by = _kill_kind(found.error)
     case, params = found.example
     text = str(found.error)
-    return LawKill(law, True, found.examples, found.seconds, _example_record(case, params),
+    return LawKill(law, True, found.examples, found.seconds, example_record(case, params),
                    f"{type(found.error).__name__}: {text.splitlines()[0] if text else ''}", by=by)
 
 
 def catalog_kill(backend) -> LawKill:
     """The catalog's cases the backend runs, smallest first, under the one rule, to the first failure
     (a kill as in :func:`search`: a failed rule, an AssertionError or a KernelRunError)."""
-    from cases.data.catalog import load_catalog
     from properties.acceptance import judge
     start = time.perf_counter()
-    cases = [c for c in load_catalog().values() if backend.skip_reason(c.config) is None]
-    cases.sort(key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)
+    cases = catalog_cases(backend)
     for count, case in enumerate(cases, 1):
         try:
             verdict = judge(backend, case)
@@ -153,9 +148,7 @@ def catalog_kill(backend) -> LawKill:
             by = _kill_kind(exc)
             failed, message = True, f"{type(exc).__name__}: {exc}".split("\n")[0]
         if failed:
-            return LawKill(CATALOG, True, count, time.perf_counter() - start,
-                           {"config": case.config.to_dict(), "seed": case.seed, "params": {}, "name": case.name}, message,
-                           by=by)
+            return LawKill(CATALOG, True, count, time.perf_counter() - start, example_record(case, {}), message, by=by)
     return LawKill(CATALOG, False, len(cases), time.perf_counter() - start)
 
 
@@ -169,8 +162,9 @@ def _one(name: str | None, *, level: str, examples: int, seed: int, laws: tuple,
     start = time.perf_counter()
     cells = []
     columns = list(laws) + ([CATALOG] if catalog else [])
+    spoils = getattr(backend, "kernel_errors_spoil_process", False)
     for column in columns:
-        spoiled = next((c for c in cells if c.by == "error"), None) if level == "sim" else None
+        spoiled = next((c for c in cells if c.by == "error"), None) if spoils else None
         if spoiled is not None:
             # pypto 0.2.0 does not recover from a kernel that fails inside its trace: the next trace in
             # the process fails ("function nested is not allowed") or crashes. The kill stands; the
@@ -185,7 +179,7 @@ def _one(name: str | None, *, level: str, examples: int, seed: int, laws: tuple,
     result = MutantResult(name or "none (baseline)", level, entry.bug if entry else "the unmutated reference",
                           entry.equivalent if entry else None, cells)
     first = result.first_kill
-    if first is not None and shrink_s > 0 and not (level == "sim" and first.by == "error"):
+    if first is not None and shrink_s > 0 and not (spoils and first.by == "error"):
         # the smallest counterexample of the first kill, by Hypothesis' shrinker
         shrunk = search(first.law, backend, examples=examples, seed=seed, shrink_s=shrink_s)
         if shrunk.killed:
@@ -205,36 +199,30 @@ def _one_or_error(name: str | None, **options) -> MutantResult:
                             None, [], error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
-def _row_task(payload) -> MutantResult:
-    """One row in a worker of cases/running/pool.py."""
-    name, options = payload
-    return _one_or_error(name, **options)
+def _broken(level: str):
+    def broken(name, error: str) -> MutantResult:
+        from kernels import mutants
+        entry = None if name is None else mutants.MUTANTS.get(name)
+        return MutantResult(name or "none (baseline)", level, entry.bug if entry else "the unmutated reference",
+                            None, [], error=error)
+    return broken
 
 
 def rows(names: list, *, level: str, workers: int = 1, progress=None, cluster=None, **options) -> list:
-    """:func:`_one_or_error` for each of ``names`` (None: the baseline), results in that order. Golden
-    rows run here when ``workers`` is 1 and no ``cluster`` is given; otherwise, and always at the sim
-    level, each row runs in a worker of cases/running/pool.py (one OpenMP thread each), a fresh process per sim
-    row: a kernel that failed inside pypto's trace may leave the process behind it unusable. A row whose
+    """:func:`_one_or_error` for each of ``names`` (None: the baseline), results in that order, by the one
+    matrix driver (cases/measuring/matrix.py): here, in ``workers`` processes or on ``cluster``; a fresh
+    process per row where the level's backend says a kernel error can spoil one (the sim). A row whose
     worker died twice is a broken row (its error), never a kill."""
-    from cases.running.pool import Pool
+    from kernels import mutants
     note = progress or (lambda *a: None)
-    if workers <= 1 and level != "sim" and cluster is None:
-        return [_one_or_error(n, level=level, progress=note, **options) for n in names]
-    with Pool(workers=workers, cluster=cluster, fresh=level == "sim") as pool:
-        tasks = pool.map(_row_task, [(n, dict(options, level=level)) for n in names])
-    results = []
-    for name, task in zip(names, tasks):
-        if task.error is None:
-            results.append(task.value)
-            continue
-        from kernels import mutants
-        entry = None if name is None else mutants.MUTANTS.get(name)
-        results.append(MutantResult(name or "none (baseline)", level, entry.bug if entry else "the unmutated reference",
-                                    None, [], error=task.error.splitlines()[0]))
-    for r in results:
-        for cell in r.cells:
-            note(r.name, cell)
+    fresh = mutants.level_backend_class(level).kernel_errors_spoil_process
+    in_process = workers <= 1 and cluster is None and not fresh
+    results = run_rows(_one_or_error, names, options=dict(options, level=level, progress=note if in_process else None),
+                       broken=_broken(level), workers=workers, cluster=cluster, fresh=fresh)
+    if not in_process:
+        for r in results:
+            for cell in r.cells:
+                note(r.name, cell)
     return results
 
 

@@ -21,7 +21,7 @@ import json
 import time
 from cases.data import FOLDER
 
-__all__ = ["Tightness", "measure", "render_table", "RECORDED", "add_arguments", "main"]
+__all__ = ["Tightness", "measure", "render_table", "RECORDED"]
 
 RECORDED = FOLDER / "tightness.json"
 
@@ -126,27 +126,3 @@ def record(count: int = 4, seed: int = 0) -> dict:
                               for d, r in rows.items()}}
     RECORDED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
-
-
-def add_arguments(parser) -> None:
-    """The options of ``pfa-verify tightness``."""
-    parser.add_argument("--cases", type=int, default=20, metavar="N", help="kernel-sized cases per distribution (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the derandomized draws (default 0)")
-    parser.add_argument("--record", action="store_true",
-                        help="measure 4 cases per distribution and rewrite cases/tightness.json (what "
-                             "tests/cases/test_tightness.py holds the envelope to)")
-
-
-def main(args) -> int:
-    """``pfa-verify tightness``: the table, or with ``--record`` the recorded shares rewritten."""
-    from golden.errors import UsageError
-    if args.cases < 1:
-        raise UsageError(f"--cases {args.cases}: expected at least 1 case per distribution")
-    if args.record:
-        print(json.dumps(record(seed=args.seed), indent=1))
-        return 0
-    from rich.console import Console
-
-    import golden
-    Console(width=160).print(render_table([measure(d, args.cases, args.seed) for d in golden.DISTRIBUTIONS]))
-    return 0

@@ -22,7 +22,7 @@ from pathlib import Path
 from cases.reporting import html_pages
 from cases.reporting.html_pages import ratio_colour, slug
 from cases.reporting.report import provenance_lines, skipped_groups, summarize, table_rows
-from cases.running.run import RATIO_BINS
+from properties.attribution import RATIO_BINS
 from cases.data.versions import versions
 
 __all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]

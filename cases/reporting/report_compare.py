@@ -24,8 +24,7 @@ from pathlib import Path
 from golden.errors import UsageError
 
 __all__ = ["SelectionMismatch", "CaseVerdict", "Row", "Comparison", "load_report", "case_verdict", "compare",
-           "format_ratio", "summary_line", "render_table", "print_comparison", "scatter", "render_html", "write_html",
-           "add_arguments", "run"]
+           "format_ratio", "summary_line", "render_table", "print_comparison", "scatter", "render_html", "write_html"]
 
 
 class SelectionMismatch(UsageError):
@@ -271,27 +270,3 @@ def write_html(c: Comparison, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(c), encoding="utf-8")
     return path
-
-
-# --- the command -----------------------------------------------------------------------------------
-
-def add_arguments(parser) -> None:
-    """``pfa-verify compare``'s arguments (cases/cli.py)."""
-    parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
-    parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
-    parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
-
-
-def run(args) -> int:
-    """``pfa-verify compare``: print the comparison (and write its HTML); the exit status of
-    :attr:`Comparison.exit_status`. A report that cannot be read, or a selection mismatch, is a
-    UsageError, which the command line prints as one line with exit 2."""
-    import sys
-
-    from rich.console import Console
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    comparison = compare(load_report(args.a), load_report(args.b), paths=(args.a, args.b))
-    print_comparison(comparison, console)
-    if args.html:
-        console.print(f"HTML comparison: {write_html(comparison, args.html)}", highlight=False)
-    return comparison.exit_status

@@ -36,7 +36,7 @@ from cases.running.pool_worker import call_in_worker, local_init, ray_call, reti
 from cases.running.pool_worker import worker_backend, worker_setup, worker_slot
 
 __all__ = ["ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
-           "worker_setup", "worker_backend", "add_cluster_argument", "RETRIES"]
+           "worker_setup", "worker_backend", "RETRIES"]
 
 #: A task whose worker died is run this many more times before it is reported as an error.
 RETRIES = 1
@@ -57,33 +57,6 @@ def parse_cluster(text: str) -> str:
         raise ValueError(f"--cluster {text!r} must be 'ray' (a local Ray for this command) or 'ray=HOST:PORT' "
                          "(the head of a running cluster; 'ray start --head' prints it)")
     return text
-
-
-def count_argument(text: str) -> int:
-    """An argparse type: a count, an integer >= 0 (the commands' --examples, --workers, --seed, ...)."""
-    import argparse
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
-
-
-def add_cluster_argument(parser, what: str) -> None:
-    """``--cluster ray[=HOST:PORT]`` on an argparse parser (run, mutants, search)."""
-    import argparse
-
-    def cluster(text: str) -> str:
-        try:
-            return parse_cluster(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--cluster {text!r} ")) from None
-    parser.add_argument("--cluster", type=cluster, default=None, metavar="ray[=HOST:PORT]",
-                        help=f"run {what} as Ray tasks: ray=HOST:PORT joins a running cluster ('ray start --head' prints "
-                             "the address), ray alone starts a local Ray for this command; npu tasks ask for one NPU "
-                             "each, the others for one CPU (pip install 'pfa-verify[ray]'; README: Running on a cluster)")
 
 
 @dataclasses.dataclass

@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 
-import torch
 
 from cases.data.collect import Item, collect_items
+from properties.attribution import error_picture
 
 __all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "schedule", "estimate",
-           "execute", "RATIO_BINS"]
-
-# Bins of |actual - golden| / (atol + rtol * |golden|): 1 is the tolerance (SPEC §4).
-RATIO_BINS = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1e3, math.inf)
+           "execute", "RunOptions"]
 
 
 @dataclasses.dataclass
@@ -118,19 +114,6 @@ def choose_backend(name: str, *, device=None, max_seconds: float | None = None):
 
 # --- one case ------------------------------------------------------------------------------------
 
-def _picture(ratio: torch.Tensor) -> tuple[list, list]:
-    """(worst ratio per (row, head), histogram of ratios over RATIO_BINS + a non-finite bin)."""
-    worst = ratio.amax(dim=-1)
-    error_map = [[(float(v) if math.isfinite(v) else None) for v in row] for row in worst.tolist()]
-    flat = ratio.reshape(-1)
-    fin = flat[torch.isfinite(flat)]
-    counts = []
-    for lo, hi in zip(RATIO_BINS[:-1], RATIO_BINS[1:]):
-        counts.append(int(((fin >= lo) & (fin < hi)).sum()) if lo > 0 else int((fin < hi).sum()))
-    counts.append(int((~torch.isfinite(flat)).sum()))
-    return error_map, counts
-
-
 def _worst_index(res, s1: int) -> dict | None:
     index = res.max_abs_index
     if index is None and res.nonfinite:
@@ -155,7 +138,7 @@ def _outcome(ref, out, s1: int) -> Outcome:
         return o
     o.attribution = ref.category
     if ref.ratio is not None:
-        o.error_map, o.ratio_histogram = _picture(ref.ratio)
+        o.error_map, o.ratio_histogram = error_picture(ref.ratio)
     return o
 
 

@@ -27,7 +27,7 @@ import time
 from golden.errors import UsageError, check_known
 
 __all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
-           "summary_line", "render_table", "add_arguments", "main"]
+           "summary_line", "render_table"]
 
 
 @dataclasses.dataclass
@@ -236,67 +236,3 @@ def render_table(run: SearchRun):
 
 
 # --- the command line (cases/cli.py) -------------------------------------------------------------
-
-def main(args) -> int:
-    """``pfa-verify search`` (cases/cli.py): run, print, write the JSON report; exit 0, 1, or 2 in one line
-    (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
-    that cannot take the tasks)."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from cases.running.pool import ClusterError
-    from properties.law_examples import PAGED_LAWS
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws is not None else PAGED_LAWS
-
-    def progress(payload, result):
-        law, task = payload[0], payload[1]
-        found = result.error or (result.value.failure and result.value.failure["kind"]) or "held"
-        print(f"  {law} task {task}: {found} ({result.node or '-'})", flush=True)
-    try:
-        run = search(args.backend, laws, examples=args.examples, tasks=args.tasks, seed=args.seed,
-                            database=args.database, workers=args.workers, cluster=args.cluster,
-                            shrink_s=args.shrink_seconds, capture=not args.no_capture, regressions_dir=args.regressions,
-                            progress=progress if args.verbose else None)
-    except ClusterError as exc:
-        print(f"pfa-verify: error: {exc}", file=sys.stderr)
-        return 2
-    console.print(render_table(run))
-    for c in run.captured:
-        console.print(f"{c['law']}: {len(c['tasks'])} task(s) failed alike, captured once ({c['how']}): {c['line']}",
-                      highlight=False, markup=False)
-    console.print(summary_line(run), highlight=False, markup=False)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(to_json(run), indent=2) + "\n")
-        console.print(f"JSON report: {args.json}", highlight=False)
-    return run.exit_status
-
-
-def add_arguments(parser) -> None:
-    """The options of ``pfa-verify search``."""
-    from cases.running.pool import add_cluster_argument
-    from cases.running.pool import count_argument as count
-
-    parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
-                        "any name --backend of pfa-verify run takes")
-    parser.add_argument("--laws", default=None, metavar="LAW,...", help="the laws (default: every paged law)")
-    parser.add_argument("--examples", type=count, default=100, help="examples per law, split over its tasks (default "
-                        "100; the nightly profile's 2000 is a night's search)")
-    parser.add_argument("--tasks", type=count, default=4, help="tasks per law, each with its own seed (default 4)")
-    parser.add_argument("--seed", type=count, default=0, help="seed the tasks' seeds derive from (default 0)")
-    parser.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT[/DB]",
-                        help="Hypothesis's example database shared by every task (a directory all nodes reach, or "
-                             "Redis): a failure found by one task is replayed first by the others and the next search")
-    parser.add_argument("--workers", type=count, default=1, help="local processes (default 1: here)")
-    add_cluster_argument(parser, "the tasks")
-    parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
-                        help="time to shrink the first failure of each signature, on the driver (default 60)")
-    parser.add_argument("--regressions", metavar="DIR", default=None,
-                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
-    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
-    parser.add_argument("--json", metavar="PATH", help="write the search report as JSON")
-    parser.add_argument("--verbose", action="store_true", help="one line per task as it finishes")

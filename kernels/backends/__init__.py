@@ -159,6 +159,10 @@ class Backend:
     #: torch threads a process running this backend should use (None: torch's default), applied by the
     #: owner of the process (use_backend_threads), never by the backend.
     threads: int | None = None
+    #: True where a kernel that fails inside the backend can leave the process unusable (pypto 0.2.0's
+    #: trace: kernels/pypto_workarounds, W7): a matrix of such backends gives each row a fresh process
+    #: and ends a row at its first kernel error (cases/measuring/matrix.py).
+    kernel_errors_spoil_process: bool = False
 
     def notes(self) -> list[str]:
         """What a run should say once about this backend here (its header), e.g. a fast path that is off."""

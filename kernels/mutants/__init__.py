@@ -17,7 +17,7 @@ import dataclasses
 
 from golden.errors import UsageError
 
-__all__ = ["Mutant", "MUTANTS", "LEVELS", "get_mutant", "reference"]
+__all__ = ["Mutant", "MUTANTS", "LEVELS", "get_mutant", "reference", "level_backend_class"]
 
 LEVELS = ("golden", "sim")
 
@@ -59,6 +59,18 @@ def get_mutant(name: str, **options):
         from kernels.mutants.kernel_level import make_kernel_mutant
         return make_kernel_mutant(name.removeprefix("sim/"), **options)
     raise UsageError(f"mutant {name!r} is not in the catalog; expected none, sim/none or one of {sorted(MUTANTS)}")
+
+
+def level_backend_class(level: str) -> type:
+    """The backend class the mutants of ``level`` are built on (StagedGolden, or the sim backend): what a
+    matrix reads the level's backend properties from before it starts any (``kernel_errors_spoil_process``)."""
+    if level not in LEVELS:
+        raise UsageError(f"level={level!r} must be one of {LEVELS}")
+    if level == "golden":
+        from kernels.mutants.staged import StagedGolden
+        return StagedGolden
+    from kernels.backends.sim import SimBackend
+    return SimBackend
 
 
 def reference(level: str, **options):

@@ -227,7 +227,7 @@ def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exite
 def test_a_bad_count_names_the_value(text, message):
     import argparse
 
-    from cases.running.pool import count_argument
+    from cases.cli.arguments import count as count_argument
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         count_argument(text)
     assert count_argument("3") == 3

@@ -1,24 +1,15 @@
 """``pfa-verify cases list | show | replay | prune``: the captured regressions (cases/data/regressions.py)
-from the command line. cases/cli.py adds this subcommand with :func:`add_arguments`; the exit status
-follows cli.py's rule (0 passed, 1 a replayed case still fails, 2 could not run).
+from the command line. cases/cli/__init__.py adds this subcommand with :func:`add_arguments`; the exit status
+follows its rule (0 passed, 1 a replayed case still fails, 2 could not run).
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-__all__ = ["add_arguments", "byte_count"]
+from cases.cli.arguments import byte_count
 
-
-def byte_count(text: str) -> int:
-    """An argparse type: a positive number of bytes, written as an integer or as 8e9 (--max-bytes)."""
-    try:
-        value = int(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number of bytes such as 8e9") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+__all__ = ["add_arguments"]
 
 
 def _cmd_list(args) -> int:

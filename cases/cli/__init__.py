@@ -1,0 +1,94 @@
+"""``pfa-verify``: the command line over cases/' four rooms (data, running, reporting, measuring).
+Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are the same program.
+
+    pfa-verify run [options]              regressions, catalog and generated cases on a backend
+    pfa-verify compare A.json B.json [--html PATH]   two reports of the same selection side by side
+                                          (cases/reporting/report_compare.py)
+    pfa-verify bench [options]            the golden self-check and benchmark (cases/measuring/bench.py)
+    pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/measuring/mutants.py)
+    pfa-verify conforming [options]       the false reds of the conforming variants (cases/measuring/conforming.py)
+    pfa-verify tightness [--cases N]      the envelope's tightness per distribution (cases/measuring/tightness.py)
+    pfa-verify search [options]           law searches split into tasks, on a cluster too (cases/running/search.py)
+    pfa-verify cases list                 captured regressions (id, law, backend, first message line;
+                                          the cases subcommand is cases/cli_cases.py)
+    pfa-verify cases show ID              the whole record of one
+    pfa-verify cases replay ID [--backend NAME]   run it again under its rule; exit 1 if it still fails
+    pfa-verify cases prune [--backend NAME] [--dry-run]   delete captured cases that now pass on the
+                                          backend they were captured on
+
+Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 the command could not run (a
+usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
+one line). Any other exception is a bug of ours and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cases.cli.measure_commands import _add_bench, _add_conforming, _add_mutants, _add_tightness
+from cases.cli.run_commands import _add_compare, _add_run, _add_search, run_options
+
+__all__ = ["build_parser", "main", "run_options", "SUBCOMMANDS"]
+
+
+def _add_cases(parser: argparse.ArgumentParser) -> None:
+    from cases.cli import captured
+    captured.add_arguments(parser)
+
+
+SUBCOMMANDS = {
+    "run": ("run regressions, catalog and generated cases on a backend against the golden", _add_run),
+    "compare": ("two reports of the same selection side by side: verdicts that differ, worst error over the "
+                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)", _add_compare),
+    "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
+    "cases": ("list, show, replay and prune captured regression cases", _add_cases),
+    "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
+    "conforming": ("the false reds of correct kernels: every conforming variant (SPEC §4.1) through every law and "
+                   "the catalog; any failure is a false red of the suite (options as mutants)", _add_conforming),
+    "tightness": ("how wide the acceptance envelope is, per value distribution, on kernel-sized cases "
+                  "(cases/tightness.json holds the recorded figures)", _add_tightness),
+    "search": ("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
+               "cluster; failures shrunk and captured once per signature", _add_search),
+}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, without line breaks inside names such as pypto-gym:FILE.py."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pfa-verify", description="Verify the FP8 paged-attention kernel "
+                                     "against the golden (SPEC.md).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_, add) in SUBCOMMANDS.items():
+        add(sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter))
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run one subcommand. A :class:`golden.errors.UsageError` (bad names, case files, catalog, sizes,
+    arguments) or a backend that cannot start is one line on stderr and exit 2; anything else is a bug
+    of ours and propagates with its traceback (never reported as "could not run")."""
+    args = build_parser().parse_args(argv)
+    from golden.errors import UsageError
+    from kernels import BackendUnavailable
+    if getattr(args, "max_bytes", None):
+        from golden.inputs import MAX_BYTES_ENV
+        os.environ[MAX_BYTES_ENV] = str(args.max_bytes)   # spawned workers inherit it
+    try:
+        return int(args.func(args) or 0)
+    except BackendUnavailable as exc:
+        print(f"pfa-verify: error: the backend cannot run here: {exc.reason}", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"pfa-verify: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""``pfa-verify mutants``, ``conforming``, ``bench`` and ``tightness``: the suite measuring itself (cases/measuring),
+from the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cases.cli.arguments import add_cluster_argument, cluster_refused, count, fraction
+
+__all__: list[str] = []
+
+
+def _conforming(args, console, names, laws) -> int:
+    """``--level conforming``: the false reds of the correct variants (cases/measuring/conforming.py)."""
+    import json as json_module
+    from pathlib import Path
+
+    from cases.measuring import conforming
+    run = conforming.false_reds(examples=args.examples, seed=args.seed, names=names, laws=laws,
+                                catalog=not args.no_catalog, workers=args.workers, cluster=args.cluster)
+    console.print(conforming.render_table(run))
+    for v in run.variants:
+        for c in v.cells:
+            if c.first_failure:
+                console.print(f"{v.name}: {c.law}: {c.failures} false red(s), first: {c.first_failure['message']}",
+                              highlight=False, markup=False)
+    console.print(conforming.summary_line(run), highlight=False, markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json_module.dumps(conforming.to_json(run), indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", highlight=False)
+    return run.exit_status
+
+
+def _list_catalog(args, console) -> int:
+    """``mutants --list``: the catalog of the level (the conforming variants for --level conforming)."""
+    if args.level == "conforming":
+        from kernels.conforming import VARIANTS
+        for v in VARIANTS.values():
+            console.print(f"conforming {v.name:<40} {v.description}", highlight=False, markup=False)
+        return 0
+    from kernels.mutants import MUTANTS
+    for m in MUTANTS.values():
+        tag = " (equivalent)" if m.equivalent else ""
+        console.print(f"{m.level:<6} {m.name:<40} {m.bug}{tag}", highlight=False, markup=False)
+    return 0
+
+
+def _cmd_mutants(args) -> int:
+    import json as json_module
+
+    from rich.console import Console
+
+    from cases.measuring import mutants as matrix
+    console = Console() if sys.stdout.isatty() else Console(width=240, force_terminal=False)
+    if args.list:
+        return _list_catalog(args, console)
+
+    def progress(name, cell):
+        verdict = f"killed after {cell.examples}" if cell.killed else f"survived {cell.examples}"
+        print(f"  {name or 'baseline'}: {cell.law}: {verdict} ({cell.seconds:.1f} s)", flush=True)
+
+    names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
+    laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
+    from cases.running.pool import ClusterError
+    if args.level == "conforming":
+        if args.command == "mutants":
+            print("pfa-verify: note: 'mutants --level conforming' is now 'pfa-verify conforming' (same options)",
+                  file=sys.stderr)
+        try:
+            return _conforming(args, console, names, laws)
+        except ClusterError as exc:
+            return cluster_refused(exc)
+    from kernels import BackendUnavailable
+    try:
+        run = matrix.kill_matrix(args.level, examples=args.examples, seed=args.seed, names=names, laws=laws,
+                                 catalog=not args.no_catalog, goal=args.goal, workers=args.workers,
+                                 shrink_s=args.shrink_seconds, progress=progress if args.verbose else None,
+                                 allowed_survivors=[n.strip() for n in args.allow_survivors.split(",") if n.strip()],
+                                 cluster=args.cluster)
+    except BackendUnavailable as exc:
+        print(f"pfa-verify: error: the {args.level} level cannot run here: {exc}", file=sys.stderr)
+        return 2
+    except ClusterError as exc:
+        return cluster_refused(exc)
+    console.print(matrix.render_table(run))
+    for m in run.mutants:
+        first = m.first_kill
+        if first is not None:
+            smallest = matrix.counterexample_text(first.law, first.counterexample) if first.counterexample else "-"
+            console.print(f"{m.name}: first kill after {first.examples} example(s), {first.seconds:.1f} s; smallest "
+                          f"{smallest}", highlight=False, markup=False)
+    console.print(matrix.summary_line(run), highlight=False, markup=False)
+    if args.json:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json_module.dumps(matrix.to_json(run), indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", highlight=False)
+    if args.html:
+        from pathlib import Path
+        Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.html).write_text(matrix.render_html(run), encoding="utf-8")
+        console.print(f"HTML report: {args.html}", highlight=False)
+    return run.exit_status
+
+
+def _add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) -> None:
+    """The options of ``pfa-verify mutants`` (``level`` None: with ``--level``) and of ``pfa-verify
+    conforming`` (``level="conforming"``: the same matrix for the correct variants)."""
+    if level is None:
+        parser.add_argument("--level", choices=("golden", "sim", "conforming"), default="golden",
+                            help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the "
+                                 "sim; conforming: the old spelling of 'pfa-verify conforming'")
+    else:
+        parser.set_defaults(level=level)
+    parser.add_argument("--examples", type=count, default=20, help="examples per law and mutant (default 20, "
+                        "the ci profile's)")
+    parser.add_argument("--seed", type=count, default=0, help="seed of the searches (default 0)")
+    parser.add_argument("--mutants", default=None, metavar="NAME,...", help="only these mutants (default: the level's)")
+    parser.add_argument("--laws", default=None, metavar="LAW,...", help="only these laws (default: every paged law)")
+    parser.add_argument("--no-catalog", action="store_true", help="leave out the catalog column")
+    parser.add_argument("--goal", type=fraction, default=None, help="the kill ratio under which the command fails "
+                        "(default 1.0 golden, 0.9 sim)")
+    parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
+    parser.add_argument("--html", metavar="PATH", help="write the kill matrix as one HTML file")
+    parser.add_argument("--workers", type=count, default=1, help="processes, one mutant each at a time (default 1)")
+    add_cluster_argument(parser, "the rows (one mutant or variant per task)")
+    parser.add_argument("--shrink-seconds", type=count, default=30, metavar="S",
+                        help="time for Hypothesis to shrink each mutant's first kill (default 30; 0: not shrunk)")
+    parser.add_argument("--allow-survivors", default="", metavar="NAME,...",
+                        help="mutants whose survival does not fail the goal (still reported as survivors and in "
+                        "the kill ratio); 'ledger' names the known ones of the level, each with its reason in "
+                        "properties/ledger.py")
+    parser.add_argument("--list", action="store_true", help="list the catalog of mutants and stop")
+    parser.add_argument("--verbose", action="store_true", help="one line per (mutant, law) as it finishes")
+    parser.set_defaults(func=_cmd_mutants)
+
+
+def _add_conforming(parser: argparse.ArgumentParser) -> None:
+    _add_mutants(parser, level="conforming")
+    parser.set_defaults(func=_cmd_mutants)
+
+
+def _add_bench(parser: argparse.ArgumentParser) -> None:
+    from cases.measuring.bench import WORKLOADS
+    parser.add_argument("--workload", choices=WORKLOADS, default="all")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
+    parser.add_argument("--small-cases", type=int, default=200, help="size of the small ragged workload")
+    parser.add_argument("--kernel-cases", type=int, default=20, help="size of the kernel-sized workload")
+    parser.add_argument("--stages", action="store_true",
+                        help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
+    parser.add_argument("--tightness", type=int, default=0, metavar="N",
+                        help="the old spelling of 'pfa-verify tightness --cases N' (the envelope's tightness per "
+                             "value distribution), added after the bench")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from cases.measuring import bench
+    return bench.main(workload=args.workload, repeat=args.repeat, small_cases=args.small_cases,
+                      kernel_cases=args.kernel_cases, stages=args.stages, tightness=args.tightness, json_path=args.json)
+
+
+def _add_tightness(parser) -> None:
+    """The options of ``pfa-verify tightness``."""
+    parser.add_argument("--cases", type=int, default=20, metavar="N", help="kernel-sized cases per distribution (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the derandomized draws (default 0)")
+    parser.add_argument("--record", action="store_true",
+                        help="measure 4 cases per distribution and rewrite cases/tightness.json (what "
+                             "tests/cases/test_tightness.py holds the envelope to)")
+    parser.set_defaults(func=_cmd_tightness)
+
+
+def _cmd_tightness(args) -> int:
+    """``pfa-verify tightness``: the table, or with ``--record`` the recorded shares rewritten."""
+    from cases.measuring.tightness import measure, record, render_table
+    from golden.errors import UsageError
+    if args.cases < 1:
+        raise UsageError(f"--cases {args.cases}: expected at least 1 case per distribution")
+    if args.record:
+        print(json.dumps(record(seed=args.seed), indent=1))
+        return 0
+    from rich.console import Console
+
+    import golden
+    Console(width=160).print(render_table([measure(d, args.cases, args.seed) for d in golden.DISTRIBUTIONS]))
+    return 0

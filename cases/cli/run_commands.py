@@ -1,0 +1,214 @@
+"""``pfa-verify run``, ``compare`` and ``search``: their options, and the typed options each hands its room."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cases.cli.arguments import add_cluster_argument, byte_count, cluster_refused, count, distributions, skip_kinds
+
+__all__ = ["run_options"]
+
+
+class _Progress:
+    """A rich progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, console):
+        self.console, self.done, self.total, self.bar, self.task = console, 0, None, None, None
+
+    def __call__(self, event, item, result) -> None:
+        if self.total is None:
+            return
+        if event == "start":
+            if self.bar is not None:
+                self.bar.update(self.task, description=item.name)
+            return
+        self.done += 1
+        verdicts = ",".join(sorted({o.verdict for o in result.outcomes}))
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=item.name)
+        else:
+            print(f"[{self.done:>{len(str(self.total))}}/{self.total}] {item.name} ({item.source}): {verdicts} "
+                  f"{result.seconds:.1f} s", flush=True)
+
+
+def run_options(args: argparse.Namespace, command: str | None = None):
+    """The typed :class:`cases.running.run.RunOptions` of parsed ``pfa-verify run`` arguments; ``command``
+    (default: this process's own command line) is how the report quotes the run."""
+    import dataclasses
+
+    from cases.running.run import RunOptions
+    fields = {f.name for f in dataclasses.fields(RunOptions)} - {"command"}
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    given["allow_skips"] = tuple(given.get("allow_skips") or ())
+    if given.get("distribution") is not None:
+        given["distribution"] = tuple(given["distribution"])
+    return RunOptions(**given, command=command or "pfa-verify run " + " ".join(sys.argv[2:]))
+
+
+def _cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from cases.reporting import html_report, report
+    from cases.running import run as runner
+    from cases.data.collect import SOURCES
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    progress = _Progress(console)
+
+    def announce(items, note):
+        progress.total = len(items)
+        console.print(note, highlight=False, markup=False)
+        console.print(f"{len(items)} cases: " + ", ".join(
+            f"{sum(i.source == s for i in items)} {s}" for s in SOURCES), highlight=False)
+
+    from cases.running.pool import ClusterError
+    try:
+        if console.is_terminal:
+            with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
+                          transient=True) as bar:
+                progress.bar, progress.task = bar, bar.add_task("choosing backend", total=None)
+
+                def hook(event, item, result):
+                    if progress.total is not None and bar.tasks[0].total is None:
+                        bar.update(progress.task, total=progress.total)
+                    progress(event, item, result)
+                run = runner.execute(run_options(args), progress=hook, on_items=announce)
+        else:
+            run = runner.execute(run_options(args), progress=progress, on_items=announce)
+    except ClusterError as exc:
+        return cluster_refused(exc)
+    report.print_report(run, console)
+    if args.json:
+        console.print(f"JSON report: {report.write_json(run, args.json)}", highlight=False)
+    if args.html:
+        console.print(f"HTML report: {html_report.write_html(run, args.html)}", highlight=False)
+    return report.exit_status(run)
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    from kernels import SKIP_KINDS
+    parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
+                        "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
+                        "mutant:NAME | package.module:factory | path/file.py:factory (default: auto = npu, else sim; "
+                        "falling back to the golden fails the run unless --allow-fallback)")
+    parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
+    parser.add_argument("--examples", type=count, default=20, help="generated cases (default 20)")
+    parser.add_argument("--seed", type=count, default=0, help="seed of the generated cases (default 0)")
+    parser.add_argument("--distribution", type=distributions, default=None, metavar="NAME,...",
+                        help="value distributions of the generated cases (default: all of golden.DISTRIBUTIONS)")
+    parser.add_argument("--json", metavar="PATH", help="write the JSON report (cases/report.schema.json)")
+    parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
+    parser.add_argument("--device", type=count, default=None, help="NPU index (npu: the first of the workers')")
+    parser.add_argument("--workers", type=count, default=1, help="processes (npu: one device each)")
+    add_cluster_argument(parser, "the cases")
+    parser.add_argument("--budget", type=count, default=None, metavar="SECONDS",
+                        help="do not start a case that the backend estimates would end after this many seconds "
+                             "of the run (0: no limit; default: the backend's, 600 on sim, else no limit)")
+    parser.add_argument("--max-seconds", type=count, default=None, metavar="S",
+                        help="sim: skip cases the backend's cost model estimates over S seconds (0: no limit; "
+                             "default: no limit)")
+    parser.add_argument("--allow-skips", type=skip_kinds, default=(), metavar="KIND,...",
+                        help=f"skips of these kinds do not fail the run: {', '.join(SKIP_KINDS)}, or all "
+                             "(default: none; every case asked for must be checked)")
+    parser.add_argument("--allow-fallback", action="store_true",
+                        help="with --backend auto, a fall back to the golden (no kernel here) does not fail the run")
+    parser.add_argument("--max-bytes", type=byte_count, default=None, metavar="BYTES",
+                        help="largest case to build (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
+    parser.add_argument("--regressions", metavar="DIR", default=None,
+                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
+                        help="time for Hypothesis to shrink each kind of generated failure before it is captured "
+                             "(0: capture the first failing case as it is; default 60)")
+    parser.set_defaults(func=_cmd_run)
+
+
+def _cmd_compare(args) -> int:
+    """``pfa-verify compare``: print the comparison (and write its HTML); the exit status of
+    :attr:`Comparison.exit_status`. A report that cannot be read, or a selection mismatch, is a
+    UsageError, which the command line prints as one line with exit 2."""
+    import sys
+
+    from rich.console import Console
+
+    from cases.reporting.report_compare import compare, load_report, print_comparison, write_html
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    comparison = compare(load_report(args.a), load_report(args.b), paths=(args.a, args.b))
+    print_comparison(comparison, console)
+    if args.html:
+        console.print(f"HTML comparison: {write_html(comparison, args.html)}", highlight=False)
+    return comparison.exit_status
+
+
+def _add_compare(parser) -> None:
+    """``pfa-verify compare``'s arguments (cases/cli.py)."""
+    parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
+    parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
+    parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
+    parser.set_defaults(func=_cmd_compare)
+
+
+def _cmd_search(args) -> int:
+    """``pfa-verify search`` (cases/cli.py): run, print, write the JSON report; exit 0, 1, or 2 in one line
+    (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
+    that cannot take the tasks)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from cases.running.pool import ClusterError
+    from properties.law_examples import PAGED_LAWS
+    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    from cases.running.search import render_table, search, summary_line, to_json
+    laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws is not None else PAGED_LAWS
+
+    def progress(payload, result):
+        law, task = payload[0], payload[1]
+        found = result.error or (result.value.failure and result.value.failure["kind"]) or "held"
+        print(f"  {law} task {task}: {found} ({result.node or '-'})", flush=True)
+    try:
+        run = search(args.backend, laws, examples=args.examples, tasks=args.tasks, seed=args.seed,
+                            database=args.database, workers=args.workers, cluster=args.cluster,
+                            shrink_s=args.shrink_seconds, capture=not args.no_capture, regressions_dir=args.regressions,
+                            progress=progress if args.verbose else None)
+    except ClusterError as exc:
+        print(f"pfa-verify: error: {exc}", file=sys.stderr)
+        return 2
+    console.print(render_table(run))
+    for c in run.captured:
+        console.print(f"{c['law']}: {len(c['tasks'])} task(s) failed alike, captured once ({c['how']}): {c['line']}",
+                      highlight=False, markup=False)
+    console.print(summary_line(run), highlight=False, markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(to_json(run), indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", highlight=False)
+    return run.exit_status
+
+
+def _add_search(parser) -> None:
+    """The options of ``pfa-verify search``."""
+    parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
+                        "any name --backend of pfa-verify run takes")
+    parser.add_argument("--laws", default=None, metavar="LAW,...", help="the laws (default: every paged law)")
+    parser.add_argument("--examples", type=count, default=100, help="examples per law, split over its tasks (default "
+                        "100; the nightly profile's 2000 is a night's search)")
+    parser.add_argument("--tasks", type=count, default=4, help="tasks per law, each with its own seed (default 4)")
+    parser.add_argument("--seed", type=count, default=0, help="seed the tasks' seeds derive from (default 0)")
+    parser.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT[/DB]",
+                        help="Hypothesis's example database shared by every task (a directory all nodes reach, or "
+                             "Redis): a failure found by one task is replayed first by the others and the next search")
+    parser.add_argument("--workers", type=count, default=1, help="local processes (default 1: here)")
+    add_cluster_argument(parser, "the tasks")
+    parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
+                        help="time to shrink the first failure of each signature, on the driver (default 60)")
+    parser.add_argument("--regressions", metavar="DIR", default=None,
+                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.add_argument("--json", metavar="PATH", help="write the search report as JSON")
+    parser.add_argument("--verbose", action="store_true", help="one line per task as it finishes")
+    parser.set_defaults(func=_cmd_search)
