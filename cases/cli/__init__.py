@@ -26,30 +26,30 @@ import argparse
 import os
 import sys
 
-from cases.cli.measure_commands import _add_bench, _add_conforming, _add_mutants, _add_tightness
-from cases.cli.run_commands import _add_compare, _add_run, _add_search, run_options
+from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
+from cases.cli.run_commands import add_compare, add_run, add_search, run_options
 
 __all__ = ["build_parser", "main", "run_options", "SUBCOMMANDS"]
 
 
-def _add_cases(parser: argparse.ArgumentParser) -> None:
+def add_cases(parser: argparse.ArgumentParser) -> None:
     from cases.cli import captured
     captured.add_arguments(parser)
 
 
 SUBCOMMANDS = {
-    "run": ("run regressions, catalog and generated cases on a backend against the golden", _add_run),
+    "run": ("run regressions, catalog and generated cases on a backend against the golden", add_run),
     "compare": ("two reports of the same selection side by side: verdicts that differ, worst error over the "
-                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)", _add_compare),
-    "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", _add_bench),
-    "cases": ("list, show, replay and prune captured regression cases", _add_cases),
-    "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", _add_mutants),
+                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)", add_compare),
+    "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", add_bench),
+    "cases": ("list, show, replay and prune captured regression cases", add_cases),
+    "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", add_mutants),
     "conforming": ("the false reds of correct kernels: every conforming variant (SPEC §4.1) through every law and "
-                   "the catalog; any failure is a false red of the suite (options as mutants)", _add_conforming),
+                   "the catalog; any failure is a false red of the suite (options as mutants)", add_conforming),
     "tightness": ("how wide the acceptance envelope is, per value distribution, on kernel-sized cases "
-                  "(cases/tightness.json holds the recorded figures)", _add_tightness),
+                  "(cases/tightness.json holds the recorded figures)", add_tightness),
     "search": ("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
-               "cluster; failures shrunk and captured once per signature", _add_search),
+               "cluster; failures shrunk and captured once per signature", add_search),
 }
 
 

@@ -8,7 +8,7 @@ import sys
 
 from cases.cli.arguments import add_cluster_argument, cluster_refused, count, fraction
 
-__all__: list[str] = []
+__all__ = ["add_mutants", "add_conforming", "add_bench", "add_tightness"]
 
 
 def _conforming(args, console, names, laws) -> int:
@@ -105,7 +105,7 @@ def _cmd_mutants(args) -> int:
     return run.exit_status
 
 
-def _add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) -> None:
+def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) -> None:
     """The options of ``pfa-verify mutants`` (``level`` None: with ``--level``) and of ``pfa-verify
     conforming`` (``level="conforming"``: the same matrix for the correct variants)."""
     if level is None:
@@ -137,12 +137,12 @@ def _add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) -
     parser.set_defaults(func=_cmd_mutants)
 
 
-def _add_conforming(parser: argparse.ArgumentParser) -> None:
-    _add_mutants(parser, level="conforming")
+def add_conforming(parser: argparse.ArgumentParser) -> None:
+    add_mutants(parser, level="conforming")
     parser.set_defaults(func=_cmd_mutants)
 
 
-def _add_bench(parser: argparse.ArgumentParser) -> None:
+def add_bench(parser: argparse.ArgumentParser) -> None:
     from cases.measuring.bench import WORKLOADS
     parser.add_argument("--workload", choices=WORKLOADS, default="all")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
@@ -163,7 +163,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                       kernel_cases=args.kernel_cases, stages=args.stages, tightness=args.tightness, json_path=args.json)
 
 
-def _add_tightness(parser) -> None:
+def add_tightness(parser) -> None:
     """The options of ``pfa-verify tightness``."""
     parser.add_argument("--cases", type=int, default=20, metavar="N", help="kernel-sized cases per distribution (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the derandomized draws (default 0)")

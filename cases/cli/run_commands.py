@@ -6,7 +6,7 @@ import sys
 
 from cases.cli.arguments import add_cluster_argument, byte_count, cluster_refused, count, distributions, skip_kinds
 
-__all__ = ["run_options"]
+__all__ = ["run_options", "add_run", "add_compare", "add_search"]
 
 
 class _Progress:
@@ -87,7 +87,7 @@ def _cmd_run(args) -> int:
     return report.exit_status(run)
 
 
-def _add_run(parser: argparse.ArgumentParser) -> None:
+def add_run(parser: argparse.ArgumentParser) -> None:
     from kernels import SKIP_KINDS
     parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
                         "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
@@ -142,7 +142,7 @@ def _cmd_compare(args) -> int:
     return comparison.exit_status
 
 
-def _add_compare(parser) -> None:
+def add_compare(parser) -> None:
     """``pfa-verify compare``'s arguments (cases/cli.py)."""
     parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
     parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
@@ -190,7 +190,7 @@ def _cmd_search(args) -> int:
     return run.exit_status
 
 
-def _add_search(parser) -> None:
+def add_search(parser) -> None:
     """The options of ``pfa-verify search``."""
     parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
                         "any name --backend of pfa-verify run takes")
