@@ -2,7 +2,7 @@
 
 A usage error is input a person or a file got wrong at a boundary the project owns: a case name, a
 case file, the catalog, a mutant or backend name, a size over the limit, an argument of a command. The
-command line (cases/cli.py) prints its message as one line and exits 2. Everything else a command
+command line (cases/cli/) prints its message as one line and exits 2. Everything else a command
 raises (a TypeError in the report code, an IndexError in a renderer) is a bug of ours and keeps its
 traceback: catching every ValueError at the top would report our own bugs as "could not run".
 

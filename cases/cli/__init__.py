@@ -10,7 +10,7 @@ Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are
     pfa-verify tightness [--cases N]      the envelope's tightness per distribution (cases/measuring/tightness.py)
     pfa-verify search [options]           law searches split into tasks, on a cluster too (cases/running/search.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line;
-                                          the cases subcommand is cases/cli_cases.py)
+                                          the cases subcommand is cases/cli/captured.py)
     pfa-verify cases show ID              the whole record of one
     pfa-verify cases replay ID [--backend NAME]   run it again under its rule; exit 1 if it still fails
     pfa-verify cases prune [--backend NAME] [--dry-run]   delete captured cases that now pass on the

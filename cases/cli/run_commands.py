@@ -143,7 +143,7 @@ def _cmd_compare(args) -> int:
 
 
 def add_compare(parser) -> None:
-    """``pfa-verify compare``'s arguments (cases/cli.py)."""
+    """``pfa-verify compare``'s arguments (cases/cli/)."""
     parser.add_argument("a", metavar="A.json", help="a report of `pfa-verify run --json`")
     parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
     parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
@@ -151,7 +151,7 @@ def add_compare(parser) -> None:
 
 
 def _cmd_search(args) -> int:
-    """``pfa-verify search`` (cases/cli.py): run, print, write the JSON report; exit 0, 1, or 2 in one line
+    """``pfa-verify search`` (cases/cli/): run, print, write the JSON report; exit 0, 1, or 2 in one line
     (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
     that cannot take the tasks)."""
     import json

@@ -233,6 +233,3 @@ def render_table(run: SearchRun):
             f"[bold red]{t.failure['kind']}: {t.failure['message'].splitlines()[0][:80]}[/]" if t.failure else "[green]held[/]")
         table.add_row(t.law, str(t.task), str(t.seed), str(t.examples), f"{t.seconds:.1f}", t.node or "-", result)
     return table
-
-
-# --- the command line (cases/cli.py) -------------------------------------------------------------

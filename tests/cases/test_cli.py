@@ -1,4 +1,4 @@
-"""cases/cli.py: ``pfa-verify`` and ``python -m cases.cli`` are one program; ``cases list | show |
+"""cases/cli/: ``pfa-verify`` and ``python -m cases.cli`` are one program; ``cases list | show |
 replay | prune``; a backend that cannot start is one line and exit 2, not a traceback."""
 from __future__ import annotations
 
