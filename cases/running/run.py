@@ -93,6 +93,10 @@ class RunResult:
     execution: dict | None = None     # cases.running.pool.Pool.describe(): executor, workers, cluster resources, nodes
 
 
+#: The reference of a skipped or errored case: no comparison with any golden was made.
+NO_REFERENCE = "-"
+
+
 # --- the backend ---------------------------------------------------------------------------------
 
 def choose_backend(name: str, *, device=None, max_seconds: float | None = None):
@@ -222,11 +226,11 @@ def _over_budget(backend, item: Item, deadline: float) -> str | None:
 
 
 def _skipped(skip) -> list:
-    return [Outcome("spec", "skipped", counts=False, message=f"skipped: {skip.reason}", skip_kind=skip.kind)]
+    return [Outcome(NO_REFERENCE, "skipped", counts=False, message=f"skipped: {skip.reason}", skip_kind=skip.kind)]
 
 
 def _error(message: str) -> list:
-    return [Outcome("spec", "error", message=message)]
+    return [Outcome(NO_REFERENCE, "error", message=message)]
 
 
 def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, deadline: float | None = None) -> CaseResult:

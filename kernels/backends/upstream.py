@@ -131,6 +131,9 @@ class _UpstreamKernel:
         self.kernel_source = KernelSource.of_module(self._module, function, source)
         prefix = _PREFIXES[self.name.removesuffix("-compile")]
         self.name = f"{prefix}:{source}" + (f":{function}" if function != UPSTREAM_FUNCTION else "")
+        if self.spec_codec_not_applicable:   # name the spec-codec form of this backend, not of ours
+            self.spec_codec_not_applicable = self.spec_codec_not_applicable.replace(
+                "--backend sim-spec-codec", f"--backend pypto-gym-spec-codec:{source}")
         self.tile_overrides = dict(tiles or {})
         self.supported_shapes = dict(supported or KERNEL_SHAPES)
         self._factory = getattr(self._module, "PfaTileShapeConfig", None)

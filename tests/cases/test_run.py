@@ -310,3 +310,15 @@ def test_generated_failures_are_captured_once_per_signature_and_shrunk(tmp_path,
         with pytest.raises(AssertionError, match=f"replay {rid}"):
             regressions.replay(reg, directory=tmp_path / "regs")
     assert "captured once; shrunk by Hypothesis" in capsys.readouterr().out
+
+
+def test_comparisons_count_only_the_ones_made_and_a_skip_names_no_reference(tmp_path):
+    """A skipped case makes no comparison: the summary's count leaves it out, and its row names no golden
+    (reference '-'), whatever codec the backend declares."""
+    status, data = _run(tmp_path, "--allow-skips", "limit", backend="tests/cases/run_doubles.py:SmallOnly",
+                        cases="pfa_fp8_b2_s1_1_s2_1k,edge_causal_s1_3_short")
+    rows = {r["name"]: r for r in data["results"]}
+    assert rows["pfa_fp8_b2_s1_1_s2_1k"]["verdict"] == "skipped" and rows["pfa_fp8_b2_s1_1_s2_1k"]["reference"] == "-"
+    assert rows["edge_causal_s1_3_short"]["verdict"] == "pass" and rows["edge_causal_s1_3_short"]["reference"] == "spec"
+    assert status == 0 and data["summary"]["comparisons"] == 1
+    assert "1 skipped (1 limit), 0 errors; 1 comparisons;" in data["summary"]["verdict"]

@@ -99,3 +99,13 @@ def test_the_kernel_file_is_named_by_its_sha256_and_function(pypto_module):
     backend = kernels.get_backend(f"pypto-gym:{FILE}:paged_attention")
     assert backend.kernel_source == KernelSource(FILE, str(Path(FILE).resolve()),
                                                  hashlib.sha256(Path(FILE).read_bytes()).hexdigest(), "paged_attention")
+
+
+@pytest.mark.sim
+def test_the_spec_codec_note_names_this_backends_spec_codec_form(pypto_module):
+    """The header's one line on why no spec-codec comparison is made suggests the spec-codec form of the
+    backend at hand: pypto-gym-spec-codec:FILE for a PyPTO-Gym kernel, never our sim-spec-codec."""
+    backend = kernels.get_backend(f"pypto-gym:{FILE}:paged_attention")
+    assert f"--backend pypto-gym-spec-codec:{FILE}" in backend.spec_codec_not_applicable
+    assert "sim-spec-codec" not in backend.spec_codec_not_applicable.replace("pypto-gym-spec-codec", "")
+    assert "--backend sim-spec-codec" in kernels.get_backend("sim").spec_codec_not_applicable
