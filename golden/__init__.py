@@ -1,6 +1,6 @@
 """pfa-verify's golden: FP8 paged attention (GLM-4.5, Ascend 950) and AT-12 in plain torch, on the CPU.
 
-It is the spec (SPEC.md) in code, one module per stage:
+It is the spec (docs/spec.md) in code, one module per stage:
 
 - ``codec``: E4M3 encode/decode (``Fp8Codec``, the spec's E4M3FN and the PyPTO calculator's variant)
 - ``quant``: per-token / per-channel quantization (SPEC §3)

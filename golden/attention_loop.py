@@ -2,7 +2,7 @@
 
 b / s1 / n2 / g / s2, one tile at a time, the way the kernel walks it. It shares its stages with the
 vectorized golden (``golden.attention``) and must agree with it bit for bit; it is kept plain on
-purpose, so a reader can check it against SPEC.md line by line. Use ``golden.paged_attention_fp8``
+purpose, so a reader can check it against docs/spec.md line by line. Use ``golden.paged_attention_fp8``
 for speed.
 """
 from __future__ import annotations

@@ -63,7 +63,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pfa-verify", description="Verify the FP8 paged-attention kernel "
-                                     "against the golden (SPEC.md).")
+                                     "against the golden (docs/spec.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_, add) in SUBCOMMANDS.items():
         add(sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter))

@@ -39,7 +39,7 @@ from golden.errors import UsageError
 from cases.data import FOLDER
 
 __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
-           "replay", "replay_command", "FORMAT_VERSION", "MAX_FILE_BYTES"]
+           "replay", "replay_command", "kernel_raised", "FORMAT_VERSION", "MAX_FILE_BYTES"]
 
 # Format 2 (pfa-verify after issue 9): make_inputs' "tiny" distribution shrinks Q and K only. A
 # format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
@@ -307,6 +307,7 @@ def check(law: str, backend, case, *, backend_name: str | None = None, capture_f
     with the replay command as the message's last line. ``backend_name`` is how a fresh process
     rebuilds the backend (default: ``backend.name``)."""
     __tracebackhide__ = True
+    from kernels import KernelRunError
     from properties import laws
     try:
         laws.run(law, backend, case, **params)
@@ -315,6 +316,20 @@ def check(law: str, backend, case, *, backend_name: str | None = None, capture_f
         _, line = capture(law, backend_name or getattr(backend, "name", "golden"), case, params, message,
                           enabled=capture_failures, directory=directory)
         raise AssertionError(f"{message}\n{line}") from None
+    except KernelRunError as exc:
+        # The kernel did not deliver (an out-of-bounds read, a failure inside pypto): a failure of this case
+        # like any other, captured and replayable, its message naming the case.
+        message = kernel_raised(law, backend, case, exc)
+        _, line = capture(law, backend_name or getattr(backend, "name", "golden"), case, params, message,
+                          enabled=capture_failures, directory=directory)
+        raise AssertionError(f"{message}\n{line}") from exc
+
+
+def kernel_raised(law: str, backend, case, exc: BaseException) -> str:
+    """The failure text of a law whose kernel raised: the law, the case, the backend and the error."""
+    text = str(exc).strip()
+    return (f"Law {law}: the kernel raised {type(exc).__name__} [case {case.label()}, backend "
+            f"{getattr(backend, 'name', '?')}]\n{text}")
 
 
 def replay(reg: Regression, backend=None, *, directory=None) -> None:
@@ -323,8 +338,12 @@ def replay(reg: Regression, backend=None, *, directory=None) -> None:
     __tracebackhide__ = True
     from kernels import get_backend
     from properties import laws
+    from kernels import KernelRunError
     be = get_backend(reg.backend) if backend is None else backend
+    case = reg.to_case()
     try:
-        laws.run(reg.law, be, reg.to_case(), **reg.params)
+        laws.run(reg.law, be, case, **reg.params)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nReplay: {replay_command(reg.id, directory)}") from None
+    except KernelRunError as exc:
+        raise AssertionError(f"{kernel_raised(reg.law, be, case, exc)}\nReplay: {replay_command(reg.id, directory)}") from exc

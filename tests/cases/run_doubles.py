@@ -152,3 +152,13 @@ def loose_exp(**options):
     backend.name = "tests/cases/run_doubles.py:loose_exp"
     backend.model = dataclasses.replace(SPEC_MODEL, name="loose exp", exp_ulps=63)
     return backend
+
+
+class RaisesKernelRunError(GoldenBackend):
+    """A kernel that does not deliver: every call raises KernelRunError (as the sim does on an out-of-bounds
+    table read, W12)."""
+    name = "tests/cases/run_doubles.py:RaisesKernelRunError"
+
+    def paged_attention_fp8(self, *args, **kwargs):
+        from kernels import KernelRunError
+        raise KernelRunError("scalar read of block_table outside its shape: index (0, 7) of (1, 5)")

@@ -137,3 +137,23 @@ def test_npz_whose_header_declares_huge_arrays_is_refused_unread(tmp_path, monke
         z.writestr("q.npy", header.getvalue())          # the header (with its magic) and no data
     with pytest.raises(ValueError, match=r"its arrays would hold 17592186044416 bytes, over the limit"):
         regressions.load(reg.id, directory=tmp_path)
+
+
+def test_a_law_whose_kernel_raised_is_captured_named_and_replayed(tmp_path):
+    """A kernel that does not deliver (KernelRunError: an out-of-bounds read on the sim) fails the law like
+    any other failure: the message names the law, the case and the backend, the case is captured, and its
+    replay fails the same way (issue 28)."""
+    import kernels
+    from cases.data.catalog import load_catalog
+    backend = kernels.get_backend("tests/cases/run_doubles.py:RaisesKernelRunError")
+    case = load_catalog()["edge_causal_s1_3_short"]
+    with pytest.raises(AssertionError) as failed:
+        regressions.check("acceptance", backend, case, directory=tmp_path)
+    text = str(failed.value)
+    assert text.startswith("Law acceptance: the kernel raised KernelRunError [case edge_causal_s1_3_short, "
+                           "backend tests/cases/run_doubles.py:RaisesKernelRunError]")
+    assert "outside its shape" in text and text.splitlines()[-1].startswith("Replay: pfa-verify cases")
+    (captured,) = regressions.list_ids(directory=tmp_path)
+    assert captured in text
+    with pytest.raises(AssertionError, match="the kernel raised KernelRunError"):
+        regressions.replay(regressions.load(captured, directory=tmp_path), directory=tmp_path)
