@@ -163,6 +163,10 @@ class Backend:
     #: trace: kernels/pypto_workarounds, W7): a matrix of such backends gives each row a fresh process
     #: and ends a row at its first kernel error (cases/measuring/matrix.py).
     kernel_errors_spoil_process: bool = False
+    #: At most this many law calls after a law's first failure while Hypothesis shrinks it (None: only
+    #: Hypothesis' own limits, which include a five-minute clock). A count, not a clock, so that the same
+    #: derandomized test shrinks to the same example on every run (tests/conftest.py, check_law).
+    shrink_calls: int | None = None
 
     def notes(self) -> list[str]:
         """What a run should say once about this backend here (its header), e.g. a fast path that is off."""

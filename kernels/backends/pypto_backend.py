@@ -30,6 +30,7 @@ class PyptoBackend(Backend):
     supported_shapes = KERNEL_SHAPES
     run_mode: str = "SIM"
     kernel_errors_spoil_process = True       # W7: a failure inside pypto's trace cannot be reset
+    shrink_calls = 20                        # a sim case costs seconds: shrinking is bounded by count
 
     def kernel_config(self, dims) -> PagedAttentionKernelConfig:
         """The static configuration of our kernel for ``dims`` (golden.validate.PagedAttentionDims)."""

@@ -162,3 +162,20 @@ class RaisesKernelRunError(GoldenBackend):
     def paged_attention_fp8(self, *args, **kwargs):
         from kernels import KernelRunError
         raise KernelRunError("scalar read of block_table outside its shape: index (0, 7) of (1, 5)")
+
+
+class FailsFromTwoBatches(GoldenBackend):
+    """A kernel as expensive as the sim to shrink against (``shrink_calls = 3``) that fails every case of
+    two or more batches (the golden plus 1 on the first element), and counts its calls in the file
+    $PFA_VERIFY_TEST_CALLS."""
+    name = "tests/cases/run_doubles.py:FailsFromTwoBatches"
+    shrink_calls = 3
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
+        import os
+        with open(os.environ["PFA_VERIFY_TEST_CALLS"], "a") as calls:
+            calls.write(f"{block_table.shape[0]}\n")
+        out = super().paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw)
+        if block_table.shape[0] >= 2:
+            out.view(-1)[0] += 1
+        return out

@@ -1,0 +1,39 @@
+"""Shrinking against an expensive backend is bounded by a count and reproducible (issue 28): a backend's
+``shrink_calls`` caps the law calls after a law's first failure (tests/conftest.py, check_law), so the
+same derandomized test shrinks to the same example in two runs, within that many extra calls."""
+from __future__ import annotations
+
+import re
+
+LAW_TEST = '''
+from hypothesis import given, settings, strategies as st
+from properties import strategies as ps
+
+
+@settings(max_examples=30, derandomize=True, database=None, deadline=None)
+@given(case=ps.cases_for(None, batch=st.integers(1, 4), distribution=("uniform",)))
+def test_acceptance(check_law, case):
+    check_law("acceptance", case)
+'''
+
+
+def _run(suite_pytester, monkeypatch, tmp_path, tag: str) -> tuple[str, list[int]]:
+    calls = tmp_path / f"calls-{tag}"
+    monkeypatch.setenv("PFA_VERIFY_TEST_CALLS", str(calls))
+    monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(tmp_path / f"regs-{tag}"))
+    result = suite_pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--backend",
+                                                 "tests/cases/run_doubles.py:FailsFromTwoBatches", timeout=300)
+    assert result.ret == 1, result.stdout.str()
+    falsifying = re.search(r"Failing test case: test_acceptance\(.*?case=(Case\(.*?\)\)),", result.stdout.str(), flags=re.S)
+    assert falsifying, result.stdout.str()
+    return falsifying.group(1), [int(line) for line in calls.read_text().split()]
+
+
+def test_shrinking_is_bounded_by_the_backends_count_and_reproducible(suite_pytester, monkeypatch, tmp_path):
+    suite_pytester.makepyfile(test_law=LAW_TEST)
+    first, calls = _run(suite_pytester, monkeypatch, tmp_path, "a")
+    again, calls_again = _run(suite_pytester, monkeypatch, tmp_path, "b")
+    assert first == again and calls == calls_again
+    failed_at = next(k for k, batches in enumerate(calls) if batches >= 2)
+    # after the first failure: at most shrink_calls = 3 calls reach the backend, then Hypothesis' final replay
+    assert len(calls) - failed_at - 1 <= 3 + 1, calls
