@@ -26,7 +26,7 @@ literals of our modules add nothing the search relies on.
 
 Where it applies: every process that generates cases, through :mod:`properties.strategies` (which
 pins on import, before any of its strategies can draw) and tests/conftest.py (before the Hypothesis
-profiles are loaded). tests/cases/test_reproducible.py generates in two import contexts in fresh
+profiles are loaded). tests/properties/test_generation.py generates in several import contexts in fresh
 processes and compares; it fails if a Hypothesis upgrade brings the dependence back.
 """
 from __future__ import annotations
