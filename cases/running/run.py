@@ -202,9 +202,9 @@ def _run_regression_law(backend, item: Item, regressions_dir) -> list:
     try:
         regressions.replay(reg, backend, directory=regressions_dir)
     except AssertionError as exc:
-        return [Outcome("spec", "fail", message=f"law {reg.law}: {exc}", attribution="kernel logic",
+        return [Outcome(f"law {reg.law}", "fail", message=f"law {reg.law}: {exc}", attribution="kernel logic",
                         replay=regressions.replay_command(item.regression, regressions_dir))]
-    return [Outcome("spec", "pass", message=f"law {reg.law} holds")]
+    return [Outcome(f"law {reg.law}", "pass", message=f"law {reg.law} holds")]
 
 
 def estimate(backend, item: Item):

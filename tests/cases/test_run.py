@@ -322,3 +322,16 @@ def test_comparisons_count_only_the_ones_made_and_a_skip_names_no_reference(tmp_
     assert rows["edge_causal_s1_3_short"]["verdict"] == "pass" and rows["edge_causal_s1_3_short"]["reference"] == "spec"
     assert status == 0 and data["summary"]["comparisons"] == 1
     assert "1 skipped (1 limit), 0 errors; 1 comparisons;" in data["summary"]["verdict"]
+
+
+def test_a_captured_case_of_another_law_names_that_law_as_its_reference(tmp_path):
+    """A captured case of a law other than acceptance is checked by that law (two calls of the backend, not a
+    golden under some codec): its row says so ('law NAME'), under any backend's codec."""
+    from cases.data import regressions as regs
+    (rid,) = [r for r in regs.list_ids() if regs.load(r).law != "acceptance"][:1]
+    law = regs.load(rid).law
+    report = tmp_path / "law.json"
+    assert cli.main(["run", "--backend", "tests/cases/run_doubles.py:CalculatorCodec", "--cases", rid,
+                     "--examples", "0", "--no-capture", "--json", str(report)]) == 0
+    (row,) = json.loads(report.read_text())["results"]
+    assert row["reference"] == f"law {law}" and row["verdict"] == "pass"
