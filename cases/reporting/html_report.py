@@ -125,7 +125,16 @@ def _failure(r, o) -> dict:
             "counts": o.counts, "attribution": att, "attribution_text": _ATTRIBUTION_TEXT.get(att, ""),
             "replay": o.replay, "detail": o.attribution_detail, "envelope_note": (o.envelope or {}).get("note"),
             "heatmap": heatmap(o.error_map, (r.config or {}).get("s1") or 1) if pictures else None,
-            "histogram": histogram(o.ratio_histogram) if pictures else None, "message": o.message}
+            "histogram": histogram(o.ratio_histogram) if pictures else None, "message": o.message,
+            "diagnosis": _diagnosis(o.diagnosis)}
+
+
+def _diagnosis(record: dict | None) -> dict | None:
+    """The failure card's "What:" line: the best candidate of properties.diagnosis (None: not diagnosed)."""
+    if not record or not record.get("candidates"):
+        return None
+    return {"explained": record["explained"], "best": record["candidates"][0], "evaluated": record["evaluated"],
+            "available": record["available"]}
 
 
 def render_html(run) -> str:

@@ -118,6 +118,7 @@ def to_json(run) -> dict:
             "worst_ratio": _num(o.worst_ratio),
             "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
             "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope,
+            "diagnosis": o.diagnosis,
             "node": r.node, "attempts": r.attempts})
     prov = run.provenance or {}
     return {"schema": SCHEMA_ID,

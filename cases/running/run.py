@@ -29,6 +29,7 @@ import time
 
 from cases.data.collect import Item, collect_items
 from properties.attribution import error_picture
+from properties.diagnosis import annotate
 
 __all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "schedule", "estimate",
            "execute", "RunOptions"]
@@ -55,6 +56,7 @@ class Outcome:
     signature: tuple | None = None    # a generated case's failure group (cases/running/shrink.py), not reported
     error_map: list | None = None     # [B*S1][NQ] worst error / allowed over d (failures only)
     ratio_histogram: list | None = None  # counts per RATIO_BINS interval, then non-finite mismatches
+    diagnosis: dict | None = None     # properties.diagnosis.Diagnosis.to_dict() of a counted failure
 
 
 @dataclasses.dataclass
@@ -169,6 +171,8 @@ def _run_paged(backend, item: Item, regressions_dir) -> tuple[list, str | None]:
     verdict = judge(backend, item.case, tags={"case": item.name, "backend": backend.name})
     outcomes = [_outcome(ref, verdict.output, item.case.config.s1) for ref in verdict.references]
     counted = [o for o in outcomes if o.verdict == "fail" and o.counts]
+    if counted and item.source != "generated":     # a generated failure is diagnosed once shrunk (shrink.py)
+        annotate(counted, verdict, item.case)
     if counted and item.source == "generated":
         from cases.running.shrink import signature
         counted[0].signature = signature(verdict)

@@ -158,10 +158,13 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
         command, line = regressions.capture("acceptance", backend_name, case, {}, verdict.message() + "\n" + note,
                                             enabled=capture, directory=regressions_dir)
         short = f"one of {len(names)} generated case(s) that fail like this, captured once; {how}"
-        for item, result in members:
-            for o in result.outcomes:
-                if o.verdict == "fail" and o.counts:
-                    o.replay = command
-                    o.message += f"\n{short}\n{line}"
+        failing = [o for _, result in members for o in result.outcomes if o.verdict == "fail" and o.counts]
+        for o in failing:
+            o.replay = command
+            o.message += f"\n{short}"
+        from properties.diagnosis import annotate
+        annotate(failing, verdict, case, note=", on the shrunk case" if shrunk else "")
+        for o in failing:
+            o.message += f"\n{line}"
         captured[sig] = (case, names)
     return captured

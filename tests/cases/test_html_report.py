@@ -73,3 +73,10 @@ def test_header_names_what_was_checked_by_content(failing_html):
     assert f"sha256 {kernel['sha256']}" in text and "tests/cases/run_doubles.py:PerturbOne" in text
     assert f"fingerprint {run.selection['fingerprint'][7:19]}" in text
     assert "Model: exact (the golden" in text and "catalog sha256 " in text      # a double built on the golden
+
+
+def test_a_failure_card_says_what_the_diagnosis_found(failing_html):
+    """The "What:" line of properties/diagnosis.py on each counted failure (PerturbOne's one changed element
+    is no known defect: the closest model is named, and said not to explain it)."""
+    _, text = failing_html
+    assert '<p class="diagnosis">What: no fault model explains this failure; closest: ' in text

@@ -186,3 +186,14 @@ def test_regressions_fingerprint_is_over_the_files(tmp_path):
     changed = regressions_fingerprint(tmp_path)
     assert one["cases"] == changed["cases"] == 1 and len({empty["fingerprint"], one["fingerprint"],
                                                           changed["fingerprint"]}) == 3
+
+
+def test_a_counted_failure_carries_its_diagnosis_in_the_json_and_the_message(failing_run):
+    """properties/diagnosis.py on every counted failure of the run: the record in the JSON report (schema
+    checked above), the line in the failure text. PerturbOne's one element is no known defect."""
+    data = report.to_json(failing_run)
+    fails = [r for r in data["results"] if r["verdict"] == "fail" and r["counts"]]
+    assert fails and all(r["diagnosis"]["evaluated"] >= 1 and r["diagnosis"]["candidates"] for r in fails)
+    assert all(not r["diagnosis"]["explained"] for r in fails)
+    assert all("Diagnosis: no fault model explains this failure; closest: " in r["message"] for r in fails)
+    assert all(r["diagnosis"] is None for r in data["results"] if r["verdict"] == "pass")

@@ -1,0 +1,295 @@
+"""Diagnosis: which defect explains a failing case (issue 29).
+
+A red verdict says where a kernel's output differs from the golden; this module says *what* could make
+it differ so. A :class:`FaultModel` is a deviation of the golden, a function of the case alone (never of a
+known kernel), named by the SPEC §2 stage it changes. Two families:
+
+- **input-level models**, parameterized: the golden run on inputs changed the way a defect reads them (a
+  scale entry of the neighbouring KV head, batch or token; a scale missing or inverted; the softmax
+  scale missing or applied twice; lengths off by one or of the next batch). Cheap: one vectorized golden
+  call each.
+- **stage models**, seeded from the golden-level mutant catalog (kernels/mutants): one stage of the
+  staged golden changed (causal offset, table column, GQA head map, the online rescale, P's
+  quantization, empty rows, ...). Each is the mutant's stage as a function of the case.
+
+:func:`diagnose` evaluates the models on the failing case's inputs, cheapest first, within a time budget,
+and scores each against the kernel's output with the one comparison core (properties.compare, SPEC §4's
+tolerance around the model's output): how much of the mismatch it *explains* (mismatched elements where
+the kernel lies within tolerance of the model) and how much it *breaks* (elements that matched the golden
+and do not match the model). The best few are reported with their stage and scores, or the report says
+that no model explains the failure and which comes closest. Deterministic: the same case, backend output
+and budget give the same report (the budget cuts the list at a model boundary).
+
+Never a verdict: a diagnosis is rendered beside a failure the rule already decided.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import torch
+
+__all__ = ["FaultModel", "Candidate", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "annotate", "EXPLAINS",
+           "DEFAULT_BUDGET_S"]
+
+#: A model *explains* a failure when it accounts for at least this share of the mismatched elements and
+#: breaks at most 1 - EXPLAINS of the matching ones.
+EXPLAINS = 0.9
+#: Seconds of model evaluation per case (the report says how many models ran within it).
+DEFAULT_BUDGET_S = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultModel:
+    """One defect as a deviation of the golden: ``output(tensors, scalars, codec)`` is the bf16 output a
+    kernel with this defect computes on the case (ValueError: the model does not apply to the case)."""
+    name: str
+    stage: str                      # the SPEC §2 stage it changes, as a reader would look for it
+    description: str
+    output: Callable = dataclasses.field(repr=False, compare=False)
+    cost: int = 1                   # 1: one vectorized golden call; 2: the staged (loop) golden
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A model's scores on one failure."""
+    model: str
+    stage: str
+    description: str
+    explained: int                  # mismatched elements (vs the golden) that match the model
+    mismatched: int
+    broken: int                     # matching elements (vs the golden) that do not match the model
+    matching: int
+
+    @property
+    def explained_share(self) -> float:
+        return self.explained / self.mismatched if self.mismatched else 0.0
+
+    @property
+    def broken_share(self) -> float:
+        return self.broken / self.matching if self.matching else 0.0
+
+    @property
+    def explains(self) -> bool:
+        return self.explained_share >= EXPLAINS and self.broken_share <= 1 - EXPLAINS
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"explains": self.explains}
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """The best candidates (best first), how many models were evaluated and in how long, and the budget."""
+    candidates: tuple[Candidate, ...]
+    evaluated: int
+    available: int
+    seconds: float
+    budget_s: float
+
+    @property
+    def explained(self) -> bool:
+        return bool(self.candidates) and self.candidates[0].explains
+
+    def render(self, top: int = 3, note: str = "") -> str:
+        """One line: the model that explains the failure (and the runners-up), or the closest one; ``note``
+        ends the cost in parentheses (which case the models ran on)."""
+        if not self.candidates:
+            return f"Diagnosis: no fault model applies to this case ({self._cost()}{note})"
+
+        def one(c: Candidate) -> str:
+            return (f"{c.model} [{c.stage}] explains {c.explained}/{c.mismatched} mismatches, breaks "
+                    f"{c.broken}/{c.matching} matching elements")
+        best = self.candidates[0]
+        same = [c for c in self.candidates[1:] if (c.explained, c.broken) == (best.explained, best.broken)]
+        rest = [c for c in self.candidates[1 + len(same):top + len(same)] if c.explained]
+        head = (f"Diagnosis: {one(best)}: {best.description}" if best.explains else
+                f"Diagnosis: no fault model explains this failure; closest: {one(best)}")
+        # Models that give the same output here cannot be told apart on this case: named, not ranked.
+        alike = f"; alike on this case: {', '.join(c.model for c in same)}" if same else ""
+        tail = "; next: " + "; ".join(f"{c.model} {c.explained_share:.0%} explained, {c.broken_share:.0%} broken"
+                                      for c in rest) if rest else ""
+        return head + alike + tail + f" ({self._cost()}{note})"
+
+    def _cost(self) -> str:
+        cut = f", budget {self.budget_s:g} s reached" if self.evaluated < self.available else ""
+        return f"{self.evaluated} of {self.available} models in {self.seconds:.1f} s{cut}"
+
+    def to_dict(self, top: int = 5) -> dict:
+        return {"explained": self.explained, "candidates": [c.to_dict() for c in self.candidates[:top]],
+                "evaluated": self.evaluated, "available": self.available, "seconds": round(self.seconds, 2),
+                "budget_s": self.budget_s}
+
+
+# -- the input-level models --------------------------------------------------------------------------
+
+def _golden_on(change: Callable[[dict, dict], tuple[dict, dict]]) -> Callable:
+    """A model output: the golden on inputs changed by ``change(tensors, scalars)`` (copies)."""
+    def output(tensors: dict, scalars: dict, codec):
+        import golden
+        t, s = change(dict(tensors), dict(scalars))
+        return golden.paged_attention_fp8(**t, **s, codec=codec)
+    return output
+
+
+def _with(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    def change(t, s):
+        t[name] = value(t[name])
+        return t, s
+    return change
+
+
+def _roll(dims: int, shift: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def value(x):
+        if x.shape[dims] < 2:
+            raise ValueError("only one entry along that axis: no neighbour to read")
+        return x.roll(shift, dims=dims).contiguous()
+    return value
+
+
+def _softmax(factor: Callable[[float], float]) -> Callable:
+    def change(t, s):
+        scale = s.get("softmax_scale") or t["q"].shape[-1] ** -0.5
+        s["softmax_scale"] = factor(scale)
+        return t, s
+    return change
+
+
+def _lengths(value: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    def change(t, s):
+        t["kv_act_seqs"] = value(t["kv_act_seqs"]).clamp(min=0).to(torch.int32)
+        return t, s
+    return change
+
+
+_MM1 = "MM1 scales, SPEC §2.3"
+_MM2 = "MM2 and the V scale, SPEC §2.3"
+_PAGING = "lengths and paging, SPEC §2.1-2.2"
+
+
+def _input_models() -> list[FaultModel]:
+    ones = torch.ones_like
+    models = [
+        ("v_scale_of_kv_head_n-1", _MM2, "V's dequant scale is read from KV head n - 1", _with("v_scale", _roll(1, 1))),
+        ("v_scale_of_kv_head_n+1", _MM2, "V's dequant scale is read from KV head n + 1", _with("v_scale", _roll(1, -1))),
+        ("v_scale_of_batch_b-1", _MM2, "V's dequant scale is read from batch b - 1", _with("v_scale", _roll(0, 1))),
+        ("v_scale_of_batch_b+1", _MM2, "V's dequant scale is read from batch b + 1", _with("v_scale", _roll(0, -1))),
+        ("v_scale_missing", _MM2, "V's dequant scale is not applied", _with("v_scale", ones)),
+        ("v_scale_inverted", _MM2, "V is multiplied by its quantization scale instead of the dequant scale",
+         _with("v_scale", torch.reciprocal)),
+        ("q_scale_of_head_h-1", _MM1, "Q's dequant scale is read from query head h - 1", _with("q_scale", _roll(1, 1))),
+        ("q_scale_of_token_row-1", _MM1, "Q's dequant scale is read from the previous token row",
+         _with("q_scale", _roll(0, 1))),
+        ("q_scale_missing", _MM1, "Q's dequant scale is not applied", _with("q_scale", ones)),
+        ("q_scale_inverted", _MM1, "Q is multiplied by its quantization scale instead of the dequant scale",
+         _with("q_scale", torch.reciprocal)),
+        ("k_scale_of_kv_head_n-1", _MM1, "K's dequant scale is read from KV head n - 1", _with("k_scale", _roll(2, 1))),
+        ("k_scale_missing", _MM1, "K's dequant scale is not applied", _with("k_scale", ones)),
+        ("k_scale_inverted", _MM1, "K is multiplied by its quantization scale instead of the dequant scale",
+         _with("k_scale", torch.reciprocal)),
+        ("softmax_scale_missing", _MM1, "softmax_scale is not applied", _softmax(lambda s: 1.0)),
+        ("softmax_scale_twice", _MM1, "softmax_scale is applied twice", _softmax(lambda s: s * s)),
+        ("lengths_one_short", _PAGING, "every batch walks kv_act_seqs[b] - 1 tokens", _lengths(lambda x: x - 1)),
+        ("lengths_one_long", _PAGING, "every batch walks kv_act_seqs[b] + 1 tokens", _lengths(lambda x: x + 1)),
+    ]
+    return [FaultModel(name, stage, text, _golden_on(change)) for name, stage, text, change in models]
+
+
+# -- the stage models, seeded from the golden-level mutant catalog -------------------------------------
+
+_STAGE_OF_METHOD = {
+    "visible_length": "visible length, SPEC §2.1", "query_heads": "GQA head map, SPEC §2.2",
+    "token_slots": "paging, SPEC §2.2", "clamp": "paging (-1 entries), SPEC §2.2",
+    "tile_tokens": "the tile walk, SPEC §2.3", "cut": "the tile walk, SPEC §2.3",
+    "key_scales": _MM1, "scores": _MM1, "local_softmax": "local softmax, SPEC §2.3",
+    "quantize_p": "P quantization, SPEC §2.3 and §3", "value_scales": _MM2, "tile_values": _MM2,
+    "update": "online update, SPEC §2.3", "finalize": "output, SPEC §2.4", "write_empty_row": "empty rows, SPEC §2.5",
+}
+
+
+#: Mutants whose defect lies in another stage than the method they override (P's scale per column is a
+#: quantization defect, carried out where MM2 reads it back).
+_STAGE_OF_MUTANT = {"p_quantized_per_column": "P quantization, SPEC §2.3 and §3"}
+
+
+def _stage_models() -> list[FaultModel]:
+    from kernels.mutants.golden_level import GOLDEN_MUTANTS
+    from kernels.mutants.staged import StagedGolden
+    models = []
+    for name, cls in GOLDEN_MUTANTS.items():
+        if cls.equivalent is not None:
+            continue
+        # The stage the class itself changes, else the one its mutant base changes (_FullTiles, _Recurrence).
+        own = [k for k in cls.__mro__ if issubclass(k, StagedGolden) and k is not StagedGolden]
+        changed = [m for k in own for m in _STAGE_OF_METHOD if m in vars(k)]
+        stage = _STAGE_OF_MUTANT.get(name) or (_STAGE_OF_METHOD[changed[0]] if changed else "SPEC §2")
+
+        def output(tensors, scalars, codec, cls=cls):
+            return cls(codec=codec).paged_attention_fp8(**tensors, **scalars)
+        models.append(FaultModel(name, stage, " ".join(cls.__doc__.split()), output, cost=2))
+    return models
+
+
+def fault_models() -> list[FaultModel]:
+    """Every fault model, cheapest first (input-level, then stage models)."""
+    return _input_models() + _stage_models()
+
+
+# -- matching -------------------------------------------------------------------------------------------
+
+def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: dict, scalars: dict, *, codec=None,
+             budget_s: float = DEFAULT_BUDGET_S, models: list[FaultModel] | None = None) -> Diagnosis:
+    """Score every fault model (``models``, default :func:`fault_models`) against the kernel's output ``out``
+    on the case's inputs, within ``budget_s`` seconds; ``expected`` is the golden's output under ``codec``
+    (the comparison that failed). Candidates come best first: most of the mismatch explained, then fewest
+    matching elements broken, then the cheaper model."""
+    from properties import compare as cmp
+    models = fault_models() if models is None else models
+    against_golden = cmp.compare(out, expected, kind="attention")
+    if against_golden.attribute is not None:
+        return Diagnosis((), 0, len(models), 0.0, budget_s)
+    mismatch = against_golden.mismatch_mask
+    mismatched, matching = int(mismatch.sum()), int((~mismatch).sum())
+    scored, start, evaluated = [], time.perf_counter(), 0
+    for model in models:
+        if evaluated and time.perf_counter() - start > budget_s:      # at least one model, whatever the budget
+            break
+        evaluated += 1
+        try:
+            with torch.inference_mode():
+                faulty = model.output({k: v.clone() for k, v in tensors.items()}, dict(scalars), codec)
+        except (ValueError, TypeError, IndexError, RuntimeError):    # the model does not apply to this case
+            continue
+        res = cmp.compare(out, faulty, kind="attention")
+        if res.attribute is not None:
+            continue
+        differs = res.mismatch_mask
+        scored.append((Candidate(model.name, model.stage, model.description, int((mismatch & ~differs).sum()),
+                                 mismatched, int((~mismatch & differs).sum()), matching), model.cost))
+    scored.sort(key=lambda sc: (-sc[0].explained_share, sc[0].broken_share, sc[1]))
+    return Diagnosis(tuple(c for c, _ in scored), evaluated, len(models), time.perf_counter() - start, budget_s)
+
+
+def diagnose_verdict(verdict, tensors: dict, scalars: dict, *, budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
+    """:func:`diagnose` of a failed properties.acceptance.Judgement, on its first counted failing comparison
+    under that comparison's codec; None when nothing counted failed, or the failure is not one of values
+    (shape, dtype or non-finite placement: the message already says what)."""
+    import golden
+    failing = [r for r in verdict.references if r.counts and not r.passed]
+    if not failing or failing[0].comparison.attribute is not None:
+        return None
+    ref = failing[0]
+    codec = golden.SPEC_CODEC if ref.reference == "spec" else golden.get_codec(ref.reference)
+    return diagnose(verdict.output, ref.expected, tensors, scalars, codec=codec, budget_s=budget_s)
+
+
+def annotate(outcomes: list, verdict, case, *, note: str = "", budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
+    """Name the defect that explains a counted failure on the reports' outcomes (objects with ``diagnosis``
+    and ``message``: cases.running.run.Outcome): the record on each, and the line in its failure text
+    (``note`` says which case the models ran on, when not this one)."""
+    from properties.acceptance import split_bundle
+    found = diagnose_verdict(verdict, *split_bundle(case.inputs()), budget_s=budget_s)
+    if found is not None:
+        for o in outcomes:
+            o.diagnosis, o.message = found.to_dict(), o.message + "\n" + found.render(note=note)
+    return found
