@@ -147,6 +147,22 @@ def _roll(dims: int, shift: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return value
 
 
+def _first(dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def value(x):
+        if x.shape[dims] < 2:
+            raise ValueError("only one entry along that axis: reading the first is no defect")
+        return x.narrow(dims, 0, 1).expand_as(x).contiguous()
+    return value
+
+
+def _heads_of_zero(*names: str) -> Callable:
+    def change(t, s):
+        for name in names:
+            t[name] = _first(2)(t[name])
+        return t, s
+    return change
+
+
 def _softmax(factor: Callable[[float], float]) -> Callable:
     def change(t, s):
         scale = s.get("softmax_scale") or t["q"].shape[-1] ** -0.5
@@ -189,6 +205,9 @@ def _input_models() -> list[FaultModel]:
          _with("k_scale", torch.reciprocal)),
         ("softmax_scale_missing", _MM1, "softmax_scale is not applied", _softmax(lambda s: 1.0)),
         ("softmax_scale_twice", _MM1, "softmax_scale is applied twice", _softmax(lambda s: s * s)),
+        ("v_scale_of_batch_0", _MM2, "every batch reads batch 0's V scale", _with("v_scale", _first(0))),
+        ("kv_of_kv_head_0", _PAGING, "K and V are gathered from KV head 0 for every head (their scales are not)",
+         _heads_of_zero("k_cache", "v_cache")),
         ("lengths_one_short", _PAGING, "every batch walks kv_act_seqs[b] - 1 tokens", _lengths(lambda x: x - 1)),
         ("lengths_one_long", _PAGING, "every batch walks kv_act_seqs[b] + 1 tokens", _lengths(lambda x: x + 1)),
     ]
@@ -230,9 +249,69 @@ def _stage_models() -> list[FaultModel]:
     return models
 
 
+def _own_stage_models() -> list[FaultModel]:
+    """Stage models written here, for defects the golden-level catalog does not hold (the staged golden of
+    kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column."""
+    from golden.softmax_state import exp_f32
+    from kernels.mutants.staged import StagedGolden
+
+    class PScaleNotInverted(StagedGolden):
+        def quantize_p(self, p, valid):
+            p8, p_scale = super().quantize_p(p, valid)
+            return p8, torch.reciprocal(p_scale)
+
+    class PClamped(StagedGolden):
+        top = 240.0
+
+        def quantize_p(self, p, valid):
+            # round(min(y, c)) = min(round(y), c) for an E4M3 value c: the rounding is monotone
+            p8, p_scale = super().quantize_p(p, valid)
+            return p8.clamp(max=self.top), p_scale
+
+    class RunningMaxNotUpdated(StagedGolden):
+        def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):
+            if not bool(state.started.any()):
+                state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
+                return
+            m_new = torch.maximum(state.m, m_j)
+            a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
+            state.l, state.o = a * state.l + c * l_j, a * state.o + c * o_j     # m is never stored
+
+    class TableColumnShifted(StagedGolden):
+        shift = 1
+
+        def token_slots(self, block_table, b, tokens, start):
+            bs, width = self.dims.block_size, block_table.shape[1]
+            columns = (tokens // bs + self.shift).clamp(0, width - 1)
+            return block_table[b, columns].long().clamp(min=0), tokens % bs
+
+    class TableColumnShiftedBack(TableColumnShifted):
+        shift = -1
+
+    def run(cls):
+        def output(tensors, scalars, codec):
+            return cls(codec=codec).paged_attention_fp8(**tensors, **scalars)
+        return output
+    return [
+        FaultModel("p_scale_not_inverted", "P quantization, SPEC §2.3 and §3",
+                   "P is dequantized with its quantization scale (448 / max P) instead of its reciprocal",
+                   run(PScaleNotInverted), cost=2),
+        FaultModel("p_clamped_to_240", "P quantization, SPEC §2.3 and §3",
+                   "P's scaled values are clamped to 240 before the E4M3 cast (the IEEE-style E4M3's largest value)",
+                   run(PClamped), cost=2),
+        FaultModel("running_max_not_updated", "online update, SPEC §2.3",
+                   "the running max keeps the first tile's value (m = m' is never stored)", run(RunningMaxNotUpdated), cost=2),
+        FaultModel("table_column_plus_one", "paging, SPEC §2.2",
+                   "every block reads the block-table column one too far (-1 entries read as block 0)",
+                   run(TableColumnShifted), cost=2),
+        FaultModel("table_column_minus_one", "paging, SPEC §2.2",
+                   "every block reads the block-table column one too early", run(TableColumnShiftedBack), cost=2),
+    ]
+
+
 def fault_models() -> list[FaultModel]:
     """Every fault model, cheapest first (input-level, then stage models)."""
-    return _input_models() + _stage_models()
+    return _input_models() + _own_stage_models() + _stage_models()
 
 
 # -- matching -------------------------------------------------------------------------------------------

@@ -90,3 +90,18 @@ def test_every_model_names_a_spec_stage_and_the_models_leave_the_inputs_alone():
     diagnose((expected.float() + 1).bfloat16(), expected, tensors, scalars)
     assert all(torch.equal(before[k].view(torch.uint8) if before[k].dtype.itemsize == 1 else before[k], 
                            tensors[k].view(torch.uint8) if tensors[k].dtype.itemsize == 1 else tensors[k]) for k in tensors)
+
+
+def test_a_conforming_variant_and_a_platform_codec_difference_get_no_diagnosis():
+    """Only a counted kernel-logic failure is diagnosed: a conforming variant passes, and the golden under
+    pypto's calculator codec fails the spec comparison only as "backend codec" (not counted)."""
+    conforming = kernels.get_backend("conforming:edges-mixed")
+    codec_only = kernels.get_backend("tests/cases/run_doubles.py:CalculatorCodec")
+    seen_codec_failure = False
+    for case in _CASES[:20]:
+        for backend in (conforming, codec_only):
+            verdict = judge(backend, case)
+            assert verdict.passed, (backend.name, case.label())
+            assert diagnose_verdict(verdict, *split_bundle(case.inputs())) is None
+            seen_codec_failure |= any(r.category == "backend codec" for r in verdict.references)
+    assert seen_codec_failure          # the calculator's codec did differ from the spec's on some case
