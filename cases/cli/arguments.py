@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused"]
+__all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
+           "coverage_bins"]
 
 
 def count(text: str) -> int:
@@ -74,3 +75,15 @@ def cluster_refused(exc) -> int:
     import sys
     print(f"pfa-verify: error: {exc}", file=sys.stderr)
     return 2
+
+
+def coverage_bins(text: str) -> tuple[str, ...]:
+    """``--coverage``: ``all``, or bin names of properties.coverage (unknown names: a usage error)."""
+    from properties.coverage import bin_names
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    known = bin_names()
+    bad = [n for n in names if n != "all" and n not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad or 'nothing'} not among the coverage bins (all, "
+                                         f"{', '.join(n for n in known if ' x ' not in n)})")
+    return names

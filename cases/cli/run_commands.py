@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cases.cli.arguments import add_cluster_argument, byte_count, cluster_refused, count, distributions, skip_kinds
+from cases.cli.arguments import add_cluster_argument, byte_count, cluster_refused, count, coverage_bins, distributions
+from cases.cli.arguments import skip_kinds
 
 __all__ = ["run_options", "add_run", "add_compare", "add_search"]
 
@@ -40,6 +41,7 @@ def run_options(args: argparse.Namespace, command: str | None = None):
     fields = {f.name for f in dataclasses.fields(RunOptions)} - {"command"}
     given = {k: v for k, v in vars(args).items() if k in fields}
     given["allow_skips"] = tuple(given.get("allow_skips") or ())
+    given["coverage"] = tuple(given.get("coverage") or ())
     if given.get("distribution") is not None:
         given["distribution"] = tuple(given["distribution"])
     return RunOptions(**given, command=command or "pfa-verify run " + " ".join(sys.argv[2:]))
@@ -119,6 +121,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--regressions", metavar="DIR", default=None,
                         help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.add_argument("--coverage", type=coverage_bins, default=(), metavar="all|BIN,...",
+                        help="fail the run when one of these coverage bins (properties/coverage.py; 'all': every "
+                             "single bin) is hit by no checked case, naming the holes in one line")
     parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
                              "(0: capture the first failing case as it is; default 60)")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cases.reporting import html_pages
 from cases.reporting.html_pages import ratio_colour, slug
-from cases.reporting.report import provenance_lines, skipped_groups, summarize, table_rows
+from cases.reporting.report import coverage_line, provenance_lines, skipped_groups, summarize, table_rows
 from properties.attribution import RATIO_BINS
 from cases.data.versions import versions
 
@@ -55,6 +55,8 @@ section.failure.uncounted{border-left-color:#e0a100}
 .pictures figure{margin:0}.pictures figcaption{font-size:12px;color:#555;max-width:520px}
 pre{background:#f7f7f9;border-radius:4px;padding:8px;font-size:12px;white-space:pre-wrap;margin:6px 0}
 svg text{font:11px system-ui,sans-serif;fill:#333}
+table.coverage{border-collapse:collapse;font-size:12px;columns:2}table.coverage td,table.coverage th{padding:1px 10px;text-align:left}
+table.coverage td.num{text-align:right}table.coverage tr.hole td{color:#c62828;font-weight:600}
 """
 
 _LEGEND = (("1e3", 1e3), ("10", 10.0), ("1 (tol)", 1.0), ("1e-2", 1e-2), ("1e-4", 1e-4), ("NaN/inf", None))
@@ -146,7 +148,8 @@ def render_html(run) -> str:
         codec=run.codec, backend_note=run.backend_note, seed=run.seed, provenance=provenance_lines(run),
         versions=versions(), rows=table_rows(run), nodes=(run.execution or {}).get("executor") == "ray",
         anchor=lambda row: _anchor(row.name, row.reference),
-        shown_note=_shown_note, skipped=skipped_groups(run), allowed=set(run.allowed_skips), failures=failures)
+        shown_note=_shown_note, skipped=skipped_groups(run), allowed=set(run.allowed_skips), failures=failures,
+        coverage=run.coverage, coverage_line=coverage_line(run))
 
 
 def write_html(run, path) -> Path:

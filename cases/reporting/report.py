@@ -76,6 +76,10 @@ def summarize(run) -> dict:
         kinds = ",".join(sorted(refused))
         reasons.append(f"{sum(refused.values())} case{'s were' if sum(refused.values()) != 1 else ' was'} not "
                        f"checked (skips of kind {kinds} are not allowed; --allow-skips {kinds} accepts them)")
+    holes = _required_holes(run)
+    if holes:
+        reasons.append(f"--coverage: {len(holes)} required bin{'s' if len(holes) != 1 else ''} not hit by any checked "
+                       f"case ({', '.join(holes)})")
     if run.fallback and not run.allow_fallback:
         reasons.append("auto fell back to the golden, so no kernel was checked (--allow-fallback accepts that; "
                        "--backend golden runs the golden on purpose)")
@@ -127,7 +131,8 @@ def to_json(run) -> dict:
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
-            "selection": run.selection, "execution": execution(run), "summary": summarize(run), "results": results}
+            "selection": run.selection, "execution": execution(run), "coverage": run.coverage,
+            "summary": summarize(run), "results": results}
 
 
 def execution(run) -> dict:
@@ -246,6 +251,32 @@ def render_table(run):
     return table
 
 
+def _required_holes(run) -> tuple[str, ...]:
+    """The bins ``--coverage`` required that no checked case hit (properties.coverage)."""
+    required = getattr(run, "coverage_required", ()) or ()
+    if not required or not run.coverage:
+        return ()
+    bins = run.coverage["bins"]
+    names = [n for n in bins if " x " not in n] if "all" in required else list(required)
+    return tuple(n for n in names if not bins.get(n, {}).get("hits"))
+
+
+def coverage_line(run) -> str | None:
+    """One line: bins and crosses hit by the checked cases, and the holes (properties.coverage)."""
+    cv = run.coverage
+    if not cv:
+        return None
+    singles = [n for n in cv["bins"] if " x " not in n]
+    crosses = [n for n in cv["bins"] if " x " in n]
+    text = (f"Coverage: {len(singles) - len(cv['holes'])}/{len(singles)} bins and "
+            f"{len(crosses) - len(cv['cross_holes'])}/{len(crosses)} crosses hit by {cv['cases']} checked case(s)")
+    if cv["holes"]:
+        text += "; holes: " + ", ".join(cv["holes"])
+    if cv["cross_holes"]:
+        text += "; cross holes: " + ", ".join(cv["cross_holes"])
+    return text
+
+
 def print_report(run, console) -> None:
     console.print(render_table(run))
     for (_, why), names in skipped_groups(run).items():
@@ -259,6 +290,8 @@ def print_report(run, console) -> None:
     console.print(f"\n{run.backend_note}", highlight=False, markup=False)
     for line in provenance_lines(run):
         console.print(line, highlight=False, markup=False)
+    if coverage_line(run):
+        console.print(coverage_line(run), highlight=False, markup=False)
     console.print(summarize(run)["verdict"], highlight=False, markup=False)
 
 

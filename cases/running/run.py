@@ -29,6 +29,7 @@ import time
 
 from cases.data.collect import Item, collect_items
 from properties.attribution import error_picture
+from properties.coverage import coverage
 from properties.diagnosis import annotate
 
 __all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "schedule", "estimate",
@@ -93,6 +94,8 @@ class RunResult:
     selection: dict | None = None     # cases.data.collect.selection(): what was selected, fingerprinted
     provenance: dict | None = None    # cases.data.provenance.run_provenance(): which kernel, project, inputs
     execution: dict | None = None     # cases.running.pool.Pool.describe(): executor, workers, cluster resources, nodes
+    coverage: dict | None = None      # properties.coverage.Coverage.to_dict() of the checked cases
+    coverage_required: tuple = ()     # --coverage: bins (or "all") a hole of which fails the run
 
 
 #: The reference of a skipped or errored case: no comparison with any golden was made.
@@ -365,6 +368,7 @@ class RunOptions:
     regressions: str | None = None
     no_capture: bool = False
     shrink_seconds: int = 60
+    coverage: tuple[str, ...] = ()        # bins (or "all") that must be hit, else the run fails
     command: str = "pfa-verify run"       # how the run was asked for, as the report quotes it
 
 
@@ -411,4 +415,6 @@ def execute(options: RunOptions, *, progress=None, on_items=None) -> RunResult:
                      options.seed, results, time.perf_counter() - start,
                      options.command, fallback=bool(getattr(backend, "fallback", False)),
                      allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
-                     selection=selected, provenance=provenance, execution=pool.describe())
+                     selection=selected, provenance=provenance, execution=pool.describe(),
+                     coverage=coverage([i.case.config for i, r in zip(items, results) if i.case is not None and r.checked]).to_dict(),
+                     coverage_required=tuple(options.coverage))

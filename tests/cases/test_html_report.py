@@ -28,10 +28,11 @@ def test_one_table_and_a_picture_per_failure(failing_html):
     run, text = failing_html
     failing = [o for r in run.results for o in r.outcomes if o.verdict == "fail"]
     assert failing
-    assert text.count("<table") == 1
+    assert text.count('<table class="results"') == 1 and text.count('<table class="coverage"') == 1
     assert text.count('<svg class="heatmap"') == len(failing) == text.count('<svg class="histogram"')
     assert text.count('<section class="failure') == len(failing)
-    rows = re.findall(r"<tr class=\"", text)
+    results = text.split('<table class="results"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr class=\"", results)
     assert len(rows) == sum(len(r.outcomes) for r in run.results)
     assert "kernel logic" in text and "pfa-verify cases --dir " in text
 
@@ -80,3 +81,12 @@ def test_a_failure_card_says_what_the_diagnosis_found(failing_html):
     is no known defect: the closest model is named, and said not to explain it)."""
     _, text = failing_html
     assert '<p class="diagnosis">What: no fault model explains this failure; closest: ' in text
+
+
+def test_the_coverage_table_lists_every_bin_and_marks_the_holes(failing_html):
+    from properties.coverage import BINS, CROSSES
+    run, text = failing_html
+    table = text.split('<table class="coverage"', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr") == len(BINS) + len(CROSSES) + 1        # and the header row
+    assert table.count('<tr class="hole">') == len(run.coverage["holes"]) + len(run.coverage["cross_holes"])
+    assert "Coverage: " in text

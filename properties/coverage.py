@@ -1,0 +1,195 @@
+"""What a run covered: named corner bins read from the contract, and the crosses that matter (issue 30).
+
+A pass says every case checked was right, not which corners were checked. As in hardware verification's
+functional coverage, the corners are declared from the spec, each case is classified into them, and the
+bins no case hit are *holes*. :data:`BINS` holds the single bins, each naming the SPEC line it comes from;
+:data:`CROSSES` the combinations of two families that matter. :func:`classify` reads a case's config only
+(no inputs are built), so a whole selection classifies in milliseconds.
+
+Families (docs/spec.md):
+
+- lengths (§2.1-2.3): a row's visible length at a block boundary and one either side, at a tile boundary
+  and one either side; rows with ``cur == 0`` from an empty batch and from causality; rows of 1, 2 and 3 or
+  more tiles; a last tile of one token;
+- shapes (§1): ``S1`` of 1, 2 and 3 or more; group sizes 1, 2, 3 (not a power of two) and 4 or more; a
+  ``g_tile`` that splits the group; ``NKV`` of 1, 2 and 3 or more; ``s2_tile`` of 1, 2, 3 and 4 blocks and
+  the upstream tile of 8 blocks (§5);
+- values (§3): every value distribution of the golden's inputs, every kind of garbage in unused cells;
+- paging (§2.2): a shuffled table, extra table columns, spare physical blocks, a table width that is not
+  a multiple of the blocks per tile.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+import golden
+from golden.paging import ceil_div
+
+__all__ = ["Bin", "Coverage", "BINS", "CROSSES", "classify", "coverage", "bin_names"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bin:
+    """A named corner: ``hit(facts)`` on the facts :func:`_facts` reads from a case's config."""
+    name: str
+    spec: str
+    description: str
+    hit: Callable[[dict], bool] = dataclasses.field(repr=False, compare=False)
+
+
+def _rows(config) -> list[tuple[int, int]]:
+    """(batch length, cur) of every query row (SPEC §2.1)."""
+    return [(length, max(0, length - (config.s1 - 1 - i))) for length in config.lengths for i in range(config.s1)]
+
+
+def _facts(config) -> dict:
+    """What the bins read, computed once per case."""
+    rows = _rows(config)
+    seen = [cur for _, cur in rows if cur > 0]
+    bs, tile = config.block_size, config.s2_tile
+    tiles = [ceil_div(cur, tile) for cur in seen]
+    group = config.nq // config.nkv
+    table = [list(r) for r in config.block_table] if config.block_table is not None else None
+    used = [b for r in table for b in r if b >= 0] if table else []
+    blocks_needed = [ceil_div(length, bs) for length in config.lengths]
+    return {
+        "cur": seen, "tiles": tiles, "rows": rows, "s1": config.s1, "group": group, "nkv": config.nkv,
+        "g_tile": config.g_tile or group, "tile_blocks": tile // bs, "distribution": config.distribution,
+        "garbage": config.garbage, "columns": config.table_columns, "needed": max(blocks_needed, default=0),
+        "physical": config.physical_blocks, "used": len(used), "lengths": config.lengths, "bs": bs, "tile": tile,
+        "shuffled": bool(used) and used != sorted(used),
+    }
+
+
+def _any_cur(test: Callable[[int, dict], bool]) -> Callable[[dict], bool]:
+    return lambda f: any(test(cur, f) for cur in f["cur"])
+
+
+_SINGLE: list[Bin] = [
+    Bin("cur_at_block", "§2.2", "a row's visible length is a multiple of the block size", _any_cur(lambda c, f: c % f["bs"] == 0)),
+    Bin("cur_block_plus_1", "§2.2", "a row's visible length is one past a block boundary", _any_cur(lambda c, f: c % f["bs"] == 1)),
+    Bin("cur_block_minus_1", "§2.2", "a row's visible length is one short of a block boundary",
+        _any_cur(lambda c, f: c % f["bs"] == f["bs"] - 1)),
+    Bin("cur_at_tile", "§2.3", "a row's visible length is a multiple of s2_tile", _any_cur(lambda c, f: c % f["tile"] == 0)),
+    Bin("cur_tile_plus_1", "§2.3", "a row ends with a one-token tile", _any_cur(lambda c, f: c % f["tile"] == 1)),
+    Bin("cur_tile_minus_1", "§2.3", "a row's last tile is one token short of s2_tile",
+        _any_cur(lambda c, f: c % f["tile"] == f["tile"] - 1)),
+    Bin("empty_batch", "§2.5", "a batch with kv_act_seqs = 0 (its rows are 0)", lambda f: 0 in f["lengths"]),
+    Bin("empty_by_causality", "§2.1, §2.5", "a row with cur = 0 in a batch that has tokens",
+        lambda f: any(length > 0 and cur == 0 for length, cur in f["rows"])),
+    Bin("one_tile_row", "§2.3", "a row of one tile", lambda f: 1 in f["tiles"]),
+    Bin("two_tile_row", "§2.3", "a row of two tiles (one online update)", lambda f: 2 in f["tiles"]),
+    Bin("three_plus_tile_row", "§2.3", "a row of three tiles or more", lambda f: any(t >= 3 for t in f["tiles"])),
+    Bin("s1_1", "§1", "S1 = 1", lambda f: f["s1"] == 1),
+    Bin("s1_2", "§1, §2.1", "S1 = 2 (causal rows)", lambda f: f["s1"] == 2),
+    Bin("s1_3_plus", "§1, §2.1", "S1 of 3 or more", lambda f: f["s1"] >= 3),
+    Bin("group_1", "§2.2", "a group of 1 (NQ = NKV)", lambda f: f["group"] == 1),
+    Bin("group_2", "§2.2", "a group of 2", lambda f: f["group"] == 2),
+    Bin("group_3", "§2.2", "a group of 3 (not a power of two)", lambda f: f["group"] == 3),
+    Bin("group_4_plus", "§2.2", "a group of 4 or more", lambda f: f["group"] >= 4),
+    Bin("split_g_tile", "§1", "a g_tile that splits the group", lambda f: f["g_tile"] < f["group"]),
+    Bin("nkv_1", "§1", "NKV = 1", lambda f: f["nkv"] == 1),
+    Bin("nkv_2", "§1", "NKV = 2", lambda f: f["nkv"] == 2),
+    Bin("nkv_3_plus", "§1", "NKV of 3 or more", lambda f: f["nkv"] >= 3),
+    *[Bin(f"s2_tile_{k}_blocks", "§1, §2.3" + (", §5" if k == 8 else ""), f"s2_tile of {k} block{'s' if k > 1 else ''}"
+          + (" (the upstream tile of the 8k cases)" if k == 8 else ""), lambda f, k=k: f["tile_blocks"] == k)
+      for k in (1, 2, 3, 4, 8)],
+    *[Bin(f"distribution_{d}", "§3", f"values drawn from the {d} distribution", lambda f, d=d: f["distribution"] == d)
+      for d in golden.DISTRIBUTIONS],
+    *[Bin(f"garbage_{g or 'none'}", "§2.2", f"unused cells hold {g} garbage" if g else "unused cells left as drawn",
+          lambda f, g=g: f["garbage"] == g) for g in golden.GARBAGE],
+    Bin("shuffled_table", "§2.2", "a block table that is not in physical order", lambda f: f["shuffled"]),
+    Bin("extra_columns", "§2.2", "a block table wider than the longest batch needs", lambda f: f["columns"] > f["needed"]),
+    Bin("spare_blocks", "§2.2", "physical blocks no table entry uses", lambda f: f["physical"] > f["used"]),
+    Bin("table_width_not_tile_multiple", "§2.2-2.3", "a table width that is not a multiple of the blocks per tile",
+        lambda f: f["columns"] % f["tile_blocks"] != 0),
+]
+
+BINS: tuple[Bin, ...] = tuple(_SINGLE)
+_BY_NAME = {b.name: b for b in BINS}
+
+
+def _cross(a: str, b: str) -> Bin:
+    first, second = _BY_NAME[a], _BY_NAME[b]
+    return Bin(f"{a} x {b}", f"{first.spec}; {second.spec}", f"{first.description}, and {second.description}",
+               lambda f: first.hit(f) and second.hit(f))
+
+
+def _multi_tile(f: dict) -> bool:
+    return any(t >= 2 for t in f["tiles"])
+
+
+def _ragged(f: dict) -> bool:
+    return len(set(f["lengths"])) > 1
+
+
+_MULTI = Bin("multi_tile_rows", "§2.3", "a row of two tiles or more", _multi_tile)
+_RAGGED = Bin("ragged_lengths", "§2.1", "batches of different lengths", _ragged)
+_BY_NAME.update({_MULTI.name: _MULTI, _RAGGED.name: _RAGGED})
+
+CROSSES: tuple[Bin, ...] = (
+    *[_cross(f"distribution_{d}", "multi_tile_rows") for d in golden.DISTRIBUTIONS],
+    *[_cross(f"garbage_{g}", "extra_columns") for g in ("nan", "huge", "plausible")],
+    _cross("s1_2", "ragged_lengths"), _cross("s1_3_plus", "ragged_lengths"),
+    _cross("group_2", "split_g_tile"), _cross("group_3", "split_g_tile"), _cross("group_4_plus", "split_g_tile"),
+)
+
+
+def bin_names() -> tuple[str, ...]:
+    """Every bin's and cross's name (what ``--coverage`` accepts)."""
+    return tuple(b.name for b in BINS + CROSSES)
+
+
+def classify(config) -> frozenset[str]:
+    """The names of the bins and crosses one case (a golden.PagedAttentionConfig) falls in."""
+    facts = _facts(config)
+    return frozenset(b.name for b in BINS + CROSSES if b.hit(facts))
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """Hit counts of every bin and cross over a selection of cases."""
+    counts: dict
+    cases: int
+
+    @property
+    def holes(self) -> tuple[str, ...]:
+        return tuple(b.name for b in BINS if not self.counts[b.name])
+
+    @property
+    def cross_holes(self) -> tuple[str, ...]:
+        return tuple(b.name for b in CROSSES if not self.counts[b.name])
+
+    def line(self) -> str:
+        """One line: bins and crosses hit, and the holes."""
+        singles = len(BINS) - len(self.holes)
+        crosses = len(CROSSES) - len(self.cross_holes)
+        text = (f"Coverage: {singles}/{len(BINS)} bins and {crosses}/{len(CROSSES)} crosses hit by {self.cases} "
+                "checked case(s)")
+        if self.holes:
+            text += "; holes: " + ", ".join(self.holes)
+        if self.cross_holes:
+            text += "; cross holes: " + ", ".join(self.cross_holes)
+        return text
+
+    def missing(self, required: Iterable[str]) -> tuple[str, ...]:
+        """The required bins (names, or "all" for every single bin) that no case hit."""
+        names = [b.name for b in BINS] if "all" in required else list(required)
+        return tuple(n for n in names if not self.counts.get(n))
+
+    def to_dict(self) -> dict:
+        return {"cases": self.cases, "bins": {b.name: {"hits": self.counts[b.name], "spec": b.spec}
+                                              for b in BINS + CROSSES},
+                "holes": list(self.holes), "cross_holes": list(self.cross_holes)}
+
+
+def coverage(configs: Iterable) -> Coverage:
+    """Hit counts of every bin and cross over ``configs`` (golden.PagedAttentionConfig values)."""
+    counts = {b.name: 0 for b in BINS + CROSSES}
+    cases = 0
+    for config in configs:
+        cases += 1
+        for name in classify(config):
+            counts[name] += 1
+    return Coverage(counts, cases)

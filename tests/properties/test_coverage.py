@@ -1,0 +1,62 @@
+"""properties/coverage.py (issue 30): the corner bins of the contract, the classifier, the report line, and
+``pfa-verify run --coverage``'s one-line failure naming the holes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cases import cli
+from cases.data.catalog import load_catalog
+from golden import PagedAttentionConfig
+from properties.coverage import BINS, CROSSES, bin_names, classify, coverage
+
+
+def test_every_bin_names_its_spec_line_and_the_names_are_unique():
+    names = bin_names()
+    assert len(set(names)) == len(names) and all(b.spec.startswith("§") for b in BINS + CROSSES)
+
+
+def test_a_hand_built_case_falls_in_the_bins_its_shape_says():
+    # B=2, S1=3, lengths 0 and 257, BS 128, s2_tile 256: rows of 257, 256, 255 tokens and an empty batch
+    config = PagedAttentionConfig(batch=2, s1=3, s2=257, nq=6, nkv=2, head_dim=16, block_size=128, s2_tile=256,
+                                  g_tile=1, kv_act_seqs=(0, 257), max_blocks=4, num_blocks=6,
+                                  distribution="sinks", garbage="nan",
+                                  block_table=((-1, -1, -1, -1), (5, 0, 3, -1)))
+    hit = classify(config)
+    for name in ("empty_batch", "cur_block_plus_1", "cur_at_block", "cur_block_minus_1", "cur_at_tile",
+                 "cur_tile_plus_1", "cur_tile_minus_1", "one_tile_row", "two_tile_row", "s1_3_plus", "group_3",
+                 "split_g_tile", "nkv_2", "s2_tile_2_blocks", "distribution_sinks", "garbage_nan", "shuffled_table",
+                 "extra_columns", "spare_blocks", "distribution_sinks x multi_tile_rows", "garbage_nan x extra_columns",
+                 "s1_3_plus x ragged_lengths", "group_3 x split_g_tile"):
+        assert name in hit, name
+    for name in ("empty_by_causality", "three_plus_tile_row", "s1_1", "group_2", "nkv_1", "table_width_not_tile_multiple"):
+        assert name not in hit, name
+
+
+def test_the_upstream_cases_hit_the_8_block_tile_and_the_coverage_line_names_the_holes():
+    upstream = [c.config for n, c in load_catalog().items() if n.startswith("pfa_fp8_")]
+    cv = coverage(upstream)
+    assert cv.counts["s2_tile_8_blocks"] == 2 and cv.counts["s2_tile_1_blocks"] == 4 and cv.cases == 6
+    assert "empty_batch" in cv.holes and cv.line().startswith(f"Coverage: {len(BINS) - len(cv.holes)}/{len(BINS)} bins")
+    assert cv.missing(["empty_batch", "s1_2"]) == ("empty_batch",) and "empty_batch" in cv.missing(["all"])
+
+
+def test_a_run_reports_its_coverage_and_fails_on_a_required_hole(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    status = cli.main(["run", "--backend", "golden", "--cases", "pfa_fp8_b2_s1_1_s2_1k", "--examples", "0",
+                       "--no-capture", "--coverage", "all", "--json", str(report)])
+    out = capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert status == 1 and data["coverage"]["cases"] == 1 and "empty_batch" in data["coverage"]["holes"]
+    verdict = data["summary"]["verdict"]
+    assert "-> FAILED: --coverage: " in verdict and " required bins not hit by any checked case (" in verdict
+    assert "empty_batch" in verdict.split("--coverage: ", 1)[1] and "\nCoverage: " in out
+    assert cli.main(["run", "--backend", "golden", "--cases", "pfa_fp8_b2_s1_1_s2_1k", "--examples", "0",
+                     "--no-capture", "--coverage", "s1_1,nkv_1"]) == 0
+
+
+def test_an_unknown_bin_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "--backend", "golden", "--coverage", "s1_9"])
+    assert exited.value.code == 2 and "'s1_9': ['s1_9'] not among the coverage bins" in capsys.readouterr().err
