@@ -252,8 +252,7 @@ def _stage_models() -> list[FaultModel]:
 def _own_stage_models() -> list[FaultModel]:
     """Stage models written here, for defects the golden-level catalog does not hold (the staged golden of
     kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column."""
-    from golden.softmax_state import exp_f32
-    from kernels.mutants.staged import StagedGolden
+    from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 
     class PScaleNotInverted(StagedGolden):
         def quantize_p(self, p, valid):
@@ -268,14 +267,8 @@ def _own_stage_models() -> list[FaultModel]:
             p8, p_scale = super().quantize_p(p, valid)
             return p8.clamp(max=self.top), p_scale
 
-    class RunningMaxNotUpdated(StagedGolden):
-        def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):
-            if not bool(state.started.any()):
-                state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
-                return
-            m_new = torch.maximum(state.m, m_j)
-            a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
-            state.l, state.o = a * state.l + c * l_j, a * state.o + c * o_j     # m is never stored
+    class RunningMaxNotUpdated(WrittenOutUpdate):
+        store_max = False
 
     class TableColumnShifted(StagedGolden):
         shift = 1

@@ -11,7 +11,7 @@ from golden.attention import dequantize_values
 from golden.matmul import exact_matmul
 from golden.quant import quantize_rows
 from golden.softmax_state import exp_f32
-from kernels.mutants.staged import StagedGolden
+from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 
 __all__ = ["GOLDEN_MUTANTS"]
 
@@ -143,27 +143,12 @@ class GqaHeadModulo(StagedGolden):
         return heads[g0:g0 + self.dims.g_tile]
 
 
-class _Recurrence(StagedGolden):
-    """The online update written out, so one factor can be left out."""
-    rescale_o = rescale_l = True
-
-    def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):
-        if not bool(state.started.any()):
-            state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
-            return
-        m_new = torch.maximum(state.m, m_j)
-        a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
-        state.l = (a * state.l if self.rescale_l else state.l) + c * l_j
-        state.o = (a * state.o if self.rescale_o else state.o) + c * o_j
-        state.m = m_new
-
-
-class MissingORescale(_Recurrence):
+class MissingORescale(WrittenOutUpdate):
     """The online update forgets to rescale O by exp(m - m'): O = O + c * O_j."""
     rescale_o = False
 
 
-class MissingLRescale(_Recurrence):
+class MissingLRescale(WrittenOutUpdate):
     """The online update forgets to rescale l by exp(m - m'): l = l + c * l_j."""
     rescale_l = False
 
@@ -215,7 +200,7 @@ class LFromQuantizedP(StagedGolden):
         return m_j, p, (p8 * p_scale).double().sum(dim=-1, keepdim=True).float()
 
 
-class Bf16AccumulationOfO(_Recurrence):
+class Bf16AccumulationOfO(WrittenOutUpdate):
     """O is accumulated in bf16 (the running O rounded to bf16 after every tile)."""
 
     def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):

@@ -14,10 +14,10 @@ from golden.codec import get_codec
 from golden.matmul import exact_matmul
 from golden.model import DETERMINISTIC_MODEL
 from golden.quant import quantize_rows
-from golden.softmax_state import OnlineSoftmaxState, local_softmax
+from golden.softmax_state import OnlineSoftmaxState, exp_f32, local_softmax
 from kernels.backends import Backend
 
-__all__ = ["StagedGolden"]
+__all__ = ["StagedGolden", "WrittenOutUpdate"]
 
 
 class StagedGolden(Backend):
@@ -119,3 +119,21 @@ class StagedGolden(Backend):
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
         import golden
         return golden.qk_matmul_scale(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=self.codec)
+
+
+class WrittenOutUpdate(StagedGolden):
+    """The online update of SPEC §2.3 written out, so that one of its steps can be left out: rescaling O or
+    l by ``a = exp(m - m')``, or storing the new running max (the mutants of kernels/mutants/golden_level.py
+    and the stage models of properties/diagnosis.py set the flags)."""
+    rescale_o = rescale_l = store_max = True
+
+    def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):
+        if not bool(state.started.any()):
+            state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
+            return
+        m_new = torch.maximum(state.m, m_j)
+        a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
+        state.l = (a * state.l if self.rescale_l else state.l) + c * l_j
+        state.o = (a * state.o if self.rescale_o else state.o) + c * o_j
+        if self.store_max:
+            state.m = m_new
