@@ -195,7 +195,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
         p8_tiles, p_scale = quantize_rows(p, codec=codec)
         p8 = to_blocks(p8_tiles)
-        mm2 = torch.matmul(p8.double(), v)  # MM2 per block: [Q, N, R, D], exact
+        mm2 = torch.matmul(p8.double(), v) + 0.0  # MM2 per block: [Q, N, R, D], exact; a zero sum +0 (golden.matmul)
         if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
             mm2 = _causal_values(p8, v, token, cur[block_batch])
         # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
@@ -242,7 +242,7 @@ def _causal_values(p8: torch.Tensor, v: torch.Tensor, token: np.ndarray, cur: np
     parts = []
     for i in range(s1):
         unseen = torch.from_numpy(token >= cur[:, i, None])[:, None, :, None]  # [Q, 1, BS, 1]
-        parts.append(torch.matmul(p8[:, :, i * group:(i + 1) * group].double(), torch.where(unseen, 0.0, v)))
+        parts.append(torch.matmul(p8[:, :, i * group:(i + 1) * group].double(), torch.where(unseen, 0.0, v)) + 0.0)
     return torch.cat(parts, dim=2)
 
 

@@ -8,6 +8,7 @@ entry."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -99,3 +100,26 @@ def test_any_other_exception_is_not_a_kill(error):
         matrix.search("acceptance", _Raises(error), examples=3, seed=0)
     with pytest.raises(type(error), match=str(error)):
         matrix.catalog_kill(_Raises(error))
+
+
+def test_a_zero_sum_is_plus_zero_in_every_route():
+    """Found by the test above under the dev profile: on `wide` logits a one-token tile's MM2 is a single
+    product -0 for some channels; the staged golden's float64 matmul returned -0, the vectorized golden's +0.
+    Every route now adds +0 to its exact sums (golden/matmul.py), so the reference and the equivalent
+    mutants are the golden bit for bit there too."""
+    from golden import PagedAttentionConfig
+    from golden.matmul import exact_matmul
+    from properties.case import Case
+    p8, v = torch.full((4, 1), 448.0), torch.zeros((1, 64))
+    v[0, 5] = -0.0
+    assert bool(torch.signbit(torch.matmul(p8.double(), v.double()))[0, 5])       # the library gives -0 here
+    assert not bool(torch.signbit(exact_matmul(p8, v))[0, 5])                    # the golden's sum is +0
+    table = ((-1,) * 10, (-1,) * 10, tuple(range(10)), (10, 11) + (-1,) * 8)
+    config = PagedAttentionConfig(batch=4, s1=2, s2=640, nq=4, nkv=1, head_dim=64, block_size=64, s2_tile=64,
+                                  kv_act_seqs=(0, 0, 640, 65), max_blocks=10, num_blocks=12, distribution="wide",
+                                  block_table=table)
+    tensors, scalars = split_bundle(Case(config, 63).inputs())
+    expected = golden.paged_attention_fp8(**tensors, **scalars)
+    for name in ("none", "p_scale_of_another_row"):
+        out = call(get_mutant(name), tensors, **scalars)
+        cmp.assert_close(out, expected, kind="exact", identifier=f"mutant {name} vs golden")
