@@ -120,6 +120,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.section("pfa-verify: skipped (cannot run here)")
         for reason, count in reasons.most_common():
             terminalreporter.write_line(f"{count:5d}  {reason}")
+    _coverage_summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")
@@ -159,6 +160,7 @@ def check_law(backend, request: pytest.FixtureRequest):
         __tracebackhide__ = True
         import kernels
         test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        _record_coverage(case)
         if budget is not None and after_failure.get(test, -1) >= budget and not _final_hypothesis_run():
             return      # past the backend's shrink budget: every attempt "passes", the shrinker keeps its best
         failed = False
@@ -175,6 +177,51 @@ def check_law(backend, request: pytest.FixtureRequest):
             elif failed:
                 after_failure[test] = 0
     return check
+
+
+#: Coverage bins (properties/coverage.py) of every paged case a law ran on in this process: name -> hits.
+_COVERAGE_HITS: Counter = Counter()
+_COVERAGE_CASES = [0]
+
+
+def _record_coverage(case) -> None:
+    """Count the bins of a law's case, and tell Hypothesis (``--hypothesis-show-statistics`` lists them per law)."""
+    config = getattr(case, "config", None)
+    if config is None or not hasattr(config, "block_table"):
+        return
+    from properties.coverage import classify
+    bins = classify(config)
+    _COVERAGE_HITS.update(bins)
+    _COVERAGE_CASES[0] += 1
+    from hypothesis.control import currently_in_test_context
+    if currently_in_test_context():
+        from hypothesis import event
+        for name in sorted(bins):
+            event(f"coverage: {name}")
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)     # an xdist worker: hand the counts over
+    if workeroutput is not None:
+        workeroutput["pfa_coverage"] = {"hits": dict(_COVERAGE_HITS), "cases": _COVERAGE_CASES[0]}
+
+
+@pytest.hookimpl(optionalhook=True)      # xdist's hook: absent under -p no:xdist
+def pytest_testnodedown(node, error) -> None:                        # xdist's controller: merge the workers'
+    got = getattr(node, "workeroutput", {}).get("pfa_coverage")
+    if got:
+        _COVERAGE_HITS.update(got["hits"])
+        _COVERAGE_CASES[0] += got["cases"]
+
+
+def _coverage_summary(terminalreporter) -> None:
+    if not _COVERAGE_CASES[0]:
+        return
+    from properties.coverage import BINS, CROSSES, Coverage
+    counts = {b.name: _COVERAGE_HITS.get(b.name, 0) for b in BINS + CROSSES}
+    terminalreporter.section("pfa-verify: coverage of the law runs (properties/coverage.py)")
+    terminalreporter.write_line(Coverage(counts, _COVERAGE_CASES[0]).line().replace("checked case(s)",
+                                                                                     "law examples"))
 
 
 def _final_hypothesis_run() -> bool:

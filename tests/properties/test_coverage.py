@@ -60,3 +60,25 @@ def test_an_unknown_bin_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["run", "--backend", "golden", "--coverage", "s1_9"])
     assert exited.value.code == 2 and "'s1_9': ['s1_9'] not among the coverage bins" in capsys.readouterr().err
+
+
+def test_a_pytest_law_run_ends_with_the_coverage_of_its_examples(suite_pytester):
+    """The law runs count the bins of every case a law ran on and end the session with one coverage line
+    (tests/conftest.py); each bin is also a Hypothesis event of the law's test."""
+    suite_pytester.makepyfile(test_law='''
+from hypothesis import given, settings
+from properties import strategies as ps
+
+
+@settings(max_examples=5, derandomize=True, database=None, deadline=None)
+@given(case=ps.cases_for(None, s1=1))
+def test_acceptance(check_law, case):
+    check_law("acceptance", case)
+''')
+    result = suite_pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                                 "--hypothesis-show-statistics", timeout=300)
+    text = result.stdout.str()
+    assert result.ret == 0, text
+    assert "coverage of the law runs (properties/coverage.py)" in text
+    assert "hit by 5 law examples; holes: " in text and "s1_2" in text.split("holes: ", 1)[1]
+    assert "coverage: s1_1" in text            # a Hypothesis event of the law's test
