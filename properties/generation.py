@@ -31,7 +31,7 @@ processes and compares; it fails if a Hypothesis upgrade brings the dependence b
 """
 from __future__ import annotations
 
-__all__ = ["pin_local_constants", "local_constants_pinned"]
+__all__ = ["pin_local_constants", "local_constants_pinned", "reported_example"]
 
 _PINNED = None     # the replacement, once installed
 
@@ -73,3 +73,11 @@ def local_constants_pinned() -> bool:
     except ImportError:      # pragma: no cover
         return False
     return _PINNED is not None and getattr(providers, "_get_local_constants", None) is _PINNED
+
+
+def reported_example() -> bool:
+    """Whether this call is the example Hypothesis reports (its final replay of the failure it found), or
+    runs outside Hypothesis: where a failure is captured, diagnosed, and an expensive backend's shrink budget
+    no longer applies. While Hypothesis generates or shrinks, False."""
+    from hypothesis.control import current_build_context, currently_in_test_context
+    return not currently_in_test_context() or bool(getattr(current_build_context(), "is_final", True))

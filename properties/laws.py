@@ -118,18 +118,13 @@ def acceptance(backend, case: Case) -> None:
         target(ratio if math.isfinite(ratio) else 1e30, label="worst error / allowed")
     if not verdict.passed:
         message = verdict.message()
-        if not currently_in_test_context() or getattr(_build_context(), "is_final", True):
-            # only on the example reported (Hypothesis' final replay, or a replay): not while shrinking
+        from properties.generation import reported_example
+        if reported_example():        # only on the example reported (or a replay): not while shrinking
             from properties.acceptance import split_bundle
             from properties.diagnosis import diagnose_verdict
             found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
             message += "" if found is None else "\n" + found.render()
         raise AssertionError(message)
-
-
-def _build_context():
-    from hypothesis.control import current_build_context
-    return current_build_context()
 
 
 @law("outputs_finite", vacuous=_nothing_visible)

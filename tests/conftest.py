@@ -150,6 +150,7 @@ def check_law(backend, request: pytest.FixtureRequest):
     captured in cases/regressions (named so that a fresh process rebuilds the backend) before it is
     reported, and the message ends with the replay command."""
     from cases.data import regressions
+    from properties.generation import reported_example
 
     option = request.config.getoption("--backend")
     name_in_files = backend.name if option == "auto" else option
@@ -161,7 +162,7 @@ def check_law(backend, request: pytest.FixtureRequest):
         import kernels
         test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
         _record_coverage(case)
-        if budget is not None and after_failure.get(test, -1) >= budget and not _final_hypothesis_run():
+        if budget is not None and after_failure.get(test, -1) >= budget and not reported_example():
             return      # past the backend's shrink budget: every attempt "passes", the shrinker keeps its best
         failed = False
         try:
@@ -222,12 +223,6 @@ def _coverage_summary(terminalreporter) -> None:
     terminalreporter.section("pfa-verify: coverage of the law runs (properties/coverage.py)")
     terminalreporter.write_line(Coverage(counts, _COVERAGE_CASES[0]).line().replace("checked case(s)",
                                                                                      "law examples"))
-
-
-def _final_hypothesis_run() -> bool:
-    """Whether this call is Hypothesis' final replay of the example it reports (or no Hypothesis at all)."""
-    from hypothesis.control import current_build_context, currently_in_test_context
-    return not currently_in_test_context() or bool(getattr(current_build_context(), "is_final", False))
 
 
 @pytest.fixture

@@ -265,11 +265,8 @@ def list_ids(*, directory=None) -> list[str]:
 
 def should_capture() -> bool:
     """Capture outside hypothesis, and inside it only on the final run of the shrunk example."""
-    from hypothesis.control import currently_in_test_context
-    if not currently_in_test_context():
-        return True
-    from hypothesis.control import current_build_context
-    return bool(getattr(current_build_context(), "is_final", True))
+    from properties.generation import reported_example
+    return reported_example()
 
 
 def replay_command(regression_id: str, directory=None) -> str:
