@@ -45,8 +45,8 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "step32", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
-           "within_ulps", "sum_error_bound", "residue_bound", "widen"]
+__all__ = ["U32", "TINY32", "U64", "down32", "up32", "down32_add", "up32_add", "outward_sums", "step32", "ulp32", "lowbit", "float64_slack", "float64_sum_slack",
+           "within_ulps", "within_ulps_arrays", "sum_error_bound", "residue_bound", "widen"]
 
 U32 = 2.0 ** -24          # float32 unit roundoff (round to nearest)
 TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error of a rounding near 0 is <= TINY32 / 2
@@ -74,23 +74,29 @@ def float64_sum_slack(terms: int | torch.Tensor) -> float | torch.Tensor:
 _MINUS_ZERO_BITS = np.int32(-2 ** 31)
 
 
-def step32(f: np.ndarray, move: np.ndarray, direction: int) -> np.ndarray:
+def step32(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.ndarray:
     """float32 (numpy): ``f`` moved one float32 step down (``direction`` -1) or up (+1) where ``move``, on the bit
     patterns (vectorized integer arithmetic: torch's ``where`` and numpy's ``nextafter`` cost several times
     as much per element): a pattern's magnitude grows by one toward the side away from 0, so stepping away
     from 0 adds 1 to it, toward 0 subtracts 1; a zero moving either way becomes the smallest subnormal of
-    that sign (taken as -0 going down, +0 going up)."""
+    that sign (taken as -0 going down, +0 going up). ``direction`` may be an int32 array of -1 and +1
+    that broadcasts against ``f`` (each element its own)."""
     bits = np.array(f, dtype=np.float32, order="C", copy=True).view(np.int32)    # keeps a 0-d shape
     zero = ((bits & np.int32(0x7FFFFFFF)) == 0) & move
     if zero.any():
-        bits = np.where(zero, _MINUS_ZERO_BITS if direction < 0 else np.int32(0), bits)
+        if isinstance(direction, np.ndarray):
+            bits = np.where(zero, np.where(direction < 0, _MINUS_ZERO_BITS, np.int32(0)), bits)
+        else:
+            bits = np.where(zero, _MINUS_ZERO_BITS if direction < 0 else np.int32(0), bits)
     sign = (bits >> np.int32(31)) | np.int32(1)                       # -1 for negative patterns, +1 otherwise
-    bits -= move.astype(np.int32) * sign * np.int32(-direction)
+    bits -= move.astype(np.int32) * sign * (-direction if isinstance(direction, np.ndarray) else np.int32(-direction))
     return bits.view(np.float32)
 
 
 def _as_array(x: torch.Tensor) -> np.ndarray:
-    return np.asarray(x.detach().double().numpy())
+    if x.dtype != torch.float64 or x.requires_grad:
+        x = x.detach().double()
+    return np.asarray(x.numpy())
 
 
 def down32(x: torch.Tensor) -> torch.Tensor:
@@ -108,26 +114,68 @@ def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tens
     TwoSum), and one step past the float32 nearest ``s`` where that one lies on the wrong side of the
     exact sum (beyond ``s``, or at ``s`` with the error pointing away)."""
     a, b = np.broadcast_arrays(_as_array(a), _as_array(b))
+    return torch.from_numpy(_directed_sum(a, b, direction))
+
+
+def outward_sums(a_lo: torch.Tensor, b_lo: torch.Tensor, a_hi: torch.Tensor, b_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``(down32_add(a_lo, b_lo), up32_add(a_hi, b_hi))`` (float64 operands of one shape after
+    broadcasting), in one pass over both: elementwise, so the bits of the two calls."""
+    a_lo, b_lo, a_hi, b_hi = (_as_array(x) for x in (a_lo, b_lo, a_hi, b_hi))
+    shape = _common_shape(a_lo, b_lo, a_hi, b_hi)
+    if math.prod(shape) > _PAIRED_MOST:
+        return (torch.from_numpy(_directed_sum(*np.broadcast_arrays(a_lo, b_lo), -1)),
+                torch.from_numpy(_directed_sum(*np.broadcast_arrays(a_hi, b_hi), 1)))
+    a, b = _pair(a_lo, a_hi, shape), _pair(b_lo, b_hi, shape)
+    direction = np.array([-1, 1], dtype=np.int32).reshape((2,) + (1,) * (a.ndim - 1))
+    both = torch.from_numpy(_directed_sum(a, b, direction))
+    return both[0], both[1]
+
+
+#: Up to this many elements per end, the two ends of an outward rounding go through one pass (the calls'
+#: fixed cost dominates); above it, two (the copies into the pair would cost more than the calls).
+_PAIRED_MOST = 1 << 12
+
+
+def _common_shape(*arrays: np.ndarray) -> tuple[int, ...]:
+    shape = arrays[0].shape
+    if any(x.shape != shape for x in arrays[1:]):
+        shape = np.broadcast_shapes(*(x.shape for x in arrays))
+    return shape
+
+
+def _pair(first: np.ndarray, second: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """float64 [2, *shape]: the two arrays side by side, each broadcast to ``shape`` (np.stack and
+    np.broadcast_arrays cost several times as much on the small arrays of a few rows)."""
+    both = np.empty((2,) + shape)
+    both[0], both[1] = first, second
+    return both
+
+
+def _directed_sum(a: np.ndarray, b: np.ndarray, direction: int | np.ndarray) -> np.ndarray:
+    """:func:`_rounded_sum` on broadcast float64 arrays; ``direction`` as :func:`step32` takes it."""
     with np.errstate(over="ignore", invalid="ignore"):
         s = a + b
         f = s.astype(np.float32)
         wide = f.astype(np.float64)
-        move = (wide > s) if direction < 0 else (wide < s)
+        move = np.where(direction < 0, wide > s, wide < s) if isinstance(direction, np.ndarray) else \
+            ((wide > s) if direction < 0 else (wide < s))
         # Only where the float64 sum is a float32 value does the exact error's sign decide, and only where
         # b is not 0 can there be one (a raw score under the exactness certificate has e1 = 0).
         decide = (wide == s) & (b != 0)
         count = int(np.count_nonzero(decide))
-        if count > decide.size // 8:               # many: the error everywhere, vectorized
+        if count > decide.size // 8 or (count and isinstance(direction, np.ndarray)):   # the error everywhere
             back = s - a
             error = (a - (s - back)) + (b - back)
-            move |= decide & ((error < 0) if direction < 0 else (error > 0))
+            away = np.where(direction < 0, error < 0, error > 0) if isinstance(direction, np.ndarray) else \
+                ((error < 0) if direction < 0 else (error > 0))
+            move |= decide & away
         elif count:                                # few: only there
             on = np.nonzero(decide)
             a_on, b_on, s_on = a[on], b[on], s[on]
             back = s_on - a_on
             error = (a_on - (s_on - back)) + (b_on - back)
             move[on] = (error < 0) if direction < 0 else (error > 0)
-    return torch.from_numpy(step32(f, move, direction))
+    return step32(f, move, direction)
 
 
 def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -154,8 +202,12 @@ def ulp32(x: torch.Tensor) -> torch.Tensor:
     from the float64 exponent bits: masking off the sign and the mantissa leaves ``2**floor(log2|x|)``
     (0 for a float64 subnormal, far below 2**-149, where the floor applies; infinite and NaN values give
     the cap 2**1000)."""
-    binade = (x.double().view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
-    return (binade * 2.0 ** -23).clamp(min=2.0 ** -149, max=2.0 ** 1000)
+    # numpy: three operations on arrays that are often a few rows, where torch's per-call cost dominates.
+    values = _as_array(x)
+    binade = (np.ascontiguousarray(values).reshape(-1).view(np.int64) & _EXPONENT_BITS).view(np.float64)   # 1-d: in place
+    np.multiply(binade, 2.0 ** -23, out=binade)
+    np.maximum(binade, 2.0 ** -149, out=binade)                # never NaN (no mantissa): max then min is the clamp
+    return torch.from_numpy(np.minimum(binade, 2.0 ** 1000, out=binade).reshape(values.shape))
 
 
 def _lowest_within(t_lo: np.ndarray, t_hi: np.ndarray, ulps: float) -> np.ndarray:
@@ -195,10 +247,21 @@ def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[to
     (``t - n ulp(t)`` is exact in float64: it keeps t's binade or the one below, and t's last bit.) The
     greatest is the mirror image, at ``t_hi`` (``t + n ulp(t)`` only grows with t). An ``ulps`` that is not
     a multiple of a power of two rounds ``ulps * ulp`` once: 2**-52 relative, far below a float32 step."""
-    lo64, hi64 = _as_array(t_lo), _as_array(t_hi)
+    lo, hi = within_ulps_arrays(_as_array(t_lo), _as_array(t_hi), ulps)
+    return torch.from_numpy(np.asarray(lo)), torch.from_numpy(np.asarray(hi))
+
+
+def within_ulps_arrays(lo64: np.ndarray, hi64: np.ndarray, ulps: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`within_ulps` on float64 numpy arrays, float32 numpy results (for callers already in numpy)."""
     if ulps != 0:
-        lo64, hi64 = _lowest_within(lo64, hi64, ulps), -_lowest_within(-hi64, -lo64, ulps)
-    return torch.from_numpy(np.asarray(_np_up32(lo64))), torch.from_numpy(np.asarray(_np_down32(hi64)))
+        # Both ends in one pass (the upper one mirrored): elementwise, so the bits of two passes.
+        shape = _common_shape(lo64, hi64)
+        if math.prod(shape) > _PAIRED_MOST:
+            lo64, hi64 = _lowest_within(lo64, hi64, ulps), -_lowest_within(-hi64, -lo64, ulps)
+        else:
+            ends = _lowest_within(_pair(lo64, -hi64, shape), _pair(hi64, -lo64, shape), ulps)
+            lo64, hi64 = ends[0], -ends[1]
+    return _np_up32(lo64), _np_down32(hi64)
 
 
 _INF64 = torch.tensor(math.inf, dtype=torch.float64)
@@ -211,14 +274,25 @@ def lowbit(x: torch.Tensor) -> torch.Tensor:
     their binade, so the difference is exact); a power of two is its own lowbit. An inf or NaN pattern
     reads as if its exponent field were a number (2**128 for inf), as the bits say: such a term makes
     the sum non-finite whatever its grid."""
-    magnitude = x.float().abs()
-    bits = magnitude.view(torch.int32)
+    # numpy, in place: the same integer and exact float32 operations at a fraction of torch's per-call cost,
+    # and fewer passes over large arrays.
+    values = np.asarray(x.detach().float().numpy())
+    bits = np.array(values, dtype=np.float32, order="C", copy=True).reshape(-1).view(np.int32)   # 1-d: in-place ops
+    np.bitwise_and(bits, np.int32(0x7FFFFFFF), out=bits)                                   # |x|
     top = bits >= 0x7F800000                                   # inf and NaN: taken one binade down, then doubled
-    bits = torch.where(top, bits - 0x800000, bits)
-    magnitude = bits.view(torch.float32)
-    cleared = (bits - (bits & -bits)).view(torch.float32)
-    power = torch.where((bits & 0x7FFFFF) == 0, magnitude, magnitude - cleared).double()
-    return torch.where(magnitude == 0, _INF64, torch.where(top, 2 * power, power))
+    special = bool(top.any())
+    if special:
+        np.subtract(bits, np.int32(0x800000), out=bits, where=top)
+    magnitude = bits.view(np.float32)
+    cleared = bits & -bits
+    np.subtract(bits, cleared, out=cleared)
+    power = magnitude - cleared.view(np.float32)
+    np.copyto(power, magnitude, where=(bits & np.int32(0x7FFFFF)) == 0)
+    power = power.astype(np.float64)
+    if special:
+        np.multiply(power, 2, out=power, where=top)
+    np.copyto(power, np.inf, where=magnitude == 0)
+    return torch.from_numpy(power.reshape(values.shape))
 
 
 def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum: torch.Tensor,
@@ -230,10 +304,12 @@ def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum:
     is ``sum |y_i|``; ``exact`` (optional) the exact sum, so that the bound covers its single rounding.
     ``rounding="toward-zero"`` doubles the per-addition error (a truncating adder: wider than SPEC §4.1).
     """
-    n = torch.as_tensor(terms, dtype=torch.float64)
+    # A count given as a number stays one: the factors are the same float64 values, without the tensor
+    # operations that would compute them.
+    n = float(terms) if isinstance(terms, int) else torch.as_tensor(terms, dtype=torch.float64)
     grown = magnitude * (1 + n * 2.0 ** -23)
     per_addition = ulp32(grown) * (0.5 if rounding == "nearest" else 1.0)
-    bound = torch.clamp(n - 1, min=0) * per_addition
+    bound = (max(n - 1, 0.0) if isinstance(n, float) else torch.clamp(n - 1, min=0)) * per_addition
     if rounding == "nearest":
         kahan = abs_sum * (2 * U32 + 16 * n * U32 * U32)
         bound = torch.maximum(bound, kahan)
@@ -292,10 +368,17 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
             residues[first:first + per_block, row:row + rows] = part.sum(axis=-1)
     finest = top * np.exp2(-own.astype(np.float64))
     total = np.where(finest <= grid, 0.0, (n - 1) * finest / 2)                  # every finer addition
-    for index, (spacing, residue) in enumerate(zip(spacings, residues)):
-        cap = (n - 1) * spacing / 2
-        walked = np.where(spacing <= grid, 0.0, np.minimum(cap, total + np.minimum(cap, residue + total)))
-        total = np.where(index >= levels - own, walked, total)
+    # What each step reads but does not depend on the walk, for every spacing at once: the walk itself is
+    # then a few operations per spacing (the same ones on the same values, so the same bits).
+    caps = (n - 1) * spacings / 2
+    exact = spacings <= grid
+    walks = np.arange(levels)[:, None] >= levels - own
+    for cap, residue, exact_here, walks_here in zip(caps, residues, exact, walks):
+        walked = residue + total
+        np.minimum(cap, walked, out=walked)
+        np.add(total, walked, out=walked)
+        np.minimum(cap, walked, out=walked)
+        total = np.where(walks_here, np.where(exact_here, 0.0, walked), total)
     return torch.from_numpy(total.reshape(products.shape[:-1]))
 
 

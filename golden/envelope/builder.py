@@ -13,9 +13,9 @@ import torch
 from ..codec import Fp8Codec
 from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
 from .stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
-from .stages import exp_arguments, exp_bounds, quantization_error, raw_interval, refine_score_bounds
+from .stages import exp_bounds, quantization_error, raw_interval, refine_score_bounds
 from .stages import score_bounds, upper_relative_to_max
-from ..intervals import TINY32, U32, U64, down32_add, float64_slack, lowbit, sum_error_bound, ulp32, up32_add, widen
+from ..intervals import TINY32, U32, U64, float64_slack, lowbit, outward_sums, sum_error_bound, ulp32, widen
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
@@ -156,38 +156,41 @@ class EnvelopeBuilder:
         codes start as the golden's ``p8``: a margin test (:meth:`_may_flip`, on ``distance``, how close the
         golden's scaled P lies to a rounding boundary) finds the elements whose code could differ, and only
         those get their exact bounds."""
-        s_lo = torch.where(visible, s_lo, self._minus_inf)
-        s_hi = torch.where(visible, s_hi, self._minus_inf)
+        # Both ends as one stack [2, ...] (index 0 the lower end): every operation below runs once for both,
+        # each element alone (the maxima are exact in any order), so the bits are those of each end alone.
+        s = torch.where(visible, torch.stack((s_lo, s_hi)), self._minus_inf)
         # A row with no visible column gets m = 0 (not -inf), so that its d stays -inf and its e 0. (Only
         # such a row: a visible row whose ends all overflowed to -inf keeps m = -inf, and NaN bounds.)
         seen = visible.any(dim=-1, keepdim=True)
-        m_lo = torch.where(seen, s_lo.amax(dim=-1, keepdim=True).double(), 0.0)
-        m_hi = torch.where(seen, s_hi.amax(dim=-1, keepdim=True).double(), 0.0)
-        d_lo = s_lo.double() - m_hi                           # float64 (the bounds that read it carry its rounding)
-        d_hi = s_hi.double() - m_lo
-        e_lo, e_hi = torch.exp(d_lo), torch.exp(d_hi)         # 0 off the visible columns (d = -inf there)
-        eps = self._p_width(s_lo, s_hi, m_lo, m_hi, visible)
+        m = torch.where(seen, s.amax(dim=-1, keepdim=True).double(), 0.0)
+        # float64 (the bounds that read it carry its rounding): S_lo - m_hi and S_hi - m_lo, 0 off the
+        # visible columns (d = -inf there).
+        e = torch.exp(s.double() - m.flip(0))
+        eps = self._p_width(s, m, visible)
         p8_lo = p8.clone(memory_format=torch.contiguous_format)
         p8_hi = p8_lo.clone()
         at = self._may_flip(distance, eps, visible).reshape(-1).nonzero().reshape(-1)
         if at.numel():
-            def picked(x):
-                return x.expand(s_lo.shape).reshape(-1)[at]
-            x_lo, x_hi = exp_arguments(picked(s_lo), picked(s_hi), picked(m_lo), picked(m_hi))
-            p_lo, p_hi = exp_bounds(x_lo, x_hi, self.model.exp_ulps)
-            # y = RN(P * scale): monotone in P and in the scale, which is at most 448.
-            p8_lo.view(-1)[at] = self.codec.round(p_lo * self.scale_lo)
-            p8_hi.view(-1)[at] = self.codec.round(p_hi * self._fp8_max)
-        return TileBounds(m_lo, m_hi, e_lo, e_hi, p8_lo, p8_hi)
+            # exp_arguments on the flagged elements: the float32 RN(S_lo - m_hi) and RN(S_hi - m_lo), the
+            # upper end clamped at 0. (s is [2, ..., T] and m [2, ..., 1] of the same leading shape.)
+            x = s.reshape(2, -1)[:, at] - m.reshape(2, -1)[:, at // s.shape[-1]].flip(0).float()
+            p_lo, p_hi = exp_bounds(x[0], x[1].clamp(max=0.0), self.model.exp_ulps)
+            # y = RN(P * scale): monotone in P and in the scale, which is at most 448. One pass through
+            # the codec for both ends (elementwise).
+            codes = self.codec.round(torch.stack((p_lo * self.scale_lo, p_hi * self._fp8_max)))
+            p8_lo.view(-1)[at] = codes[0]
+            p8_hi.view(-1)[at] = codes[1]
+        return TileBounds(m[0], m[1], e[0], e[1], p8_lo, p8_hi)
 
-    def _p_width(self, s_lo, s_hi, m_lo, m_hi, visible) -> torch.Tensor:
+    def _p_width(self, s, m, visible) -> torch.Tensor:
         """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
         golden's: both exponentiate an x in ``[S_lo - m_hi, S_hi - m_lo]`` (rounded: 2 ulp of x) within
         ``exp_ulps`` (the golden's within half an ulp), so ``P / P_g`` lies in ``exp(+-w) (1 +- 2**-20)``
         with ``w`` the row's widest x interval; ``exp(w) - 1 <= 2 w`` for ``w <= 1`` (wider rows: eps = inf,
-        every element is bounded exactly)."""
-        width = torch.where(visible, s_hi - s_lo, 0.0).amax(dim=-1, keepdim=True).double() + (m_hi - m_lo)
-        x_ulps = 2 * ulp32(torch.maximum(m_hi.abs(), m_lo.abs()) + width) * 2       # x's rounding, both ends
+        every element is bounded exactly). ``s``, ``m``: (S_lo, S_hi) and (m_lo, m_hi) stacked, as
+        :meth:`softmax` holds them."""
+        width = torch.where(visible, s[1] - s[0], 0.0).amax(dim=-1, keepdim=True).double() + (m[1] - m[0])
+        x_ulps = 2 * ulp32(m.abs().amax(dim=0) + width) * 2       # x's rounding, both ends
         w = width + x_ulps
         eps = 2 * w + (self.model.exp_ulps + 1) * 2.0 ** -22
         return torch.where(w <= 1, eps, math.inf)
@@ -221,8 +224,8 @@ class EnvelopeBuilder:
         (relative ``exp_rel`` and ``exp_ulps 2**-149`` absolute, SPEC's ulp) and the row sum's (F1)."""
         n = visible.sum(dim=-1, keepdim=True).double()
         delta = ARGUMENT_ROUNDING + 4 * U64                            # + the float64 differences' and products' own
-        z_lo = delta * torch.where(visible, m_hi - s_lo.double(), 0.0)  # delta |S - m_hi| at the lower end of S
-        z_hi = delta * torch.where(visible, m_hi - s_hi.double(), 0.0)  # ... at the upper end
+        # delta |S - m_hi| at the lower end of S, and at the upper end (both ends in one stack: elementwise)
+        z_lo, z_hi = delta * torch.where(visible, m_hi - torch.stack((s_lo, s_hi)).double(), 0.0)
         low = (e_lo * (1 - z_lo).clamp(min=0.0)).sum(dim=-1, keepdim=True)
         high = upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z_hi)
         far = visible & (z_hi > 0.5)          # e**z <= 1 + 2 z fails: exp((S_hi - m_hi)(1 - delta)) on its own
@@ -253,7 +256,7 @@ class EnvelopeBuilder:
             magnitude = (abs_sum + largest) / 2
             rounding = "toward-zero" if self.model.sums == "truncating" else "nearest"
             e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
-        lo, hi = down32_add(lo, -e2).double(), up32_add(hi, e2).double()    # the kernel's float32 O_raw
+        lo, hi = (x.double() for x in outward_sums(lo, -e2, hi, e2))           # the kernel's float32 O_raw
         vs = v_scale.double()
         lo = torch.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
         hi = torch.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
@@ -311,14 +314,15 @@ class EnvelopeBuilder:
         visible = c.visible
         flip = visible & (bounds.p8_lo != bounds.p8_hi)
         wide = self._wide_rows(s_lo, s_hi, bounds.m_lo, bounds.m_hi, bounds.e_hi, visible)
-        rows = (flip | wide).any(dim=-1, keepdim=True)
+        either = flip | wide
+        rows = either.any(dim=-1, keepdim=True)
         if not bool(rows.any()):
             return s_lo, s_hi, bounds
         maybe_max = visible & rows & (s_hi.double() >= bounds.m_lo)
         # A score whose P is below NEGLIGIBLE_P even at the top of its plain interval moves l by less than
         # n NEGLIGIBLE_P relative and its code cannot leave 0 (448 P is far below E4M3's smallest
         # subnormal): narrowing it changes nothing visible, and on degenerate rows it is most of them.
-        flagged = c.to_blocks((flip | wide | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P)) & (e1 > 0)
+        flagged = c.to_blocks((either | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P)) & (e1 > 0)
         at = flagged.nonzero(as_tuple=True)
         if not at[0].numel():
             return s_lo, s_hi, bounds

@@ -44,15 +44,18 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
     ``tiles_per_row`` [B, 1, R] (rows with 0 tiles give [0, 0])."""
     d = dims.head_dim
     st = states.view(dims.batch, tiles, dims.nkv, -1, 2 * d + 5).permute(0, 2, 3, 1, 4)   # [B, N, R, T, .]
-    counts = torch.from_numpy(np.broadcast_to(tiles_per_row[:, 0, :][:, None, :], st.shape[:3]).copy())
-    used = torch.arange(tiles)[None, None, None, :] < counts[..., None]                         # [B, N, R, T]
+    # The row bookkeeping in numpy (a few rows: torch's per-call cost would dominate).
+    rows_tiles = np.broadcast_to(tiles_per_row[:, 0, :][:, None, :], st.shape[:3])
+    counts = torch.from_numpy(rows_tiles.copy())
+    used = torch.from_numpy(np.arange(tiles) < rows_tiles[..., None])                           # [B, N, R, T]
     m_lo, m_hi, l_lo, l_hi = (st[..., i] for i in range(4))
     o_lo, o_hi = st[..., 4:4 + d], st[..., 4 + d:4 + 2 * d]
     mu = torch.where(used, m_hi, -math.inf).amax(dim=-1, keepdim=True)                           # [B, N, R, 1]
     mu = torch.where(torch.isfinite(mu), mu, 0.0)
     # Tiles a row does not have hold zeros: give them the row's mu, so that their (zero) terms stay finite.
     m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
-    n_tiles = counts[..., None].double()
+    n_np = rows_tiles[..., None].astype(np.float64)
+    n_tiles = torch.from_numpy(n_np)
     # Lower weights at m_lo (for N) and at m_hi (for L's terms, relative to m_hi), upper ones at m_hi (both).
     lows, wl_hi, w_abs = tile_weights(torch.stack((m_lo, m_hi)), m_hi, mu, n_tiles, model)
     w_lo, wl_lo, w_hi = lows[0], lows[1], wl_hi
@@ -64,7 +67,7 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
     away = torch.where(used, w_hi + w_abs, 0.0)
     n_lo, n_lo_abs = signed_weighted_sum(w_lo, away, o_lo)
     n_hi, n_hi_abs = signed_weighted_sum(away, w_lo, o_hi)
-    sum_slack = float64_sum_slack(n_tiles)
+    sum_slack = torch.from_numpy(float64_sum_slack(n_np))
     n_lo = n_lo - sum_slack * n_lo_abs
     n_hi = n_hi + sum_slack * n_hi_abs
     # L = sum_t exp(S_t - mu) up to the roundings: each tile's sum relative to its m_hi (denominator)
@@ -95,7 +98,7 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
         q_lo[rows] = torch.fmax(q_lo[rows], low)
         q_hi[rows] = torch.fmin(q_hi[rows], high)
     lo, hi = within_ulps(q_lo, q_hi, model.div_ulps)
-    started = counts[..., None] > 0
+    started = torch.from_numpy(rows_tiles[..., None] > 0)
     lo = torch.where(started, lo, 0.0)
     hi = torch.where(started, hi, 0.0)
     return lo, hi, int(((spread > DEGENERATE_SPREAD) & used).any(dim=-1).sum())
@@ -245,16 +248,23 @@ def tile_weights(m_lo: torch.Tensor, m_hi: torch.Tensor, mu: torch.Tensor, n_til
 
     float64: the arguments carry 4 roundings (the difference, the product, two additions), covered by
     4 units of relative margin on ``m - mu``; ``exp`` itself 2 units and the product by the slack 1: 3."""
-    many = n_tiles > 1
-    factors = (n_tiles - 1).clamp(min=0)
+    # The per-row factors in numpy (a row is one value each: torch's per-call cost would dominate).
+    n = np.asarray(n_tiles.detach().double().numpy())
+    many = n > 1
+    factors = np.maximum(n - 1, 0.0)
     e = model.exp_ulps * 2.0 ** -23
-    delta = many.double() * ARGUMENT_ROUNDING + 4 * U64
-    up = factors * e + torch.where(many, 2 * n_tiles * U32, 0.0)
-    down = factors * e * (1 + 2 * e) + torch.where(many, 2 * n_tiles * U32 * (1 + 2 * U32), 0.0)
-    w_hi = torch.exp((m_hi - mu) * (1 - delta) + up) * (1 + float64_slack(3))
-    w_lo = torch.exp((m_lo - mu) * (1 + delta) - down) * (1 - float64_slack(3))
-    w_abs = torch.where(many, (factors * model.exp_ulps * TINY32 + 2 * n_tiles * TINY32 / 2) * 2, 0.0)
-    return w_lo, w_hi, w_abs.expand_as(w_hi)
+    delta = many * ARGUMENT_ROUNDING + 4 * U64
+    up = factors * e + np.where(many, 2 * n * U32, 0.0)
+    down = factors * e * (1 + 2 * e) + np.where(many, 2 * n * U32 * (1 + 2 * U32), 0.0)
+    w_hi = torch.exp((m_hi - mu) * _tensor(1 - delta) + _tensor(up)) * (1 + float64_slack(3))
+    w_lo = torch.exp((m_lo - mu) * _tensor(1 + delta) - _tensor(down)) * (1 - float64_slack(3))
+    w_abs = np.where(many, (factors * model.exp_ulps * TINY32 + 2 * n * TINY32 / 2) * 2, 0.0)
+    return w_lo, w_hi, _tensor(w_abs).expand_as(w_hi)
+
+
+def _tensor(x) -> torch.Tensor:
+    """A numpy result (an array, or the scalar a 0-d operation gives) as a tensor of its shape."""
+    return torch.from_numpy(np.asarray(x))
 
 
 def signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor, o: torch.Tensor):

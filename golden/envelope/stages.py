@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..codec import Fp8Codec
-from ..intervals import U32, down32_add, float64_slack, lowbit, residue_bound, step32, sum_error_bound, up32_add, within_ulps
+from ..intervals import U32, float64_slack, lowbit, outward_sums, residue_bound, step32, sum_error_bound, within_ulps_arrays
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
@@ -183,7 +183,7 @@ def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -
     (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
     if model.sums == "exact":
         return raw.float(), raw.float()
-    return down32_add(raw, -e1), up32_add(raw, e1)
+    return outward_sums(raw, -e1, raw, e1)
 
 
 def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
@@ -231,14 +231,16 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     the binade of spacing 2**-24, so the greatest result is below ``1 + ulps 2**-24`` (the bound is taken
     over the ``x < 0`` part, then 1 joined where ``x_hi = 0``)."""
     slack = float64_slack(_EXP64_ROUNDINGS)
-    t_lo = torch.exp(x_lo.double()).numpy() * (1 - slack)
-    t_hi = torch.exp(torch.clamp(x_hi.double(), max=_BELOW_ZERO)).numpy() * (1 + slack)
+    # One exp for both ends (elementwise: the same bits as two).
+    x_lo, x_hi = torch.broadcast_tensors(x_lo, x_hi)
+    t = torch.exp(torch.stack((x_lo.double(), torch.clamp(x_hi.double(), max=_BELOW_ZERO)))).numpy()
+    t_lo, t_hi = t[0] * (1 - slack), t[1] * (1 + slack)
     # x < 0: exp(x) < 1 exactly, whatever float64 says; 1 - 2**-53 keeps the spacing of [1/2, 1), and the
     # float32 results there are below 1 + ulps 2**-24, strictly when the cap binds. (numpy from here: a few
     # operations on the flagged elements, where torch's per-call cost would dominate.)
     capped = t_hi >= 1
     t_hi = np.where(capped, 1 - 2.0 ** -53, t_hi)
-    p_lo, p_hi = (x.numpy() for x in within_ulps(torch.from_numpy(t_lo), torch.from_numpy(np.maximum(t_hi, t_lo)), ulps))
+    p_lo, p_hi = within_ulps_arrays(t_lo, np.maximum(t_hi, t_lo), ulps)
     p_hi = step32(p_hi, capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), -1)   # P > 0 here
     zero_hi, zero_lo = (x.numpy() == 0 for x in (x_hi, x_lo))          # x_lo == 0: x is 0 in every execution
     p_hi = np.where(zero_hi, np.maximum(p_hi, np.float32(1)), p_hi)
@@ -264,12 +266,25 @@ def mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
     blocks = moved.flatten(2).any(dim=-1).nonzero(as_tuple=True)              # (block, kv head) with a flip
     if not blocks[0].numel():
         return torch.zeros_like(magnitude), torch.zeros_like(magnitude), magnitude
-    spread = torch.bmm(width[blocks], v_abs[blocks])                          # [F, R, D]
-    signed = torch.bmm((2 * golden_p8 - p8_lo - p8_hi)[blocks], v[blocks])
     shape = width.shape[:-1] + (v.shape[-1],)
-    low = torch.zeros(shape, dtype=torch.float64).index_put(blocks, (spread + signed) / 2)
-    high = torch.zeros(shape, dtype=torch.float64).index_put(blocks, (spread - signed) / 2)
-    return per_tile_sum(low), per_tile_sum(high), magnitude
+    pairs = blocks[0].numel()
+    if pairs == moved.shape[0] * moved.shape[1]:
+        # Every pair holds one (a row of its own, typically): the operands as they lie, without gathering
+        # each block's V (row-major, the order nonzero lists the pairs in, and as contiguous as a gather).
+        def take(x):
+            return x.reshape((pairs,) + x.shape[2:])
+
+        def put(x):
+            return x.reshape(shape)
+    else:
+        def take(x):
+            return x[blocks]
+
+        def put(x):
+            return torch.zeros(shape, dtype=torch.float64).index_put(blocks, x)
+    spread = torch.bmm(take(width), take(v_abs))                               # [F, R, D]
+    signed = torch.bmm(take(2 * golden_p8 - p8_lo - p8_hi), take(v))
+    return per_tile_sum(put((spread + signed) / 2)), per_tile_sum(put((spread - signed) / 2)), magnitude
 
 
 def sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
