@@ -16,7 +16,7 @@ Families (docs/spec.md):
   the upstream tile of 8 blocks (§5);
 - values (§3): every value distribution of the golden's inputs, every kind of garbage in unused cells;
 - paging (§2.2): a shuffled table, extra table columns, spare physical blocks, a table width that is not
-  a multiple of the blocks per tile.
+  a multiple of the blocks per tile, a last tile that spans columns holding -1.
 """
 from __future__ import annotations
 
@@ -59,7 +59,18 @@ def _facts(config) -> dict:
         "garbage": config.garbage, "columns": config.table_columns, "needed": max(blocks_needed, default=0),
         "physical": config.physical_blocks, "used": len(used), "lengths": config.lengths, "bs": bs, "tile": tile,
         "shuffled": bool(used) and used != sorted(used),
+        "tile_over_unused": any(_last_tile_over_unused(length, cur, bs, tile // bs, config.table_columns)
+                                for length, cur in rows),
     }
+
+
+def _last_tile_over_unused(length: int, cur: int, bs: int, tile_blocks: int, columns: int) -> bool:
+    """Whether the last tile of a row (batch ``length``, ``cur`` visible) spans a table column past the
+    batch's blocks, where the table holds -1 (SPEC §1, §2.2)."""
+    if cur == 0:
+        return False
+    first = (ceil_div(cur, bs * tile_blocks) - 1) * tile_blocks
+    return min(first + tile_blocks, columns) > ceil_div(length, bs)
 
 
 def _any_cur(test: Callable[[int, dict], bool]) -> Callable[[dict], bool]:
@@ -104,6 +115,8 @@ _SINGLE: list[Bin] = [
     Bin("spare_blocks", "§2.2", "physical blocks no table entry uses", lambda f: f["physical"] > f["used"]),
     Bin("table_width_not_tile_multiple", "§2.2-2.3", "a table width that is not a multiple of the blocks per tile",
         lambda f: f["columns"] % f["tile_blocks"] != 0),
+    Bin("last_tile_over_unused_columns", "§2.2-2.3", "a row's last tile spans table columns that hold -1 (clamped "
+        "when gathered: nothing there may reach the result)", lambda f: f["tile_over_unused"]),
 ]
 
 BINS: tuple[Bin, ...] = tuple(_SINGLE)
@@ -161,12 +174,17 @@ class Coverage:
     def cross_holes(self) -> tuple[str, ...]:
         return tuple(b.name for b in CROSSES if not self.counts[b.name])
 
-    def line(self) -> str:
-        """One line: bins and crosses hit, and the holes."""
+    @classmethod
+    def from_hits(cls, hits, cases: int) -> "Coverage":
+        """From hit counts by name (bins no case hit may be absent), e.g. merged from several processes."""
+        return cls({b.name: int(hits.get(b.name, 0)) for b in BINS + CROSSES}, cases)
+
+    def line(self, what: str = "checked case(s)") -> str:
+        """One line: bins and crosses hit by the ``cases`` (``what`` they are), and the holes."""
         singles = len(BINS) - len(self.holes)
         crosses = len(CROSSES) - len(self.cross_holes)
         text = (f"Coverage: {singles}/{len(BINS)} bins and {crosses}/{len(CROSSES)} crosses hit by {self.cases} "
-                "checked case(s)")
+                f"{what}")
         if self.holes:
             text += "; holes: " + ", ".join(self.holes)
         if self.cross_holes:

@@ -92,9 +92,10 @@ class Dims:
 def dims(*, batch=st.integers(1, 4), s1=st.integers(1, 3), nkv=st.integers(1, 2),
          group=st.sampled_from((1, 2, 4, 3)), head_dim=(16, 32, 64, 128),
          block_size=(16, 32, 64, 128), s2_tile_blocks=st.integers(1, 4),
-         split_group: bool = True) -> st.SearchStrategy[Dims]:
+         split_group: bool = True, whole_group: bool = True) -> st.SearchStrategy[Dims]:
     """Shapes and tiles: ``nq = nkv * group``, ``s2_tile = block_size * s2_tile_blocks``,
-    ``g_tile`` None (whole group) or, when ``split_group``, a proper divisor of the group.
+    ``g_tile`` None (whole group) or, when ``split_group``, a proper divisor of the group (only a
+    divisor when ``whole_group`` is False and the group has one: a split group for sure).
 
     ``head_dim`` and ``block_size`` are a strategy or a sequence of choices (first = shrink target);
     the others are an int or a strategy. Defaults keep one example to a few thousand tokens at most.
@@ -108,7 +109,8 @@ def dims(*, batch=st.integers(1, 4), s1=st.integers(1, 3), nkv=st.integers(1, 2)
     def build(t):
         batch_, s1_, nkv_, group_, d_, bs_, tb_ = t
         divisors = [x for x in range(1, group_) if group_ % x == 0]
-        g_tiles = st.sampled_from([None] + divisors) if split_group else st.just(None)
+        choices = ([None] if whole_group or not divisors else []) + divisors
+        g_tiles = st.sampled_from(choices) if split_group else st.just(None)
         return g_tiles.map(lambda gt: Dims(batch_, s1_, nkv_ * group_, nkv_, d_, bs_, bs_ * tb_, gt))
 
     return st.tuples(b, s, n, g, d, bs, tb).flatmap(build)

@@ -218,11 +218,9 @@ def pytest_testnodedown(node, error) -> None:                        # xdist's c
 def _coverage_summary(terminalreporter) -> None:
     if not _COVERAGE_CASES[0]:
         return
-    from properties.coverage import BINS, CROSSES, Coverage
-    counts = {b.name: _COVERAGE_HITS.get(b.name, 0) for b in BINS + CROSSES}
+    from properties.coverage import Coverage
     terminalreporter.section("pfa-verify: coverage of the law runs (properties/coverage.py)")
-    terminalreporter.write_line(Coverage(counts, _COVERAGE_CASES[0]).line().replace("checked case(s)",
-                                                                                     "law examples"))
+    terminalreporter.write_line(Coverage.from_hits(_COVERAGE_HITS, _COVERAGE_CASES[0]).line("law examples"))
 
 
 @pytest.fixture

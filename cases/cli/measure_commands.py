@@ -3,6 +3,7 @@ from the command line."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -64,6 +65,11 @@ def _cmd_mutants(args) -> int:
     names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
     laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
     from cases.running.pool import ClusterError
+    if getattr(args, "latency", False):
+        try:
+            return _latency(args, console, names)
+        except ClusterError as exc:
+            return cluster_refused(exc)
     if args.level == "conforming":
         if args.command == "mutants":
             print("pfa-verify: note: 'mutants --level conforming' is now 'pfa-verify conforming' (same options)",
@@ -105,6 +111,29 @@ def _cmd_mutants(args) -> int:
     return run.exit_status
 
 
+def _latency(args, console, names) -> int:
+    """``mutants --latency``: generated cases to each mutant's first kill, directed and plain order."""
+    from cases.measuring import kill_latency
+    from kernels import BackendUnavailable
+    try:
+        rows = kill_latency.latency_rows(args.level, examples=args.examples, seed=args.seed, names=names,
+                                         workers=args.workers, cluster=args.cluster)
+    except BackendUnavailable as exc:
+        print(f"pfa-verify: error: the {args.level} level cannot run here: {exc}", file=sys.stderr)
+        return 2
+    console.print(kill_latency.render_table(rows, level=args.level, examples=args.examples, seed=args.seed))
+    broken = [r for r in rows if r.error]
+    for r in broken:
+        console.print(f"{r.name}: broken: {r.error}", highlight=False, markup=False)
+    if args.json:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        data = {"level": args.level, "examples": args.examples, "seed": args.seed,
+                "rows": [dataclasses.asdict(r) for r in rows], "summary": kill_latency.summary(rows)}
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return 1 if broken else 0
+
+
 def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) -> None:
     """The options of ``pfa-verify mutants`` (``level`` None: with ``--level``) and of ``pfa-verify
     conforming`` (``level="conforming"``: the same matrix for the correct variants)."""
@@ -112,6 +141,10 @@ def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) ->
         parser.add_argument("--level", choices=("golden", "sim", "conforming"), default="golden",
                             help="golden: stage mutants of the golden (fast); sim: mutants of our PyPTO kernel on the "
                                  "sim; conforming: the old spelling of 'pfa-verify conforming'")
+        parser.add_argument("--latency", action="store_true",
+                            help="instead of the matrix: how many of `pfa-verify run --cases catalog --examples N`'s "
+                                 "generated cases (aimed at the coverage holes, and drawn plainly as before) come "
+                                 "before each mutant's first kill")
     else:
         parser.set_defaults(level=level)
     parser.add_argument("--examples", type=count, default=20, help="examples per law and mutant (default 20, "

@@ -47,6 +47,14 @@ def run_options(args: argparse.Namespace, command: str | None = None):
     return RunOptions(**given, command=command or "pfa-verify run " + " ".join(sys.argv[2:]))
 
 
+def _aimed(items) -> str:
+    """What directed generation aimed at (properties/directed.py), for the line that announces the cases."""
+    aimed = [i.aim.kept_for for i in items if i.aim is not None and i.aim.kept_for]
+    if not aimed:
+        return ""
+    return f" ({len(aimed)} aimed at coverage holes: {', '.join(aimed)}; the rest drawn as usual)"
+
+
 def _cmd_run(args) -> int:
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -62,7 +70,7 @@ def _cmd_run(args) -> int:
         progress.total = len(items)
         console.print(note, highlight=False, markup=False)
         console.print(f"{len(items)} cases: " + ", ".join(
-            f"{sum(i.source == s for i in items)} {s}" for s in SOURCES), highlight=False)
+            f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items), highlight=False)
 
     from cases.running.pool import ClusterError
     try:
@@ -187,6 +195,7 @@ def _cmd_search(args) -> int:
     for c in run.captured:
         console.print(f"{c['law']}: {len(c['tasks'])} task(s) failed alike, captured once ({c['how']}): {c['line']}",
                       highlight=False, markup=False)
+    console.print(run.coverage().line("law examples"), highlight=False, markup=False)
     console.print(summary_line(run), highlight=False, markup=False)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

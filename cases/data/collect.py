@@ -4,9 +4,10 @@ The first stage of the cases/ pipeline (collect -> run -> report -> html_report 
 case that cannot be loaded (malformed, over the memory limit) becomes an item that carries its load
 error: the run reports it as an ``error`` verdict instead of stopping, since a case file is data.
 
-The generated cases depend on the project's strategies, the Hypothesis version, the seed and the
-backend's ``supported_shapes`` only, never on what else the process imported
-(properties/generation.py). :func:`selection` fingerprints what was selected, so two reports show at a
+The generated cases depend on the project's strategies, the Hypothesis version, the seed, the
+backend's ``supported_shapes`` and the catalog cases selected only, never on what else the process
+imported (properties/generation.py): they are aimed at the coverage holes the selected catalog cases
+leave first (properties/directed.py), then drawn as usual. :func:`selection` fingerprints what was selected, so two reports show at a
 glance whether they checked the same cases (``pfa-verify compare`` refuses reports that did not).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 
-__all__ = ["SOURCES", "Item", "generated_strategy", "generation_draws", "generated_cases", "collect_items",
+__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items",
            "case_record", "fingerprint", "selection"]
 
 SOURCES = ("regression", "catalog", "generated")
@@ -31,6 +32,7 @@ class Item:
     law: str = "acceptance"
     load_error: str | None = None  # why a captured case could not be loaded
     record: object = dataclasses.field(default=None, compare=False, repr=False)  # its Regression (another law)
+    aim: object = dataclasses.field(default=None, compare=False, repr=False)     # properties.directed.Aim that drew it
 
     @property
     def config(self) -> dict | None:
@@ -42,43 +44,34 @@ class Item:
         return getattr(self.case, "seed", None)
 
 
-def generated_strategy(supported: dict | None = None, distributions: tuple[str, ...] | None = None):
-    """The strategy of the generated cases (kernel-sized for a backend's ``supported_shapes``), drawing
-    the value ``distributions`` given (default: all of golden.DISTRIBUTIONS)."""
-    from properties import strategies as ps
-    kwargs = {} if distributions is None else {"distribution": tuple(distributions)}
-    return ps.cases_for(supported or None, **kwargs)
-
-
-def generation_draws(n: int) -> int:
-    """Draws that give ``n`` distinct generated cases (replaying them, cases/running/shrink.py, draws as many)."""
-    return 3 * n
-
-
 def generated_cases(n: int, seed: int, *, supported: dict | None = None,
                     distributions: tuple[str, ...] | None = None) -> list:
-    """``n`` distinct cases from :mod:`properties.strategies`, the same for the same project version,
-    seed and hypothesis version whatever else the process imported (generation phase only, no
-    database; properties/generation.py pins Hypothesis' local constants). ``supported`` (a backend's
-    ``supported_shapes``) narrows them to what its kernel is built for; ``distributions`` to those
-    value distributions."""
+    """``n`` distinct cases of the plain strategy (no aiming: the workloads of ``bench`` and
+    ``tightness``), the same for the same project version, seed and hypothesis version whatever else the
+    process imported (generation phase only, no database; properties/generation.py pins Hypothesis'
+    local constants). ``supported`` (a backend's ``supported_shapes``) narrows them to what its kernel is
+    built for; ``distributions`` to those value distributions."""
+    from properties.directed import Aim, draw, plain_draws
     if n <= 0:
         return []
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
-
     found: list = []
-
-    @fixed_seed(seed)
-    @settings(max_examples=generation_draws(n), phases=[Phase.generate], database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(generated_strategy(supported, distributions))
-    def collect(case):
+    for case in draw(Aim(None, seed, 0).strategy(supported, distributions), seed, plain_draws(n)):
         if len(found) < n and case not in found:
             found.append(case)
-
-    collect()
     return found
+
+
+def catalog_coverage(items: list, supported: dict | None) -> frozenset:
+    """The bins and crosses (properties.coverage) the catalog cases among ``items`` hit, counting only
+    those the backend's ``supported`` shapes run: what directed generation need not aim at. Captured
+    regressions are left out, so a capture never changes what a seed generates."""
+    from kernels.backends import unsupported_shape
+    from properties.coverage import classify
+    hit: set = set()
+    for item in items:
+        if item.source == "catalog" and unsupported_shape(item.case.config, supported) is None:
+            hit |= classify(item.case.config)
+    return frozenset(hit)
 
 
 def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, supported: dict | None = None,
@@ -117,8 +110,10 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
         case = reg.to_case() if reg.case.get("kind") == "paged" else None
         items.append(Item(rid, "regression", case, rid, reg.law, record=None if reg.law == "acceptance" else reg))
     items += [Item(name, "catalog", catalog[name]) for name in want_cat]
-    items += [Item(f"generated_{k:02d}", "generated", c)
-              for k, c in enumerate(generated_cases(examples, seed, supported=supported, distributions=distributions))]
+    from properties.directed import directed_cases
+    drawn = directed_cases(examples, seed, supported=supported, distributions=distributions,
+                           covered=catalog_coverage(items, supported))
+    items += [Item(f"generated_{k:02d}", "generated", case, aim=aim) for k, (case, aim) in enumerate(drawn)]
     return items
 
 
@@ -142,6 +137,7 @@ def selection(items: list, *, cases: str, examples: int, seed: int, supported: d
     by_source = {s: [r for r in records if r["source"] == s] for s in SOURCES}
     return {"fingerprint": fingerprint(records), "cases": len(records),
             "by_source": {s: {"cases": len(rs), "fingerprint": fingerprint(rs)} for s, rs in by_source.items()},
+            "aimed": {item.name: item.aim.kept_for for item in items if item.aim is not None and item.aim.kept_for},
             "options": {"cases": cases, "examples": examples, "seed": seed,
                         "supported_shapes": {k: list(v) for k, v in supported.items()} if supported else None,
                         "distributions": list(distributions) if distributions else None}}

@@ -407,10 +407,8 @@ def execute(options: RunOptions, *, progress=None, on_items=None) -> RunResult:
         results = run_items(backend, name, items, workers=options.workers, device=options.device,
                             capture=not options.no_capture, regressions_dir=options.regressions, progress=progress,
                             deadline=deadline, max_seconds=options.max_seconds, pool=pool if cluster else None)
-    capture_generated(backend, name, items, results, seed=options.seed, supported=supported,
-                      capture=not options.no_capture, regressions_dir=options.regressions,
-                      shrink_s=options.shrink_seconds, examples=options.examples,
-                      distributions=distributions)
+    capture_generated(backend, name, items, results, supported=supported, capture=not options.no_capture,
+                      regressions_dir=options.regressions, shrink_s=options.shrink_seconds, distributions=distributions)
     return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
                      options.seed, results, time.perf_counter() - start,
                      options.command, fallback=bool(getattr(backend, "fallback", False)),

@@ -43,6 +43,7 @@ class TaskReport:
     failure: dict | None = None
     error: str | None = None
     replay: str | None = None
+    hits: dict = dataclasses.field(default_factory=dict)   # coverage bin -> examples that hit it (properties/coverage.py)
 
 
 @dataclasses.dataclass
@@ -57,6 +58,16 @@ class SearchRun:
     captured: list
     seconds: float
     execution: dict | None = None
+
+    def coverage(self):
+        """The coverage (properties.coverage.Coverage) of every example the tasks drew."""
+        from collections import Counter
+
+        from properties.coverage import Coverage
+        hits: Counter = Counter()
+        for t in self.tasks:
+            hits.update(t.hits)
+        return Coverage.from_hits(hits, sum(t.examples for t in self.tasks if t.error is None))
 
     @property
     def exit_status(self) -> int:
@@ -100,10 +111,16 @@ def _search_task(payload) -> TaskReport:
     from cases.running.shrink import hunt
     from properties import law_examples, laws
     law, task, seed, examples, backend_name, database = payload
+    from properties.coverage import classify
     report = TaskReport(law, task, seed)
     backend = worker_backend(backend_name)
-    found = hunt(law_examples.examples(law, backend), lambda ex: laws.run(law, backend, ex[0], **ex[1]), seed=seed,
-                 examples=examples, database=open_database(database), key=_key(law, backend_name))
+
+    def check(example):
+        for name in classify(example[0].config):       # what the search covered, failing example included
+            report.hits[name] = report.hits.get(name, 0) + 1
+        laws.run(law, backend, example[0], **example[1])
+    found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples,
+                 database=open_database(database), key=_key(law, backend_name))
     report.examples, report.seconds = found.examples, found.seconds
     if found.error is not None:
         case, params = found.example
@@ -209,7 +226,7 @@ def to_json(run: SearchRun) -> dict:
             "captured": [{k: v for k, v in c.items() if k != "line"} for c in run.captured],
             "examples_run": examples, "seconds": round(run.seconds, 2),
             "examples_per_second": round(examples / run.seconds, 3) if run.seconds else None,
-            "exit_status": run.exit_status}
+            "coverage": run.coverage().to_dict(), "exit_status": run.exit_status}
 
 
 def summary_line(run: SearchRun) -> str:

@@ -5,7 +5,7 @@ run`` runs it to shrink the failures of its generated cases (issue 12). A failin
 rarely the smallest case that shows its bug, and one bug fails many generated cases alike, so before
 anything is captured the failures are grouped by :func:`signature` (category of the one acceptance
 rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker: the
-generation that produced the cases is replayed (same strategy, same seed, cases/data/collect.py) with
+draws that produced the case are replayed (the same aim's strategy and seed, properties/directed.py) with
 "fails with this signature" as the failure, so Hypothesis meets the group's first failing case and
 shrinks from it.
 """
@@ -123,14 +123,14 @@ class _FailsLikeTheGroup(AssertionError):
         self.verdict = verdict
 
 
-def capture_generated(backend, backend_name: str, items: list, results: list, *, seed: int, supported,
-                      capture: bool, regressions_dir, shrink_s: float, examples: int, distributions=None) -> dict:
+def capture_generated(backend, backend_name: str, items: list, results: list, *, supported, capture: bool,
+                      regressions_dir, shrink_s: float, distributions=None) -> dict:
     """Capture ``pfa-verify run``'s generated failures once per signature (on the driver, after every
-    result came back), each shrunk by Hypothesis from the generation that produced it (:func:`hunt`);
+    result came back), each shrunk by Hypothesis from the draws that produced it (the item's
+    properties.directed.Aim, :func:`hunt`);
     every failing outcome (cases.running.run.Outcome) gets its group's replay line. Returns {signature:
     (captured case, member names)}."""
     from cases.data import regressions
-    from cases.data.collect import generated_strategy, generation_draws
     from properties.acceptance import judge
     groups: dict = {}
     for item, result in zip(items, results):
@@ -138,7 +138,6 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
             if o.signature is not None:
                 groups.setdefault(o.signature, []).append((item, result))
     captured = {}
-    strategy = generated_strategy(supported, distributions)
     for sig, members in groups.items():
         def fails_like(case, sig=sig):
             try:
@@ -147,7 +146,12 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
                 return
             if signature(verdict) == sig:
                 raise _FailsLikeTheGroup(verdict)
-        found = hunt(strategy, fails_like, seed=seed, examples=generation_draws(examples), shrink_s=shrink_s)
+        # Replay the draws that produced a member (properties/directed.py): Hypothesis meets a failure of
+        # this signature again and shrinks it inside those draws' strategy. The plain draws when a member
+        # came from them (nothing held fixed); else the first member's aim (its bin's parameter held).
+        aim = next((item.aim for item, _ in members if item.aim.target is None), members[0][0].aim)
+        found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
+                     shrink_s=shrink_s)
         shrunk = shrink_s > 0 and found.error is not None
         case = found.example if shrunk else members[0][0].case
         verdict = found.error.verdict if shrunk else judge(backend, case)

@@ -113,3 +113,28 @@ def test_the_list_names_every_mutant(capsys):
     assert cli.main(["mutants", "--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in MUTANTS)
+
+
+def test_latency_counts_the_generated_cases_before_the_first_kill_in_both_orders(tmp_path, capsys):
+    """`mutants --latency` (cases/measuring/kill_latency.py): the position of each mutant's first failing
+    generated case, in the run's (directed) order and the plain one; a survivor is examples + 1."""
+    from cases.data.collect import collect_items, generated_cases
+    from cases.measuring.kill_latency import _fails
+    report = tmp_path / "latency.json"
+    status = cli.main(["mutants", "--latency", "--level", "golden", "--examples", "4",
+                       "--mutants", "no_max_subtraction,softmax_scale_before_dequant", "--json", str(report)])
+    out = capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert status == 0 and "Generated cases to the first kill" in out
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["softmax_scale_before_dequant"]["first"] == {"directed": None, "plain": None}   # the ledger survivor
+    assert data["summary"]["directed"]["worst"] == 5 and data["summary"]["directed"]["killed"] == 1
+    # The positions are the first failing cases of exactly those two orders.
+    from kernels.mutants import get_mutant
+    mutant = get_mutant("no_max_subtraction")
+    orders = {"directed": [i.case for i in collect_items("catalog", examples=4, seed=0) if i.source == "generated"],
+              "plain": generated_cases(4, 0)}
+    for order, cases in orders.items():
+        fails = [_fails(mutant, case) for case in cases]
+        expected = fails.index(True) + 1 if True in fails else None
+        assert rows["no_max_subtraction"]["first"][order] == expected, order

@@ -28,10 +28,23 @@ def test_a_hand_built_case_falls_in_the_bins_its_shape_says():
                  "cur_tile_plus_1", "cur_tile_minus_1", "one_tile_row", "two_tile_row", "s1_3_plus", "group_3",
                  "split_g_tile", "nkv_2", "s2_tile_2_blocks", "distribution_sinks", "garbage_nan", "shuffled_table",
                  "extra_columns", "spare_blocks", "distribution_sinks x multi_tile_rows", "garbage_nan x extra_columns",
-                 "s1_3_plus x ragged_lengths", "group_3 x split_g_tile"):
+                 "s1_3_plus x ragged_lengths", "group_3 x split_g_tile",
+                 "last_tile_over_unused_columns"):      # the row of 257: its second tile spans columns 2 and 3 (-1)
         assert name in hit, name
     for name in ("empty_by_causality", "three_plus_tile_row", "s1_1", "group_2", "nkv_1", "table_width_not_tile_multiple"):
         assert name not in hit, name
+
+
+def test_a_last_tile_over_unused_columns_needs_a_column_past_the_batch_s_blocks():
+    def config(length, s2_tile, max_blocks):
+        need = -(-length // 128)
+        return PagedAttentionConfig(batch=1, s1=1, s2=length, nq=2, nkv=2, head_dim=16, block_size=128,
+                                    s2_tile=s2_tile, kv_act_seqs=(length,), max_blocks=max_blocks, num_blocks=need,
+                                    block_table=(tuple(range(need)) + (-1,) * (max_blocks - need),))
+    assert "last_tile_over_unused_columns" in classify(config(257, 256, 4))      # tile 2 spans columns 2, 3
+    assert "last_tile_over_unused_columns" not in classify(config(257, 256, 3))  # the table ends at column 2
+    assert "last_tile_over_unused_columns" not in classify(config(256, 256, 4))  # the last tile ends at a full block pair
+    assert "last_tile_over_unused_columns" not in classify(config(257, 128, 4))  # one-block tiles never do
 
 
 def test_the_upstream_cases_hit_the_8_block_tile_and_the_coverage_line_names_the_holes():

@@ -3,7 +3,8 @@
 Each import context runs in a fresh process (what a module harvested once stays harvested): a plain
 one, and one that has also loaded the PyPTO-Gym backend module, the mutants and a user's kernel file
 (a file outside any test folder, with literals of its own). Both generate ``pfa-verify run``'s cases
-(cases.data.collect.generated_cases, kernel-sized as for sim and pypto-gym) and the ``sim`` profile's
+(cases.data.collect.generated_cases, kernel-sized as for sim and pypto-gym, and the directed ones of
+collect_items) and the ``sim`` profile's
 derandomized law examples (tests/conftest.py's profile, properties/law_examples.py), and print them.
 """
 from __future__ import annotations
@@ -54,10 +55,12 @@ _SCRIPT = textwrap.dedent("""
         f = getattr(m, "__file__", None)
         if f and is_local_module_file(f):
             harvest |= set(constants_from_module(m).integers)
-    from cases.data.collect import generated_cases
+    from cases.data.collect import collect_items, generated_cases
     cases = generated_cases(12, 0, supported=KERNEL_SHAPES)
+    directed = [[i.case.config.to_dict(), i.case.seed, i.aim.kept_for] for i in
+                collect_items("catalog", examples=12, seed=0, supported=KERNEL_SHAPES) if i.source == "generated"]
     print(json.dumps({"seeds": [c.seed for c in cases], "configs": [c.config.to_dict() for c in cases],
-                      "laws": laws, "harvestable_integers": len(harvest)}))
+                      "directed": directed, "laws": laws, "harvestable_integers": len(harvest)}))
 """)
 
 _USERS_KERNEL = ("OFFSETS = [17713194, 2147483647, 65537, 999331, -77, 4096, 129, 255, 257, 383, 511, 513, 639]\n"
@@ -88,6 +91,9 @@ def test_generated_cases_do_not_depend_on_imports(contexts):
     assert loaded["harvestable_integers"] > plain["harvestable_integers"]
     assert loaded["seeds"] == plain["seeds"] and len(plain["seeds"]) == 12
     assert loaded["configs"] == plain["configs"]
+    # pfa-verify run's cases, aimed at the catalog's holes first (properties/directed.py)
+    assert len(plain["directed"]) == 12 and any(target for _, _, target in plain["directed"])
+    assert loaded["directed"] == plain["directed"]
 
 
 def test_sim_profile_law_examples_do_not_depend_on_imports(contexts):
