@@ -48,7 +48,7 @@ from golden.model import ConformanceModel, declared_model
 from properties import compare as cmp
 from properties.attribution import Attribution, attribute
 
-__all__ = ["CATEGORIES", "InputsModified", "Reference", "Judgement", "call", "split_bundle", "judge",
+__all__ = ["CATEGORIES", "InputsModified", "Reference", "Judgement", "call", "split_bundle", "judge", "hold",
            "reference_backend", "attribution_of", "backend_model"]
 
 CATEGORIES = ("pass", "kernel logic", "backend codec")
@@ -213,10 +213,19 @@ def judge(backend, case, *, tags: dict | None = None, bundle=None) -> Judgement:
     InputsModified when the call changes its inputs; any exception of the backend propagates (the caller
     decides whether it is an error verdict or a test failure).
     """
-    import golden
     tensors, scalars = split_bundle(case.inputs() if bundle is None else bundle)
     tags = tags or {"case": case.label(), "backend": backend.name}
     out = call(backend, tensors, tags=tags, **scalars)
+    return hold(out, tensors, scalars, backend=backend, label=case.label(), tags=tags)
+
+
+def hold(out: torch.Tensor, tensors: dict, scalars: dict, *, backend, label: str, tags: dict | None = None) -> Judgement:
+    """The one rule on an output ``out`` that ``backend`` already gave for ``tensors`` and ``scalars``
+    (:func:`judge` is :func:`call` then this): the laws that compare two calls hold each call to its own
+    golden with it, to say which call is wrong."""
+    import golden
+    tags = tags or {"case": label, "backend": backend.name}
+    s1 = tensors["q"].shape[0] // max(1, tensors["kv_act_seqs"].shape[0])
     spec = golden.SPEC_CODEC
     own = getattr(backend, "codec", None) or spec
     not_applicable = getattr(backend, "spec_codec_not_applicable", None) if own is not spec else None
@@ -224,11 +233,11 @@ def judge(backend, case, *, tags: dict | None = None, bundle=None) -> Judgement:
     # at all: that comparison would measure the platform, never the kernel (the report says so once).
     codecs = ([] if not_applicable else [("spec", spec)]) + ([(own.name, own)] if own is not spec else [])
     model = backend_model(backend)
-    refs = [_reference(out, tensors, scalars, codec=codec, model=model, name=name, s1=case.config.s1, tags=tags)
+    refs = [_reference(out, tensors, scalars, codec=codec, model=model, name=name, s1=s1, tags=tags)
             for name, codec in codecs]
     if len(refs) == 2 and refs[1].passed and not refs[0].passed:
         note = (f"The comparison under the backend's own codec ({refs[1].reference}) passes: this difference "
                 "is the platform's FP8 conversions, not the kernel (shown, not counted)")
         refs[0] = dataclasses.replace(refs[0], counts=False, category="backend codec",
                                       message=refs[0].message + "\n" + note)
-    return Judgement(case.label(), backend.name, tuple(refs), out, not_applicable)
+    return Judgement(label, backend.name, tuple(refs), out, not_applicable)

@@ -6,23 +6,62 @@ names.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from properties import compare as cmp
 from properties.acceptance import attribution_of, backend_model
 from properties.case import Case
 
-__all__ = ["acceptance_width", "at12_fp8_vs_bf16_bound"]
+__all__ = ["acceptance_width", "at12_fp8_vs_bf16_bound", "Call", "which_call"]
 
 
 def case_tags(backend, case) -> dict:
     return {"case": case.label() if isinstance(case, Case) else repr(case), "backend": backend.name}
 
 
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One of the two calls a law compares: what it was (``label``), its output and its inputs."""
+    label: str
+    output: torch.Tensor = dataclasses.field(repr=False)
+    tensors: dict = dataclasses.field(repr=False)
+    scalars: dict = dataclasses.field(repr=False)
+
+
+def which_call(calls: tuple, backend) -> list[str]:
+    """When two calls that must agree do not: each held to its own golden by the one rule (SPEC §4.2;
+    properties.acceptance.hold), and a call that fails it diagnosed (properties/diagnosis.py), so the
+    message names the wrong call and the stage that explains it. Both passing means they differ within
+    what the rule allows each (a non-deterministic backend that declares itself deterministic)."""
+    from properties.acceptance import hold
+    from properties.diagnosis import diagnose_verdict
+    lines, failing = [], 0
+    for c in calls:
+        verdict = hold(c.output, c.tensors, c.scalars, backend=backend, label=c.label)
+        if verdict.passed:
+            lines.append(f"The call {c.label} passes the one rule against its own golden")
+            continue
+        failing += 1
+        ref = next(r for r in verdict.references if r.counts and not r.passed)
+        count = ref.comparison.mismatched if ref.comparison.attribute is None else "its"
+        lines.append(f"The call {c.label} fails the one rule against its own golden ({ref.category}, {count} "
+                     f"mismatched elements)")
+        found = diagnose_verdict(verdict, c.tensors, c.scalars)
+        if found is not None:
+            lines.append(found.render(note=f", on the call {c.label}"))
+    if not failing:
+        lines.append("Each call passes the one rule alone: they differ only as far as each may (SPEC §4.1), "
+                     "more than the backend's declared model lets two calls differ")
+    return lines
+
+
 def _assert_outputs(actual, expected, *, identifier, backend, case, tensors, scalars, kind="attention", atol=None,
-                    context=()):
+                    context=(), calls=None):
     """Raise the suite's message (with attribution) unless ``actual`` matches ``expected`` by ``kind``
-    (``bound``: within the per-element ``atol``)."""
+    (``bound``: within the per-element ``atol``); ``calls`` (the two :class:`Call` compared): on the example
+    Hypothesis reports, the message also says which call is wrong and why (:func:`which_call`)."""
     __tracebackhide__ = True
     bound = dict(rtol=0.0, atol=atol) if kind == "bound" else {}
     res = cmp.compare(actual, expected, kind=kind, s1=case.config.s1, **bound)
@@ -31,6 +70,9 @@ def _assert_outputs(actual, expected, *, identifier, backend, case, tensors, sca
     context = list(context)
     if res.attribute is None:
         context.append("Attribution: " + attribution_of(res, tensors, scalars)[1])
+    from properties.generation import reported_example
+    if calls is not None and reported_example():       # not while Hypothesis shrinks: it costs two goldens
+        context.extend(which_call(calls, backend))
     raise AssertionError(cmp.make_mismatch_message(res, identifier=identifier, tags=case_tags(backend, case),
                                                    context=context)) from None
 
@@ -61,24 +103,25 @@ _PAIR_NOTE = ("Allowed per element: the width of the acceptance interval of the 
               "two outputs that each pass the one rule can differ")
 
 
-def assert_same_output(actual, expected, *, identifier, backend, case, tensors, scalars):
+def assert_same_output(actual, expected, *, identifier, backend, case, tensors, scalars, calls=None):
     """Two calls of ``backend`` that compute the same logical result: bit-identical for a deterministic
     backend (its model says it takes the same choices on every call); for any other, SPEC §4.1 lets each
-    call take its freedoms afresh, so they are held to the width of the acceptance interval."""
+    call take its freedoms afresh, so they are held to the width of the acceptance interval. ``calls``:
+    the two :class:`Call` (actual's, expected's), to say which is wrong when they differ."""
     __tracebackhide__ = True
     if backend_model(backend).deterministic:
         _assert_outputs(actual, expected, kind="exact", identifier=identifier, backend=backend, case=case,
-                        tensors=tensors, scalars=scalars)
+                        tensors=tensors, scalars=scalars, calls=calls)
     else:
         assert_pair_within(actual, expected, acceptance_width(backend, tensors, scalars), identifier=identifier,
-                     backend=backend, case=case, tensors=tensors, scalars=scalars)
+                           backend=backend, case=case, tensors=tensors, scalars=scalars, calls=calls)
 
 
-def assert_pair_within(actual, expected, width, *, identifier, backend, case, tensors, scalars):
+def assert_pair_within(actual, expected, width, *, identifier, backend, case, tensors, scalars, calls=None):
     """``actual`` and ``expected`` (two outputs of ``backend`` with one golden) within ``width``."""
     __tracebackhide__ = True
     _assert_outputs(actual, expected, kind="bound", atol=width, identifier=identifier, backend=backend, case=case,
-                    tensors=tensors, scalars=scalars, context=[_PAIR_NOTE])
+                    tensors=tensors, scalars=scalars, context=[_PAIR_NOTE], calls=calls)
 
 
 def e4m3_half_spacing(y: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from properties import compare as cmp
 from properties import transforms as tf
 from properties.acceptance import backend_model, call, judge, reference_backend, split_bundle
 from properties.case import Case
-from properties.law_bounds import assert_pair_within, assert_same_output, e4m3_half_spacing, case_tags
+from properties.law_bounds import Call, assert_pair_within, assert_same_output, e4m3_half_spacing, case_tags
 from properties.law_bounds import acceptance_width, at12_fp8_vs_bf16_bound
 
 __all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
@@ -117,14 +117,18 @@ def acceptance(backend, case: Case) -> None:
         ratio = verdict.deciding.worst_ratio
         target(ratio if math.isfinite(ratio) else 1e30, label="worst error / allowed")
     if not verdict.passed:
-        message = verdict.message()
-        from properties.generation import reported_example
-        if reported_example():        # only on the example reported (or a replay): not while shrinking
-            from properties.acceptance import split_bundle
-            from properties.diagnosis import diagnose_verdict
-            found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
-            message += "" if found is None else "\n" + found.render()
-        raise AssertionError(message)
+        raise AssertionError(verdict.message() + _diagnosis_line(verdict, case))
+
+
+def _diagnosis_line(verdict, case: Case) -> str:
+    """The fault model that explains a failed judgement (properties/diagnosis.py), as a line to append;
+    only on the example Hypothesis reports (or a replay), not while it shrinks."""
+    from properties.generation import reported_example
+    if not reported_example():
+        return ""
+    from properties.diagnosis import diagnose_verdict
+    found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
+    return "" if found is None else "\n" + found.render()
 
 
 @law("outputs_finite", vacuous=_nothing_visible)
@@ -153,9 +157,11 @@ def block_permutation(backend, case: Case, perm_seed: int = 0) -> None:
     perm = tf.derangement(tensors["k_cache"].shape[0], perm_seed)
     tags = case_tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
-    moved = call(backend, tf.permute_blocks(tensors, perm), tags=tags, **scalars)
+    permuted = tf.permute_blocks(tensors, perm)
+    moved = call(backend, permuted, tags=tags, **scalars)
     assert_same_output(moved, out, backend=backend, case=case, tensors=tensors, scalars=scalars,
-                 identifier=f"Output with blocks permuted (perm_seed={perm_seed}) vs original")
+                       identifier=f"Output with blocks permuted (perm_seed={perm_seed}) vs original",
+                       calls=(Call("with blocks permuted", moved, permuted, scalars), Call("original", out, tensors, scalars)))
 
 
 @law("garbage_unread", tolerance="exact", vacuous=_garbage_vacuous)
@@ -167,10 +173,13 @@ def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
     tags = case_tags(backend, case)
-    clean = call(backend, tf.poison_unread(tensors, None), tags=tags, **scalars)
-    dirty = call(backend, tf.poison_unread(tensors, fill), tags=tags, **scalars)
+    zeroed, poisoned = tf.poison_unread(tensors, None), tf.poison_unread(tensors, fill)
+    clean = call(backend, zeroed, tags=tags, **scalars)
+    dirty = call(backend, poisoned, tags=tags, **scalars)
     assert_same_output(dirty, clean, backend=backend, case=case, tensors=tensors, scalars=scalars,
-                 identifier=f"Output with {fill} in unread cells vs zeros there")
+                       identifier=f"Output with {fill} in unread cells vs zeros there",
+                       calls=(Call(f"with {fill} in unread cells", dirty, poisoned, scalars),
+                              Call("with zeros there", clean, zeroed, scalars)))
 
 
 @law("gqa_repetition", vacuous=_needs(lambda c, **_: c.nq > c.nkv, "group 1: the repeated call is the same call"))
@@ -183,10 +192,13 @@ def gqa_repetition(backend, case: Case) -> None:
     group = case.config.nq // case.config.nkv
     tags = case_tags(backend, case)
     out = call(backend, tensors, tags=tags, **scalars)
-    flat = call(backend, tf.repeat_kv_heads(tensors, group), tags=tags, **dict(scalars, g_tile=None))
+    repeated, flat_scalars = tf.repeat_kv_heads(tensors, group), dict(scalars, g_tile=None)
+    flat = call(backend, repeated, tags=tags, **flat_scalars)
     assert_pair_within(flat, out, acceptance_width(backend, tensors, scalars),
-                 identifier=f"Output with KV heads repeated x{group} vs grouped",
-                 backend=backend, case=case, tensors=tensors, scalars=scalars)
+                       identifier=f"Output with KV heads repeated x{group} vs grouped",
+                       backend=backend, case=case, tensors=tensors, scalars=scalars,
+                       calls=(Call(f"with KV heads repeated x{group}", flat, repeated, flat_scalars),
+                              Call("grouped", out, tensors, scalars)))
 
 
 @law("tile_invariance", vacuous=_needs(lambda c, **p: not same_tiles(c, **p), "the same tiles as the case"))
@@ -200,8 +212,9 @@ def tile_invariance(backend, case: Case, s2_tile: int | None = None, g_tile: int
     alt = dataclasses.replace(case, config=other)
     verdict = judge(backend, alt, tags=case_tags(backend, alt))       # the tag shows the tiles compared
     if not verdict.passed:
-        raise AssertionError(f"At s2_tile={other.s2_tile}, g_tile={g_tile} instead of s2_tile={c.s2_tile}, "
-                             f"g_tile={c.g_tile}:\n{verdict.message()}")
+        message = (f"At s2_tile={other.s2_tile}, g_tile={g_tile} instead of s2_tile={c.s2_tile}, "
+                   f"g_tile={c.g_tile}:\n{verdict.message()}")
+        raise AssertionError(message + _diagnosis_line(verdict, alt))
 
 
 @law("batch_independence",
@@ -221,8 +234,9 @@ def batch_independence(backend, case: Case, batch_index: int = 0) -> None:
     alone = call(backend, alone_inputs, tags=tags, **scalars)
     rows = slice(b * s1, (b + 1) * s1)
     assert_pair_within(alone, out[rows], acceptance_width(backend, tensors, scalars)[rows],
-                 identifier=f"Batch {b} alone vs batched", backend=backend, case=case, tensors=alone_inputs,
-                 scalars=scalars)
+                       identifier=f"Batch {b} alone vs batched", backend=backend, case=case, tensors=alone_inputs,
+                       scalars=scalars, calls=(Call(f"of batch {b} alone", alone, alone_inputs, scalars),
+                                               Call("batched", out, tensors, scalars)))
 
 
 @law("causal_prefix", vacuous=_needs(lambda c, **_: c.s1 > 1, "S1 = 1: the shortened call is the same call"))
@@ -244,7 +258,9 @@ def causal_prefix(backend, case: Case) -> None:
                      kv_act_seqs=cur[:, i].contiguous())
         got = call(backend, short, tags=tags, **scalars)
         assert_pair_within(got, out[rows], width[rows], identifier=f"Query position {i} as its own call vs causal S1={c.s1}",
-                     backend=backend, case=single, tensors=short, scalars=scalars)
+                           backend=backend, case=single, tensors=short, scalars=scalars,
+                           calls=(Call(f"of query position {i} alone", got, short, scalars),
+                                  Call(f"causal S1={c.s1}", out, tensors, scalars)))
 
 
 # --- quantization laws (SPEC §3; the golden's quantizers, no backend) -----------------------------

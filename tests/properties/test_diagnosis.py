@@ -12,9 +12,12 @@ import torch
 import kernels
 from cases.data.catalog import load_catalog
 from cases.data.collect import generated_cases
+from kernels.backends.golden_backend import GoldenBackend
 from kernels.mutants import MUTANTS, get_mutant
-from properties import ledger
+from golden import PagedAttentionConfig
+from properties import laws, ledger
 from properties.acceptance import judge, split_bundle
+from properties.case import Case
 from properties.diagnosis import diagnose, diagnose_verdict, fault_models
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
@@ -105,3 +108,54 @@ def test_a_conforming_variant_and_a_platform_codec_difference_get_no_diagnosis()
             assert diagnose_verdict(verdict, *split_bundle(case.inputs())) is None
             seen_codec_failure |= any(r.category == "backend codec" for r in verdict.references)
     assert seen_codec_failure          # the calculator's codec did differ from the spec's on some case
+
+
+def _small(lengths, s1, *, nq=2, nkv=2):
+    config = PagedAttentionConfig(batch=len(lengths), s1=s1, s2=max(lengths), nq=nq, nkv=nkv, head_dim=16,
+                                  block_size=16, s2_tile=32, kv_act_seqs=tuple(lengths),
+                                  max_blocks=-(-max(lengths) // 16), num_blocks=sum(-(-n // 16) for n in lengths))
+    return Case(config, 3)
+
+
+def test_a_two_call_law_names_the_call_that_is_wrong_and_the_defect():
+    """Issue 29: a law comparing two calls says which call fails the one rule against its own golden, and the
+    fault model that explains that call's failure; the call that is right is named as passing."""
+    with pytest.raises(AssertionError) as failed:
+        laws.run("causal_prefix", get_mutant("causal_offset_ignored"), _small([40, 7], 3))
+    text = str(failed.value)
+    assert "The call of query position 0 alone passes the one rule against its own golden" in text
+    assert "The call causal S1=3 fails the one rule against its own golden (kernel logic, " in text
+    assert "Diagnosis: causal_offset_ignored [visible length, SPEC §2.1] explains" in text
+    with pytest.raises(AssertionError) as failed:
+        laws.run("gqa_repetition", get_mutant("gqa_head_modulo"), _small([40, 7], 1, nq=4, nkv=2))
+    text = str(failed.value)
+    assert "The call with KV heads repeated x2 passes" in text and "The call grouped fails" in text
+    assert "Diagnosis: gqa_head_modulo [GQA head map, SPEC §2.2]" in text
+
+
+class _JitteryButDeclaredDeterministic(GoldenBackend):
+    """Correct on every call, one output element one bf16 ulp up on every second call, yet declaring the
+    golden's deterministic model: two calls that must be bit-identical are not, and neither is wrong."""
+    name = "jittery"
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def paged_attention_fp8(self, **kwargs):
+        out = super().paged_attention_fp8(**kwargs)
+        self.calls += 1
+        if self.calls % 2 == 0:
+            flat = out.view(-1)
+            k = int(flat.float().abs().argmax())
+            flat[k] = (flat[k:k + 1].view(torch.int16) + 1).view(out.dtype)[0]   # the next bf16 away from 0
+        return out
+
+
+def test_two_calls_that_each_pass_the_rule_are_called_so():
+    backend = _JitteryButDeclaredDeterministic()
+    with pytest.raises(AssertionError) as failed:
+        laws.run("block_permutation", backend, _small([40, 7], 1))
+    text = str(failed.value)
+    assert text.count("passes the one rule against its own golden") == 2
+    assert "Each call passes the one rule alone" in text and "Diagnosis" not in text
