@@ -48,6 +48,12 @@ def _cmd_replay(args) -> int:
     print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
     if name != reg.backend:
         print(f"note: this checks {name}, not {reg.backend}, on the captured case")
+    if reg.case.get("kind") == "paged":           # the coverage of a replay is the replayed case's
+        from properties.coverage import BINS, classify
+        hit = classify(reg.to_case().config)
+        singles = [b.name for b in BINS if b.name in hit]
+        print(f"covers {len(singles)} bins and {len(hit) - len(singles)} crosses (properties/coverage.py): "
+              + ", ".join(sorted(hit)))
     try:
         regressions.replay(reg, backend, directory=args.dir)
     except AssertionError as exc:

@@ -29,7 +29,12 @@ def test_cases_subcommands(tmp_path, capsys):
     assert cli.main(["cases", "--dir", str(tmp_path), "show", rid]) == 0
     assert '"law": "acceptance"' in capsys.readouterr().out
     assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 0   # golden vs golden passes
-    assert "PASS" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PASS" in out
+    # the coverage of a replay is the replayed case's (issue 30): S1 = 1, one KV head, a row of 20 tokens
+    from properties.coverage import classify
+    covers = out.split("(properties/coverage.py): ", 1)[1].splitlines()[0].split(", ")
+    assert set(covers) == set(classify(CASE.config)) and {"s1_1", "nkv_1", "two_tile_row"} <= set(covers)
     assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--dry-run"]) == 0
     assert regressions.list_ids(directory=tmp_path) == [rid]
     assert cli.main(["cases", "--dir", str(tmp_path), "prune"]) == 0
