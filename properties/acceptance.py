@@ -46,7 +46,7 @@ import torch
 
 from golden.model import ConformanceModel, declared_model
 from properties import compare as cmp
-from properties.attribution import Attribution, attribute
+from properties.attribution import Attribution, attribute, query_positions
 
 __all__ = ["CATEGORIES", "InputsModified", "Reference", "Judgement", "call", "split_bundle", "judge", "hold",
            "reference_backend", "attribution_of", "backend_model"]
@@ -225,7 +225,7 @@ def hold(out: torch.Tensor, tensors: dict, scalars: dict, *, backend, label: str
     golden with it, to say which call is wrong."""
     import golden
     tags = tags or {"case": label, "backend": backend.name}
-    s1 = tensors["q"].shape[0] // max(1, tensors["kv_act_seqs"].shape[0])
+    s1 = query_positions(tensors)
     spec = golden.SPEC_CODEC
     own = getattr(backend, "codec", None) or spec
     not_applicable = getattr(backend, "spec_codec_not_applicable", None) if own is not spec else None

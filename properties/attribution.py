@@ -27,7 +27,12 @@ import torch
 from golden.attention import visible_lengths
 from golden.paging import ceil_div
 
-__all__ = ["Attribution", "attribute", "RATIO_BINS", "error_picture"]
+
+def query_positions(tensors: dict) -> int:
+    """S1 of a call's tensors (SPEC §1): q holds B * S1 rows for the B lengths of ``kv_act_seqs``."""
+    return tensors["q"].shape[0] // max(1, len(tensors["kv_act_seqs"]))
+
+__all__ = ["query_positions", "Attribution", "attribute", "RATIO_BINS", "error_picture"]
 
 #: Bins of ``|actual - golden| / (atol + rtol |golden|)`` (1 is the tolerance, SPEC §4), and the rule's
 #: ratio where the envelope decides (properties.compare.error_ratio).
@@ -91,8 +96,7 @@ def attribute(mismatch_mask: torch.Tensor, inputs: dict, *, s2_tile: int) -> Att
     q = inputs["q"]
     nq = q.shape[1]
     nkv = inputs["k_cache"].shape[2]
-    batch = len(inputs["kv_act_seqs"])
-    s1 = q.shape[0] // batch
+    s1 = query_positions(inputs)
     group = nq // nkv
     cur_of_row = visible_lengths(inputs["kv_act_seqs"].cpu(), s1).reshape(-1).tolist()   # by row b * S1 + i
     idx = mismatch_mask.nonzero()

@@ -21,7 +21,7 @@ Families (docs/spec.md):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import golden
 from golden.paging import ceil_div
@@ -175,7 +175,7 @@ class Coverage:
         return tuple(b.name for b in CROSSES if not self.counts[b.name])
 
     @classmethod
-    def from_hits(cls, hits, cases: int) -> "Coverage":
+    def from_hits(cls, hits: Mapping[str, int], cases: int) -> "Coverage":
         """From hit counts by name (bins no case hit may be absent), e.g. merged from several processes."""
         return cls({b.name: int(hits.get(b.name, 0)) for b in BINS + CROSSES}, cases)
 

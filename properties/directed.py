@@ -9,8 +9,9 @@ columns, ...). Among those and the plain draws of the run's seed (the cases it d
 generation), it keeps the candidate that hits the hole and closes the most holes (the greedy of set
 cover), then hits the most bins at all, then costs least (:func:`_worth`). Holes a candidate closes on
 the way are not aimed at again. Then it takes the plain draws in order, keeping only cases whose set of
-bins no kept case has (more rounds under derived seeds when that is not enough); only when every bin and
-cross is hit and the rounds found too few does a case repeat a set of bins. Letting the plain draws
+bins no kept case has (more rounds under derived seeds when that is not enough); only when those rounds
+found too few does a case repeat a set of bins (the issue's "unless every bin is hit": every bin these
+shapes and distributions can reach is hit by then). Letting the plain draws
 compete, and preferring rich cases, matters for finding bugs, not only corners: measured with
 ``pfa-verify mutants --latency`` (docs/performance.md), aiming with narrowed draws alone, or preferring
 cheap cases, put small cases first and found some mutants later than the plain order did.
@@ -39,7 +40,7 @@ from properties.coverage import BINS, CROSSES, classify
 __all__ = ["Aim", "AIM_DRAWS", "narrowing", "aim_seed", "draw", "directed_cases", "plain_draws"]
 
 #: Candidates drawn per hole, in up to _AIM_ROUNDS rounds under their own seeds (a second round only when
-#: the first missed: 1 of 8 seeds x 61 bins and crosses, kernel-sized, with 16 draws): enough that a
+#: the first missed: 1 of 8 seeds x 61 bins and crosses, kernel-sized, with 16 draws, before the 62nd): enough that a
 #: narrowed strategy hits its bin, few enough that aiming costs well under a second per hole (a
 #: kernel-sized draw takes about 12 ms here).
 AIM_DRAWS = 16
@@ -62,7 +63,8 @@ class Aim:
     draws: int
     kept_for: str | None = None     # the hole the case was kept for (its draws may be the plain ones)
 
-    def strategy(self, supported: dict | None = None, distributions: tuple[str, ...] | None = None):
+    def strategy(self, supported: dict | None = None,
+                 distributions: tuple[str, ...] | None = None) -> st.SearchStrategy:
         """The strategy the aim drew from: :func:`properties.strategies.cases_for` for ``supported``
         shapes and ``distributions``, narrowed to the target (:func:`narrowing`)."""
         kwargs = {} if self.target is None else narrowing(self.target)
@@ -164,7 +166,10 @@ def directed_cases(n: int, seed: int, *, supported: dict | None = None,
     ``covered``: names of the bins and crosses the run's other cases already hit (not aimed at);
     ``supported``: a backend's ``supported_shapes``; ``distributions``: the value distributions allowed
     (holes of the others are left alone)."""
-    if n <= 0:
+    from golden.paging import positive_int
+    positive_int(n, "n", minimum=0)
+    positive_int(seed, "seed", minimum=0)
+    if n == 0:
         return []
     hit = set(covered)
     everything = [b.name for b in BINS + CROSSES]
@@ -202,9 +207,8 @@ def directed_cases(n: int, seed: int, *, supported: dict | None = None,
     taken = [case for case, _ in chosen]
     round_ = 0
     while len(chosen) < n and round_ < _PLAIN_ROUNDS + 1:
-        # The last round, only when every bin and cross is hit, may repeat a set of bins.
-        if round_ == _PLAIN_ROUNDS and not all(name in hit for name in everything):
-            break
+        # Repeating a set of bins only when fresh plain rounds found no new one: a hole these shapes or
+        # distributions cannot reach must not leave the run with fewer cases than it asked for.
         aim = Aim(None, aim_seed(seed, None, round_), plain_draws(n if round_ == 0 else n - len(chosen)))
         for case in draw(aim.strategy(supported, distributions), aim.seed, aim.draws):
             if len(chosen) >= n:

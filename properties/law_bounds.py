@@ -45,9 +45,9 @@ def which_call(calls: tuple, backend) -> list[str]:
             continue
         failing += 1
         ref = next(r for r in verdict.references if r.counts and not r.passed)
-        count = ref.comparison.mismatched if ref.comparison.attribute is None else "its"
-        lines.append(f"The call {c.label} fails the one rule against its own golden ({ref.category}, {count} "
-                     f"mismatched elements)")
+        what = (f"{ref.comparison.mismatched} mismatched elements" if ref.comparison.attribute is None
+                else f"attributes differ: {ref.comparison.attribute}")
+        lines.append(f"The call {c.label} fails the one rule against its own golden ({ref.category}, {what})")
         found = diagnose_verdict(verdict, c.tensors, c.scalars)
         if found is not None:
             lines.append(found.render(note=f", on the call {c.label}"))
@@ -72,7 +72,10 @@ def _assert_outputs(actual, expected, *, identifier, backend, case, tensors, sca
         context.append("Attribution: " + attribution_of(res, tensors, scalars)[1])
     from properties.generation import reported_example
     if calls is not None and reported_example():       # not while Hypothesis shrinks: it costs two goldens
-        context.extend(which_call(calls, backend))
+        try:
+            context.extend(which_call(calls, backend))
+        except Exception as exc:  # noqa: BLE001 - naming the wrong call must never hide the failure itself
+            context.append(f"Which call is wrong: unavailable ({type(exc).__name__}: {exc})")
     raise AssertionError(cmp.make_mismatch_message(res, identifier=identifier, tags=case_tags(backend, case),
                                                    context=context)) from None
 

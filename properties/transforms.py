@@ -7,6 +7,7 @@ import torch
 from golden.attention import read_cells
 from golden.codec import SPEC_CODEC
 from golden.inputs import GARBAGE
+from properties.attribution import query_positions
 
 __all__ = ["poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
            "select_batch"]
@@ -16,7 +17,7 @@ def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(bool [NB, BS] cache rows nothing reads, bool [B*S1] query rows with ``cur == 0``): the complement
     of golden.attention.read_cells."""
     nb, bs = tensors["k_cache"].shape[:2]
-    s1 = tensors["q"].shape[0] // len(tensors["kv_act_seqs"])
+    s1 = query_positions(tensors)
     slots, rows = read_cells(tensors["block_table"], tensors["kv_act_seqs"], num_blocks=nb, block_size=bs, s1=s1)
     return ~slots, ~rows
 

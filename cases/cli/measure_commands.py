@@ -115,6 +115,14 @@ def _latency(args, console, names) -> int:
     """``mutants --latency``: generated cases to each mutant's first kill, directed and plain order."""
     from cases.measuring import kill_latency
     from kernels import BackendUnavailable
+    ignored = [option for option, given in (("--html", args.html), ("--laws", args.laws), ("--no-catalog", args.no_catalog),
+                                            ("--goal", args.goal is not None), ("--allow-survivors", args.allow_survivors),
+                                            ("--shrink-seconds", args.shrink_seconds != 30), ("--verbose", args.verbose))
+               if given]
+    if ignored:
+        print(f"pfa-verify: error: --latency does not take {', '.join(ignored)} (they are the kill matrix's; "
+              "--latency takes --level, --examples, --seed, --mutants, --workers, --cluster and --json)", file=sys.stderr)
+        return 2
     try:
         rows = kill_latency.latency_rows(args.level, examples=args.examples, seed=args.seed, names=names,
                                          workers=args.workers, cluster=args.cluster)
@@ -131,6 +139,7 @@ def _latency(args, console, names) -> int:
         data = {"level": args.level, "examples": args.examples, "seed": args.seed,
                 "rows": [dataclasses.asdict(r) for r in rows], "summary": kill_latency.summary(rows)}
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        console.print(f"JSON report: {args.json}", highlight=False)
     return 1 if broken else 0
 
 
@@ -148,7 +157,7 @@ def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) ->
     else:
         parser.set_defaults(level=level)
     parser.add_argument("--examples", type=count, default=20, help="examples per law and mutant (default 20, "
-                        "the ci profile's)")
+                        "the ci profile's); with --latency, the generated cases of the run")
     parser.add_argument("--seed", type=count, default=0, help="seed of the searches (default 0)")
     parser.add_argument("--mutants", default=None, metavar="NAME,...", help="only these mutants (default: the level's)")
     parser.add_argument("--laws", default=None, metavar="LAW,...", help="only these laws (default: every paged law)")

@@ -49,10 +49,11 @@ def run_options(args: argparse.Namespace, command: str | None = None):
 
 def _aimed(items) -> str:
     """What directed generation aimed at (properties/directed.py), for the line that announces the cases."""
-    aimed = [i.aim.kept_for for i in items if i.aim is not None and i.aim.kept_for]
-    if not aimed:
+    from cases.data.collect import aimed
+    holes = list(aimed(items).values())
+    if not holes:
         return ""
-    return f" ({len(aimed)} aimed at coverage holes: {', '.join(aimed)}; the rest drawn as usual)"
+    return f" ({len(holes)} aimed at coverage holes: {', '.join(holes)}; the rest drawn as usual)"
 
 
 def _cmd_run(args) -> int:

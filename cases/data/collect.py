@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 
-__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items",
+__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "aimed",
            "case_record", "fingerprint", "selection"]
 
 SOURCES = ("regression", "catalog", "generated")
@@ -117,6 +117,11 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     return items
 
 
+def aimed(items: list) -> dict:
+    """{name: hole} of the generated cases kept for a coverage hole (properties/directed.py), in run order."""
+    return {item.name: item.aim.kept_for for item in items if item.aim is not None and item.aim.kept_for}
+
+
 def case_record(item: Item) -> dict:
     """What identifies one selected case: name, source, law, golden config and make_inputs seed."""
     return {"name": item.name, "source": item.source, "law": item.law, "config": item.config, "seed": item.seed}
@@ -137,7 +142,7 @@ def selection(items: list, *, cases: str, examples: int, seed: int, supported: d
     by_source = {s: [r for r in records if r["source"] == s] for s in SOURCES}
     return {"fingerprint": fingerprint(records), "cases": len(records),
             "by_source": {s: {"cases": len(rs), "fingerprint": fingerprint(rs)} for s, rs in by_source.items()},
-            "aimed": {item.name: item.aim.kept_for for item in items if item.aim is not None and item.aim.kept_for},
+            "aimed": aimed(items),
             "options": {"cases": cases, "examples": examples, "seed": seed,
                         "supported_shapes": {k: list(v) for k, v in supported.items()} if supported else None,
                         "distributions": list(distributions) if distributions else None}}

@@ -15,10 +15,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from cases.measuring.matrix import run_rows
 
-__all__ = ["Latency", "latency_cell", "latency_rows", "summary", "render_table", "ORDERS"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["Latency", "kills", "latency_cell", "latency_rows", "summary", "render_table", "ORDERS"]
 
 #: The two orders compared: the run's (directed) and the plain draws of before issue 30.
 ORDERS = ("directed", "plain")
@@ -50,14 +54,15 @@ def _cases(backend, order: str, examples: int, seed: int) -> list:
             if i.source == "generated"]
 
 
-def _fails(backend, case) -> bool:
-    """Whether ``case`` kills ``backend`` under the one rule: a counted failure or a KernelRunError (any
-    other exception is a broken row and propagates)."""
+def kills(backend, case) -> bool:
+    """Whether ``case`` kills ``backend`` under the one rule, as in the kill matrix: a counted failure, an
+    AssertionError (the inputs came back changed: properties.acceptance.InputsModified) or a
+    KernelRunError; any other exception is a broken cell and propagates."""
     from kernels import KernelRunError
     from properties.acceptance import judge
     try:
         return not judge(backend, case).passed
-    except KernelRunError:
+    except (AssertionError, KernelRunError):
         return True
 
 
@@ -65,14 +70,16 @@ def latency_cell(task: tuple, *, examples: int, seed: int) -> tuple:
     """``(position or None, seconds)`` of one (mutant, order): the cases judged in order to the first kill;
     a one-line error when the cell broke. Each (mutant, order) is its own task, so a kernel error that
     spoils a sim process ends only its cell."""
-    from kernels import mutants
+    from kernels import BackendUnavailable, mutants
     name, order = task
     start = time.perf_counter()
     try:
         backend = mutants.get_mutant(name)
         for position, case in enumerate(_cases(backend, order, examples, seed), 1):
-            if _fails(backend, case):
+            if kills(backend, case):
                 return position, time.perf_counter() - start
+    except BackendUnavailable:
+        raise                                 # the level cannot run here: the command says so, exit 2
     except Exception as exc:  # noqa: BLE001 - a broken cell (not a kill) must not lose the others
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None, time.perf_counter() - start
@@ -86,6 +93,9 @@ def latency_rows(level: str = "golden", *, examples: int = 20, seed: int = 0, na
     check_known("--level", "level", [level], mutants.LEVELS)
     chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
     check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint="`pfa-verify mutants --list` shows the catalog")
+    from golden.paging import positive_int
+    positive_int(examples, "examples", minimum=1)
+    mutants.reference(level)        # here, first: a level that cannot run here raises BackendUnavailable
     fresh = mutants.level_backend_class(level).kernel_errors_spoil_process
     tasks = [(name, order) for name in chosen for order in ORDERS]
     cells = run_rows(latency_cell, tasks, options={"examples": examples, "seed": seed},
@@ -115,7 +125,7 @@ def summary(rows: list[Latency]) -> dict:
     return out
 
 
-def render_table(rows: list[Latency], *, level: str, examples: int, seed: int):
+def render_table(rows: list[Latency], *, level: str, examples: int, seed: int) -> "Table":
     """A rich table: mutant, position of the first failing case in each order; then the summary rows."""
     from rich.table import Table
     table = Table(title=f"Generated cases to the first kill, {level} level, --examples {examples} --seed {seed} "

@@ -24,7 +24,12 @@ import hashlib
 import math
 import time
 
+from typing import TYPE_CHECKING
+
 from golden.errors import UsageError, check_known
+
+if TYPE_CHECKING:
+    from properties.coverage import Coverage
 
 __all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
            "summary_line", "render_table"]
@@ -59,7 +64,7 @@ class SearchRun:
     seconds: float
     execution: dict | None = None
 
-    def coverage(self):
+    def coverage(self) -> "Coverage":
         """The coverage (properties.coverage.Coverage) of every example the tasks drew."""
         from collections import Counter
 

@@ -149,7 +149,11 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
         # Replay the draws that produced a member (properties/directed.py): Hypothesis meets a failure of
         # this signature again and shrinks it inside those draws' strategy. The plain draws when a member
         # came from them (nothing held fixed); else the first member's aim (its bin's parameter held).
-        aim = next((item.aim for item, _ in members if item.aim.target is None), members[0][0].aim)
+        aims = [item.aim for item, _ in members]
+        if None in aims:
+            raise ValueError(f"generated case(s) {[i.name for i, _ in members if i.aim is None]} carry no Aim: "
+                             "cases.data.collect.Item.aim must say which draws made a generated case")
+        aim = next((a for a in aims if a.target is None), aims[0])
         found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
                      shrink_s=shrink_s)
         shrunk = shrink_s > 0 and found.error is not None

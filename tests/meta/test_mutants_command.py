@@ -119,7 +119,8 @@ def test_latency_counts_the_generated_cases_before_the_first_kill_in_both_orders
     """`mutants --latency` (cases/measuring/kill_latency.py): the position of each mutant's first failing
     generated case, in the run's (directed) order and the plain one; a survivor is examples + 1."""
     from cases.data.collect import collect_items, generated_cases
-    from cases.measuring.kill_latency import _fails
+    from kernels import KernelRunError
+    from properties.acceptance import judge
     report = tmp_path / "latency.json"
     status = cli.main(["mutants", "--latency", "--level", "golden", "--examples", "4",
                        "--mutants", "no_max_subtraction,softmax_scale_before_dequant", "--json", str(report)])
@@ -134,7 +135,18 @@ def test_latency_counts_the_generated_cases_before_the_first_kill_in_both_orders
     mutant = get_mutant("no_max_subtraction")
     orders = {"directed": [i.case for i in collect_items("catalog", examples=4, seed=0) if i.source == "generated"],
               "plain": generated_cases(4, 0)}
+    def fails(case) -> bool:
+        try:
+            return not judge(mutant, case).passed
+        except KernelRunError:
+            return True
     for order, cases in orders.items():
-        fails = [_fails(mutant, case) for case in cases]
-        expected = fails.index(True) + 1 if True in fails else None
+        failed = [fails(case) for case in cases]
+        expected = failed.index(True) + 1 if True in failed else None
         assert rows["no_max_subtraction"]["first"][order] == expected, order
+
+
+def test_latency_refuses_the_matrix_s_options_in_one_line(capsys):
+    assert cli.main(["mutants", "--latency", "--html", "x.html", "--no-catalog"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pfa-verify: error: --latency does not take --html, --no-catalog ") and err.count("\n") == 1

@@ -5,12 +5,13 @@ import pytest
 
 from cases.data.catalog import load_catalog
 from cases.data.collect import Item, catalog_coverage, generated_cases
+from kernels.backends import unsupported_shape
 from kernels.config import KERNEL_SHAPES
-from properties.coverage import BINS, CROSSES, bin_names, classify, coverage
+from properties.coverage import CROSSES, bin_names, classify, coverage
 from properties.directed import AIM_DRAWS, Aim, directed_cases, narrowing
 
 _CATALOG = [Item(name, "catalog", case) for name, case in load_catalog().items()]
-_KERNEL_CATALOG = [i.case.config for i in _CATALOG if i.case.config.head_dim == 128 and i.case.config.block_size == 128]
+_KERNEL_CATALOG = [i.case.config for i in _CATALOG if unsupported_shape(i.case.config, KERNEL_SHAPES) is None]
 
 
 def _verify_like(cases):
@@ -80,12 +81,18 @@ def test_with_nothing_to_aim_at_the_plain_draws_are_kept_in_order():
     assert positions == sorted(positions) and positions[0] == 0
 
 
-def test_a_distribution_the_run_excluded_is_not_aimed_at():
+def test_a_distribution_the_run_excluded_is_not_aimed_at_and_the_run_still_gets_its_cases():
     pairs = directed_cases(8, 0, distributions=("uniform", "normal"))
-    assert {c.config.distribution for c, _ in pairs} <= {"uniform", "normal"}
-    assert not any(aim.kept_for and aim.kept_for.startswith("distribution_") and aim.kept_for.split(" x ")[0]
-                   not in ("distribution_uniform", "distribution_normal") for _, aim in pairs)
+    assert len(pairs) == 8 and {c.config.distribution for c, _ in pairs} <= {"uniform", "normal"}
     assert not Aim("distribution_sinks", 0, 1).reachable(("uniform",))
+    assert Aim("distribution_sinks", 0, 1).reachable(None) and Aim("group_3", 0, 1).reachable(("uniform",))
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="n=-1 must be >= 0"):
+        directed_cases(-1, 0)
+    with pytest.raises(TypeError, match="seed"):
+        directed_cases(3, "0")
 
 
 def test_narrowing_names_an_unknown_bin():
@@ -93,4 +100,4 @@ def test_narrowing_names_an_unknown_bin():
         narrowing("s2_tile_5_blocks")
     assert narrowing("distribution_sinks x multi_tile_rows") == {"distribution": ("sinks",)}
     assert narrowing("garbage_none") == {"garbage": (None,)}
-    assert len(BINS) + len(CROSSES) == len(bin_names())
+    assert narrowing("group_3 x split_g_tile")["group"] == 3       # the first side's parameter wins
