@@ -176,8 +176,15 @@ def directed_cases(n: int, seed: int, *, supported: dict | None = None,
     chosen: list = []
     bin_sets: set = set()
 
+    bins_of: dict = {}                  # classify() once per case: the plain draws compete for every hole
+
+    def bins(case) -> frozenset:
+        if case not in bins_of:
+            bins_of[case] = classify(case.config)
+        return bins_of[case]
+
     def keep(case, aim) -> None:
-        names = classify(case.config)
+        names = bins(case)
         chosen.append((case, aim))
         bin_sets.add(names)
         hit.update(names)
@@ -198,7 +205,7 @@ def directed_cases(n: int, seed: int, *, supported: dict | None = None,
                     + [(c, dataclasses.replace(aim, kept_for=target))
                        for c in draw(aim.strategy(supported, distributions), aim.seed, aim.draws)])
             scored = [(_worth(names, hit, c), -i, c, a) for i, (c, a) in enumerate(pool)
-                      for names in [classify(c.config)] if c not in taken and target in names and names not in bin_sets]
+                      for names in [bins(c)] if c not in taken and target in names and names not in bin_sets]
             if scored:
                 best = max(scored, key=lambda s: s[:2])       # the worth, then the earliest drawn
                 keep(best[2], best[3])
@@ -210,10 +217,11 @@ def directed_cases(n: int, seed: int, *, supported: dict | None = None,
         # Repeating a set of bins only when fresh plain rounds found no new one: a hole these shapes or
         # distributions cannot reach must not leave the run with fewer cases than it asked for.
         aim = Aim(None, aim_seed(seed, None, round_), plain_draws(n if round_ == 0 else n - len(chosen)))
-        for case in draw(aim.strategy(supported, distributions), aim.seed, aim.draws):
+        drawn = plain if round_ == 0 else draw(aim.strategy(supported, distributions), aim.seed, aim.draws)
+        for case in drawn:
             if len(chosen) >= n:
                 break
-            if case not in taken and (round_ == _PLAIN_ROUNDS or classify(case.config) not in bin_sets):
+            if case not in taken and (round_ == _PLAIN_ROUNDS or bins(case) not in bin_sets):
                 keep(case, aim)
                 taken.append(case)
         round_ += 1
