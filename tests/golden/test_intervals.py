@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
-from golden.intervals import down32, lowbit, residue_bound, sum_error_bound, ulp32, up32
+from golden.intervals import down32, down32_add, lowbit, residue_bound, sum_error_bound, ulp32, up32, up32_add
 
 
 def _tree_sum(terms: np.ndarray, merges: list[int]) -> np.float32:
@@ -166,3 +166,52 @@ def test_outward_rounding_is_the_neighbouring_float32_at_every_kind_of_value():
     assert float(down32(torch.tensor([3.5e38], dtype=torch.float64))[0]) == 3.4028234663852886e38
     assert float(up32(torch.tensor([-3.5e38], dtype=torch.float64))[0]) == -3.4028234663852886e38
     assert float(up32(torch.tensor([3.5e38], dtype=torch.float64))[0]) == math.inf
+
+
+def _edge_operands(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """float64 pairs (a, b) where directed rounding of a + b is delicate: a float32 value plus a tiny b
+    of either sign (the exact sum's side decides), exact sums, zeros of both signs, subnormals, the float32
+    overflow edge, infinities; the rest random."""
+    rng = np.random.default_rng(seed)
+    f32 = rng.standard_normal(count).astype(np.float32).astype(np.float64)
+    tiny = rng.choice([0.0, 2.0 ** -80, -(2.0 ** -80), 2.0 ** -149, -(2.0 ** -149), 1e-300], count)
+    a = np.where(rng.random(count) < 0.5, f32, rng.standard_normal(count) * 2.0 ** rng.integers(-140, 120, count))
+    b = np.where(rng.random(count) < 0.5, tiny, rng.standard_normal(count))
+    specials = [(0.0, -0.0), (-0.0, 0.0), (3.4028234663852886e38, 1e31), (-3.4028234663852886e38, -1e31),
+                (math.inf, 1.0), (1.0, -math.inf), (2.0 ** -149, -(2.0 ** -150)), (1.0, 2.0 ** -24)]
+    a[:len(specials)], b[:len(specials)] = zip(*specials)
+    return a, b
+
+
+@pytest.mark.parametrize("count", [37, 5000])        # one pass for both ends, and two (above _PAIRED_MOST)
+def test_outward_sums_are_the_two_directed_sums_bit_for_bit(count):
+    """golden.intervals.outward_sums (both ends in one pass, direction per element) against down32_add and
+    up32_add (one end each, direction a constant): the same float32 bits, also with broadcast operands."""
+    from golden.intervals import outward_sums
+    a_lo, b_lo = _edge_operands(count, 1)
+    a_hi, b_hi = _edge_operands(count, 2)
+    t = [torch.from_numpy(x) for x in (a_lo, b_lo, a_hi, b_hi)]
+    lo, hi = outward_sums(*t)
+    assert np.array_equal(lo.numpy().view(np.uint32), down32_add(t[0], t[1]).numpy().view(np.uint32))
+    assert np.array_equal(hi.numpy().view(np.uint32), up32_add(t[2], t[3]).numpy().view(np.uint32))
+    column = torch.from_numpy(b_lo[:1]).reshape(1)                  # a scalar-like operand, broadcast
+    lo, hi = outward_sums(t[0], column, t[2], column)
+    assert np.array_equal(lo.numpy().view(np.uint32), down32_add(t[0], column).numpy().view(np.uint32))
+    assert np.array_equal(hi.numpy().view(np.uint32), up32_add(t[2], column).numpy().view(np.uint32))
+
+
+@pytest.mark.parametrize("ulps", [1.0, 2.0, 0.5])
+def test_within_ulps_gives_the_same_bits_in_one_pass_and_in_two(ulps):
+    """within_ulps pairs both ends in one pass up to _PAIRED_MOST elements and runs them apart above: a
+    large array and its small pieces give the same bits, at binade edges and zeros included."""
+    from golden.intervals import within_ulps
+    rng = np.random.default_rng(3)
+    edges = np.concatenate([[0.0, -0.0, 2.0 ** -149, 2.0 ** -126, 1.0, 0.5, -1.0, 2.0 ** 127]] * 10)
+    lo = np.concatenate([edges, rng.standard_normal(6000) * 2.0 ** rng.integers(-130, 120, 6000)])
+    hi = lo + np.abs(rng.standard_normal(lo.size)) * np.where(rng.random(lo.size) < 0.3, 0.0, 1e-3) * np.abs(lo)
+    whole = within_ulps(torch.from_numpy(lo), torch.from_numpy(hi), ulps)
+    pieces = [within_ulps(torch.from_numpy(lo[k:k + 100]), torch.from_numpy(hi[k:k + 100]), ulps)
+              for k in range(0, lo.size, 100)]
+    for end in (0, 1):
+        joined = np.concatenate([p[end].numpy() for p in pieces])
+        assert np.array_equal(whole[end].numpy().view(np.uint32), joined.view(np.uint32))
