@@ -76,16 +76,23 @@ def call(backend, tensors: dict, *, op: str = "paged_attention_fp8", tags: dict 
 
 def _same_bits(after: torch.Tensor, before: torch.Tensor) -> bool:
     """Whether a call left a tensor as it was: same shape, dtype, strides and bytes (NaN payloads and signed
-    zeros included). False sends the tensor to the comparison core, which says what changed."""
+    zeros included: the elements are compared as integers of their width). False sends the tensor to the
+    comparison core, which says what changed."""
     if after.dtype != before.dtype or after.shape != before.shape or after.stride() != before.stride():
         return False
-    if after.is_contiguous() and after.numel() > 1 and after.device.type == "cpu":   # (one element: any stride)
-        # The bytes, through numpy (torch.equal on uint8 runs at a tenth of the speed).
-        return bool(np.array_equal(after.reshape(-1).view(torch.uint8).numpy(), before.reshape(-1).view(torch.uint8).numpy()))
-    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(after.element_size())
+    width = _INTEGER_OF_SIZE.get(after.element_size())
     if width is None:
         return False
-    return bool(torch.equal(after.view(width), before.view(width)))
+    a, b = after.view(width), before.view(width)
+    if a.numel() > _TORCH_EQUAL_MOST and a.device.type == "cpu" and a.is_contiguous():
+        # Large buffers through numpy: torch.equal reads them at a quarter (int32) to a tenth (uint8) of the
+        # speed; on small ones its single call is cheaper (measured: 1.8 us against 7 us for 54 floats).
+        return bool(np.array_equal(a.numpy(), b.numpy()))
+    return bool(torch.equal(a, b))
+
+
+_INTEGER_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TORCH_EQUAL_MOST = 4096
 
 
 def split_bundle(bundle) -> tuple[dict, dict]:
