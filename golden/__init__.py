@@ -15,7 +15,7 @@ It is the spec (docs/spec.md) in code, one module per stage:
 - ``validate``: argument checks shared with the kernel wrappers; ``inputs``: configs and bundles
 """
 from .at12 import qk_matmul_scale, qk_matmul_scale_loop
-from .attention import paged_attention_envelope, paged_attention_fp8
+from .attention import PagedAttentionCall, checked_call, paged_attention_envelope, paged_attention_fp8
 from .attention_loop import paged_attention_fp8_loop
 from .codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
 from .envelope import AttentionEnvelope
@@ -27,7 +27,7 @@ from .softmax_state import OnlineSoftmaxState
 
 __all__ = [
     "paged_attention_fp8", "paged_attention_fp8_loop", "qk_matmul_scale", "qk_matmul_scale_loop",
-    "paged_attention_envelope", "AttentionEnvelope", "ConformanceModel", "SPEC_MODEL", "DETERMINISTIC_MODEL", "EXACT_MODEL",
+    "paged_attention_envelope", "checked_call", "PagedAttentionCall", "AttentionEnvelope", "ConformanceModel", "SPEC_MODEL", "DETERMINISTIC_MODEL", "EXACT_MODEL",
     "Fp8Codec", "SPEC_CODEC", "PYPTO_CALCULATOR_CODEC", "get_codec",
     "quantize_per_token", "quantize_per_channel", "FP8_MAX",
     "gen_block_table", "contiguous_to_paged", "paged_to_contiguous",

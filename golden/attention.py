@@ -51,7 +51,7 @@ from .softmax_state import OnlineSoftmaxState, local_softmax
 from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args, check_scales_not_negative
 from .validate import check_scores_in_float32
 
-__all__ = ["paged_attention_fp8", "paged_attention_envelope", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
+__all__ = ["paged_attention_fp8", "paged_attention_envelope", "checked_call", "PagedAttentionCall", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
 def read_cells(block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *, num_blocks: int, block_size: int,
@@ -261,18 +261,8 @@ def paged_attention_fp8(
     block size; g_tile (None: the whole group) must divide NQ/NKV; codec None means the spec's
     E4M3FN. Inputs are never modified. Invalid arguments raise ValueError / TypeError.
     """
-    check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
-                 block_table=block_table, kv_act_seqs=kv_act_seqs)
-    dims = check_paged_attention_args(
-        q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
-        softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
-    )
-    check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
-    # Inference mode spares every torch call its autograd bookkeeping (about 10% here); the result
-    # becomes an ordinary tensor again in the bfloat16 conversion, outside it.
-    with torch.inference_mode():
-        result = _paged_attention(dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, get_codec(codec))
-    return result.to(torch.bfloat16)  # round to nearest even (SPEC §2.4)
+    return checked_call(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                        softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile).golden(codec)
 
 
 def paged_attention_envelope(
@@ -294,50 +284,83 @@ def paged_attention_envelope(
     (``result.rows`` says which were built), and the counts cover the built rows. The inputs are checked
     whole either way.
     """
-    check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
-                 block_table=block_table, kv_act_seqs=kv_act_seqs)
-    dims = check_paged_attention_args(
-        q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
-        softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile,
-    )
+    return checked_call(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                        softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile).envelope(codec, model, rows)
+
+
+def checked_call(
+    q: torch.Tensor, q_scale: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor,
+    v_cache: torch.Tensor, v_scale: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
+    softmax_scale: float | None = None, s2_tile: int = 128, g_tile: int | None = None,
+) -> "PagedAttentionCall":
+    """The arguments of :func:`paged_attention_fp8` checked once (golden.validate: on the CPU, the SPEC §1
+    table, SPEC §4.1's domain), as a :class:`PagedAttentionCall` that gives the golden under any codec and
+    the envelope for any rows without checking them again (the one rule asks for both on one case)."""
+    tensors = dict(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
+                   block_table=block_table, kv_act_seqs=kv_act_seqs)
+    check_on_cpu(**tensors)
+    dims = check_paged_attention_args(*tensors.values(), softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile)
     check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
-    # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with tokens
-    # (which cells those are is worked out only when some scale is negative at all).
-    if any(bool((scale < 0).any()) for scale in (q_scale, k_scale, v_scale)):
-        slot_read, row_read = read_cells(block_table, kv_act_seqs, num_blocks=k_scale.shape[0],
-                                         block_size=dims.block_size, s1=dims.s1)
-        check_scales_not_negative(q_scale=(q_scale, row_read[:, None, None]), k_scale=(k_scale, slot_read[:, :, None, None]),
-                                  v_scale=(v_scale, (kv_act_seqs > 0)[:, None, None]))
-    model = SPEC_MODEL if model is None else model
-    if not isinstance(model, ConformanceModel):
-        raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")
-    codec = get_codec(codec)
-    # The tile count of the whole case, also for a subset: the fold's float64 sums then run over the same
-    # number of (zero-padded) tiles, and give the same bits.
-    tiles = max(ceil_div(int(kv_act_seqs.max()), dims.s2_tile) if kv_act_seqs.numel() else 0, 1)
-    picked = _checked_rows(rows, dims.batch * dims.s1)
-    if picked is not None:
-        # Each picked row (b, i) becomes a case of its own with S1 = 1 and length cur[b, i]: it sees the same
-        # tokens in the same tiles, and everything of a row is computed from them alone, so its bounds are
-        # the full envelope's, bit for bit (tested); the rows of one position share its heads.
-        owner = picked // dims.s1
-        cur = visible_lengths(kv_act_seqs, dims.s1).reshape(-1)[picked].to(kv_act_seqs.dtype)
-        sub = dataclasses.replace(dims, batch=int(picked.numel()), s1=1)
-        tensors = (q[picked], q_scale[picked], k_cache, k_scale, v_cache, v_scale[owner], block_table[owner], cur)
-    else:
-        sub, tensors = dims, (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs)
-    builder = EnvelopeBuilder(sub, codec, model, tiles)
-    with torch.inference_mode():
-        if sub.batch:
-            out, lo, hi = _paged_attention(sub, *tensors, codec, envelope=builder, tiles=tiles)
+    return PagedAttentionCall(dims, tuple(tensors.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedAttentionCall:
+    """One call's checked arguments (:func:`checked_call`): ``dims`` and the eight tensors in SPEC §1's order.
+    The tensors are the caller's own, not copies: changed after the check, they are not checked again."""
+    dims: PagedAttentionDims
+    tensors: tuple[torch.Tensor, ...]
+
+    def golden(self, codec: Fp8Codec | str | None = None) -> torch.Tensor:
+        """bfloat16 [B*S1, NQ, D]: :func:`paged_attention_fp8` of these arguments under ``codec``."""
+        # Inference mode spares every torch call its autograd bookkeeping (about 10% here); the result
+        # becomes an ordinary tensor again in the bfloat16 conversion, outside it.
+        with torch.inference_mode():
+            result = _paged_attention(self.dims, *self.tensors, get_codec(codec))
+        return result.to(torch.bfloat16)  # round to nearest even (SPEC §2.4)
+
+    def envelope(self, codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
+                 rows: torch.Tensor | None = None) -> AttentionEnvelope:
+        """:func:`paged_attention_envelope` of these arguments (``codec``, ``model`` and ``rows`` as there)."""
+        dims = self.dims
+        q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs = self.tensors
+        # Only the scales the golden reads: a query row that sees tokens, a slot of a valid token, a batch with
+        # tokens (which cells those are is worked out only when some scale is negative at all).
+        if any(bool((scale < 0).any()) for scale in (q_scale, k_scale, v_scale)):
+            slot_read, row_read = read_cells(block_table, kv_act_seqs, num_blocks=k_scale.shape[0],
+                                             block_size=dims.block_size, s1=dims.s1)
+            check_scales_not_negative(q_scale=(q_scale, row_read[:, None, None]), k_scale=(k_scale, slot_read[:, :, None, None]),
+                                      v_scale=(v_scale, (kv_act_seqs > 0)[:, None, None]))
+        model = SPEC_MODEL if model is None else model
+        if not isinstance(model, ConformanceModel):
+            raise TypeError(f"model must be a golden.model.ConformanceModel, got {type(model).__name__}")
+        codec = get_codec(codec)
+        # The tile count of the whole case, also for a subset: the fold's float64 sums then run over the same
+        # number of (zero-padded) tiles, and give the same bits.
+        tiles = max(ceil_div(int(kv_act_seqs.max()), dims.s2_tile) if kv_act_seqs.numel() else 0, 1)
+        picked = _checked_rows(rows, dims.batch * dims.s1)
+        if picked is not None:
+            # Each picked row (b, i) becomes a case of its own with S1 = 1 and length cur[b, i]: it sees the same
+            # tokens in the same tiles, and everything of a row is computed from them alone, so its bounds are
+            # the full envelope's, bit for bit (tested); the rows of one position share its heads.
+            owner = picked // dims.s1
+            cur = visible_lengths(kv_act_seqs, dims.s1).reshape(-1)[picked].to(kv_act_seqs.dtype)
+            sub = dataclasses.replace(dims, batch=int(picked.numel()), s1=1)
+            tensors = (q[picked], q_scale[picked], k_cache, k_scale, v_cache, v_scale[owner], block_table[owner], cur)
         else:
-            out = lo = hi = torch.zeros((0,) + tuple(q.shape[1:]))
-    out, lo, hi = (x.to(torch.bfloat16) for x in (out, lo, hi))
-    if picked is not None:
-        out, lo, hi = (torch.full(q.shape, float("nan"), dtype=torch.bfloat16).index_copy_(0, picked, x) for x in (out, lo, hi))
-    return AttentionEnvelope(golden=out, lo=lo, hi=hi, model=model, codec=codec.name, p_elements=builder.p_elements,
-                             flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0),
-                             rows=None if picked is None else tuple(int(r) for r in picked))
+            sub, tensors = dims, self.tensors
+        builder = EnvelopeBuilder(sub, codec, model, tiles)
+        with torch.inference_mode():
+            if sub.batch:
+                out, lo, hi = _paged_attention(sub, *tensors, codec, envelope=builder, tiles=tiles)
+            else:
+                out = lo = hi = torch.zeros((0,) + tuple(q.shape[1:]))
+        out, lo, hi = (x.to(torch.bfloat16) for x in (out, lo, hi))
+        if picked is not None:
+            out, lo, hi = (torch.full(q.shape, float("nan"), dtype=torch.bfloat16).index_copy_(0, picked, x) for x in (out, lo, hi))
+        return AttentionEnvelope(golden=out, lo=lo, hi=hi, model=model, codec=codec.name, p_elements=builder.p_elements,
+                                 flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0),
+                                 rows=None if picked is None else tuple(int(r) for r in picked))
 
 
 def _checked_rows(rows, count: int) -> torch.Tensor | None:

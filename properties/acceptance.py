@@ -187,17 +187,17 @@ def backend_model(backend) -> ConformanceModel:
     return declared_model(backend)
 
 
-def _reference(out, tensors, scalars, *, codec, model, name: str, s1: int, tags) -> Reference:
+def _reference(out, tensors, scalars, *, checked, codec, model, name: str, s1: int, tags) -> Reference:
     """One comparison under ``codec``: the golden and SPEC §4's tolerance first; the envelope (SPEC §4.2)
     only for the output rows that hold an element outside the tolerance, bit-identical there to the full
-    envelope's (golden.paged_attention_envelope's ``rows``), since nothing else can change the verdict."""
-    import golden
-    expected = golden.paged_attention_fp8(**tensors, **scalars, codec=codec)
+    envelope's (golden.paged_attention_envelope's ``rows``), since nothing else can change the verdict.
+    ``checked``: the case's arguments as golden.checked_call checked them (once for every codec)."""
+    expected = checked.golden(codec)
     res = cmp.compare(out, expected, kind="attention", s1=s1)
     envelope = None
     if not res.passed and res.attribute is None:
         needs = res.mismatch_mask.reshape(out.shape[0], -1).any(dim=1)          # output rows b * S1 + i
-        envelope = golden.paged_attention_envelope(**tensors, **scalars, codec=codec, model=model, rows=needs)
+        envelope = checked.envelope(codec, model, rows=needs)
         res = cmp.compare(out, expected, kind="attention", s1=s1, envelope=(envelope.lo, envelope.hi))
     bounds = None if envelope is None else (envelope.lo, envelope.hi)
     ratio = cmp.error_ratio(out, expected, kind="attention", envelope=bounds) if res.attribute is None else None
@@ -240,7 +240,8 @@ def hold(out: torch.Tensor, tensors: dict, scalars: dict, *, backend, label: str
     # at all: that comparison would measure the platform, never the kernel (the report says so once).
     codecs = ([] if not_applicable else [("spec", spec)]) + ([(own.name, own)] if own is not spec else [])
     model = backend_model(backend)
-    refs = [_reference(out, tensors, scalars, codec=codec, model=model, name=name, s1=s1, tags=tags)
+    checked = golden.checked_call(**tensors, **scalars)
+    refs = [_reference(out, tensors, scalars, checked=checked, codec=codec, model=model, name=name, s1=s1, tags=tags)
             for name, codec in codecs]
     if len(refs) == 2 and refs[1].passed and not refs[0].passed:
         note = (f"The comparison under the backend's own codec ({refs[1].reference}) passes: this difference "

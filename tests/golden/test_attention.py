@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import golden_helpers as gh
-from golden import (PYPTO_CALCULATOR_CODEC, PagedAttentionConfig, make_inputs, paged_attention_fp8,
-                    paged_attention_fp8_loop)
+from golden import (PYPTO_CALCULATOR_CODEC, PagedAttentionConfig, checked_call, make_inputs, paged_attention_envelope,
+                    paged_attention_fp8, paged_attention_fp8_loop)
 from golden.attention import read_cells, visible_lengths
 
 C = PagedAttentionConfig
@@ -354,3 +354,32 @@ def test_codec_argument_shrinks_outputs():
     calc = paged_attention_fp8(**bundle.kwargs(), codec="pypto-0.2.0-calculator").float()
     assert torch.isfinite(calc).all() and not torch.equal(spec, calc)
     assert calc.abs().mean() < spec.abs().mean()
+
+
+def test_a_checked_call_gives_what_the_two_functions_give():
+    """golden.checked_call checks the arguments once; its golden under each codec and its envelope (whole
+    and for some rows) are bit for bit the public functions' (the one rule asks for both on one case)."""
+    kwargs = make_inputs(PagedAttentionConfig(batch=3, s1=2, s2=300, nq=4, nkv=2, head_dim=32, block_size=16,
+                                                     s2_tile=32), 5).kwargs()
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    scalars = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    checked = checked_call(**tensors, **scalars)
+    rows = torch.tensor([False, True, False, False, True, False])
+    for codec in (None, PYPTO_CALCULATOR_CODEC):
+        gh.assert_identical(checked.golden(codec), paged_attention_fp8(**kwargs, codec=codec), "golden")
+        for mask in (None, rows):
+            mine, theirs = checked.envelope(codec, rows=mask), paged_attention_envelope(**kwargs, codec=codec, rows=mask)
+            assert (mine.rows, mine.flippable, mine.p_elements) == (theirs.rows, theirs.flippable, theirs.p_elements)
+            for name in ("golden", "lo", "hi"):
+                gh.assert_identical(getattr(mine, name), getattr(theirs, name), name)
+
+
+def test_a_checked_call_refuses_what_the_functions_refuse():
+    kwargs = make_inputs(PagedAttentionConfig(batch=1, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
+                                                     block_size=16, s2_tile=16), 0).kwargs()
+    with pytest.raises(ValueError, match="s2_tile"):
+        checked_call(**dict(kwargs, s2_tile=24))
+    negative = dict(kwargs, q_scale=-kwargs["q_scale"])
+    checked = checked_call(**negative)            # the golden takes a negative scale; the envelope refuses it
+    with pytest.raises(ValueError, match="q_scale"):
+        checked.envelope()
