@@ -81,7 +81,12 @@ def step32(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.n
     from 0 adds 1 to it, toward 0 subtracts 1; a zero moving either way becomes the smallest subnormal of
     that sign (taken as -0 going down, +0 going up). ``direction`` may be an int32 array of -1 and +1
     that broadcasts against ``f`` (each element its own)."""
-    bits = np.array(f, dtype=np.float32, order="C", copy=True).view(np.int32)    # keeps a 0-d shape
+    return _step32_in_place(np.array(f, dtype=np.float32, order="C", copy=True), move, direction)   # keeps a 0-d shape
+
+
+def _step32_in_place(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.ndarray:
+    """:func:`step32` on a C-contiguous float32 array of the caller's own (a fresh result), overwriting it."""
+    bits = f.view(np.int32)
     zero = ((bits & np.int32(0x7FFFFFFF)) == 0) & move
     if zero.any():
         if isinstance(direction, np.ndarray):
@@ -93,7 +98,10 @@ def step32(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.n
     return bits.view(np.float32)
 
 
-def _as_array(x: torch.Tensor) -> np.ndarray:
+def _as_array(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """float64 numpy ``x`` (a view where it is one already; a numpy array as it is, widened if need be)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64, copy=False)
     if x.dtype != torch.float64 or x.requires_grad:
         x = x.detach().double()
     return np.asarray(x.numpy())
@@ -117,9 +125,10 @@ def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tens
     return torch.from_numpy(_directed_sum(a, b, direction))
 
 
-def outward_sums(a_lo: torch.Tensor, b_lo: torch.Tensor, a_hi: torch.Tensor, b_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def outward_sums(a_lo: torch.Tensor | np.ndarray, b_lo: torch.Tensor | np.ndarray, a_hi: torch.Tensor | np.ndarray,
+                 b_hi: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``(down32_add(a_lo, b_lo), up32_add(a_hi, b_hi))`` (float64 operands of one shape after
-    broadcasting), in one pass over both: elementwise, so the bits of the two calls."""
+    broadcasting, tensors or numpy arrays), in one pass over both: elementwise, so the bits of the two calls."""
     a_lo, b_lo, a_hi, b_hi = (_as_array(x) for x in (a_lo, b_lo, a_hi, b_hi))
     shape = _common_shape(a_lo, b_lo, a_hi, b_hi)
     if math.prod(shape) > _PAIRED_MOST:
@@ -175,7 +184,7 @@ def _directed_sum(a: np.ndarray, b: np.ndarray, direction: int | np.ndarray) -> 
             back = s_on - a_on
             error = (a_on - (s_on - back)) + (b_on - back)
             move[on] = (error < 0) if direction < 0 else (error > 0)
-    return step32(f, move, direction)
+    return _step32_in_place(f, move, direction)
 
 
 def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -203,11 +212,15 @@ def ulp32(x: torch.Tensor) -> torch.Tensor:
     (0 for a float64 subnormal, far below 2**-149, where the floor applies; infinite and NaN values give
     the cap 2**1000)."""
     # numpy: three operations on arrays that are often a few rows, where torch's per-call cost dominates.
-    values = _as_array(x)
+    return torch.from_numpy(_ulp32_of(_as_array(x)))
+
+
+def _ulp32_of(values: np.ndarray) -> np.ndarray:
+    """:func:`ulp32` of a float64 numpy array (a new array)."""
     binade = (np.ascontiguousarray(values).reshape(-1).view(np.int64) & _EXPONENT_BITS).view(np.float64)   # 1-d: in place
     np.multiply(binade, 2.0 ** -23, out=binade)
     np.maximum(binade, 2.0 ** -149, out=binade)                # never NaN (no mantissa): max then min is the clamp
-    return torch.from_numpy(np.minimum(binade, 2.0 ** 1000, out=binade).reshape(values.shape))
+    return np.minimum(binade, 2.0 ** 1000, out=binade).reshape(values.shape)
 
 
 def _lowest_within(t_lo: np.ndarray, t_hi: np.ndarray, ulps: float) -> np.ndarray:
@@ -226,13 +239,13 @@ def _lowest_within(t_lo: np.ndarray, t_hi: np.ndarray, ulps: float) -> np.ndarra
 def _np_up32(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         f = x.astype(np.float32)
-    return step32(f, f < x, 1)
+    return _step32_in_place(f, f < x, 1)
 
 
 def _np_down32(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         f = x.astype(np.float32)
-    return step32(f, f > x, -1)
+    return _step32_in_place(f, f > x, -1)
 
 
 def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,7 +273,10 @@ def within_ulps_arrays(lo64: np.ndarray, hi64: np.ndarray, ulps: float) -> tuple
             lo64, hi64 = _lowest_within(lo64, hi64, ulps), -_lowest_within(-hi64, -lo64, ulps)
         else:
             ends = _lowest_within(_pair(lo64, -hi64, shape), _pair(hi64, -lo64, shape), ulps)
-            lo64, hi64 = ends[0], -ends[1]
+            # The upper end is the mirror image: ``down32(-e) = -up32(e)``, bit for bit (a negation flips
+            # the sign bit alone, zeros and NaN included), so both ends are rounded up in one pass.
+            both = _np_up32(ends)
+            return both[0, ...], -both[1, ...]
     return _np_up32(lo64), _np_down32(hi64)
 
 
@@ -274,10 +290,15 @@ def lowbit(x: torch.Tensor) -> torch.Tensor:
     their binade, so the difference is exact); a power of two is its own lowbit. An inf or NaN pattern
     reads as if its exponent field were a number (2**128 for inf), as the bits say: such a term makes
     the sum non-finite whatever its grid."""
+    values = np.asarray(x.detach().float().numpy())
+    return torch.from_numpy(_lowbit_of(np.array(values, dtype=np.float32, order="C", copy=True)))
+
+
+def _lowbit_of(values: np.ndarray) -> np.ndarray:
+    """:func:`lowbit` of a C-contiguous float32 numpy array that it may overwrite (float64, same shape)."""
     # numpy, in place: the same integer and exact float32 operations at a fraction of torch's per-call cost,
     # and fewer passes over large arrays.
-    values = np.asarray(x.detach().float().numpy())
-    bits = np.array(values, dtype=np.float32, order="C", copy=True).reshape(-1).view(np.int32)   # 1-d: in-place ops
+    bits = values.reshape(-1).view(np.int32)                                             # 1-d: in-place ops
     np.bitwise_and(bits, np.int32(0x7FFFFFFF), out=bits)                                   # |x|
     top = bits >= 0x7F800000                                   # inf and NaN: taken one binade down, then doubled
     special = bool(top.any())
@@ -292,7 +313,7 @@ def lowbit(x: torch.Tensor) -> torch.Tensor:
     if special:
         np.multiply(power, 2, out=power, where=top)
     np.copyto(power, np.inf, where=magnitude == 0)
-    return torch.from_numpy(power.reshape(values.shape))
+    return power.reshape(values.shape)
 
 
 def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum: torch.Tensor,
@@ -334,52 +355,67 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
     n = products.shape[-1]
     if n <= 1:
         return torch.zeros(products.shape[:-1], dtype=torch.float64)
-    grid = lowbit(products.float()).amin(dim=-1)                        # inf for an all-zero row: exact
-    top = ulp32(magnitude * (1 + n * 2.0 ** -23))                       # U_max
+    # numpy throughout (torch only for the log2, whose bits are torch's): the calls are small and many.
+    terms = products.reshape(-1, n).numpy()
+    grid = _lowbit_of(terms.astype(np.float32)).min(axis=-1)            # inf for an all-zero row: exact
+    top = np.broadcast_to(_ulp32_of(_as_array(magnitude * (1 + n * 2.0 ** -23))), products.shape[:-1]).reshape(-1)   # U_max
     # Only the spacings above the grid can err: each sum walks as many as its own gap needs (at most
     # ``levels``), so its bound depends on its own terms alone, not on which other sums share the call.
-    gaps = torch.log2(top / grid.clamp(max=1e300)).clamp(min=0)
-    own = torch.clamp(torch.floor(gaps) + 1, max=levels).to(torch.int64).reshape(-1).numpy()
+    gaps = torch.log2(torch.from_numpy(top / np.minimum(grid, 1e300))).numpy()
+    own = np.minimum(np.floor(np.maximum(gaps, 0.0)) + 1, levels).astype(np.int64)
     levels = int(own.max()) if own.size else 0
-    terms = products.reshape(-1, n).numpy()
-    grid, top = grid.reshape(-1).numpy(), top.reshape(-1).numpy()
-    # The spacings walked, finest first: [levels, F]. Each row's residues at every spacing, in blocks of
-    # (spacings, rows) whose [.., .., n] scratch stays in cache (2**16 values: a block the size of the
-    # whole [levels, F, n] product ran 2.4x slower at F = 1152), each operation in place; the walk itself
-    # is a recurrence over [F] rows, cheap in numpy. Row f starts at spacing index ``levels - own[f]``.
-    # (``terms / at`` and ``* at`` are exact: ``at`` is a power of two, the results far from float64's ends.)
+    # The spacings walked, finest first: [levels, F]; row f starts at spacing index ``levels - own[f]``.
+    # At a spacing no coarser than the grid the walk resets the row to 0 (every addition there is exact),
+    # and both conditions hold from some index on (the spacings grow), so row f's residues are read from
+    # index ``start[f]`` on only, and the rows are taken in the order of ``start``: the rows read at each
+    # spacing are then a prefix, and the residues are computed for those alone (about half of the whole
+    # [levels, F, n] product on the rule's calls). The result is put back in the callers' order at the end.
     spacings = top[None, :] * np.exp2(np.arange(-levels + 1, 1, dtype=np.float64))[:, None]
-    residues = np.empty_like(spacings)
+    walk_from = np.maximum(levels - own, np.count_nonzero(spacings <= grid, axis=0))
+    order = np.argsort(walk_from, kind="stable")
+    walk_from, terms, spacings = walk_from[order], terms[order], spacings[:, order]
+    grid, top, own = grid[order], top[order], own[order]
+    reading = np.searchsorted(walk_from, np.arange(levels), side="right")      # rows read at each spacing
+    # Each row's residues at the spacings it reads, in blocks of (spacings, rows) whose [.., .., n] scratch
+    # stays in cache (2**16 values: a block the size of the whole [levels, F, n] product ran 2.4x slower at
+    # F = 1152), each operation in place. (``terms * (1 / at)`` and ``* at`` are exact: ``at`` is a power of
+    # two in [2**-172, 2**1000], its reciprocal too, so the product is ``terms / at`` rounded the same way.)
+    residues = np.zeros_like(spacings)
     rows = max(1, min(terms.shape[0], _RESIDUE_BLOCK // n))
-    per_block = max(1, min(levels, _RESIDUE_BLOCK // (rows * n)))
-    scratch = np.empty((per_block, rows, n))
+    scratch = np.empty(_RESIDUE_BLOCK + rows * n)
     for row in range(0, terms.shape[0], rows):
         block = terms[row:row + rows]
-        for first in range(0, levels, per_block):
-            at = spacings[first:first + per_block, row:row + rows, None]
-            part = scratch[:at.shape[0], :block.shape[0]]
-            np.divide(block, at, out=part)
+        if not block.shape[0] or walk_from[row] >= levels:        # this row and the ones after it read none
+            break
+        per_block = max(1, min(levels, _RESIDUE_BLOCK // (block.shape[0] * n)))
+        for first in range(int(walk_from[row]), levels, per_block):
+            last = min(levels, first + per_block)
+            count = min(int(reading[last - 1]) - row, block.shape[0])    # the rows read at the block's coarsest
+            at = spacings[first:last, row:row + count, None]
+            # Contiguous: numpy sums each row pairwise then, whatever the block. (Into a strided ``out`` it
+            # may add along the rows instead, and a sum's bits would depend on F.)
+            part = scratch[:at.size * n].reshape(at.shape[0], count, n)
+            np.multiply(block[:count], 1 / at, out=part)
             np.rint(part, out=part)
             np.multiply(part, at, out=part)
-            np.subtract(block, part, out=part)
+            np.subtract(block[:count], part, out=part)
             np.abs(part, out=part)
-            # Into a fresh array: numpy sums each contiguous row pairwise then, whatever the block. (Into a
-            # strided ``out`` it may add along the rows instead, and a sum's bits would depend on F.)
-            residues[first:first + per_block, row:row + rows] = part.sum(axis=-1)
+            residues[first:last, row:row + count] = part.sum(axis=-1)
     finest = top * np.exp2(-own.astype(np.float64))
     total = np.where(finest <= grid, 0.0, (n - 1) * finest / 2)                  # every finer addition
-    # What each step reads but does not depend on the walk, for every spacing at once: the walk itself is
-    # then a few operations per spacing (the same ones on the same values, so the same bits).
+    # A row walked through a spacing no coarser than its grid is 0 when it leaves it: it enters its first
+    # read spacing with 0 then, and the walk over the spacings it reads is the recurrence alone.
+    total[walk_from > levels - own] = 0.0
     caps = (n - 1) * spacings / 2
-    exact = spacings <= grid
-    walks = np.arange(levels)[:, None] >= levels - own
-    for cap, residue, exact_here, walks_here in zip(caps, residues, exact, walks):
-        walked = residue + total
-        np.minimum(cap, walked, out=walked)
-        np.add(total, walked, out=walked)
-        np.minimum(cap, walked, out=walked)
-        total = np.where(walks_here, np.where(exact_here, 0.0, walked), total)
-    return torch.from_numpy(total.reshape(products.shape[:-1]))
+    for cap, residue, count in zip(caps, residues, reading):
+        walked = residue[:count] + total[:count]
+        np.minimum(cap[:count], walked, out=walked)
+        np.add(total[:count], walked, out=walked)
+        np.minimum(cap[:count], walked, out=walked)
+        total[:count] = walked
+    bound = np.empty_like(total)
+    bound[order] = total
+    return torch.from_numpy(bound.reshape(products.shape[:-1]))
 
 
 def widen(lo: torch.Tensor, hi: torch.Tensor, relative: float | torch.Tensor, absolute: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -183,6 +183,7 @@ def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -
     (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
     if model.sums == "exact":
         return raw.float(), raw.float()
+    raw, e1 = raw.detach().double().numpy(), e1.detach().double().numpy()      # each read once, negated in numpy
     return outward_sums(raw, -e1, raw, e1)
 
 
@@ -231,21 +232,30 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     the binade of spacing 2**-24, so the greatest result is below ``1 + ulps 2**-24`` (the bound is taken
     over the ``x < 0`` part, then 1 joined where ``x_hi = 0``)."""
     slack = float64_slack(_EXP64_ROUNDINGS)
-    # One exp for both ends (elementwise: the same bits as two).
-    x_lo, x_hi = torch.broadcast_tensors(x_lo, x_hi)
-    t = torch.exp(torch.stack((x_lo.double(), torch.clamp(x_hi.double(), max=_BELOW_ZERO)))).numpy()
+    if x_lo.shape != x_hi.shape:
+        x_lo, x_hi = torch.broadcast_tensors(x_lo, x_hi)
+    x_lo, x_hi = x_lo.numpy(), x_hi.numpy()
+    # One exp for both ends (elementwise: the same bits as two), on the float64 pair [2, ...] built in numpy:
+    # the widening is exact, and the clamp is a minimum with a number (a NaN passes unchanged, as torch's).
+    # (numpy from here: a few operations on the flagged elements, where torch's per-call cost would dominate.)
+    t = np.empty((2,) + x_lo.shape)
+    t[0], t[1] = x_lo, x_hi
+    np.minimum(t[1], _BELOW_ZERO, out=t[1])
+    t = torch.exp(torch.from_numpy(t)).numpy()
     t_lo, t_hi = t[0] * (1 - slack), t[1] * (1 + slack)
     # x < 0: exp(x) < 1 exactly, whatever float64 says; 1 - 2**-53 keeps the spacing of [1/2, 1), and the
-    # float32 results there are below 1 + ulps 2**-24, strictly when the cap binds. (numpy from here: a few
-    # operations on the flagged elements, where torch's per-call cost would dominate.)
+    # float32 results there are below 1 + ulps 2**-24, strictly when the cap binds.
     capped = t_hi >= 1
-    t_hi = np.where(capped, 1 - 2.0 ** -53, t_hi)
+    np.copyto(t_hi, 1 - 2.0 ** -53, where=capped)
     p_lo, p_hi = within_ulps_arrays(t_lo, np.maximum(t_hi, t_lo), ulps)
-    p_hi = step32(p_hi, capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), -1)   # P > 0 here
-    zero_hi, zero_lo = (x.numpy() == 0 for x in (x_hi, x_lo))          # x_lo == 0: x is 0 in every execution
-    p_hi = np.where(zero_hi, np.maximum(p_hi, np.float32(1)), p_hi)
-    p_lo = np.where(zero_lo, np.float32(1), np.maximum(p_lo, np.float32(0)))
-    p_hi = np.where(zero_lo, np.float32(1), p_hi)
+    if capped.any():
+        p_hi = step32(p_hi, capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), -1)   # P > 0 here
+    # In place from here: p_lo and p_hi are fresh arrays of this call.
+    zero_hi, zero_lo = x_hi == 0, x_lo == 0          # x_lo == 0: x is 0 in every execution
+    np.maximum(p_hi, np.float32(1), out=p_hi, where=zero_hi)
+    np.maximum(p_lo, np.float32(0), out=p_lo)
+    np.copyto(p_lo, np.float32(1), where=zero_lo)
+    np.copyto(p_hi, np.float32(1), where=zero_lo)
     return torch.from_numpy(p_lo.astype(np.float32, copy=False)), torch.from_numpy(p_hi.astype(np.float32, copy=False))
 
 
