@@ -72,6 +72,8 @@ def float64_sum_slack(terms: int | torch.Tensor) -> float | torch.Tensor:
 
 
 _MINUS_ZERO_BITS = np.int32(-2 ** 31)
+#: Up to this many elements a float32 step is numpy's nextafter, beyond it integer arithmetic on the patterns.
+_NEXTAFTER_MOST = 1 << 10
 
 
 def step32(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.ndarray:
@@ -81,11 +83,24 @@ def step32(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.n
     from 0 adds 1 to it, toward 0 subtracts 1; a zero moving either way becomes the smallest subnormal of
     that sign (taken as -0 going down, +0 going up). ``direction`` may be an int32 array of -1 and +1
     that broadcasts against ``f`` (each element its own)."""
-    return _step32_in_place(np.array(f, dtype=np.float32, order="C", copy=True), move, direction)   # keeps a 0-d shape
+    return _step_patterns(np.array(f, dtype=np.float32, order="C", copy=True), move, direction)   # keeps a 0-d shape
 
 
 def _step32_in_place(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.ndarray:
-    """:func:`step32` on a C-contiguous float32 array of the caller's own (a fresh result), overwriting it."""
+    """:func:`step32` on a C-contiguous float32 array of the caller's own (a fresh result), overwriting it.
+    ``move`` never holds at a NaN nor at an infinity moving outward (the callers' comparisons are false there)."""
+    f = np.asarray(f)                   # a numpy scalar (the arithmetic of 0-d arrays gives them) as a 0-d array
+    if f.size <= _NEXTAFTER_MOST:
+        # Small arrays: one masked nextafter (the calls' fixed cost dominates; per element it costs more). It
+        # steps as the patterns do: a zero to the smallest subnormal of the direction's sign, -2**-149 up to
+        # -0, and the largest finite value or an infinity inward; NaN and outward infinities never move here.
+        target = np.float32(np.inf) * (direction.astype(np.float32) if isinstance(direction, np.ndarray) else np.float32(direction))
+        return np.nextafter(f, target, out=f, where=move)
+    return _step_patterns(f, move, direction)
+
+
+def _step_patterns(f: np.ndarray, move: np.ndarray, direction: int | np.ndarray) -> np.ndarray:
+    """:func:`step32` on the patterns of ``f`` (C-contiguous float32, overwritten)."""
     bits = f.view(np.int32)
     zero = ((bits & np.int32(0x7FFFFFFF)) == 0) & move
     if zero.any():
@@ -134,10 +149,8 @@ def outward_sums(a_lo: torch.Tensor | np.ndarray, b_lo: torch.Tensor | np.ndarra
     if math.prod(shape) > _PAIRED_MOST:
         return (torch.from_numpy(_directed_sum(*np.broadcast_arrays(a_lo, b_lo), -1)),
                 torch.from_numpy(_directed_sum(*np.broadcast_arrays(a_hi, b_hi), 1)))
-    a, b = _pair(a_lo, a_hi, shape), _pair(b_lo, b_hi, shape)
-    direction = np.array([-1, 1], dtype=np.int32).reshape((2,) + (1,) * (a.ndim - 1))
-    both = torch.from_numpy(_directed_sum(a, b, direction))
-    return both[0], both[1]
+    both = _outward_pair(_pair(a_lo, a_hi, shape), _pair(b_lo, b_hi, shape))
+    return torch.from_numpy(both[0, ...]), torch.from_numpy(both[1, ...])
 
 
 #: Up to this many elements per end, the two ends of an outward rounding go through one pass (the calls'
@@ -185,6 +198,31 @@ def _directed_sum(a: np.ndarray, b: np.ndarray, direction: int | np.ndarray) -> 
             error = (a_on - (s_on - back)) + (b_on - back)
             move[on] = (error < 0) if direction < 0 else (error > 0)
     return _step32_in_place(f, move, direction)
+
+
+def _outward_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 [2, ...]: :func:`_directed_sum` of ``a``, ``b`` [2, ...] rounded down at index 0 and up at 1,
+    each comparison taken on its half (the same operations on the same elements as with a direction array)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a + b
+        f = s.astype(np.float32)
+        wide = f.astype(np.float64)
+        move = np.empty(s.shape, dtype=bool)
+        np.greater(wide[0, ...], s[0, ...], out=move[0, ...])
+        np.less(wide[1, ...], s[1, ...], out=move[1, ...])
+        decide = (wide == s) & (b != 0)
+        if decide.any():                           # the error everywhere, as _directed_sum with directions
+            back = s - a
+            error = (a - (s - back)) + (b - back)
+            away = np.empty(s.shape, dtype=bool)
+            np.less(error[0, ...], 0, out=away[0, ...])
+            np.greater(error[1, ...], 0, out=away[1, ...])
+            move |= decide & away
+    return _step32_in_place(f, move, _OUTWARD.reshape((2,) + (1,) * (s.ndim - 1)))
+
+
+#: The directions of :func:`_outward_pair`'s two halves.
+_OUTWARD = np.array([-1, 1], dtype=np.int32)
 
 
 def down32_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -276,7 +314,7 @@ def within_ulps_arrays(lo64: np.ndarray, hi64: np.ndarray, ulps: float) -> tuple
             # The upper end is the mirror image: ``down32(-e) = -up32(e)``, bit for bit (a negation flips
             # the sign bit alone, zeros and NaN included), so both ends are rounded up in one pass.
             both = _np_up32(ends)
-            return both[0, ...], -both[1, ...]
+            return both[0, ...], np.negative(both[1, ...], out=both[1, ...])
     return _np_up32(lo64), _np_down32(hi64)
 
 

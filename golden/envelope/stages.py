@@ -240,9 +240,11 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     # (numpy from here: a few operations on the flagged elements, where torch's per-call cost would dominate.)
     t = np.empty((2,) + x_lo.shape)
     t[0], t[1] = x_lo, x_hi
-    np.minimum(t[1], _BELOW_ZERO, out=t[1])
+    np.minimum(t[1, ...], _BELOW_ZERO, out=t[1, ...])
     t = torch.exp(torch.from_numpy(t)).numpy()
-    t_lo, t_hi = t[0] * (1 - slack), t[1] * (1 + slack)
+    t_lo, t_hi = t[0, ...], t[1, ...]                 # in place (arrays, even 0-d ones)
+    t_lo *= 1 - slack
+    t_hi *= 1 + slack
     # x < 0: exp(x) < 1 exactly, whatever float64 says; 1 - 2**-53 keeps the spacing of [1/2, 1), and the
     # float32 results there are below 1 + ulps 2**-24, strictly when the cap binds.
     capped = t_hi >= 1
