@@ -367,13 +367,22 @@ def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum:
     # operations that would compute them.
     n = float(terms) if isinstance(terms, int) else torch.as_tensor(terms, dtype=torch.float64)
     grown = magnitude * (1 + n * 2.0 ** -23)
-    per_addition = ulp32(grown) * (0.5 if rounding == "nearest" else 1.0)
-    bound = (max(n - 1, 0.0) if isinstance(n, float) else torch.clamp(n - 1, min=0)) * per_addition
+    # The ulps and their products in numpy (never NaN: IEEE products in either library); the maxima, which
+    # may meet a NaN, in torch.
+    per_addition = _ulp32_of(_as_array(grown))
+    per_addition *= 0.5 if rounding == "nearest" else 1.0
+    if isinstance(n, float):
+        per_addition *= max(n - 1, 0.0)
+        bound = torch.from_numpy(per_addition)
+    else:
+        bound = torch.clamp(n - 1, min=0) * torch.from_numpy(per_addition)
     if rounding == "nearest":
         kahan = abs_sum * (2 * U32 + 16 * n * U32 * U32)
         bound = torch.maximum(bound, kahan)
     if exact is not None:
-        bound = torch.maximum(bound, 0.5 * ulp32(exact))
+        half = _ulp32_of(_as_array(exact))
+        half *= 0.5
+        bound = torch.maximum(bound, torch.from_numpy(half))
     return bound
 
 
