@@ -197,7 +197,7 @@ def _directed_sum(a: np.ndarray, b: np.ndarray, direction: int | np.ndarray) -> 
             back = s_on - a_on
             error = (a_on - (s_on - back)) + (b_on - back)
             move[on] = (error < 0) if direction < 0 else (error > 0)
-    return _step32_in_place(f, move, direction)
+        return _step32_in_place(f, move, direction)
 
 
 def _outward_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -218,7 +218,7 @@ def _outward_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             np.less(error[0, ...], 0, out=away[0, ...])
             np.greater(error[1, ...], 0, out=away[1, ...])
             move |= decide & away
-    return _step32_in_place(f, move, _OUTWARD.reshape((2,) + (1,) * (s.ndim - 1)))
+        return _step32_in_place(f, move, _OUTWARD.reshape((2,) + (1,) * (s.ndim - 1)))
 
 
 #: The directions of :func:`_outward_pair`'s two halves.
@@ -275,15 +275,15 @@ def _lowest_within(t_lo: np.ndarray, t_hi: np.ndarray, ulps: float) -> np.ndarra
 
 
 def _np_up32(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):                # also the step from the largest finite to inf
         f = x.astype(np.float32)
-    return _step32_in_place(f, f < x, 1)
+        return _step32_in_place(f, f < x, 1)
 
 
 def _np_down32(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         f = x.astype(np.float32)
-    return _step32_in_place(f, f > x, -1)
+        return _step32_in_place(f, f > x, -1)
 
 
 def within_ulps(t_lo: torch.Tensor, t_hi: torch.Tensor, ulps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -145,3 +145,13 @@ def test_tables_match_reference_on_every_float32_pattern(codec):
     step = 1 << 22
     for start in range(0, 1 << 32, step):
         assert_same_as_reference(codec, _patterns(np.arange(start, start + step, dtype=np.uint64)), f"patterns from {start:#x}")
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=ids)
+def test_round_gives_the_same_bits_in_one_chunk_and_in_many(codec):
+    """round returns its one lookup for inputs of one chunk (_ENCODE_CHUNK elements) and fills an output
+    chunk by chunk above: the dense sample whole (many chunks) and in pieces of 1000 (one each) read back
+    the same bits, NaN payloads and signed zeros included."""
+    assert DENSE.numel() > 1 << 16
+    joined = torch.cat([codec.round(piece) for piece in DENSE.split(1000)])
+    gh.assert_identical(codec.round(DENSE), joined, f"{codec.name} round whole vs in pieces")

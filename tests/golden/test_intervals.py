@@ -215,3 +215,66 @@ def test_within_ulps_gives_the_same_bits_in_one_pass_and_in_two(ulps):
     for end in (0, 1):
         joined = np.concatenate([p[end].numpy() for p in pieces])
         assert np.array_equal(whole[end].numpy().view(np.uint32), joined.view(np.uint32))
+
+
+def test_float32_steps_give_the_same_bits_below_and_above_the_nextafter_threshold():
+    """Small arrays step a float32 by one masked nextafter, large ones on the bit patterns (the threshold
+    _NEXTAFTER_MOST): the directed sums, both ends in one pass and apart, and down32/up32, on delicate
+    operands (zeros of both signs, subnormals, the overflow edge, infinities) give the same bits whole
+    (patterns) and in pieces of 50 (nextafter)."""
+    from golden.intervals import outward_sums
+    a, b = (torch.from_numpy(x) for x in _edge_operands(3000, 5))     # 50 per end, paired: 100 <= 1024 < 3000
+    pieces = range(0, 3000, 50)
+    for whole, piece in ((lambda: down32_add(a, b), lambda k: down32_add(a[k:k + 50], b[k:k + 50])),
+                         (lambda: up32_add(a, b), lambda k: up32_add(a[k:k + 50], b[k:k + 50])),
+                         (lambda: outward_sums(a, -b.abs(), a, b.abs())[0],
+                          lambda k: outward_sums(a[k:k + 50], -b[k:k + 50].abs(), a[k:k + 50], b[k:k + 50].abs())[0]),
+                         (lambda: outward_sums(a, -b.abs(), a, b.abs())[1],
+                          lambda k: outward_sums(a[k:k + 50], -b[k:k + 50].abs(), a[k:k + 50], b[k:k + 50].abs())[1]),
+                         (lambda: down32(a + b), lambda k: down32(a[k:k + 50] + b[k:k + 50])),
+                         (lambda: up32(a + b), lambda k: up32(a[k:k + 50] + b[k:k + 50]))):
+        joined = np.concatenate([piece(k).numpy() for k in pieces])
+        assert np.array_equal(whole().numpy().view(np.uint32), joined.view(np.uint32))
+
+
+def _residue_bound_walking_every_row_at_every_spacing(products: torch.Tensor, magnitude: torch.Tensor, levels: int = 24):
+    """residue_bound as the module docstring states it, every row's residues taken at every spacing and the
+    walk's steps selected by where (the implementation reads each row at the spacings its walk uses only)."""
+    n = products.shape[-1]
+    grid = lowbit(products.float()).amin(dim=-1).numpy()
+    top = ulp32(magnitude * (1 + n * 2.0 ** -23)).numpy()
+    gaps = torch.log2(torch.from_numpy(top / np.minimum(grid, 1e300))).numpy()
+    own = np.minimum(np.floor(np.maximum(gaps, 0.0)) + 1, levels).astype(np.int64)
+    levels = int(own.max())
+    terms = products.numpy()
+    spacings = top[None, :] * np.exp2(np.arange(-levels + 1, 1, dtype=np.float64))[:, None]
+    residues = np.empty_like(spacings)
+    for j in range(levels):
+        at = spacings[j][:, None]
+        residues[j] = np.abs(terms - np.rint(terms / at) * at).sum(axis=-1)
+    finest = top * np.exp2(-own.astype(np.float64))
+    total = np.where(finest <= grid, 0.0, (n - 1) * finest / 2)
+    for j in range(levels):
+        cap = (n - 1) * spacings[j] / 2
+        walked = np.minimum(cap, total + np.minimum(cap, residues[j] + total))
+        total = np.where(j >= levels - own, np.where(spacings[j] <= grid, 0.0, walked), total)
+    return total
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_residue_bound_reads_each_row_where_its_walk_does_and_no_more(rows):
+    """residue_bound orders the rows by the spacing their walk starts reading at and computes the residues
+    of those read only, in blocks: the same bits as every row at every spacing, on rows of many grids (E4M3
+    products scaled by powers of two), all-zero rows, rows exact on their grid, and rows of one term."""
+    rng = np.random.default_rng(11)
+    codes = torch.from_numpy(rng.integers(0, 256, (rows, 2, 128), dtype=np.uint8))
+    values = golden.SPEC_CODEC.decode(codes, torch.float64)
+    values = torch.where(values.isnan(), 0.0, values)
+    products = values[:, 0] * values[:, 1] * torch.from_numpy(np.exp2(rng.integers(-12, 12, (rows, 1))).astype(np.float64))
+    products[::5] = 0.0
+    products[1::6, 1:] = 0.0
+    products[2::7] = torch.round(products[2::7])
+    magnitude = (products.abs().sum(-1) + products.sum(-1).abs()) / 2 * torch.from_numpy(rng.choice([1.0, 1.5, 64.0], rows))
+    got = residue_bound(products, magnitude).numpy()
+    want = _residue_bound_walking_every_row_at_every_spacing(products, magnitude)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
