@@ -328,8 +328,12 @@ def lowbit(x: torch.Tensor) -> torch.Tensor:
     their binade, so the difference is exact); a power of two is its own lowbit. An inf or NaN pattern
     reads as if its exponent field were a number (2**128 for inf), as the bits say: such a term makes
     the sum non-finite whatever its grid."""
-    values = np.asarray(x.detach().float().numpy())
-    return torch.from_numpy(_lowbit_of(np.array(values, dtype=np.float32, order="C", copy=True)))
+    x = x.detach()
+    # float64 and float32 to float32 in numpy (the same rounding as torch's), one copy: lowbit_of's own.
+    values = np.asarray(x.numpy() if x.dtype in (torch.float64, torch.float32) else x.float().numpy())
+    with np.errstate(over="ignore", invalid="ignore"):             # silent, as torch's: inf, NaN
+        values = values.astype(np.float32, order="C")
+    return torch.from_numpy(_lowbit_of(values))
 
 
 def _lowbit_of(values: np.ndarray) -> np.ndarray:
@@ -366,7 +370,8 @@ def sum_error_bound(terms: int | torch.Tensor, magnitude: torch.Tensor, abs_sum:
     # A count given as a number stays one: the factors are the same float64 values, without the tensor
     # operations that would compute them.
     n = float(terms) if isinstance(terms, int) else torch.as_tensor(terms, dtype=torch.float64)
-    grown = magnitude * (1 + n * 2.0 ** -23)
+    # (terms=0, the floors alone: a factor of 1, whose product is the magnitude itself as far as its ulp reads)
+    grown = magnitude if isinstance(n, float) and n == 0 else magnitude * (1 + n * 2.0 ** -23)
     # The ulps and their products in numpy (never NaN: IEEE products in either library); the maxima, which
     # may meet a NaN, in torch.
     per_addition = _ulp32_of(_as_array(grown))
@@ -404,7 +409,8 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
         return torch.zeros(products.shape[:-1], dtype=torch.float64)
     # numpy throughout (torch only for the log2, whose bits are torch's): the calls are small and many.
     terms = products.reshape(-1, n).numpy()
-    grid = _lowbit_of(terms.astype(np.float32)).min(axis=-1)            # inf for an all-zero row: exact
+    with np.errstate(over="ignore", invalid="ignore"):             # silent, as torch's: inf, NaN
+        grid = _lowbit_of(terms.astype(np.float32)).min(axis=-1)        # inf for an all-zero row: exact
     top = np.broadcast_to(_ulp32_of(_as_array(magnitude * (1 + n * 2.0 ** -23))), products.shape[:-1]).reshape(-1)   # U_max
     # Only the spacings above the grid can err: each sum walks as many as its own gap needs (at most
     # ``levels``), so its bound depends on its own terms alone, not on which other sums share the call.
