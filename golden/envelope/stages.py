@@ -304,11 +304,15 @@ def sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
     if model.sums == "exact":
         return torch.where(n >= 2, U32, 0.0)
     per = 2.0 if model.sums == "truncating" else 1.0
-    # numpy: a dozen float64 operations on a count per row (IEEE in either library; a NaN count gives 0).
-    n = np.asarray(n.detach().numpy(), dtype=np.float64)
-    tree = per * np.maximum(n - 1, 0.0) * U32 * (1 + n * 2.0 ** -23)
+    if n.dtype == torch.float64:
+        # numpy: a dozen float64 operations on a count per row (IEEE in either library; a NaN count gives 0).
+        n = n.detach().numpy()
+        tree = per * np.maximum(n - 1, 0.0) * U32 * (1 + n * 2.0 ** -23)
+        kahan = 2 * U32 + 16 * n * U32 * U32
+        return torch.from_numpy(np.asarray(np.where(n >= 2, np.maximum(tree, kahan), 0.0)))
+    tree = per * (n - 1).clamp(min=0) * U32 * (1 + n * 2.0 ** -23)
     kahan = 2 * U32 + 16 * n * U32 * U32
-    return torch.from_numpy(np.asarray(np.where(n >= 2, np.maximum(tree, kahan), 0.0)))
+    return torch.where(n >= 2, torch.maximum(tree, kahan), 0.0)
 
 
 #: Rows whose max is uncertain by more than this (logits) get ``exp(S_hi - m_hi)`` from its own exp: the
@@ -321,7 +325,10 @@ def upper_relative_to_max(e_hi: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Te
     """float64 ``exp(S_hi - m_hi)`` from ``e_hi = exp(S_hi - m_lo)``: the product with ``exp(m_lo - m_hi)``
     (two float64 exps and a product, 5 units of 2**-53), computed on its own in rows of :data:`_WIDE_MAX`."""
     relative = e_hi * torch.exp(m_lo - m_hi)
-    wide = (m_hi.numpy() - m_lo.numpy()) > _WIDE_MAX                 # a comparison: numpy's is torch's
-    if wide.any():
-        relative = torch.where(torch.from_numpy(np.asarray(wide)), torch.exp(s_hi.double() - m_hi), relative)
+    if m_hi.dtype == m_lo.dtype:
+        wide = torch.from_numpy(np.asarray((m_hi.numpy() - m_lo.numpy()) > _WIDE_MAX))   # numpy's difference is torch's
+    else:
+        wide = (m_hi - m_lo) > _WIDE_MAX
+    if bool(wide.any()):
+        relative = torch.where(wide, torch.exp(s_hi.double() - m_hi), relative)
     return relative
