@@ -417,12 +417,12 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
     gaps = torch.log2(torch.from_numpy(top / np.minimum(grid, 1e300))).numpy()
     own = np.minimum(np.floor(np.maximum(gaps, 0.0)) + 1, levels).astype(np.int64)
     levels = int(own.max()) if own.size else 0
-    # The spacings walked, finest first: [levels, F]; row f starts at spacing index ``levels - own[f]``.
-    # At a spacing no coarser than the grid the walk resets the row to 0 (every addition there is exact),
-    # and both conditions hold from some index on (the spacings grow), so row f's residues are read from
-    # index ``start[f]`` on only, and the rows are taken in the order of ``start``: the rows read at each
-    # spacing are then a prefix, and the residues are computed for those alone (about half of the whole
-    # [levels, F, n] product on the rule's calls). The result is put back in the callers' order at the end.
+    # The spacings walked, finest first: [levels, F]. Row f is walked from spacing index ``levels - own[f]``
+    # on; at the spacings no coarser than its grid (the first ones: the spacings grow) the walk only resets
+    # it to 0 (every addition there is exact), so its residues are read from ``walk_from[f]``, the later of
+    # the two, on. The rows are taken in the order of walk_from: those read at each spacing are then a
+    # prefix, and the residues are computed for them alone (about half of the [levels, F, n] product on the
+    # rule's calls). The bounds are put back in the callers' order at the end.
     spacings = top[None, :] * np.exp2(np.arange(-levels + 1, 1, dtype=np.float64))[:, None]
     walk_from = np.maximum(levels - own, np.count_nonzero(spacings <= grid, axis=0))
     order = np.argsort(walk_from, kind="stable")
@@ -431,8 +431,9 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
     reading = np.searchsorted(walk_from, np.arange(levels), side="right")      # rows read at each spacing
     # Each row's residues at the spacings it reads, in blocks of (spacings, rows) whose [.., .., n] scratch
     # stays in cache (2**16 values: a block the size of the whole [levels, F, n] product ran 2.4x slower at
-    # F = 1152), each operation in place. (``terms * (1 / at)`` and ``* at`` are exact: ``at`` is a power of
-    # two in [2**-172, 2**1000], its reciprocal too, so the product is ``terms / at`` rounded the same way.)
+    # F = 1152), each operation in place. (``* at`` is exact: ``at`` is a power of two, at least 2**-149
+    # 2**(1 - levels) and at most 2**1000, so its reciprocal is exact too and ``terms * (1 / at)`` is
+    # ``terms / at``, the same real number rounded the same way, at a multiplication's cost.)
     residues = np.zeros_like(spacings)
     rows = max(1, min(terms.shape[0], _RESIDUE_BLOCK // n))
     scratch = np.empty(_RESIDUE_BLOCK + rows * n)
