@@ -1,5 +1,11 @@
 """The envelope's builder (golden/envelope/__init__.py has the derivation, steps 1-8): the per-tile
-bounds of one evaluation of golden/attention.py, kept per (batch, tile), then folded per row."""
+bounds of one evaluation of golden/attention.py, kept per (batch, tile), then folded per row.
+
+The per-tile arithmetic runs in numpy: a chunk is often a few rows (the acceptance rule builds the
+envelope for the rows that failed), where torch's per-call cost is most of the time. Elementwise float64
+and float32 operations (+ - * /, min, max, comparisons) give the same bits in both; what would not
+stays in torch: every exp (torch's differs from numpy's), every float64 sum (its order), and the maxima
+whose zero's sign is kept (torch's amax picks among +0 and -0 its own way)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +17,7 @@ import numpy as np
 import torch
 
 from ..codec import Fp8Codec
-from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, tile_hull
+from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, row_sums, tile_hull
 from .stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
 from .stages import exp_bounds, quantization_error, raw_interval, refine_score_bounds
 from .stages import score_bounds, upper_relative_to_max
@@ -85,13 +91,26 @@ class Chunk:
 
 class TileBounds(NamedTuple):
     """Steps 3-4 of one tile layout (:meth:`EnvelopeBuilder.softmax`): the row max's ends, the ends of
-    ``exp(S - m_hi)`` and ``exp(S - m_lo)`` (float64), and the least and greatest E4M3 code value of P."""
-    m_lo: torch.Tensor
-    m_hi: torch.Tensor
-    e_lo: torch.Tensor
-    e_hi: torch.Tensor
-    p8_lo: torch.Tensor
-    p8_hi: torch.Tensor
+    ``exp(S - m_hi)`` and ``exp(S - m_lo)`` (float64), and the least and greatest E4M3 code value of P
+    (float32), as numpy arrays."""
+    m_lo: np.ndarray
+    m_hi: np.ndarray
+    e_lo: np.ndarray
+    e_hi: np.ndarray
+    p8_lo: np.ndarray
+    p8_hi: np.ndarray
+
+
+def _array(x) -> np.ndarray:
+    """A tensor's numpy view (a numpy array as it is)."""
+    return x.numpy() if isinstance(x, torch.Tensor) else x
+
+
+def _stacked(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """[2, ...]: two arrays of one shape and dtype side by side (np.stack costs several times as much)."""
+    both = np.empty((2,) + first.shape, dtype=first.dtype)
+    both[0], both[1] = first, second
+    return both
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,15 +139,15 @@ class EnvelopeBuilder:
         self.dims, self.codec, self.model = dims, codec, model
         self.exp_rel = model.exp_ulps * 2.0 ** -23        # ulp(y) <= 2**-23 y for normal y
         self.softmax_scale = torch.tensor(dims.softmax_scale, dtype=torch.float32)
-        self._minus_inf = torch.tensor(-math.inf, dtype=torch.float32)
-        self._fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32)
-        p_max_hi, self.scale_lo, self.ps_lo, self.ps_hi = _p_scale_bounds(model.exp_ulps)     # step 4's constants
+        p_max_hi, scale_lo, self.ps_lo, self.ps_hi = _p_scale_bounds(model.exp_ulps)     # step 4's constants
+        self.scale_lo = scale_lo.numpy()
         # Per (batch, tile): m_lo, m_hi, L_lo, L_hi (relative to m_hi), O_lo [D], O_hi [D], tokens.
         rows = dims.s1 * dims.group
         self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
         self.p_elements = 0
         self.flippable = 0
         self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
+        self._states, self._spread = self.states.numpy(), self.spread.numpy()     # chunk writes through these
         # Step 8: the degenerate (tile, row)s' hulls, and the codec's quantization error of a_t = p_scale P8
         # against the kernel's own P: RN(P scale) (1 rounding), the scale and p_scale (2 more: (1 +- u)**3),
         # the codec's own (relative, and absolute in units of p_scale).
@@ -149,7 +168,7 @@ class EnvelopeBuilder:
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
     def softmax(self, s_lo, s_hi, visible, distance, p8) -> TileBounds:
         """Steps 3-4 on one tile layout (:class:`TileBounds`); the P scale's bounds are
-        the builder's constants ``ps_lo``, ``ps_hi``.
+        the builder's constants ``ps_lo``, ``ps_hi``. numpy arrays in and out (module note on numpy).
 
         ``e_lo = exp(S_lo - m_hi)`` and ``e_hi = exp(S_hi - m_lo)`` (float64, 0 off the visible columns)
         are the only exponentials of the envelope: the row widths and the denominator read them. The
@@ -158,45 +177,51 @@ class EnvelopeBuilder:
         those get their exact bounds."""
         # Both ends as one stack [2, ...] (index 0 the lower end): every operation below runs once for both,
         # each element alone (the maxima are exact in any order), so the bits are those of each end alone.
-        s = torch.where(visible, torch.stack((s_lo, s_hi)), self._minus_inf)
+        s = np.where(visible, _stacked(s_lo, s_hi), np.float32(-math.inf))
         # A row with no visible column gets m = 0 (not -inf), so that its d stays -inf and its e 0. (Only
         # such a row: a visible row whose ends all overflowed to -inf keeps m = -inf, and NaN bounds.)
-        seen = visible.any(dim=-1, keepdim=True)
-        m = torch.where(seen, s.amax(dim=-1, keepdim=True).double(), 0.0)
+        # (torch's amax: which zero a row of +0 and -0 gives is torch's choice, and the states keep it.)
+        seen = visible.any(axis=-1, keepdims=True)
+        m = np.where(seen, torch.from_numpy(s).amax(dim=-1, keepdim=True).numpy().astype(np.float64), 0.0)
         # float64 (the bounds that read it carry its rounding): S_lo - m_hi and S_hi - m_lo, 0 off the
         # visible columns (d = -inf there).
-        e = torch.exp(s.double() - m.flip(0))
+        e = torch.exp(torch.from_numpy(s.astype(np.float64) - m[::-1])).numpy()
         eps = self._p_width(s, m, visible)
-        p8_lo = p8.clone(memory_format=torch.contiguous_format)
-        p8_hi = p8_lo.clone()
-        at = self._may_flip(distance, eps, visible).reshape(-1).nonzero().reshape(-1)
-        if at.numel():
+        p8_lo = p8.copy()
+        p8_hi = p8.copy()
+        at = np.flatnonzero(self._may_flip(distance, eps, visible))
+        if at.size:
             # exp_arguments on the flagged elements: the float32 RN(S_lo - m_hi) and RN(S_hi - m_lo), the
             # upper end clamped at 0. (s is [2, ..., T] and m [2, ..., 1] of the same leading shape.)
-            x = s.reshape(2, -1)[:, at] - m.reshape(2, -1)[:, at // s.shape[-1]].flip(0).float()
-            p_lo, p_hi = exp_bounds(x[0], x[1].clamp(max=0.0), self.model.exp_ulps)
+            x = s.reshape(2, -1)[:, at] - m.reshape(2, -1)[::-1, at // s.shape[-1]].astype(np.float32)
+            p_lo, p_hi = exp_bounds(torch.from_numpy(x[0]), torch.from_numpy(np.minimum(x[1], np.float32(0))),
+                                    self.model.exp_ulps)
             # y = RN(P * scale): monotone in P and in the scale, which is at most 448. One pass through
-            # the codec for both ends (elementwise).
-            codes = self.codec.round(torch.stack((p_lo * self.scale_lo, p_hi * self._fp8_max)))
-            p8_lo.view(-1)[at] = codes[0]
-            p8_hi.view(-1)[at] = codes[1]
+            # the codec for both ends (elementwise; float32 products).
+            y = np.empty((2, at.size), dtype=np.float32)
+            np.multiply(p_lo.numpy(), self.scale_lo, out=y[0])
+            np.multiply(p_hi.numpy(), np.float32(FP8_MAX), out=y[1])
+            codes = self.codec.round(torch.from_numpy(y)).numpy()
+            p8_lo.reshape(-1)[at] = codes[0]
+            p8_hi.reshape(-1)[at] = codes[1]
         return TileBounds(m[0], m[1], e[0], e[1], p8_lo, p8_hi)
 
-    def _p_width(self, s, m, visible) -> torch.Tensor:
+    def _p_width(self, s, m, visible) -> np.ndarray:
         """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
         golden's: both exponentiate an x in ``[S_lo - m_hi, S_hi - m_lo]`` (rounded: 2 ulp of x) within
         ``exp_ulps`` (the golden's within half an ulp), so ``P / P_g`` lies in ``exp(+-w) (1 +- 2**-20)``
         with ``w`` the row's widest x interval; ``exp(w) - 1 <= 2 w`` for ``w <= 1`` (wider rows: eps = inf,
         every element is bounded exactly). ``s``, ``m``: (S_lo, S_hi) and (m_lo, m_hi) stacked, as
         :meth:`softmax` holds them."""
-        width = torch.where(visible, s[1] - s[0], 0.0).amax(dim=-1, keepdim=True).double() + (m[1] - m[0])
-        x_ulps = 2 * ulp32(m.abs().amax(dim=0) + width) * 2       # x's rounding, both ends
+        widest = np.where(visible, s[1] - s[0], np.float32(0)).max(axis=-1, keepdims=True)
+        width = widest.astype(np.float64) + (m[1] - m[0])
+        x_ulps = 2 * ulp32(torch.from_numpy(np.maximum(np.abs(m[0]), np.abs(m[1])) + width)).numpy() * 2   # x's rounding, both ends
         w = width + x_ulps
         eps = 2 * w + (self.model.exp_ulps + 1) * 2.0 ** -22
-        return torch.where(w <= 1, eps, math.inf)
+        return np.where(w <= 1, eps, math.inf)
 
     @staticmethod
-    def _may_flip(distance, eps, visible) -> torch.Tensor:
+    def _may_flip(distance, eps, visible) -> np.ndarray:
         """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) and any
         conforming y lie within (1 +- 2 eps)(1 +- 2**-22) of each other (P, the scale 448 / max P, their
         roundings); unless a rounding boundary lies that close to y (``distance``, relative to y:
@@ -206,12 +231,12 @@ class EnvelopeBuilder:
         return visible & ~(distance > margin)
 
     @staticmethod
-    def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> torch.Tensor:
+    def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> np.ndarray:
         """bool, tile layout: the scores of rows whose l may move by more than :data:`SHARPEN_WIDTH`
         relative (the P-weighted mean width of their scores, ``P ~ exp(S_hi - m_hi)``)."""
-        weight = upper_relative_to_max(e_hi, s_hi, m_lo, m_hi)
-        width = torch.where(visible, (s_hi - s_lo).double(), 0.0)
-        mean = (weight * width).sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True).clamp(min=1e-300)
+        weight = upper_relative_to_max(*(torch.from_numpy(x) for x in (e_hi, s_hi, m_lo, m_hi))).numpy()
+        width = np.where(visible, (s_hi - s_lo).astype(np.float64), 0.0)
+        mean = row_sums(weight * width) / np.maximum(row_sums(weight), 1e-300)
         return visible & (mean > SHARPEN_WIDTH) & (width > 0)
 
     def denominator(self, s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible):
@@ -221,26 +246,28 @@ class EnvelopeBuilder:
         exp(S_hi - m_hi)``, moved by the relative rounding ``delta`` of the kernel's exponent arguments
         (golden.envelope.fold.ARGUMENT_ROUNDING: ``e**(-z) >= 1 - z`` below; ``e**z <= 1 / (1 - z) <= 1 + 2 z``
         above for ``z <= 1/2``, and ``exp((S_hi - m_hi)(1 - delta))`` itself beyond), then exp's error
-        (relative ``exp_rel`` and ``exp_ulps 2**-149`` absolute, SPEC's ulp) and the row sum's (F1)."""
-        n = visible.sum(dim=-1, keepdim=True).double()
+        (relative ``exp_rel`` and ``exp_ulps 2**-149`` absolute, SPEC's ulp) and the row sum's (F1).
+        Tensors or numpy arrays in, tensors out."""
+        s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible = (_array(x) for x in (s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible))
+        n = visible.sum(axis=-1, keepdims=True, dtype=np.float64)
         delta = ARGUMENT_ROUNDING + 4 * U64                            # + the float64 differences' and products' own
         # delta |S - m_hi| at the lower end of S, and at the upper end (both ends in one stack: elementwise)
-        z_lo, z_hi = delta * torch.where(visible, m_hi - torch.stack((s_lo, s_hi)).double(), 0.0)
-        low = (e_lo * (1 - z_lo).clamp(min=0.0)).sum(dim=-1, keepdim=True)
-        high = upper_relative_to_max(e_hi, s_hi, m_lo, m_hi) * (1 + 2 * z_hi)
+        z_lo, z_hi = delta * np.where(visible, m_hi - _stacked(s_lo, s_hi), 0.0)
+        low = row_sums(e_lo * np.maximum(1 - z_lo, 0.0))
+        high = upper_relative_to_max(*(torch.from_numpy(x) for x in (e_hi, s_hi, m_lo, m_hi))).numpy() * (1 + 2 * z_hi)
         far = visible & (z_hi > 0.5)          # e**z <= 1 + 2 z fails: exp((S_hi - m_hi)(1 - delta)) on its own
-        if bool(far.any()):
-            high = torch.where(far, torch.exp((s_hi.double() - m_hi) * (1 - delta)), high)
-        high = (high * visible).sum(dim=-1, keepdim=True)
-        rel = sum_relative(n, self.model)
+        if far.any():
+            high = np.where(far, torch.exp(torch.from_numpy((s_hi.astype(np.float64) - m_hi) * (1 - delta))).numpy(), high)
+        high = row_sums(high * visible)
+        rel = sum_relative(torch.from_numpy(n), self.model).numpy()
         # float64's own roundings, relative: a term of ``high`` has two exps (2 units each of 2**-53), and
         # three products (e_hi exp(.), (1 + 2 z)'s own rounding, the product): 7; the sum of n positive terms
         # n - 1; the products by (1 + exp_rel), (1 + rel) and their own sums: 4. ``low``: one exp, two
         # products and the rounding of 1 - z per term, n - 1 in the sum, 4 after: fewer.
         f64 = float64_slack(n + 10)
-        l_lo = (low * (1 - self.exp_rel) * (1 - rel) * (1 - f64) - n * self.model.exp_ulps * TINY32).clamp(min=0.0)
+        l_lo = np.maximum(low * (1 - self.exp_rel) * (1 - rel) * (1 - f64) - n * self.model.exp_ulps * TINY32, 0.0)
         l_hi = (high * (1 + self.exp_rel) * (1 + rel) + n * self.model.exp_ulps * TINY32) * (1 + f64)
-        return l_lo, l_hi, n
+        return torch.from_numpy(l_lo), torch.from_numpy(l_hi), torch.from_numpy(n)
 
     # -- step 5 -----------------------------------------------------------------------------------------
     def values(self, golden_mm2, low_dev, high_dev, abs_sum, n, v_scale):
@@ -248,21 +275,24 @@ class EnvelopeBuilder:
         codes' deviations (``low_dev``, ``high_dev`` >= 0, already multiplied out), within the any-order
         bound of a sum of ``n`` terms with ``abs_sum = P8_hi @ |v8|`` (so every partial sum is at most
         ``(abs_sum + |sum|) / 2``), then ``* p_scale * v_scale`` in either order (F2)."""
-        lo, hi = golden_mm2 - low_dev, golden_mm2 + high_dev
-        largest = torch.maximum(lo.abs(), hi.abs())
+        mm2 = golden_mm2.numpy()
+        lo, hi = mm2 - low_dev.numpy(), mm2 + high_dev.numpy()
+        largest = np.maximum(np.abs(lo), np.abs(hi))
+        half_ulp = 0.5 * ulp32(torch.from_numpy(largest)).numpy()
         if self.model.sums == "exact":
-            e2 = 0.5 * ulp32(largest)                                       # one rounding of the exact sum
+            e2 = half_ulp                                                   # one rounding of the exact sum
         else:
-            magnitude = (abs_sum + largest) / 2
+            magnitude = (abs_sum.numpy() + largest) / 2
             rounding = "toward-zero" if self.model.sums == "truncating" else "nearest"
-            e2 = torch.maximum(sum_error_bound(n, magnitude, abs_sum, rounding=rounding), 0.5 * ulp32(largest))
-        lo, hi = (x.double() for x in outward_sums(lo, -e2, hi, e2))           # the kernel's float32 O_raw
-        vs = v_scale.double()
-        lo = torch.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
-        hi = torch.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
+            e2 = np.maximum(sum_error_bound(n, torch.from_numpy(magnitude), abs_sum, rounding=rounding).numpy(), half_ulp)
+        # the kernel's float32 O_raw
+        lo, hi = (x.numpy().astype(np.float64) for x in outward_sums(*(torch.from_numpy(x) for x in (lo, -e2, hi, e2))))
+        vs = v_scale.numpy().astype(np.float64)
+        lo = np.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
+        hi = np.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
         # The kernel's two float32 products (F2, any order): (1 + u)**2 - 1 relative, 2**-150 each absolute
         # where subnormal; float64: the two products above, the widening's product and its sum: 4 units.
-        return widen(lo, hi, (1 + U32) ** 2 - 1 + float64_slack(4), 2 * TINY32)
+        return widen(torch.from_numpy(lo), torch.from_numpy(hi), (1 + U32) ** 2 - 1 + float64_slack(4), 2 * TINY32)
 
     # -- one chunk of the golden's evaluation -------------------------------------------------------------
     def q_grid(self, q_codes: np.ndarray) -> np.ndarray:
@@ -271,77 +301,105 @@ class EnvelopeBuilder:
 
     def chunk(self, c: Chunk) -> None:
         """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``c.index``."""
-        abs_sum = torch.matmul(c.q_blocks.abs(), SCRATCH.abs("|K| or |V|", c.k_blocks))
+        # numpy as torch computes: inf - inf is NaN, overflow inf, without a warning.
+        with np.errstate(all="ignore"):
+            self._chunk(c)
+
+    def _chunk(self, c: Chunk) -> None:
+        """:meth:`chunk`'s work (tensors from the chunk, numpy arrays between the steps)."""
+        abs_sum = torch.matmul(torch.from_numpy(np.abs(c.q_blocks.numpy())), SCRATCH.abs("|K| or |V|", c.k_blocks))
         # The exactness certificate needs M1 <= 2**24 g. A column's grid is at most the lowbit of any of its
         # values, so a few of them bound it: K's grid is read in full only where that bound could give it.
-        magnitude = (abs_sum + c.raw64.abs()) / 2
-        k_bound = lowbit(c.k_blocks[:, :, :4, :]).amin(dim=2, keepdim=True)                       # [Q, N, 1, BS]
-        if bool((magnitude <= 2.0 ** 24 * c.q_grid * k_bound).any()):
-            k_grid = torch.from_numpy(column_grids(self.codec, c.k_rows).transpose(0, 2, 1)[:, :, None, :])   # [Q, N, 1, BS]
-            grid = c.q_grid * k_grid
+        magnitude = (abs_sum.numpy() + np.abs(c.raw64.numpy())) / 2
+        k_bound = lowbit(c.k_blocks[:, :, :4, :]).numpy().min(axis=2, keepdims=True)                  # [Q, N, 1, BS]
+        q_grid = c.q_grid.numpy()
+        if (magnitude <= 2.0 ** 24 * q_grid * k_bound).any():
+            k_grid = column_grids(self.codec, c.k_rows).transpose(0, 2, 1)[:, :, None, :]          # [Q, N, 1, BS]
+            grid = torch.from_numpy(q_grid * k_grid)
         else:
             grid = torch.zeros(())
-        block_lo, block_hi, e1 = self.scores(c.raw64, abs_sum, grid, c.q_scale, c.k_scale, magnitude)
-        s_lo, s_hi = c.to_tiles(block_lo), c.to_tiles(block_hi)
-        distance = boundary_distance(self.codec, c.p)
-        bounds = self.softmax(s_lo, s_hi, c.visible, distance, c.p8)
+        block_lo, block_hi, e1 = self.scores(c.raw64, abs_sum, grid, c.q_scale, c.k_scale, torch.from_numpy(magnitude))
+        s_lo, s_hi = c.to_tiles(block_lo).numpy(), c.to_tiles(block_hi).numpy()
+        distance = boundary_distance(self.codec, c.p).numpy()
+        visible = c.visible.numpy()
+        p8 = c.p8.numpy()
+        bounds = self.softmax(s_lo, s_hi, visible, distance, p8)
         if self.model.sums == "any-order":
             s_lo, s_hi, bounds = self._sharpen(c, abs_sum, e1, distance, (block_lo, block_hi), s_lo, s_hi, bounds)
-        visible = c.visible
         flip = visible & (bounds.p8_lo != bounds.p8_hi)
-        self.p_elements += int(visible.expand_as(flip).sum())
-        self.flippable += int(flip.sum())
+        self.p_elements += int(np.count_nonzero(np.broadcast_to(visible, flip.shape)))
+        self.flippable += int(np.count_nonzero(flip))
         l_lo, l_hi, n = self.denominator(s_lo, s_hi, bounds.m_lo, bounds.m_hi, bounds.e_lo, bounds.e_hi, visible)
-        low_dev, high_dev, abs_sum = mm2_bounds(c.to_blocks(c.p8).double(), c.to_blocks(bounds.p8_lo).double(),
-                                                 c.to_blocks(bounds.p8_hi).double(), c.v, c.per_tile_sum)
+        p8_lo, p8_hi = (c.to_blocks(torch.from_numpy(x)).double() for x in (bounds.p8_lo, bounds.p8_hi))
+        low_dev, high_dev, abs_sum = mm2_bounds(c.to_blocks(c.p8).double(), p8_lo, p8_hi, c.v, c.per_tile_sum)
         o_lo, o_hi = self.values(c.mm2, low_dev, high_dev, abs_sum, n, c.v_scale)
         # Negligible scores (NEGLIGIBLE_P) kept their plain intervals and move nothing: not counted.
-        spread = torch.where(visible & (bounds.e_hi >= NEGLIGIBLE_P), (s_hi.double() - s_lo.double()), 0.0).amax(dim=-1, keepdim=True)
-        any_visible = visible.any(dim=-1, keepdim=True)
+        # (torch's amax, as for m: a zero's sign is torch's choice.)
+        widths = np.where(visible & (bounds.e_hi >= NEGLIGIBLE_P), np.subtract(s_hi, s_lo, dtype=np.float64), 0.0)
+        spread = torch.from_numpy(widths).amax(dim=-1, keepdim=True).numpy()
+        any_visible = visible.any(axis=-1, keepdims=True)
         degenerate = any_visible & (spread > DEGENERATE_SPREAD)
-        if bool(degenerate.any()):
-            self.hulls.append(tile_hull(degenerate, visible, bounds.e_hi, s_hi, bounds.m_lo, c.v, c.v_scale, c.to_tiles, c.index,
+        if degenerate.any():
+            e_hi, s_hi_t, m_lo = (torch.from_numpy(x) for x in (bounds.e_hi, s_hi, bounds.m_lo))
+            self.hulls.append(tile_hull(torch.from_numpy(degenerate), c.visible, e_hi, s_hi_t, m_lo, c.v, c.v_scale, c.to_tiles, c.index,
                                         model=self.model, code_error=self.code_error))
-        state = torch.cat([bounds.m_lo, bounds.m_hi, l_lo, l_hi, o_lo, o_hi, n.expand_as(bounds.m_lo)], dim=-1)
-        self.states.index_copy_(0, c.index, torch.where(any_visible, state, 0.0))
-        self.spread.index_copy_(0, c.index, torch.where(any_visible, spread, 0.0))
+        # The state row (m_lo, m_hi, L_lo, L_hi, O_lo, O_hi, n), 0 on the rows that see no token.
+        d = self.dims.head_dim
+        state = np.empty(bounds.m_lo.shape[:-1] + (2 * d + 5,))
+        for at, part in ((slice(0, 1), bounds.m_lo), (slice(1, 2), bounds.m_hi), (slice(2, 3), l_lo.numpy()),
+                         (slice(3, 4), l_hi.numpy()), (slice(4, 4 + d), o_lo.numpy()), (slice(4 + d, 4 + 2 * d), o_hi.numpy()),
+                         (slice(4 + 2 * d, None), n.numpy())):
+            state[..., at] = part
+        index = c.index.numpy()
+        self._states[index] = np.where(any_visible, state, 0.0)
+        self._spread[index] = np.where(any_visible, spread, 0.0)
 
     def _sharpen(self, c: Chunk, abs_sum, e1, distance, blocks, s_lo, s_hi, bounds: TileBounds):
         """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is
         uncertain enough to move l by a visible share of the tolerance, and in those rows every score that
         may be the row's max (m_j moves every x of the row); then steps 2-4 again for the rows touched.
-        ``blocks``: the plain (S_lo, S_hi) in the block layout."""
-        visible = c.visible
+        ``blocks``: the plain (S_lo, S_hi) in the block layout (tensors); ``distance``, ``s_lo``, ``s_hi``
+        and ``bounds``: numpy, as :meth:`softmax` takes and gives them."""
+        visible = c.visible.numpy()
         flip = visible & (bounds.p8_lo != bounds.p8_hi)
         wide = self._wide_rows(s_lo, s_hi, bounds.m_lo, bounds.m_hi, bounds.e_hi, visible)
         either = flip | wide
-        rows = either.any(dim=-1, keepdim=True)
-        if not bool(rows.any()):
+        rows = either.any(axis=-1, keepdims=True)
+        if not rows.any():
             return s_lo, s_hi, bounds
-        maybe_max = visible & rows & (s_hi.double() >= bounds.m_lo)
+        maybe_max = visible & rows & (s_hi >= bounds.m_lo)          # (float32 against float64: compared exactly)
         # A score whose P is below NEGLIGIBLE_P even at the top of its plain interval moves l by less than
         # n NEGLIGIBLE_P relative and its code cannot leave 0 (448 P is far below E4M3's smallest
         # subnormal): narrowing it changes nothing visible, and on degenerate rows it is most of them.
-        flagged = c.to_blocks((either | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P)) & (e1 > 0)
-        at = flagged.nonzero(as_tuple=True)
-        if not at[0].numel():
+        e1 = e1.numpy()
+        flagged = c.to_blocks(torch.from_numpy((either | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P))).numpy() & (e1 > 0)
+        at = np.nonzero(flagged)
+        if not at[0].size:
             return s_lo, s_hi, bounds
-        products = c.q_blocks[at[0], at[1], at[2], :] * c.k_blocks[at[0], at[1], :, at[3]]
-        e1 = torch.minimum(e1[at], refine_score_bounds(products, c.raw64[at], abs_sum[at]))
+        products = c.q_blocks.numpy()[at[0], at[1], at[2], :] * c.k_blocks.numpy()[at[0], at[1], :, at[3]]
+        raw = c.raw64.numpy()[at]
+        e1 = np.minimum(e1[at], refine_score_bounds(torch.from_numpy(products), torch.from_numpy(raw),
+                                                    torch.from_numpy(abs_sum.numpy()[at])).numpy())
         # Steps 1-2 again for the sharpened scores only (elementwise: the others keep their intervals).
-        lo, hi = self._scaled(c.raw64[at], e1, c.q_scale[at[0], at[1], at[2], 0], c.k_scale[at[0], at[1], 0, at[3]])
-        plain_lo, plain_hi = blocks
-        s_lo, s_hi = c.to_tiles(plain_lo.index_put(at, lo)), c.to_tiles(plain_hi.index_put(at, hi))
-        if bool(rows.all()):
-            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, distance, c.p8)
+        q_scale, k_scale = c.q_scale.numpy()[at[0], at[1], at[2], 0], c.k_scale.numpy()[at[0], at[1], 0, at[3]]
+        lo, hi = self._scaled(*(torch.from_numpy(x) for x in (raw, e1, q_scale, k_scale)))
+        sharp = []
+        for plain, new in zip(blocks, (lo, hi)):
+            plain = plain.numpy().copy()
+            plain[at] = new.numpy()
+            sharp.append(c.to_tiles(torch.from_numpy(plain)).numpy())
+        s_lo, s_hi = sharp
+        p8 = c.p8.numpy()
+        if rows.all():
+            return s_lo, s_hi, self.softmax(s_lo, s_hi, visible, distance, p8)
         # Steps 3-4 again for the rows touched only (every step is per row): on the largest upstream
         # cases 15 to 19 rows of a chunk's 48.
-        at = rows[..., 0].nonzero(as_tuple=True)                                  # (pair, head, row)
-        seen = visible.expand(s_lo.shape)
-        again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], c.p8[at])
+        at = np.nonzero(rows[..., 0])                                             # (pair, head, row)
+        seen = np.broadcast_to(visible, s_lo.shape)
+        again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], p8[at])
         merged = []
         for old, new in zip(bounds, again):
-            old = old.expand(*s_lo.shape[:3], old.shape[-1]).clone()
+            old = np.broadcast_to(old, s_lo.shape[:3] + old.shape[-1:]).copy()
             old[at] = new
             merged.append(old)
         return s_lo, s_hi, TileBounds(*merged)

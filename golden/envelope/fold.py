@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from .stages import sum_relative
-from ..intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps
+from ..intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps_arrays
 from ..model import ConformanceModel
 
-__all__ = ["fold", "tile_hull", "row_hulls", "tile_weights", "signed_weighted_sum", "DEGENERATE_SPREAD",
+__all__ = ["fold", "tile_hull", "row_hulls", "tile_weights", "signed_weighted_sum", "row_sums", "DEGENERATE_SPREAD",
            "HULL_NEGLIGIBLE", "ARGUMENT_ROUNDING"]
 
 #: A row whose scores' intervals are wider than this (in logit units) can move P by a factor e**2 or
@@ -42,32 +42,38 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
     L_hi (relative to m_hi), O_lo [D], O_hi [D] and the visible tokens; ``spread`` [B * tiles, N, R, 1]
     how uncertain each tile's scores are; ``hulls`` the degenerate tiles' (:func:`tile_hull`);
     ``tiles_per_row`` [B, 1, R] (rows with 0 tiles give [0, 0])."""
+    # numpy as torch computes: inf - inf is NaN, a quotient by 0 infinite, without a warning.
+    with np.errstate(all="ignore"):
+        return _fold(states, spread, hulls, dims, model, tiles, tiles_per_row)
+
+
+def _fold(states, spread, hulls, dims, model, tiles, tiles_per_row):
+    """:func:`fold`, in numpy: a few rows, where torch's per-call cost would dominate. Elementwise float64
+    arithmetic gives the same bits in both; each exp, float64 sum and matrix product stays torch's."""
     d = dims.head_dim
     st = states.view(dims.batch, tiles, dims.nkv, -1, 2 * d + 5).permute(0, 2, 3, 1, 4)   # [B, N, R, T, .]
-    # The row bookkeeping in numpy (a few rows: torch's per-call cost would dominate).
     rows_tiles = np.broadcast_to(tiles_per_row[:, 0, :][:, None, :], st.shape[:3])
-    counts = torch.from_numpy(rows_tiles.copy())
-    used = torch.from_numpy(np.arange(tiles) < rows_tiles[..., None])                           # [B, N, R, T]
-    m_lo, m_hi, l_lo, l_hi = (st[..., i] for i in range(4))
+    used = np.arange(tiles) < rows_tiles[..., None]                                            # [B, N, R, T]
+    # m_lo, m_hi, l_lo, l_hi and the token count, each [B, N, R, T] in C order (the sums below read them so).
+    m_lo, m_hi, l_lo, l_hi, count = np.ascontiguousarray(st.numpy()[..., [0, 1, 2, 3, -1]].transpose(4, 0, 1, 2, 3))
     o_lo, o_hi = st[..., 4:4 + d], st[..., 4 + d:4 + 2 * d]
-    mu = torch.where(used, m_hi, -math.inf).amax(dim=-1, keepdim=True)                           # [B, N, R, 1]
-    mu = torch.where(torch.isfinite(mu), mu, 0.0)
+    mu = np.where(used, m_hi, -math.inf).max(axis=-1, keepdims=True)                             # [B, N, R, 1]
+    mu = np.where(np.isfinite(mu), mu, 0.0)
     # Tiles a row does not have hold zeros: give them the row's mu, so that their (zero) terms stay finite.
-    m_lo, m_hi = torch.where(used, m_lo, mu), torch.where(used, m_hi, mu)
-    n_np = rows_tiles[..., None].astype(np.float64)
-    n_tiles = torch.from_numpy(n_np)
+    m_lo, m_hi = np.where(used, m_lo, mu), np.where(used, m_hi, mu)
+    n_tiles = rows_tiles[..., None].astype(np.float64)
     # Lower weights at m_lo (for N) and at m_hi (for L's terms, relative to m_hi), upper ones at m_hi (both).
-    lows, wl_hi, w_abs = tile_weights(torch.stack((m_lo, m_hi)), m_hi, mu, n_tiles, model)
+    lows, wl_hi, w_abs = _tile_weights(np.stack((m_lo, m_hi)), m_hi, mu, n_tiles, model)
     w_lo, wl_lo, w_hi = lows[0], lows[1], wl_hi
-    w_lo = torch.where(used, (w_lo - w_abs).clamp(min=0.0), 0.0)
+    w_lo = np.where(used, np.maximum(w_lo - w_abs, 0.0), 0.0)
     # A term w_j O_j is smallest at w_lo for a positive O and at w_hi + w_abs for a negative one (and
     # the other way round for the largest). So N_lo and N_hi are weighted sums over the tiles of the
     # positive and negative parts of O_lo and O_hi, one batched matrix product each, with no
     # [B, N, R, T, D] product kept; float64's roundings: float64_sum_slack of the row's own tiles.
-    away = torch.where(used, w_hi + w_abs, 0.0)
-    n_lo, n_lo_abs = signed_weighted_sum(w_lo, away, o_lo)
-    n_hi, n_hi_abs = signed_weighted_sum(away, w_lo, o_hi)
-    sum_slack = torch.from_numpy(float64_sum_slack(n_np))
+    away = torch.from_numpy(np.where(used, w_hi + w_abs, 0.0))
+    n_lo, n_lo_abs = (x.numpy() for x in signed_weighted_sum(torch.from_numpy(w_lo), away, o_lo))
+    n_hi, n_hi_abs = (x.numpy() for x in signed_weighted_sum(away, torch.from_numpy(w_lo), o_hi))
+    sum_slack = float64_sum_slack(n_tiles)
     n_lo = n_lo - sum_slack * n_lo_abs
     n_hi = n_hi + sum_slack * n_hi_abs
     # L = sum_t exp(S_t - mu) up to the roundings: each tile's sum relative to its m_hi (denominator)
@@ -75,33 +81,51 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
     # at least the weight of the largest m_lo: the tile holding the kernel's maximum M has its argmax's
     # exp(0) = 1 and a weight of exactly 1 in the kernel (every later factor is exp(0)), so l >= 1, that
     # is L >= exp(M - mu) >= exp(max m_lo - mu).
-    big_l_lo = (torch.where(used, wl_lo, 0.0) * l_lo).sum(dim=-1, keepdim=True) * (1 - sum_slack)
-    big_l_lo = big_l_lo - (w_abs * used * st[..., -1]).sum(dim=-1, keepdim=True) * 2
+    absolute = w_abs * used * count                                  # each tile's absolute error, per unit
+    big_l_lo = row_sums(np.where(used, wl_lo, 0.0) * l_lo) * (1 - sum_slack)
+    big_l_lo = big_l_lo - row_sums(absolute) * 2
     # (m - mu) in float64 may be rounded: taken 4 units further from 0, as tile_weights takes it.
-    floor = torch.exp((torch.where(used, m_lo, -math.inf).amax(dim=-1, keepdim=True) - mu) * (1 + 4 * U64))
-    big_l_lo = torch.maximum(big_l_lo, floor * (1 - float64_slack(3)))
-    big_l_hi = (torch.where(used, wl_hi, 0.0) * l_hi + w_abs * used * st[..., -1] * 2).sum(dim=-1, keepdim=True)
+    floor = _exp((np.where(used, m_lo, -math.inf).max(axis=-1, keepdims=True) - mu) * (1 + 4 * U64))
+    big_l_lo = np.maximum(big_l_lo, floor * (1 - float64_slack(3)))
+    big_l_hi = row_sums(np.where(used, wl_hi, 0.0) * l_hi + absolute * 2)
     big_l_hi = big_l_hi * (1 + sum_slack)
     # The exact quotient N / L, each end rounded once in float64 (1 unit), then O / l within div_ulps
     # (F3, SPEC's ulp: golden.intervals.within_ulps).
-    q_lo = torch.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
-    q_hi = torch.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
-    q_lo, q_hi = widen(q_lo, q_hi, float64_slack(1))
+    q_lo = np.minimum(n_lo / big_l_lo, n_lo / big_l_hi)
+    q_hi = np.maximum(n_hi / big_l_lo, n_hi / big_l_hi)
+    q_lo, q_hi = (x.numpy() for x in widen(torch.from_numpy(q_lo), torch.from_numpy(q_hi), float64_slack(1)))
     # L's lower bound underflows where the row max is uncertain by hundreds of logits: the quotient is then
     # unbounded by step 6 (step 8 bounds it: such a row is degenerate).
     unbounded = big_l_lo <= 0
-    q_lo, q_hi = q_lo.masked_fill(unbounded, -math.inf), q_hi.masked_fill(unbounded, math.inf)
-    spread = spread.view(dims.batch, tiles, dims.nkv, -1, 1).permute(0, 2, 3, 1, 4)[..., 0]
-    bounded = row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles, hulls) if hulls else None
-    if bounded is not None:                               # step 8: both bound the same quotient
-        rows, low, high = bounded
-        q_lo[rows] = torch.fmax(q_lo[rows], low)
-        q_hi[rows] = torch.fmin(q_hi[rows], high)
-    lo, hi = within_ulps(q_lo, q_hi, model.div_ulps)
-    started = torch.from_numpy(rows_tiles[..., None] > 0)
-    lo = torch.where(started, lo, 0.0)
-    hi = torch.where(started, hi, 0.0)
-    return lo, hi, int(((spread > DEGENERATE_SPREAD) & used).any(dim=-1).sum())
+    q_lo, q_hi = np.where(unbounded, -math.inf, q_lo), np.where(unbounded, math.inf, q_hi)
+    spread = spread.numpy().reshape(dims.batch, tiles, dims.nkv, -1).transpose(0, 2, 3, 1)    # [B, N, R, T]
+    degenerate = ((spread > DEGENERATE_SPREAD) & used).any(axis=-1)
+    if hulls:                                             # step 8: both bound the same quotient
+        bounded = row_hulls(st, torch.from_numpy(spread), torch.from_numpy(used), torch.from_numpy(rows_tiles.copy()),
+                            torch.from_numpy(wl_hi), torch.from_numpy(big_l_lo), torch.from_numpy(w_abs).expand(wl_hi.shape),
+                            tiles, hulls)
+        if bounded is not None:
+            rows, low, high = bounded
+            q_lo, q_hi = torch.from_numpy(q_lo), torch.from_numpy(q_hi)
+            q_lo[rows] = torch.fmax(q_lo[rows], low)
+            q_hi[rows] = torch.fmin(q_hi[rows], high)
+            q_lo, q_hi = q_lo.numpy(), q_hi.numpy()
+    lo, hi = within_ulps_arrays(q_lo, q_hi, model.div_ulps)
+    started = rows_tiles[..., None] > 0
+    lo = np.where(started, lo, np.float32(0))
+    hi = np.where(started, hi, np.float32(0))
+    return torch.from_numpy(lo), torch.from_numpy(hi), int(np.count_nonzero(degenerate))
+
+
+def row_sums(x: np.ndarray) -> np.ndarray:
+    """float64 [..., 1]: torch's sum over the last axis of a C-ordered float64 array (the order, and so the
+    bits, of the sums the envelope has always taken; numpy adds in another order). The builder's too."""
+    return torch.from_numpy(x).sum(dim=-1, keepdim=True).numpy()
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    """torch's float64 exp (numpy's differs in the last bits)."""
+    return torch.exp(torch.from_numpy(x)).numpy()
 
 
 def row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles: int, hulls: list):
@@ -248,23 +272,22 @@ def tile_weights(m_lo: torch.Tensor, m_hi: torch.Tensor, mu: torch.Tensor, n_til
 
     float64: the arguments carry 4 roundings (the difference, the product, two additions), covered by
     4 units of relative margin on ``m - mu``; ``exp`` itself 2 units and the product by the slack 1: 3."""
-    # The per-row factors in numpy (a row is one value each: torch's per-call cost would dominate).
-    n = np.asarray(n_tiles.detach().double().numpy())
+    w_lo, w_hi, w_abs = _tile_weights(*(x.detach().double().numpy() for x in (m_lo, m_hi, mu, n_tiles)), model)
+    return torch.from_numpy(w_lo), torch.from_numpy(w_hi), torch.from_numpy(w_abs).expand(w_hi.shape)
+
+
+def _tile_weights(m_lo: np.ndarray, m_hi: np.ndarray, mu: np.ndarray, n: np.ndarray, model: ConformanceModel):
+    """:func:`tile_weights` on float64 numpy arrays (the fold's), ``w_abs`` [..., 1]."""
     many = n > 1
     factors = np.maximum(n - 1, 0.0)
     e = model.exp_ulps * 2.0 ** -23
     delta = many * ARGUMENT_ROUNDING + 4 * U64
     up = factors * e + np.where(many, 2 * n * U32, 0.0)
     down = factors * e * (1 + 2 * e) + np.where(many, 2 * n * U32 * (1 + 2 * U32), 0.0)
-    w_hi = torch.exp((m_hi - mu) * _tensor(1 - delta) + _tensor(up)) * (1 + float64_slack(3))
-    w_lo = torch.exp((m_lo - mu) * _tensor(1 + delta) - _tensor(down)) * (1 - float64_slack(3))
+    w_hi = _exp((m_hi - mu) * (1 - delta) + up) * (1 + float64_slack(3))
+    w_lo = _exp((m_lo - mu) * (1 + delta) - down) * (1 - float64_slack(3))
     w_abs = np.where(many, (factors * model.exp_ulps * TINY32 + 2 * n * TINY32 / 2) * 2, 0.0)
-    return w_lo, w_hi, _tensor(w_abs).expand_as(w_hi)
-
-
-def _tensor(x) -> torch.Tensor:
-    """A numpy result (an array, or the scalar a 0-d operation gives) as a tensor of its shape."""
-    return torch.from_numpy(np.asarray(x))
+    return w_lo, w_hi, w_abs
 
 
 def signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor, o: torch.Tensor):
