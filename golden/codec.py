@@ -224,24 +224,21 @@ class Fp8Codec:
         table = self._lookup_tables()[1]
         if flat.size <= _ENCODE_CHUNK:
             # One chunk (the envelope's calls, a few hundred elements): the lookup's result is the output.
-            got = np.take(table, table_index(self._table_input(flat).view(np.uint32)), mode="clip")
-            if self._reads_nan:
-                nan = np.isnan(got)
-                if nan.any():
-                    got.view(np.uint32)[nan] = flat.view(np.uint32)[nan] | np.uint32(0x00400000)
-            return torch.from_numpy(got).reshape(x32.shape)
+            return torch.from_numpy(self._round_chunk(table, flat)).reshape(x32.shape)
         out = torch.empty(flat.shape, dtype=torch.float32)
         values = out.numpy()
-        reads_nan = self._reads_nan  # only then can a value read back be NaN
         for start in range(0, flat.size, _ENCODE_CHUNK):
-            chunk = flat[start:start + _ENCODE_CHUNK]
-            got = np.take(table, table_index(self._table_input(chunk).view(np.uint32)),
-                          out=values[start:start + _ENCODE_CHUNK], mode="clip")
-            if reads_nan:
-                nan = np.isnan(got)
-                if nan.any():
-                    got.view(np.uint32)[nan] = chunk.view(np.uint32)[nan] | np.uint32(0x00400000)
+            self._round_chunk(table, flat[start:start + _ENCODE_CHUNK], out=values[start:start + _ENCODE_CHUNK])
         return out.reshape(x32.shape)
+
+    def _round_chunk(self, table: np.ndarray, chunk: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`round` of one chunk of float32 values (into ``out`` when given)."""
+        got = np.take(table, table_index(self._table_input(chunk).view(np.uint32)), out=out, mode="clip")
+        if self._reads_nan:  # only then can a value read back be NaN
+            nan = np.isnan(got)
+            if nan.any():
+                got.view(np.uint32)[nan] = chunk.view(np.uint32)[nan] | np.uint32(0x00400000)
+        return got
 
     def to_fp8(self, x: torch.Tensor) -> torch.Tensor:
         """``encode(x)`` as a torch.float8_e4m3fn tensor (a bit view: torch rounds nothing)."""
