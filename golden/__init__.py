@@ -9,8 +9,9 @@ It is the spec (docs/spec.md) in code, one module per stage:
 - ``softmax_state``: local softmax and the online (m, l, O) update (SPEC §2.3)
 - ``attention``: the stages of SPEC §2 and the vectorized golden; ``attention_loop``: the plain loop
 - ``model``: the freedoms of a conforming kernel (SPEC §4.1); ``envelope/`` (stages, builder, fold): the
-  acceptance envelope that holds every conforming result (SPEC §4.2); ``intervals``: float32 rounding and
-  any-order sum bounds, rounded outward (read by the envelope, AT-12's bounds and the laws)
+  acceptance envelope that holds every conforming result (SPEC §4.2); ``intervals``: float32 outward rounding
+  and ulps; ``sum_bounds``: any-order float32 sum error bounds (both read by the envelope, AT-12's bounds and
+  the laws)
 - ``at12``: QK^T MatMul Scale (SPEC §6)
 - ``validate``: argument checks shared with the kernel wrappers; ``inputs``: configs and bundles
 """

@@ -143,7 +143,7 @@ def at12_fp8_vs_bf16_bound(q8, q_scale, k8, k_scale, qd, kd, *, scale: float, co
     score ``sum qd_d kd_d`` differs from the exact FP8 one ``sum a_d b_d`` by at most
     ``theta sum |a_d b_d|``, ``theta = (1 + 2**-8)**2 (1 + 2**-24)**2 - 1``. Then each path's kernel
     sums its exact products in float32 in any order (F1: within ``E8``, ``E16``, the any-order bound of
-    golden.intervals.sum_error_bound) and scales: the FP8 raw sum by ``q_scale``, ``k_scale`` in any
+    golden.sum_bounds.sum_error_bound) and scales: the FP8 raw sum by ``q_scale``, ``k_scale`` in any
     order and ``scale`` last (three roundings, F2), the BF16 one by ``scale`` (one rounding). With
     ``u = 2**-24``:
 
@@ -154,7 +154,8 @@ def at12_fp8_vs_bf16_bound(q8, q_scale, k8, k_scale, qd, kd, *, scale: float, co
     zero). Every term is reached by some inputs: tests/properties/test_law_bounds.py aligns the bf16
     roundings of every operand and the kernels' summation errors, and holds conforming kernels under it.
     """
-    from golden.intervals import TINY32, U32, sum_error_bound
+    from golden.intervals import TINY32, U32
+    from golden.sum_bounds import sum_error_bound
     a8, b8 = codec.from_fp8(q8).double(), codec.from_fp8(k8).double()
     raw8 = a8 @ b8.T
     abs8 = a8.abs() @ b8.abs().T

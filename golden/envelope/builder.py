@@ -21,7 +21,8 @@ from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, row_sums, tile_hul
 from .stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
 from .stages import exp_bounds, quantization_error, raw_interval, refine_score_bounds
 from .stages import score_bounds, upper_relative_to_max
-from ..intervals import TINY32, U32, U64, float64_slack, lowbit, outward_sums, sum_error_bound, ulp32, widen
+from ..intervals import TINY32, U32, U64, float64_slack, lowbit, outward_sums, ulp32, widen
+from ..sum_bounds import sum_error_bound
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH

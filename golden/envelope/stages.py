@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ..codec import Fp8Codec
-from ..intervals import U32, float64_slack, lowbit, outward_sums, residue_bound, step32, sum_error_bound, within_ulps_arrays
+from ..intervals import U32, float64_slack, lowbit, outward_sums, step32, within_ulps_arrays
+from ..sum_bounds import residue_bound, sum_error_bound
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
@@ -170,7 +171,7 @@ def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, t
 
 
 def refine_score_bounds(products: torch.Tensor, raw: torch.Tensor, abs_sum: torch.Tensor) -> torch.Tensor:
-    """float64: the residue bound (golden.intervals.residue_bound) for the scores whose products are
+    """float64: the residue bound (golden.sum_bounds.residue_bound) for the scores whose products are
     ``products`` [F, D], never below what compensated summation or the golden's single rounding need."""
     magnitude = (abs_sum + raw.abs()) / 2
     sharp = residue_bound(products, magnitude)

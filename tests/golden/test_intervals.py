@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
-from golden.intervals import down32, down32_add, lowbit, residue_bound, sum_error_bound, ulp32, up32, up32_add
+from golden.intervals import down32, down32_add, lowbit, ulp32, up32, up32_add
+from golden.sum_bounds import residue_bound, sum_error_bound
 
 
 def _tree_sum(terms: np.ndarray, merges: list[int]) -> np.float32:
@@ -238,7 +239,7 @@ def test_float32_steps_give_the_same_bits_below_and_above_the_nextafter_threshol
 
 
 def _residue_bound_walking_every_row_at_every_spacing(products: torch.Tensor, magnitude: torch.Tensor, levels: int = 24):
-    """residue_bound as the module docstring states it, every row's residues taken at every spacing and the
+    """residue_bound as golden/sum_bounds.py's docstring states it, every row's residues taken at every spacing and the
     walk's steps selected by where (the implementation reads each row at the spacings its walk uses only)."""
     n = products.shape[-1]
     grid = lowbit(products.float()).amin(dim=-1).numpy()
