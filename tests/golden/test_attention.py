@@ -357,8 +357,10 @@ def test_codec_argument_shrinks_outputs():
 
 
 def test_a_checked_call_gives_what_the_two_functions_give():
-    """golden.checked_call checks the arguments once; its golden under each codec and its envelope (whole
-    and for some rows) are bit for bit the public functions' (the one rule asks for both on one case)."""
+    """golden.checked_call checks the arguments once and is then asked for several results (the one rule asks
+    for the golden and the envelope of one case): one checked call, reused for both codecs and for the whole
+    envelope and a row subset, gives what fresh calls give, and its golden is the plain loop golden's (an
+    independent implementation) bit for bit."""
     kwargs = make_inputs(PagedAttentionConfig(batch=3, s1=2, s2=300, nq=4, nkv=2, head_dim=32, block_size=16,
                                                      s2_tile=32), 5).kwargs()
     tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
@@ -366,7 +368,7 @@ def test_a_checked_call_gives_what_the_two_functions_give():
     checked = checked_call(**tensors, **scalars)
     rows = torch.tensor([False, True, False, False, True, False])
     for codec in (None, PYPTO_CALCULATOR_CODEC):
-        gh.assert_identical(checked.golden(codec), paged_attention_fp8(**kwargs, codec=codec), "golden")
+        gh.assert_identical(checked.golden(codec), paged_attention_fp8_loop(**kwargs, codec=codec), "golden")
         for mask in (None, rows):
             mine, theirs = checked.envelope(codec, rows=mask), paged_attention_envelope(**kwargs, codec=codec, rows=mask)
             assert (mine.rows, mine.flippable, mine.p_elements) == (theirs.rows, theirs.flippable, theirs.p_elements)
