@@ -48,8 +48,8 @@ from golden.model import ConformanceModel, declared_model
 from properties import compare as cmp
 from properties.attribution import Attribution, attribute, query_positions
 
-__all__ = ["CATEGORIES", "InputsModified", "Reference", "Judgement", "call", "split_bundle", "judge", "hold",
-           "reference_backend", "attribution_of", "backend_model"]
+__all__ = ["CATEGORIES", "InputsModified", "CodecVerdict", "EnvelopeFigures", "Judgement", "call", "check_unchanged",
+           "split_bundle", "judge", "hold", "reference_backend", "attribution_of", "backend_model"]
 
 CATEGORIES = ("pass", "kernel logic", "backend codec")
 
@@ -64,14 +64,21 @@ def call(backend, tensors: dict, *, op: str = "paged_attention_fp8", tags: dict 
     __tracebackhide__ = True
     given = {k: v.clone() for k, v in tensors.items()}
     out = getattr(backend, op)(**given, **scalars)
+    check_unchanged(given, tensors, backend_name=backend.name, tags=tags)
+    return out
+
+
+def check_unchanged(given: dict, tensors: dict, *, backend_name: str, tags: dict | None = None) -> None:
+    """InputsModified, its message made by the comparison core, unless every tensor of ``given`` (what a
+    call was handed, after it) has the bits of the same tensor of ``tensors`` (the originals)."""
+    __tracebackhide__ = True
     for k in tensors:
         if _same_bits(given[k], tensors[k]):          # the cheap check first; the message only on a change
             continue
         res = cmp.compare(given[k], tensors[k], kind="exact")
         if not res.passed:
             raise InputsModified(cmp.make_mismatch_message(
-                res, identifier=f"Input {k} after the {backend.name} call vs before", tags=tags)) from None
-    return out
+                res, identifier=f"Input {k} after the {backend_name} call vs before", tags=tags)) from None
 
 
 def _same_bits(after: torch.Tensor, before: torch.Tensor) -> bool:
@@ -108,17 +115,43 @@ def reference_backend(backend):
     return GoldenBackend(codec=getattr(backend, "codec", None), loop=False)
 
 
-@dataclasses.dataclass(frozen=True)
-class Reference:
-    """One comparison of the backend's output with the golden and its envelope under one codec."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvelopeFigures:
+    """What the acceptance envelope (SPEC §4.2) did in one comparison, as reports show it: the output rows
+    it was built for (those holding an element outside the tolerance), elements that passed only inside
+    it, P elements whose E4M3 code may flip there, degenerate rows, and for a failure how far outside it
+    the worst element lies (in units of its tolerance, at ``outside_index``)."""
+    inside_only: int
+    flippable: int
+    p_elements: int
+    degenerate_rows: int
+    rows_built: int | None
+    outside_by: float | None
+    note: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CodecVerdict:
+    """One comparison of the backend's output with the golden and its envelope under one codec: the
+    rule's record of it, immutable. Everything a report shows of the comparison is a field (reports
+    render it; nobody edits it); the tensors behind it ride along, not compared and not serialized."""
     reference: str                     # "spec" or the codec's name
     comparison: cmp.Comparison
     counts: bool
     category: str                      # one of CATEGORIES
     attribution: Attribution | None
     attribution_text: str | None       # Attribution.render(), or why it is unavailable
-    message: str                       # the failure text ("" on a pass)
+    message: str                       # the rule's failure text ("" on a pass)
     worst_ratio: float                 # max error over what the rule allows (1 = its edge; inf: misplaced non-finite)
+    worst_index: dict | None = None    # {"row", "b", "i", "head", "d"} of the greatest absolute difference
+    max_abs_err: float | None = None   # over the mismatched elements on a failure, over all on a pass
+    max_rel_err: float | None = None
+    envelope_figures: EnvelopeFigures | None = None    # None: no element needed the envelope
+    error_map: list | None = None      # [B*S1][NQ] worst error over allowed, over d (failures only)
+    ratio_histogram: list | None = None  # counts per properties.attribution.RATIO_BINS interval, then non-finite
     expected: torch.Tensor = dataclasses.field(repr=False, compare=False)
     ratio: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)  # per element
     envelope: object = dataclasses.field(default=None, repr=False, compare=False)   # golden.envelope.AttentionEnvelope
@@ -130,6 +163,12 @@ class Reference:
     @property
     def passed(self) -> bool:
         return self.comparison.passed
+
+    @property
+    def mismatched(self) -> int:
+        """Elements outside the rule (every element when the attributes differ)."""
+        res = self.comparison
+        return res.mismatched if res.attribute is None else res.total
 
     def envelope_note(self) -> str:
         """One line on what the envelope did: not needed (every element within the tolerance), or built for
@@ -150,10 +189,10 @@ class Reference:
 
 @dataclasses.dataclass(frozen=True)
 class Judgement:
-    """The verdict of :func:`judge` on one case: the backend's output and one Reference per codec."""
+    """The verdict of :func:`judge` on one case: the backend's output and one CodecVerdict per codec."""
     case_label: str
     backend: str
-    references: tuple[Reference, ...]
+    references: tuple[CodecVerdict, ...]
     output: torch.Tensor = dataclasses.field(repr=False, compare=False)
     spec_not_applicable: str | None = None    # why no spec-codec comparison was made (the backend says)
 
@@ -162,7 +201,7 @@ class Judgement:
         return all(r.passed for r in self.references if r.counts)
 
     @property
-    def deciding(self) -> Reference:
+    def deciding(self) -> CodecVerdict:
         """The comparison under the backend's own codec (the last one)."""
         return self.references[-1]
 
@@ -187,11 +226,31 @@ def backend_model(backend) -> ConformanceModel:
     return declared_model(backend)
 
 
-def _reference(out, tensors, scalars, *, checked, codec, model, name: str, s1: int, tags) -> Reference:
+def _worst_index(res: cmp.Comparison, s1: int) -> dict | None:
+    index = res.max_abs_index
+    if index is None and res.nonfinite:
+        index = res.nonfinite[0].first_index
+    if index is None or len(index) != 3:
+        return None
+    row, h, d = (int(x) for x in index)
+    return {"row": row, "b": row // s1, "i": row % s1, "head": h, "d": d}
+
+
+def _figures(envelope, res: cmp.Comparison, note: str) -> EnvelopeFigures | None:
+    if envelope is None or not res.envelope:
+        return None
+    return EnvelopeFigures(inside_only=res.by_envelope, flippable=envelope.flippable, p_elements=envelope.p_elements,
+                           degenerate_rows=envelope.degenerate_rows,
+                           rows_built=None if envelope.rows is None else len(envelope.rows),
+                           outside_by=res.outside_envelope if res.outside_index is not None else None, note=note)
+
+
+def _reference(out, tensors, scalars, *, checked, codec, model, name: str, s1: int, tags) -> CodecVerdict:
     """One comparison under ``codec``: the golden and SPEC §4's tolerance first; the envelope (SPEC §4.2)
     only for the output rows that hold an element outside the tolerance, bit-identical there to the full
     envelope's (golden.paged_attention_envelope's ``rows``), since nothing else can change the verdict.
     ``checked``: the case's arguments as golden.checked_call checked them (once for every codec)."""
+    from properties.attribution import error_picture
     expected = checked.golden(codec)
     res = cmp.compare(out, expected, kind="attention", s1=s1)
     envelope = None
@@ -202,15 +261,25 @@ def _reference(out, tensors, scalars, *, checked, codec, model, name: str, s1: i
     bounds = None if envelope is None else (envelope.lo, envelope.hi)
     ratio = cmp.error_ratio(out, expected, kind="attention", envelope=bounds) if res.attribute is None else None
     worst = float(ratio.max()) if ratio is not None and ratio.numel() else (0.0 if res.passed else math.inf)
+    common = dict(reference=name, comparison=res, counts=True, worst_ratio=worst, worst_index=_worst_index(res, s1),
+                  expected=expected, ratio=ratio, envelope=envelope)
     if res.passed:
-        return Reference(name, res, True, "pass", None, None, "", worst, expected, ratio, envelope)
+        # The comparison core reports maxima over mismatches only; a pass still shows its float32 noise.
+        noise_abs, noise_rel = cmp.max_differences(out, expected)
+        record = CodecVerdict(category="pass", attribution=None, attribution_text=None, message="",
+                              max_abs_err=noise_abs, max_rel_err=noise_rel, **common)
+        return dataclasses.replace(record, envelope_figures=_figures(envelope, res, record.envelope_note()))
     attribution, text, context = None, None, []
     if res.attribute is None:
         attribution, text = attribution_of(res, tensors, scalars)
         context.append(f"Attribution: {text}")
     ident = "Kernel output vs golden" + ("" if name == "spec" else f" under the {name} codec")
     message = cmp.make_mismatch_message(res, identifier=ident, tags=tags, context=context)
-    return Reference(name, res, True, "kernel logic", attribution, text, message, worst, expected, ratio, envelope)
+    error_map, histogram = error_picture(ratio) if ratio is not None else (None, None)
+    record = CodecVerdict(category="kernel logic", attribution=attribution, attribution_text=text, message=message,
+                          max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err, error_map=error_map,
+                          ratio_histogram=histogram, **common)
+    return dataclasses.replace(record, envelope_figures=_figures(envelope, res, record.envelope_note()))
 
 
 def judge(backend, case, *, tags: dict | None = None, bundle=None) -> Judgement:

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["FaultModel", "Candidate", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "annotate", "EXPLAINS",
+__all__ = ["FaultModel", "Candidate", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "EXPLAINS",
            "DEFAULT_BUDGET_S"]
 
 #: A model *explains* a failure when it accounts for at least this share of the mismatched elements and
@@ -353,15 +353,3 @@ def diagnose_verdict(verdict, tensors: dict, scalars: dict, *, budget_s: float =
     ref = failing[0]
     codec = golden.SPEC_CODEC if ref.reference == "spec" else golden.get_codec(ref.reference)
     return diagnose(verdict.output, ref.expected, tensors, scalars, codec=codec, budget_s=budget_s)
-
-
-def annotate(outcomes: list, verdict, case, *, note: str = "", budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
-    """Name the defect that explains a counted failure on the reports' outcomes (objects with ``diagnosis``
-    and ``message``: cases.running.run.Outcome): the record on each, and the line in its failure text
-    (``note`` says which case the models ran on, when not this one)."""
-    from properties.acceptance import split_bundle
-    found = diagnose_verdict(verdict, *split_bundle(case.inputs()), budget_s=budget_s)
-    if found is not None:
-        for o in outcomes:
-            o.diagnosis, o.message = found.to_dict(), o.message + "\n" + found.render(note=note)
-    return found

@@ -11,6 +11,12 @@ Options
   --allow-fallback     with --backend auto, run on the golden when no kernel backend starts (else
                    the tests fail: such a session checks no kernel).
   --allow-quarantined  captured cases the ledger quarantines are skips (else failures).
+  --in-process     run the backend's kernel in the test process (for a debugger). By default every
+                   backend but the golden runs under a supervisor (kernels/backends/supervisor.py):
+                   its kernel in a worker process of the test process, so a kernel that exits, crashes
+                   or hangs (--case-timeout) fails the test that called it (a KernelFault, which the
+                   laws report as a failure) and can never end the session with a pass.
+  --case-timeout S     the time limit of one kernel call of a supervised backend (default: none).
 
 Fixtures: ``backend``; ``check_law(name, case, **params)``, which runs a law of properties.laws on
 the backend under test and captures a failure in cases/regressions (cases.data.regressions.check);
@@ -69,6 +75,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --backend auto, let a fall back to the golden (no kernel here) run instead of failing")
     group.addoption("--allow-quarantined", action="store_true",
                     help="skip (instead of fail) captured cases the ledger quarantines")
+    group.addoption("--in-process", action="store_true",
+                    help="run the backend's kernel in the test process (a debugger); by default every backend but "
+                         "the golden runs in a supervised worker process, so a kernel that exits or crashes fails "
+                         "its test instead of ending the session")
+    group.addoption("--case-timeout", type=float, default=None,
+                    help="seconds one kernel call of a supervised backend may take (default: no limit)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -130,10 +142,21 @@ def backend(request: pytest.FixtureRequest):
     --allow-unavailable they are skipped instead, counted in the summary."""
     import kernels
 
+    from golden.errors import UsageError
+    from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
     name = request.config.getoption("--backend")
     device = request.config.getoption("--device")
+    supervised = name != "golden" and not request.config.getoption("--in-process")
     try:
-        chosen = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+        if supervised:
+            supervisor = Supervisor(BackendSpec(name=name, device=device),
+                                    case_timeout=request.config.getoption("--case-timeout"))
+            request.addfinalizer(supervisor.close)
+            chosen = SupervisedBackend(supervisor)
+        else:
+            chosen = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+    except UsageError as exc:
+        pytest.fail(f"backend {name!r}: {exc}", pytrace=False)
     except kernels.BackendUnavailable as exc:
         message = f"backend {name!r} cannot run here: {exc.reason}"
         if request.config.getoption("--allow-unavailable"):

@@ -18,7 +18,8 @@ Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are
 
 Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 the command could not run (a
 usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
-one line). Any other exception is a bug of ours and keeps its traceback.
+one line), 130 or 143 interrupted by SIGINT or SIGTERM (cases/cli/interrupt.py: a run summarizes what it
+checked first; a second signal ends at once). Any other exception is a bug of ours and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -75,19 +76,29 @@ def main(argv=None) -> int:
     arguments) or a backend that cannot start is one line on stderr and exit 2; anything else is a bug
     of ours and propagates with its traceback (never reported as "could not run")."""
     args = build_parser().parse_args(argv)
+    from cases.cli.interrupt import Interruption
     from golden.errors import UsageError
     from kernels import BackendUnavailable
     if getattr(args, "max_bytes", None):
         from golden.inputs import MAX_BYTES_ENV
         os.environ[MAX_BYTES_ENV] = str(args.max_bytes)   # spawned workers inherit it
+    # pfa-verify run winds down by itself (it asks args.interruption.stop() between steps); the others stop at once.
+    args.interruption = Interruption(cooperative=args.command == "run")
     try:
-        return int(args.func(args) or 0)
+        with args.interruption:
+            status = int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"pfa-verify: interrupted by {args.interruption.signal or 'SIGINT'}: the command did not finish",
+              file=sys.stderr)
+        return args.interruption.exit_status
     except BackendUnavailable as exc:
         print(f"pfa-verify: error: the backend cannot run here: {exc.reason}", file=sys.stderr)
         return 2
     except UsageError as exc:
         print(f"pfa-verify: error: {exc}", file=sys.stderr)
         return 2
+    # An interrupt whose KeyboardInterrupt was lost (raised inside a garbage-collection callback) still counts.
+    return args.interruption.exit_status if args.interruption.signal else status
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ class _Progress:
                 self.bar.update(self.task, description=item.name)
             return
         self.done += 1
-        verdicts = ",".join(sorted({o.verdict for o in result.outcomes}))
+        from cases.reporting.report import result_rows
+        verdicts = ",".join(sorted({row.verdict for row in result_rows(result)}))
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=item.name)
         else:
@@ -74,6 +75,7 @@ def _cmd_run(args) -> int:
             f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items), highlight=False)
 
     from cases.running.pool import ClusterError
+    stop = args.interruption.stop
     try:
         if console.is_terminal:
             with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
@@ -85,17 +87,47 @@ def _cmd_run(args) -> int:
                     if progress.total is not None and bar.tasks[0].total is None:
                         bar.update(progress.task, total=progress.total)
                     progress(event, item, result)
-                run = runner.execute(run_options(args), progress=hook, on_items=announce)
+                run = runner.execute(run_options(args), progress=hook, on_items=announce, stop=stop)
         else:
-            run = runner.execute(run_options(args), progress=progress, on_items=announce)
+            run = runner.execute(run_options(args), progress=progress, on_items=announce, stop=stop)
     except ClusterError as exc:
         return cluster_refused(exc)
-    report.print_report(run, console)
-    if args.json:
-        console.print(f"JSON report: {report.write_json(run, args.json)}", highlight=False)
-    if args.html:
-        console.print(f"HTML report: {html_report.write_html(run, args.html)}", highlight=False)
-    return report.exit_status(run)
+    run, summary, written = _write_reports(run, args)
+    report.print_report(run, console, summary)
+    for line in written:
+        console.print(line, highlight=False, markup=False)
+    return summary.exit_status
+
+
+def _write_reports(run, args):
+    """``(run, its summary, lines to print)`` after writing ``--json`` and ``--html``: a report that cannot be
+    written is one line naming the path and fails the run (its summary says so, and the report that could
+    be written is written again with that summary)."""
+    import dataclasses
+
+    from cases.reporting import html_report, report
+    writers = [(label, path, write) for label, path, write in
+               (("JSON report", args.json, report.write_json), ("HTML report", args.html, html_report.write_html)) if path]
+    failed: list[str] = []
+    while True:
+        summary = report.summarize(run)
+        lines, new = [], []
+        for label, path, write in writers:
+            if any(f.startswith(f"{label} {path}:") for f in failed):
+                continue
+            try:
+                lines.append(f"{label}: {write(run, path, summary)}")
+            except OSError as exc:
+                new.append(f"{label} {path}: {exc.strerror or exc}")
+        if not new:
+            return run, summary, lines + [f"pfa-verify: error: could not write the {f}" for f in failed]
+        failed += new
+        run = dataclasses.replace(run, write_failures=run.write_failures + tuple(new))
+
+
+def runner_limit_text() -> str:
+    from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR
+    return f"{CASE_LIMIT_BASE_S:g} s plus {CASE_LIMIT_FACTOR:g} times the case's estimate"
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +144,8 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the JSON report (cases/report.schema.json)")
     parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     parser.add_argument("--device", type=count, default=None, help="NPU index (npu: the first of the workers')")
-    parser.add_argument("--workers", type=count, default=1, help="processes (npu: one device each)")
+    parser.add_argument("--workers", type=count, default=1, help="kernel worker processes (npu: one device each); "
+                        "this process judges their results")
     add_cluster_argument(parser, "the cases")
     parser.add_argument("--budget", type=count, default=None, metavar="SECONDS",
                         help="do not start a case that the backend estimates would end after this many seconds "
@@ -133,6 +166,14 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coverage", type=coverage_bins, default=(), metavar="all|BIN,...",
                         help="fail the run when one of these coverage bins (properties/coverage.py; 'all': every "
                              "single bin) is hit by no checked case, naming the holes in one line")
+    parser.add_argument("--case-timeout", type=count, default=None, metavar="SECONDS",
+                        help="end a case whose kernel call has not returned after SECONDS (its worker process is killed; "
+                             "the case is an error; 0: no limit; default: none, except where the backend has a cost "
+                             f"model: {runner_limit_text()})")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the kernel in this process, not in supervised worker processes (for a debugger: a "
+                             "kernel that ends the process then ends the run; its SystemExit and KeyboardInterrupt "
+                             "are still errors)")
     parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
                              "(0: capture the first failing case as it is; default 60)")
@@ -219,6 +260,14 @@ def add_search(parser) -> None:
                              "Redis): a failure found by one task is replayed first by the others and the next search")
     parser.add_argument("--workers", type=count, default=1, help="local processes (default 1: here)")
     add_cluster_argument(parser, "the tasks")
+    parser.add_argument("--case-timeout", type=count, default=None, metavar="SECONDS",
+                        help="end a case whose kernel call has not returned after SECONDS (its worker process is killed; "
+                             "the case is an error; 0: no limit; default: none, except where the backend has a cost "
+                             f"model: {runner_limit_text()})")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the kernel in this process, not in supervised worker processes (for a debugger: a "
+                             "kernel that ends the process then ends the run; its SystemExit and KeyboardInterrupt "
+                             "are still errors)")
     parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
                         help="time to shrink the first failure of each signature, on the driver (default 60)")
     parser.add_argument("--regressions", metavar="DIR", default=None,

@@ -35,7 +35,7 @@ def backend_provenance(backend) -> dict:
     model = backend_model(backend)
     source = getattr(backend, "kernel_source", None)
     return {"model": {**model.to_dict(), "describe": model.describe(), "declared": getattr(backend, "model", None) is not None},
-            "kernel": None if source is None else source.to_dict(),
+            "kernel": None if source is None else dict(source) if isinstance(source, dict) else source.to_dict(),
             "spec_codec_not_applicable": getattr(backend, "spec_codec_not_applicable", None)}
 
 

@@ -109,11 +109,11 @@ def _catalog_cell(backend) -> Cell:
 
 
 def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool) -> VariantResult:
-    import kernels
+    from cases.running.pool_worker import worker_backend
     from kernels.conforming import VARIANTS
     start = time.perf_counter()
     try:
-        backend = kernels.get_backend(f"conforming:{name}")
+        backend = worker_backend(f"conforming:{name}")       # under a supervisor (kernels/backends/supervisor.py)
         cells = [_law_cell(law, backend, examples=examples, seed=seed) for law in laws]
         if catalog:
             cells.append(_catalog_cell(backend))

@@ -70,11 +70,12 @@ def latency_cell(task: tuple, *, examples: int, seed: int) -> tuple:
     """``(position or None, seconds)`` of one (mutant, order): the cases judged in order to the first kill;
     a one-line error when the cell broke. Each (mutant, order) is its own task, so a kernel error that
     spoils a sim process ends only its cell."""
-    from kernels import BackendUnavailable, mutants
+    from cases.running.pool_worker import worker_backend
+    from kernels import BackendUnavailable
     name, order = task
     start = time.perf_counter()
     try:
-        backend = mutants.get_mutant(name)
+        backend = worker_backend(f"mutant:{name}")        # under a supervisor (kernels/backends/supervisor.py)
         for position, case in enumerate(_cases(backend, order, examples, seed), 1):
             if kills(backend, case):
                 return position, time.perf_counter() - start

@@ -156,9 +156,13 @@ def _one(name: str | None, *, level: str, examples: int, seed: int, laws: tuple,
          shrink_s: float = 30.0, first_kill_only: bool = False, progress=None) -> MutantResult:
     """One row of the matrix: ``name`` (None: the baseline) through ``laws``, then the catalog; with
     ``first_kill_only``, the laws after the first that kills are not run (tests/meta: killed or not)."""
+    from cases.running.pool_worker import worker_backend
     from kernels import mutants
-    backend = mutants.reference(level) if name is None else mutants.get_mutant(name)
+    if level not in mutants.LEVELS:
+        raise ValueError(f"level={level!r} must be one of {mutants.LEVELS}")
     entry = None if name is None else mutants.MUTANTS[name]
+    # The mutant's kernel runs under a supervisor, in a worker process of this one (kernels/backends/supervisor.py).
+    backend = worker_backend("mutant:" + (name or ("none" if level == "golden" else "sim/none")))
     start = time.perf_counter()
     cells = []
     columns = list(laws) + ([CATALOG] if catalog else [])

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from cases.reporting import html_pages
 from cases.reporting.html_pages import ratio_colour, slug
-from cases.reporting.report import coverage_line, provenance_lines, skipped_groups, summarize, table_rows
+from cases.reporting.report import (RunSummary, cells, coverage_line, failure_text, provenance_lines, skipped_groups,
+                                    summarize, table_rows)
 from properties.attribution import RATIO_BINS
 from cases.data.versions import versions
 
@@ -112,23 +113,36 @@ def _anchor(name: str, reference: str) -> str:
     return f"f-{slug(name)}-{slug(reference)}"
 
 
-def _shown_note(row) -> str:
-    """A row's note as the table shows it: a skip's reason cut at 60 characters (the whole reason is
-    in the Skipped list and the cell's title)."""
-    if row.outcome.verdict == "skipped" and len(row.note) > 60:
-        return row.note[:58].rstrip() + "\u2026"
-    return row.note
+def _row(row) -> dict:
+    """A table row as the page shows it: the cells of cases.reporting.report.cells, a skip's reason cut
+    at 60 characters (the whole reason is in the Skipped list and the cell's title)."""
+    c = cells(row)
+    note = c["note"]
+    shown = note[:58].rstrip() + "\u2026" if row.verdict == "skipped" and len(note) > 60 else note
+    first = row.first
+    return {"klass": row.verdict + (" uncounted" if row.style == "uncounted" else ""),
+            "name": row.case.name if first else "", "source": row.case.source if first else "",
+            "backend": row.case.backend if first else "", "reference": row.reference, "max_abs": c["max_abs"],
+            "max_rel": c["max_rel"], "mismatched": c["mismatched"], "worst": c["worst"],
+            "seconds": c["seconds"] if first else "", "node": c["node"] if first else "",
+            "verdict": row.shown_verdict, "link": _anchor(row.case.name, row.reference) if row.verdict == "fail" else None,
+            "note": note, "shown_note": shown}
 
 
-def _failure(r, o) -> dict:
-    att = o.attribution or "kernel logic"
-    pictures = bool(o.error_map)
-    return {"name": r.name, "source": r.source, "reference": o.reference, "anchor": _anchor(r.name, o.reference),
-            "counts": o.counts, "attribution": att, "attribution_text": _ATTRIBUTION_TEXT.get(att, ""),
-            "replay": o.replay, "detail": o.attribution_detail, "envelope_note": (o.envelope or {}).get("note"),
-            "heatmap": heatmap(o.error_map, (r.config or {}).get("s1") or 1) if pictures else None,
-            "histogram": histogram(o.ratio_histogram) if pictures else None, "message": o.message,
-            "diagnosis": _diagnosis(o.diagnosis)}
+def _failure(row) -> dict:
+    case, ref = row.case, row.codec
+    att = row.attribution or "kernel logic"
+    pictures = ref is not None and bool(ref.error_map)
+    figures = ref.envelope_figures if ref is not None else None
+    return {"name": case.name, "source": case.source, "reference": row.reference,
+            "anchor": _anchor(case.name, row.reference), "counts": row.counts, "attribution": att,
+            "attribution_text": _ATTRIBUTION_TEXT.get(att, ""),
+            "replay": case.capture.replay if row.counts and case.capture is not None else None,
+            "detail": row.attribution_detail, "envelope_note": figures.note if figures else None,
+            "heatmap": heatmap(ref.error_map, (case.config or {}).get("s1") or 1) if pictures else None,
+            "histogram": histogram(ref.ratio_histogram) if pictures else None, "message": failure_text(row),
+            "diagnosis": _diagnosis(case.diagnosis.to_dict() if row.counts and case.diagnosis is not None and ref
+                                    else None)}
 
 
 def _diagnosis(record: dict | None) -> dict | None:
@@ -139,21 +153,20 @@ def _diagnosis(record: dict | None) -> dict | None:
             "available": record["available"]}
 
 
-def render_html(run) -> str:
+def render_html(run, summary: RunSummary | None = None) -> str:
     """The report as one HTML string."""
-    s = summarize(run)
-    failures = [_failure(r, o) for r in run.results for o in r.outcomes if o.verdict == "fail"]
+    s = summary or summarize(run)
+    rows = table_rows(run)
+    failures = [_failure(r) for r in rows if r.verdict == "fail"]
     return html_pages.render(
-        "run_report.html.j2", css=CSS, failed=bool(s["exit_status"]), verdict=s["verdict"], backend=run.backend,
-        codec=run.codec, backend_note=run.backend_note, seed=run.seed, provenance=provenance_lines(run),
-        versions=versions(), rows=table_rows(run), nodes=(run.execution or {}).get("executor") == "ray",
-        anchor=lambda row: _anchor(row.name, row.reference),
-        shown_note=_shown_note, skipped=skipped_groups(run), allowed=set(run.allowed_skips), failures=failures,
-        coverage=run.coverage, coverage_line=coverage_line(run))
+        "run_report.html.j2", css=CSS, failed=bool(s.exit_status), interrupted=run.interrupted, not_run=run.not_run,
+        verdict=s.line, backend=run.backend, codec=run.codec, backend_note=run.backend_note, seed=run.seed,
+        provenance=provenance_lines(run), versions=versions(), rows=[_row(r) for r in rows],
+        nodes=(run.execution or {}).get("executor") == "ray", skipped=skipped_groups(run),
+        allowed=set(run.allowed_skips), failures=failures, coverage=run.coverage, coverage_line=coverage_line(run))
 
 
-def write_html(run, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(run), encoding="utf-8")
-    return path
+def write_html(run, path, summary: RunSummary | None = None) -> Path:
+    """Write the page through a temporary file renamed into place (cases.reporting.report.write_text_atomically)."""
+    from cases.reporting.report import write_text_atomically
+    return write_text_atomically(Path(path), render_html(run, summary))

@@ -22,6 +22,7 @@ fingerprint, which ``pfa-verify compare`` matches).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -30,45 +31,149 @@ from pathlib import Path
 
 from cases.data.versions import versions
 
-__all__ = ["SCHEMA_ID", "summarize", "exit_status", "to_json", "write_json", "check_schema",
-           "Row", "table_rows", "skipped_groups", "render_table", "print_report", "provenance_lines",
-           "execution_line", "short"]
+__all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "check_schema", "ResultRow",
+           "result_rows", "failure_text", "table_rows", "skipped_groups", "render_table", "print_report",
+           "provenance_lines", "execution_line", "short", "EXIT_INTERRUPTED"]
 
-SCHEMA_ID = "pfa-verify-run-report/4"
+SCHEMA_ID = "pfa-verify-run-report/5"
+
+#: The exit status of an interrupted run, by the signal that stopped it (128 + its number, as a shell shows it).
+EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
 
-def _rows(run):
-    for r in run.results:
-        for o in r.outcomes:
-            yield r, o
+# --- rows: each case's outcomes, as every report shows them --------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResultRow:
+    """One outcome of one case: a comparison under one codec (``codec``: its
+    properties.acceptance.CodecVerdict), or the case's one outcome when it made none (a skip, an error, a
+    changed input, another law's replay). ``first``: the case's first row."""
+    case: object                 # cases.running.verdict.CaseVerdict
+    first: bool
+    reference: str
+    verdict: str                 # pass | fail | error | skipped
+    counts: bool
+    skip_kind: str | None = None
+    codec: object = None         # properties.acceptance.CodecVerdict
+    attribution: str | None = None          # kernel logic | backend codec, for failures
+    attribution_detail: str | None = None
+    text: str = ""               # the rule's failure text, the error, the skip's reason, the law's line
+
+    @property
+    def shown_verdict(self) -> str:
+        uncounted = self.verdict in ("fail", "error") and not self.counts
+        return self.verdict + (" (not counted)" if uncounted else "") + (f" ({self.skip_kind})" if self.skip_kind else "")
+
+    @property
+    def style(self) -> str:
+        return "uncounted" if self.verdict == "fail" and not self.counts else self.verdict
+
+
+def result_rows(case) -> list[ResultRow]:
+    """The rows of one case's verdict (cases.running.verdict.CaseVerdict), in order."""
+    rows: list[ResultRow] = []
+    if case.ledger_broken is not None:
+        first = case.judgement.references[0].reference if case.judgement is not None else "spec"
+        rows.append(ResultRow(case=case, first=True, reference=first, verdict="fail", counts=True,
+                              attribution="kernel logic",
+                              text=f"ledger entry no longer fails: remove it ({case.ledger_broken})"))
+    elif case.judgement is not None:
+        for k, ref in enumerate(case.judgement.references):
+            rows.append(ResultRow(case=case, first=k == 0, reference=ref.reference,
+                                  verdict="pass" if ref.passed else "fail",
+                                  counts=ref.counts and case.ledger is None, codec=ref,
+                                  attribution=None if ref.passed else ref.category,
+                                  attribution_detail=ref.attribution_text, text=ref.message))
+    elif case.inputs_modified is not None:
+        rows.append(ResultRow(case=case, first=True, reference="spec", verdict="fail", counts=case.ledger is None,
+                              attribution="kernel logic", attribution_detail="the backend modified its inputs",
+                              text=case.inputs_modified))
+    elif case.law is not None:
+        rows.append(ResultRow(case=case, first=True, reference=f"law {case.law.law}",
+                              verdict="pass" if case.law.passed else "fail", counts=True,
+                              attribution=None if case.law.passed else "kernel logic", text=case.law.message))
+    elif case.skip is not None:
+        rows.append(ResultRow(case=case, first=True, reference=NO_REFERENCE, verdict="skipped", counts=False,
+                              skip_kind=case.skip.kind, text=f"skipped: {case.skip.reason}"))
+    else:
+        rows.append(ResultRow(case=case, first=True, reference=NO_REFERENCE, verdict="error", counts=True,
+                              text=case.error.message))
+    return rows
+
+
+NO_REFERENCE = "-"
+
+
+def _all_rows(run):
+    for case in run.results:
+        yield from result_rows(case)
+
+
+def failure_text(row: ResultRow) -> str:
+    """The whole text of a row, rendered from the record (the terminal's failures, the JSON report's
+    ``message`` and the HTML card all show this): the rule's text (empty for a pass), then what the run
+    learnt (the ledger, a retry, and for a counted failure the group and how it was captured, the
+    diagnosis, the replay line)."""
+    case = row.case
+    lines = [row.text] if row.text else []
+    if row.verdict == "fail" and not row.counts and case.ledger is not None:
+        lines.append(f"Known failure (ledger): {case.ledger}")
+    if case.retry_cause:
+        lines.append(f"(ran again: its first run was lost when its worker process ended: {case.retry_cause})")
+    if row.verdict == "fail" and row.counts:
+        capture = case.capture
+        if capture is not None and capture.group:
+            lines.append(f"one of {len(capture.group)} generated case(s) that fail like this, captured once; "
+                         f"{capture.how}")
+        if case.diagnosis is not None and row.codec is not None:
+            lines.append(case.diagnosis.render(note=case.diagnosis_note))
+        if capture is not None:
+            lines.append(capture.line)
+    return "\n".join(lines)
 
 
 def _kinds(counter: collections.Counter) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counter.most_common())
 
 
-def summarize(run) -> dict:
-    """Counts over cases and comparisons, the exit status the verdict rule gives, and its line."""
+# --- the verdict rule and the summary ------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """Counts over cases and comparisons, why the run failed (``reasons``; none: it passed), the exit
+    status that follows, and the summary line. Made once per run by :func:`summarize`."""
+    counts: dict
+    reasons: tuple[str, ...]
+    exit_status: int
+    line: str
+
+    def to_dict(self) -> dict:
+        return {**self.counts, "exit_status": self.exit_status, "verdict": self.line}
+
+
+def summarize(run) -> RunSummary:
+    """The verdict rule (the module docstring) applied to ``run``, once."""
     counts = {"pass": 0, "fail": 0, "error": 0, "skipped": 0}
     not_counted = 0
-    for _, o in _rows(run):
-        counts[o.verdict] += 1
-        not_counted += o.verdict in ("fail", "error") and not o.counts
-    skipped_by_kind: collections.Counter = collections.Counter(
-        r.outcomes[0].skip_kind or "unavailable" for r in run.results
-        if r.outcomes and all(o.verdict == "skipped" for o in r.outcomes))
-    errors = sum(1 for r in run.results if any(o.verdict == "error" for o in r.outcomes))
-    failing = sum(1 for r in run.results if any(o.verdict in ("fail", "error") and o.counts for o in r.outcomes))
-    checked = sum(1 for r in run.results if r.checked)
-    failed = sum(1 for r in run.results if r.checked and any(o.verdict == "fail" and o.counts for o in r.outcomes))
+    for row in _all_rows(run):
+        counts[row.verdict] += 1
+        not_counted += row.verdict in ("fail", "error") and not row.counts
+    skipped_by_kind: collections.Counter = collections.Counter(c.skip.kind for c in run.results if c.skip is not None)
+    errors = sum(1 for c in run.results if c.error is not None)
+    failing = sum(1 for c in run.results if c.error is not None or c.failed)
+    checked = sum(1 for c in run.results if c.checked)
+    failed = sum(1 for c in run.results if c.checked and c.failed)
     allowed = set(run.allowed_skips)
     if "all" in allowed:
         allowed |= set(skipped_by_kind)
     refused = collections.Counter({k: n for k, n in skipped_by_kind.items() if k not in allowed})
     reasons = []
-    if not run.results:
+    if run.interrupted:
+        reasons.append(f"interrupted by {run.interrupted} after {len(run.results)} of "
+                       f"{len(run.results) + len(run.not_run)} cases ({len(run.not_run)} not run)")
+    if not run.results and not run.interrupted:
         reasons.append("no case was selected, so nothing was checked")
-    elif checked == 0:
+    elif checked == 0 and not run.interrupted:
         reasons.append("no case was checked")
     if failing:
         reasons.append(f"{failing} case{'s' if failing != 1 else ''} failed or ended in an error")
@@ -83,8 +188,11 @@ def summarize(run) -> dict:
     if run.fallback and not run.allow_fallback:
         reasons.append("auto fell back to the golden, so no kernel was checked (--allow-fallback accepts that; "
                        "--backend golden runs the golden on purpose)")
+    for failure in run.write_failures:
+        reasons.append(f"evidence not written: {failure}")
     n_skipped = sum(skipped_by_kind.values())
-    inside = sum((o.envelope or {}).get("inside_only", 0) for _, o in _rows(run) if o.counts and o.verdict == "pass")
+    inside = sum((row.codec.envelope_figures.inside_only if row.codec.envelope_figures else 0)
+                 for row in _all_rows(run) if row.codec is not None and row.counts and row.verdict == "pass")
     line = (f"{len(run.results)} cases: {checked} checked on {run.backend} ({checked - failed} passed, {failed} failed), "
             f"{n_skipped} skipped" + (f" ({_kinds(skipped_by_kind)})" if n_skipped else "")
             + f", {errors} errors; {counts['pass'] + counts['fail']} comparisons"
@@ -92,17 +200,15 @@ def summarize(run) -> dict:
             + (f"; {inside} elements passed inside the envelope only (an E4M3 code of P can flip, SPEC \u00a74.2)"
                if inside else "") + f"; {run.seconds:.1f} s -> "
             + ("FAILED: " + "; ".join(reasons) if reasons else "OK"))
-    return {"cases": len(run.results), "checked_cases": checked, "passed_cases": checked - failed,
-            "comparisons": counts["pass"] + counts["fail"], "passed": counts["pass"], "failed": counts["fail"],
-            "errors": counts["error"], "skipped": counts["skipped"], "skipped_by_kind": dict(skipped_by_kind),
-            "allowed_skips": sorted(run.allowed_skips), "fallback": bool(run.fallback),
-            "not_counted": not_counted, "failing_cases": failing, "inside_envelope_only": inside,
-            "seconds": round(run.seconds, 3),
-            "exit_status": 1 if reasons else 0, "verdict": line}
-
-
-def exit_status(run) -> int:
-    return summarize(run)["exit_status"]
+    exit_status = EXIT_INTERRUPTED.get(run.interrupted or "", 1) if run.interrupted else (1 if reasons else 0)
+    return RunSummary(counts={
+        "cases": len(run.results), "checked_cases": checked, "passed_cases": checked - failed,
+        "comparisons": counts["pass"] + counts["fail"], "passed": counts["pass"], "failed": counts["fail"],
+        "errors": counts["error"], "skipped": counts["skipped"], "skipped_by_kind": dict(skipped_by_kind),
+        "allowed_skips": sorted(run.allowed_skips), "fallback": bool(run.fallback), "not_counted": not_counted,
+        "failing_cases": failing, "inside_envelope_only": inside, "seconds": round(run.seconds, 3),
+        "interrupted": run.interrupted, "not_run": list(run.not_run), "write_failures": list(run.write_failures)},
+        reasons=tuple(reasons), exit_status=exit_status, line=line)
 
 
 def _num(x):
@@ -110,20 +216,28 @@ def _num(x):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def to_json(run) -> dict:
+def _result(row: ResultRow) -> dict:
+    """One object of the JSON report's ``results``."""
+    case, ref = row.case, row.codec
+    res = ref.comparison if ref is not None else None
+    failing = row.verdict in ("fail", "error")
+    return {
+        "name": case.name, "source": case.source, "config": case.config, "seed": case.seed, "backend": case.backend,
+        "reference": row.reference, "verdict": row.verdict, "counts": row.counts, "skip_kind": row.skip_kind,
+        "max_abs_err": _num(ref.max_abs_err) if ref else None, "max_rel_err": _num(ref.max_rel_err) if ref else None,
+        "mismatched": ref.mismatched if ref else None, "total": res.total if res else None,
+        "worst_index": ref.worst_index if ref else None, "worst_ratio": _num(ref.worst_ratio) if ref else None,
+        "seconds": round(case.seconds, 4), "message": failure_text(row),
+        "attribution": row.attribution, "attribution_detail": row.attribution_detail,
+        "replay": case.capture.replay if failing and row.counts and case.capture is not None else None,
+        "envelope": ref.envelope_figures.to_dict() if ref is not None and ref.envelope_figures else None,
+        "diagnosis": case.diagnosis.to_dict() if failing and row.counts and case.diagnosis is not None and ref else None,
+        "node": case.node, "attempts": case.attempts}
+
+
+def to_json(run, summary: RunSummary | None = None) -> dict:
     """The JSON report as a dict (validates against cases/report.schema.json)."""
-    results = []
-    for r, o in _rows(run):
-        results.append({
-            "name": r.name, "source": r.source, "config": r.config, "seed": r.seed, "backend": r.backend,
-            "reference": o.reference, "verdict": o.verdict, "counts": o.counts, "skip_kind": o.skip_kind,
-            "max_abs_err": _num(o.max_abs_err), "max_rel_err": _num(o.max_rel_err),
-            "mismatched": o.mismatched, "total": o.total, "worst_index": o.worst_index,
-            "worst_ratio": _num(o.worst_ratio),
-            "seconds": round(r.seconds, 4), "message": o.message, "attribution": o.attribution,
-            "attribution_detail": o.attribution_detail, "replay": o.replay, "envelope": o.envelope,
-            "diagnosis": o.diagnosis,
-            "node": r.node, "attempts": r.attempts})
+    summary = summary or summarize(run)
     prov = run.provenance or {}
     return {"schema": SCHEMA_ID,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -132,27 +246,44 @@ def to_json(run) -> dict:
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
             "selection": run.selection, "execution": execution(run), "coverage": run.coverage,
-            "summary": summarize(run), "results": results}
+            "summary": summary.to_dict(), "results": [_result(row) for row in _all_rows(run)]}
 
 
 def execution(run) -> dict:
-    """What executed the cases (cases.running.pool.Pool.describe()) and how many each node ran."""
-    described = dict(run.execution or {"executor": "here", "workers": 1, "cluster": None, "task_resources": {"CPU": 1},
-                                       "resources": None, "nodes": []})
-    described["cases_per_node"] = dict(collections.Counter(r.node for r in run.results if r.node))
+    """What executed the cases and how many each node ran."""
+    described = dict(run.execution or {"executor": "supervised", "workers": 1, "cluster": None,
+                                       "task_resources": {"CPU": 1}, "resources": None, "nodes": []})
+    described["cases_per_node"] = dict(collections.Counter(c.node for c in run.results if c.node))
     return described
 
 
-def write_json(run, path) -> Path:
+def write_json(run, path, summary: RunSummary | None = None) -> Path:
     """Write the report, checked against cases/report.schema.json first (a report that breaks it is a
-    bug of ours: RuntimeError, nothing written)."""
+    bug of ours: RuntimeError, nothing written), through a temporary file renamed into place."""
     from cases.data.schemas import check_written
-    data = to_json(run)
+    data = to_json(run, summary)
     check_written(data, "report")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # inf / nan are not JSON: the maxima of a comparison are finite or null by construction
-    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    return write_text_atomically(Path(path), json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> Path:
+    """``text`` into ``path`` through a unique temporary name in its folder, flushed and renamed: a
+    reader sees the old file or the new one, never half of one. OSError on failure, nothing left behind."""
+    import os
+    import tempfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -165,64 +296,42 @@ def check_schema(instance) -> list[str]:
 
 # --- the table: one row model, rendered by the terminal (below) and the HTML page (html_report) ------
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One row of the run's table: one comparison of one case. Tables show the case's own cells (name,
-    source, backend, seconds) on its first comparison only (``first``)."""
-    outcome: object              # cases.running.run.Outcome
-    first: bool                  # the case's first comparison
-    name: str
-    source: str
-    backend: str
-    seconds: str
-    reference: str
-    max_abs: str
-    max_rel: str
-    mismatched: str              # "mismatched/total", or "-" when nothing was compared
-    worst: str                   # "(row, head, d)" of the greatest absolute difference, or "-"
-    verdict: str                 # e.g. "pass", "fail (not counted)", "skipped (limit)"
-    style: str                   # pass | fail | error | skipped | uncounted (a failure that does not count)
-    note: str                    # a failure's attribution; a skip's or an error's reason; a pass's envelope share
-    node: str                    # the cluster node that ran the case ("-" when unknown), "(attempt 2)" if retried
-
-
 def _fmt(x, spec=".1e") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _note(o) -> str:
-    if o.verdict == "fail":
-        return o.attribution or ""
-    if o.verdict == "pass":
-        inside = (o.envelope or {}).get("inside_only")
+def row_note(row: ResultRow) -> str:
+    """A row's short note: a failure's attribution, a skip's or an error's reason, a pass's envelope share."""
+    if row.verdict == "fail":
+        return row.attribution or ""
+    if row.verdict == "pass":
+        inside = row.codec.envelope_figures.inside_only if row.codec is not None and row.codec.envelope_figures else 0
         return f"{inside} inside the envelope only" if inside else ""
-    return o.message.splitlines()[0].removeprefix("skipped: ") if o.message else ""
+    return row.text.splitlines()[0].removeprefix("skipped: ") if row.text else ""
 
 
-def table_rows(run) -> list[Row]:
+def table_rows(run) -> list[ResultRow]:
     """The rows of the run's table, in run order (one per case and comparison)."""
-    rows = []
-    for r in run.results:
-        for k, o in enumerate(r.outcomes):
-            uncounted = o.verdict in ("fail", "error") and not o.counts
-            w = o.worst_index
-            rows.append(Row(
-                o, k == 0, r.name, r.source, r.backend, f"{r.seconds:.2f}", o.reference, _fmt(o.max_abs_err),
-                _fmt(o.max_rel_err),
-                "-" if o.total is None else f"{o.mismatched}/{o.total}",
-                "-" if not w else f"({w['row']}, {w['head']}, {w['d']})",
-                o.verdict + (" (not counted)" if uncounted else "") + (f" ({o.skip_kind})" if o.skip_kind else ""),
-                "uncounted" if uncounted and o.verdict == "fail" else o.verdict, _note(o),
-                (r.node or "-") + (f" (attempt {r.attempts})" if r.attempts > 1 else "")))
-    return rows
+    return list(_all_rows(run))
+
+
+def cells(row: ResultRow) -> dict:
+    """The table cells of a row, as text (the terminal and the HTML page)."""
+    ref, case = row.codec, row.case
+    w = ref.worst_index if ref is not None else None
+    return {"seconds": f"{case.seconds:.2f}", "max_abs": _fmt(ref.max_abs_err if ref else None),
+            "max_rel": _fmt(ref.max_rel_err if ref else None),
+            "mismatched": "-" if ref is None else f"{ref.mismatched}/{ref.comparison.total}",
+            "worst": "-" if not w else f"({w['row']}, {w['head']}, {w['d']})", "note": row_note(row),
+            "node": (case.node or "-") + (f" (attempt {case.attempts})" if case.attempts > 1 else "")}
 
 
 def skipped_groups(run) -> dict:
     """Skipped cases by (kind of skip, reason): ``{(kind, why): [case names]}``, in run order."""
     groups: dict = {}
-    for r, o in _rows(run):
-        if o.verdict == "skipped":
-            groups.setdefault((o.skip_kind, o.message.removeprefix("skipped: ")), []).append(r.name)
+    for case in run.results:
+        if case.skip is not None:
+            groups.setdefault((case.skip.kind, case.skip.reason), []).append(case.name)
     return groups
 
 
@@ -243,11 +352,12 @@ def render_table(run):
                     ("verdict", {"no_wrap": True}),):
         table.add_column(col, **kw)
     for row in table_rows(run):
-        verdict = row.verdict + (f": {row.note}" if row.outcome.verdict == "fail" and row.note else "")
-        case = (row.name, row.source, row.backend) if row.first else ("", "", "")
-        node = (row.node if row.first else "",) if nodes else ()
-        table.add_row(*case, row.reference, row.max_abs, row.max_rel, row.mismatched, row.worst,
-                      row.seconds if row.first else "", *node, f"[{_STYLE[row.style]}]{verdict}[/]")
+        c = cells(row)
+        verdict = row.shown_verdict + (f": {c['note']}" if row.verdict == "fail" and c["note"] else "")
+        case = (row.case.name, row.case.source, row.case.backend) if row.first else ("", "", "")
+        node = (c["node"] if row.first else "",) if nodes else ()
+        table.add_row(*case, row.reference, c["max_abs"], c["max_rel"], c["mismatched"], c["worst"],
+                      c["seconds"] if row.first else "", *node, f"[{_STYLE[row.style]}]{verdict}[/]")
     return table
 
 
@@ -277,22 +387,26 @@ def coverage_line(run) -> str | None:
     return text
 
 
-def print_report(run, console) -> None:
+def print_report(run, console, summary: RunSummary | None = None) -> None:
+    summary = summary or summarize(run)
     console.print(render_table(run))
     for (_, why), names in skipped_groups(run).items():
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         console.print(f"[dim]Skipped {len(names)}: {shown}: {why}[/]", highlight=False,
                       markup=True)
-    for r, o in _rows(run):
-        if o.verdict in ("fail", "error") and o.counts:
-            console.print(f"\n[bold red]{o.verdict.upper()}[/] {r.name} ({o.reference})", highlight=False)
-            console.print(o.message, highlight=False, markup=False)
+    for row in table_rows(run):
+        if row.verdict in ("fail", "error") and row.counts:
+            console.print(f"\n[bold red]{row.verdict.upper()}[/] {row.case.name} ({row.reference})", highlight=False)
+            console.print(failure_text(row), highlight=False, markup=False)
+    if run.not_run:
+        shown = ", ".join(run.not_run[:6]) + (f" and {len(run.not_run) - 6} more" if len(run.not_run) > 6 else "")
+        console.print(f"\nNot run (interrupted by {run.interrupted}): {shown}", highlight=False, markup=False)
     console.print(f"\n{run.backend_note}", highlight=False, markup=False)
     for line in provenance_lines(run):
         console.print(line, highlight=False, markup=False)
     if coverage_line(run):
         console.print(coverage_line(run), highlight=False, markup=False)
-    console.print(summarize(run)["verdict"], highlight=False, markup=False)
+    console.print(summary.line, highlight=False, markup=False)
 
 
 def execution_line(run) -> str:
@@ -305,8 +419,16 @@ def execution_line(run) -> str:
         return (f"Executed on Ray cluster {ex['cluster']}: {len(ex['nodes'])} node(s), {res}; each case asked for "
                 + ", ".join(f"{k} {v:g}" for k, v in ex["task_resources"].items()) + f"; cases per node: {per_node}"
                 + (f"; {retried} case(s) ran twice (a worker died)" if retried else ""))
-    where = "this process" if ex["executor"] == "here" else f"{ex['workers']} local worker processes"
-    return f"Executed in {where}" + (f" on {per_node}" if per_node else "")
+    if ex["executor"] == "in-process":
+        where = "this process (--in-process: the kernel unsupervised)"
+    else:
+        started = ex.get("processes")
+        where = (f"{ex['workers']} supervised worker process{'es' if ex['workers'] != 1 else ''}"
+                 + (f" ({started} started, replacements included)" if started and started > ex["workers"] else ""))
+    refused = ex.get("refused") or []
+    return (f"Kernel calls in {where}" + (f" on {per_node}" if per_node else "")
+            + (f"; {len(refused)} worker(s) could not load the backend and ran nothing ({'; '.join(refused)})"
+               if refused else ""))
 
 
 def short(fingerprint: str | None, n: int = 12) -> str:

@@ -34,27 +34,47 @@ _BACKENDS: dict = {}
 
 
 def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
-    """The backend ``name`` of this worker process, built once and kept for its later tasks (the sim's
-    traced graphs and calculator stay loaded). The npu backends get their device here: in a local pool
-    worker k takes NPU ``device + k``; a Ray task takes the one device Ray made visible
-    (ASCEND_RT_VISIBLE_DEVICES, kernels.backends.resolve_device_index). A backend that cannot start
-    raises the same one-line error on every call (RuntimeError naming the worker and the reason)."""
-    import kernels
-    from kernels.backends import limit_time, runs_on_npu
+    """The backend ``name`` of this process under a supervisor of its own (a
+    kernels.backends.supervisor.SupervisedBackend: the kernel runs in a worker process this one owns),
+    built once and kept for its later tasks (the sim's traced graphs and calculator stay loaded in that
+    worker). The npu backends get their device here: in a local pool worker k takes NPU ``device + k``;
+    a Ray task takes the one device Ray made visible (ASCEND_RT_VISIBLE_DEVICES,
+    kernels.backends.resolve_device_index). A backend that cannot start raises the same one-line error on
+    every call (RuntimeError naming the worker and the reason); a contract violation is a UsageError."""
+    from golden.errors import UsageError
+    from kernels.backends import runs_on_npu
+    from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
     slot = worker_slot()
     dev = ((device or 0) + slot if slot is not None else None) if runs_on_npu(name) else device
+    spec = BackendSpec(name=name, device=dev, max_seconds=max_seconds)
     key = (name, dev, max_seconds)
-    if key not in _BACKENDS:
-        try:
-            backend = kernels.get_backend(name) if dev is None else kernels.get_backend(name, device=dev)
-            _BACKENDS[key] = limit_time(backend, max_seconds)
-        except Exception as exc:  # noqa: BLE001 - kept, and raised for each task of this worker
-            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
-            where = f"worker {slot}" if slot is not None else f"the worker on {_node()}"
-            _BACKENDS[key] = RuntimeError(f"{where} could not start backend {name!r}: {reason}")
-    if isinstance(_BACKENDS[key], RuntimeError):
-        raise _BACKENDS[key]
-    return _BACKENDS[key]
+    if key in _BACKENDS:
+        known = _BACKENDS[key]
+        if isinstance(known, RuntimeError):
+            raise known
+        if known.supervisor.generation == known._generation and not known.supervisor.closed:
+            return known
+    # One supervisor per process, its workers reused by every backend asked for here (a matrix's rows).
+    supervisor = _SUPERVISOR.get("current")
+    try:
+        if supervisor is None or supervisor.closed:
+            supervisor = _SUPERVISOR["current"] = Supervisor(spec)
+            backend = SupervisedBackend(supervisor)
+        else:
+            supervisor.reload(spec)
+            backend = SupervisedBackend(supervisor)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - kept, and raised for each task of this worker
+        reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+        where = f"worker {slot}" if slot is not None else f"the worker on {_node()}"
+        _BACKENDS[key] = RuntimeError(f"{where} could not start backend {name!r}: {reason}")
+        raise _BACKENDS[key] from None
+    _BACKENDS[key] = backend
+    return backend
+
+
+_SUPERVISOR: dict = {}
 
 
 def local_init(slots) -> None:
@@ -64,6 +84,9 @@ def local_init(slots) -> None:
     multiprocessing runs a Finalize with an exit priority when its child process ends normally; a worker
     that dies breaks the whole pool, which Pool replaces with fresh slots."""
     from multiprocessing.util import Finalize
+
+    from kernels.backends.sandbox import die_with_parent
+    die_with_parent(os.getppid())          # a killed driver leaves no worker behind
     worker_setup()
     _SLOT["slot"] = slots.get()
     Finalize(None, slots.put, args=(_SLOT["slot"],), exitpriority=10)

@@ -1,217 +1,122 @@
 """``pfa-verify run``: every captured, catalog and generated case on one backend, held to the golden.
 
 The second stage of the cases/ pipeline (collect -> run -> report -> html_report -> cli): it runs
-what :mod:`cases.data.collect` selected and returns results; it prints nothing.
+what :mod:`cases.data.collect` selected and returns a :class:`~cases.running.verdict.RunResult`; it
+prints nothing.
 
-For each paged-attention case the verdict is :func:`properties.acceptance.judge`'s, the one
-acceptance rule (the same as pytest's ``acceptance`` law, ``cases replay`` and ``cases prune``): one
-outcome per reference codec (spec, and the backend's declared codec when it differs), each with its
-attribution and whether it counts. A counted failure is captured (:func:`cases.data.regressions.capture`)
-and its message ends with the replay command. A captured regression of another law is replayed
-through :func:`cases.data.regressions.replay`.
+The kernel runs under a supervisor (kernels/backends/supervisor.py): in ``workers`` processes this one
+owns, never in this one, so whatever the kernel does (exit, hang, crash, lie) it cannot decide a
+verdict. This process hands each case's inputs to a free worker, and while the workers compute it
+judges what came back with :func:`properties.acceptance.hold`, the one acceptance rule (the same as
+pytest's ``acceptance`` law, ``cases replay`` and ``prune``). A call that did not come back (the worker
+ended, with any status, or outlived the case's time limit) is an ``error`` naming what happened, and the
+next case gets a fresh worker. ``in_process`` runs the kernel here instead (for a debugger), with its
+SystemExit and KeyboardInterrupt turned into errors; on a Ray cluster (``cluster``) each case is a task
+that runs the kernel under a supervisor on its node (cases/running/pool.py).
 
-A case is *checked* when its comparisons ran. A case not checked is skipped (``Skip.kind``: the
-kernel is not built for it, it is over a limit, the budget is spent, the ledger quarantines it, the
-backend could not run it) or an error (the backend raised, a worker could not start its backend, the
-case file would not load). Errors always fail the run; skips fail it unless their kind was allowed
-(``--allow-skips``); :mod:`cases.reporting.report` applies the rule.
+A case is *checked* when its comparisons ran. A case not checked is skipped (``Skip.kind``: the kernel
+is not built for it, it is over a limit, the budget is spent, the ledger quarantines it, the backend
+could not run it) or an error (:data:`cases.running.verdict.ERROR_KINDS`). Errors always fail the run;
+skips fail it unless their kind was allowed; :mod:`cases.reporting.report` applies the rule.
 
-Cases run in :mod:`cases.running.pool` (here, in local worker processes, or on a Ray cluster); whatever ran
-them, a counted failure is captured here, on the driver, as its result comes back (:func:`_captured`),
-and every result names the node that ran it.
+A counted catalog failure is captured as its verdict arrives (cases/running/capture.py, the one capture
+path), a generated one once per group after shrinking (cases/running/shrink.py). ``stop`` (a callable
+naming the signal that interrupted the run, or None) is asked between steps: once it names one, the
+workers are killed, the failures found so far are captured as they are, and the result says which
+cases were not run.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import socket
 import time
+from collections.abc import Callable
+from typing import Any
 
-
-from cases.data.collect import Item, collect_items
-from properties.attribution import error_picture
+from cases.data.collect import Item, collect_items, selection
+from cases.running.capture import capture_case, write_failure
+from cases.running.verdict import CaseError, CaseVerdict, LawReplay, RunResult
 from properties.coverage import coverage
-from properties.diagnosis import annotate
 
-__all__ = ["Outcome", "CaseResult", "RunResult", "choose_backend", "run_item", "run_items", "schedule", "estimate",
-           "execute", "RunOptions"]
-
-
-@dataclasses.dataclass
-class Outcome:
-    """One comparison of one case (one JSON result object); the error picture rides along for HTML."""
-    reference: str               # "spec" or the backend codec's name
-    verdict: str                 # pass | fail | error | skipped
-    counts: bool = True
-    max_abs_err: float | None = None
-    max_rel_err: float | None = None
-    mismatched: int | None = None
-    total: int | None = None
-    worst_index: dict | None = None   # {"row", "b", "i", "head", "d"}
-    worst_ratio: float | None = None  # max error over what the one rule allows (1 = its edge); inf: non-finite
-    envelope: dict | None = None      # what the acceptance envelope did (SPEC §4.2): see _envelope_record
-    message: str = ""
-    attribution: str | None = None    # kernel logic | backend codec
-    attribution_detail: str | None = None
-    replay: str | None = None
-    skip_kind: str | None = None      # kernels.backends.SKIP_KINDS, for skipped outcomes
-    signature: tuple | None = None    # a generated case's failure group (cases/running/shrink.py), not reported
-    error_map: list | None = None     # [B*S1][NQ] worst error / allowed over d (failures only)
-    ratio_histogram: list | None = None  # counts per RATIO_BINS interval, then non-finite mismatches
-    diagnosis: dict | None = None     # properties.diagnosis.Diagnosis.to_dict() of a counted failure
-
-
-@dataclasses.dataclass
-class CaseResult:
-    name: str
-    source: str
-    config: dict | None
-    seed: int | None
-    backend: str
-    seconds: float
-    outcomes: list
-    node: str | None = None            # the host (and Ray node) that ran the case
-    attempts: int = 1                  # 2: its first worker died (cases/running/pool.py) and it ran again
-    to_capture: str | None = None      # a counted catalog failure's message, captured on the driver
-
-    @property
-    def checked(self) -> bool:
-        """Whether the case's comparisons ran (not skipped, no error)."""
-        return all(o.verdict in ("pass", "fail") for o in self.outcomes)
-
-
-@dataclasses.dataclass
-class RunResult:
-    backend: str
-    backend_note: str
-    codec: str | None
-    seed: int
-    results: list
-    seconds: float
-    command: str = ""
-    fallback: bool = False            # auto fell back to the golden: no kernel checked
-    allow_fallback: bool = False
-    allowed_skips: tuple = ()         # skip kinds that do not fail the run
-    selection: dict | None = None     # cases.data.collect.selection(): what was selected, fingerprinted
-    provenance: dict | None = None    # cases.data.provenance.run_provenance(): which kernel, project, inputs
-    execution: dict | None = None     # cases.running.pool.Pool.describe(): executor, workers, cluster resources, nodes
-    coverage: dict | None = None      # properties.coverage.Coverage.to_dict() of the checked cases
-    coverage_required: tuple = ()     # --coverage: bins (or "all") a hole of which fails the run
-
+__all__ = ["RunOptions", "execute", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
+           "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]
 
 #: The reference of a skipped or errored case: no comparison with any golden was made.
 NO_REFERENCE = "-"
+#: A case's time limit where the backend has a cost model and ``--case-timeout`` was not given:
+#: this many seconds plus CASE_LIMIT_FACTOR times its estimate (the sim's model is within 2x on the
+#: upstream cases, kernels/backends/sim_cost.py; the base covers a worker's first trace and calculator build).
+CASE_LIMIT_BASE_S = 120.0
+CASE_LIMIT_FACTOR = 4.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What ``pfa-verify run`` was asked for, typed (cases.cli.run_options builds it from the command's
+    arguments; the option of the same name in ``pfa-verify run --help`` says what each does)."""
+    backend: str = "auto"
+    cases: str = "all"
+    examples: int = 20
+    seed: int = 0
+    distribution: tuple[str, ...] | None = None
+    device: int | None = None
+    workers: int = 1
+    cluster: str | None = None
+    budget: int | None = None
+    max_seconds: int | None = None
+    case_timeout: float | None = None     # None: from the backend's cost model where it has one; 0: no limit
+    in_process: bool = False              # the kernel in this process (a debugger): no supervisor
+    allow_skips: tuple[str, ...] = ()
+    allow_fallback: bool = False
+    regressions: str | None = None
+    no_capture: bool = False
+    shrink_seconds: int = 60
+    coverage: tuple[str, ...] = ()        # bins (or "all") that must be hit, else the run fails
+    command: str = "pfa-verify run"       # how the run was asked for, as the report quotes it
 
 
 # --- the backend ---------------------------------------------------------------------------------
 
-def choose_backend(name: str, *, device=None, max_seconds: float | None = None):
-    """``(backend, name to replay it by, one line saying what was chosen and why)``.
+def open_backend(name: str, *, device=None, max_seconds: float | None = None, workers: int = 1,
+                 case_timeout: float | None = None, in_process: bool = False):
+    """``(backend, supervisor or None, name to replay it by, one line saying what was chosen and why)``.
 
-    ``auto`` is :func:`kernels.get_backend`'s: npu, else sim, else the golden (``backend.fallback``).
-    Raises kernels.BackendUnavailable when the named backend cannot start here.
-    """
-    import kernels
-    from kernels.backends import limit_time
-
-    backend = limit_time(kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name),
-                         max_seconds)
+    ``backend`` is a kernels.backends.supervisor.SupervisedBackend on a supervisor of ``workers``
+    processes (or, ``in_process``, the backend itself behind a GuardedBackend). ``auto`` is
+    kernels.get_backend's: npu, else sim, else the golden (``fallback``). Raises kernels.BackendUnavailable
+    or golden.errors.UsageError (one line) when the backend cannot start or breaks the contract."""
+    from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
+    if in_process:
+        import kernels
+        from kernels.backends import limit_time, use_backend_threads
+        from kernels.backends.contract import capabilities_of
+        raw = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+        capabilities_of(raw, source=name)
+        use_backend_threads(raw)
+        backend: Any = GuardedBackend(limit_time(raw, max_seconds))
+        supervisor = None
+    else:
+        supervisor = Supervisor(BackendSpec(name=name, device=device, max_seconds=max_seconds), workers=workers,
+                                case_timeout=None if not case_timeout else case_timeout)
+        try:
+            supervisor.start()
+            backend = SupervisedBackend(supervisor)
+        except BaseException:
+            supervisor.close()
+            raise
     note = getattr(backend, "selection", None) or f"backend {backend.name} (as asked)"
-    note = "; ".join([note] + (backend.notes() if hasattr(backend, "notes") else []))
-    replay_name = backend.name if name == "auto" else name
-    return backend, replay_name, note
+    note = "; ".join([note] + list(backend.notes()))
+    return backend, supervisor, backend.name if name == "auto" else name, note
 
 
-# --- one case ------------------------------------------------------------------------------------
-
-def _worst_index(res, s1: int) -> dict | None:
-    index = res.max_abs_index
-    if index is None and res.nonfinite:
-        index = res.nonfinite[0].first_index
-    if index is None or len(index) != 3:
-        return None
-    row, h, d = (int(x) for x in index)
-    return {"row": row, "b": row // s1, "i": row % s1, "head": h, "d": d}
-
-
-def _outcome(ref, out, s1: int) -> Outcome:
-    """The JSON-shaped outcome of one properties.acceptance.Reference."""
-    res = ref.comparison
-    o = Outcome(reference=ref.reference, verdict="pass" if res.passed else "fail", counts=ref.counts,
-                total=res.total, mismatched=res.mismatched if res.attribute is None else res.total,
-                max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err, worst_index=_worst_index(res, s1),
-                worst_ratio=ref.worst_ratio, message=ref.message, attribution_detail=ref.attribution_text,
-                envelope=_envelope_record(ref))
-    if res.passed:   # compare reports maxima over mismatches only; a pass still shows its float32 noise
-        from properties.compare import max_differences
-        o.max_abs_err, o.max_rel_err = max_differences(out, ref.expected)
-        return o
-    o.attribution = ref.category
-    if ref.ratio is not None:
-        o.error_map, o.ratio_histogram = error_picture(ref.ratio)
-    return o
-
-
-def _envelope_record(ref) -> dict | None:
-    """The envelope's part in one comparison: the output rows it was built for (those holding an element
-    outside the tolerance), elements that passed only inside it, P elements whose code may flip there,
-    degenerate rows, and for a failure how far outside it the worst element lies (in units of its
-    tolerance); None when none was needed (every element within the tolerance)."""
-    env, res = ref.envelope, ref.comparison
-    if env is None or not res.envelope:
-        return None
-    return {"inside_only": res.by_envelope, "flippable": env.flippable, "p_elements": env.p_elements,
-            "degenerate_rows": env.degenerate_rows,
-            "rows_built": None if env.rows is None else len(env.rows),
-            "outside_by": res.outside_envelope if res.outside_index is not None else None,
-            "note": ref.envelope_note()}
-
-
-def _run_paged(backend, item: Item, regressions_dir) -> tuple[list, str | None]:
-    """The outcomes of one paged case, and the message to capture a counted catalog failure with (the
-    driver captures it, :func:`_captured`; a generated one is captured once per signature, shrunk)."""
-    from cases.data import regressions
-    from properties.acceptance import judge
-    verdict = judge(backend, item.case, tags={"case": item.name, "backend": backend.name})
-    outcomes = [_outcome(ref, verdict.output, item.case.config.s1) for ref in verdict.references]
-    counted = [o for o in outcomes if o.verdict == "fail" and o.counts]
-    if counted and item.source != "generated":     # a generated failure is diagnosed once shrunk (shrink.py)
-        annotate(counted, verdict, item.case)
-    if counted and item.source == "generated":
-        from cases.running.shrink import signature
-        counted[0].signature = signature(verdict)
-    elif counted and item.source == "regression":
-        command = regressions.replay_command(item.regression, regressions_dir)
-        for o in counted:
-            o.replay, o.message = command, o.message + f"\nReplay: {command}"
-    elif counted:
-        return outcomes, verdict.message()
-    return outcomes, None
-
-
-def _captured(backend_name: str, item: Item, result: CaseResult, *, capture: bool, regressions_dir) -> CaseResult:
-    """``result`` after capturing its counted catalog failure through the one writer (here, on the driver)."""
-    if result.to_capture is None:
-        return result
-    from cases.data import regressions
-    command, line = regressions.capture("acceptance", backend_name, item.case, {}, result.to_capture,
-                                        enabled=capture, directory=regressions_dir)
-    for o in result.outcomes:
-        if o.verdict == "fail" and o.counts:
-            o.replay, o.message = command, o.message + f"\n{line}"
-    result.to_capture = None
-    return result
-
-
-def _run_regression_law(backend, item: Item, regressions_dir) -> list:
-    """Replay a captured case of another law (``item.record``: its file, read by the driver)."""
-    from cases.data import regressions
-    reg = item.record
-    try:
-        regressions.replay(reg, backend, directory=regressions_dir)
-    except AssertionError as exc:
-        return [Outcome(f"law {reg.law}", "fail", message=f"law {reg.law}: {exc}", attribution="kernel logic",
-                        replay=regressions.replay_command(item.regression, regressions_dir))]
-    return [Outcome(f"law {reg.law}", "pass", message=f"law {reg.law} holds")]
+def case_time_limit(backend, item: Item, option: float | None) -> float | None:
+    """A case's time limit: ``option`` (``--case-timeout``; 0: none), else from the backend's cost
+    model (CASE_LIMIT_BASE_S + CASE_LIMIT_FACTOR x its estimate), else none."""
+    if option is not None:
+        return option or None
+    cost = estimate(backend, item)
+    return None if cost is None else CASE_LIMIT_BASE_S + CASE_LIMIT_FACTOR * cost.seconds
 
 
 def estimate(backend, item: Item):
@@ -232,82 +137,160 @@ def _over_budget(backend, item: Item, deadline: float) -> str | None:
     return None
 
 
-def _skipped(skip) -> list:
-    return [Outcome(NO_REFERENCE, "skipped", counts=False, message=f"skipped: {skip.reason}", skip_kind=skip.kind)]
+# --- one case: before the call, the call, the verdict -----------------------------------------------
+
+@dataclasses.dataclass
+class _Call:
+    """A case ready for its kernel call: the originals, the clones the kernel gets, the scalars."""
+    item: Item
+    tensors: dict
+    given: dict
+    scalars: dict
+    known: Any            # its properties.ledger entry, or None
+    started: float
 
 
-def _error(message: str) -> list:
-    return [Outcome(NO_REFERENCE, "error", message=message)]
+_HOST = socket.gethostname()
 
 
-def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, deadline: float | None = None) -> CaseResult:
-    """Run one item and return its result (a counted catalog failure's ``to_capture`` set, captured by
-    the driver); never raises for a backend failure (verdict ``error``). ``deadline`` (``time.time()``
-    value): past it, the item is skipped with the reason."""
-    start = time.perf_counter()
+def _verdict(item: Item, backend_name: str, seconds: float = 0.0, **fields) -> CaseVerdict:
+    """A case's verdict, run on this host (a Ray task's verdict names its node: _run_cluster)."""
+    return CaseVerdict(name=item.name, source=item.source, config=item.config, seed=item.seed, backend=backend_name,
+                       seconds=seconds, node=_HOST, **fields)
+
+
+def _prepare(backend, item: Item, *, deadline: float | None) -> CaseVerdict | _Call:
+    """The verdict of a case that does not reach the kernel (cannot load, over budget, quarantined, a
+    backend skip), or its call."""
+    from kernels import Skip
     from properties import ledger
-    from kernels import BackendUnavailable, Skip
-    from properties.acceptance import InputsModified
-    known = ledger.lookup(item.regression, backend_name, config=getattr(item.case, "config", None))
-    skip = None
+    from properties.acceptance import split_bundle
+    start = time.perf_counter()
     if item.load_error is not None:
-        outcomes = _error(f"the captured case cannot be loaded: {item.load_error}")
-    elif deadline is not None and (why_not := _over_budget(backend, item, deadline)):
+        return _verdict(item, backend.name, error=CaseError(kind="case file", message=f"the captured case cannot be "
+                                                                                      f"loaded: {item.load_error}"))
+    known = ledger.lookup(item.regression, backend.name, config=getattr(item.case, "config", None))
+    skip = None
+    if deadline is not None and (why_not := _over_budget(backend, item, deadline)):
         skip = Skip("budget", why_not)
     elif known is not None and known.quarantined:
         skip = Skip("quarantined", f"quarantined: {known.reason}")
     elif item.case is not None:
-        skip = backend.skip_reason(item.case.config) if hasattr(backend, "skip_reason") else None
-    to_capture = None
-    if item.load_error is None and skip is not None:
-        outcomes = _skipped(skip)
-    elif item.load_error is None:
-        try:
-            if item.case is not None and item.law == "acceptance":
-                outcomes, to_capture = _run_paged(backend, item, regressions_dir)
-            else:
-                outcomes = _run_regression_law(backend, item, regressions_dir)
-        except InputsModified as exc:
-            outcomes = [Outcome("spec", "fail", message=str(exc), attribution="kernel logic",
-                                attribution_detail="the backend modified its inputs")]
-        except BackendUnavailable as exc:
-            outcomes = _skipped(Skip("unavailable", exc.reason))
-        except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported as an error
-            outcomes = _error(f"{type(exc).__name__}: {exc}")
-    checked = all(o.verdict in ("pass", "fail") for o in outcomes)
-    if known is not None and known.tolerated and checked:
-        # A strict xfail under the one rule: the counted comparisons must still fail. Skips and
-        # errors are left as they are (a tolerated case that did not run was not checked).
-        if any(o.verdict == "fail" and o.counts for o in outcomes):
-            for o in outcomes:
-                if o.verdict == "fail" and o.counts:
-                    o.counts = False
-                    o.message += f"\nKnown failure (ledger): {known.reason}"
-        else:
-            outcomes = [Outcome(outcomes[0].reference, "fail", message=f"ledger entry no longer fails: remove "
-                                f"it ({known.reason})", attribution="kernel logic")]
-        to_capture = None
-    if not any(o.verdict == "fail" and o.counts for o in outcomes):
-        to_capture = None
-    return CaseResult(item.name, item.source, item.config, item.seed, getattr(backend, "name", backend_name),
-                      time.perf_counter() - start, outcomes, to_capture=to_capture)
+        skip = backend.skip_reason(item.case.config)
+    if skip is not None:
+        return _verdict(item, backend.name, skip=skip)
+    tensors, scalars = split_bundle(item.case.inputs())
+    return _Call(item, tensors, {k: v.clone() for k, v in tensors.items()}, scalars, known, start)
 
 
-# --- many cases, through the pool (cases/running/pool.py) ---------------------------------------------------
-
-def _case_task(payload) -> CaseResult:
-    """One case in a worker of cases/running/pool.py: the worker's backend (built once), then the item."""
-    from cases.running.pool import worker_backend
-    name, options, item = payload
+def _judged(backend, call: _Call, reply) -> CaseVerdict:
+    """The verdict of one kernel call's reply (kernels.backends.supervisor.Reply), by the one rule."""
+    from kernels import BackendUnavailable, Skip
+    from kernels.backends.supervisor import KernelFault, describe_failure
+    from properties.acceptance import InputsModified, check_unchanged, hold
+    item = call.item
+    seconds = time.perf_counter() - call.started
+    facts = dict(seconds=seconds, attempts=reply.attempts, retry_cause=reply.retry_cause)
+    for k, new in reply.changed.items():          # what the kernel wrote into its inputs, as it would have here
+        if call.given[k].shape == new.shape and call.given[k].dtype == new.dtype:
+            call.given[k].copy_(new)
+    failure = reply.failure
+    if isinstance(failure, BackendUnavailable):
+        return _verdict(item, backend.name, skip=Skip("unavailable", failure.reason), **facts)
+    if failure is not None:
+        kind = "worker" if isinstance(failure, KernelFault) else "kernel"
+        text = str(failure) if isinstance(failure, KernelFault) else describe_failure(failure)
+        return _verdict(item, backend.name, error=CaseError(kind=kind, message=text), **facts)
+    tags = {"case": item.name, "backend": backend.name}
     try:
-        backend = worker_backend(name, device=options["device"], max_seconds=options["max_seconds"])
-    except Exception as exc:  # noqa: BLE001 - reported as an error for each of its cases, never a skip
-        return CaseResult(item.name, item.source, item.config, item.seed, name, 0.0, _error(str(exc)))
-    return run_item(backend, name, item, regressions_dir=options["regressions_dir"], deadline=options["deadline"])
+        check_unchanged(call.given, call.tensors, backend_name=backend.name, tags=tags)
+    except InputsModified as exc:
+        return _ledgered(_verdict(item, backend.name, inputs_modified=str(exc), **facts), call.known)
+    judgement = hold(reply.output, call.tensors, call.scalars, backend=backend, label=item.case.label(), tags=tags)
+    return _ledgered(_verdict(item, backend.name, judgement=judgement, **facts), call.known)
 
+
+def _ledgered(verdict: CaseVerdict, known) -> CaseVerdict:
+    """A tolerated known failure (the ledger) under the one rule, as a strict xfail: its failures do not
+    count while it fails; once it passes, the entry is the failure (it must be removed)."""
+    if known is None or not known.tolerated:
+        return verdict
+    if verdict.failed:
+        return dataclasses.replace(verdict, ledger=known.reason)
+    return dataclasses.replace(verdict, ledger_broken=known.reason)
+
+
+def _law_replay(backend, item: Item, regressions_dir) -> CaseVerdict:
+    """A captured case of another law (``item.record``), replayed through the backend (blocking calls)."""
+    from cases.data import regressions
+    from kernels import BackendUnavailable, Skip
+    from kernels.backends.supervisor import KernelFault, describe_failure
+    reg, start = item.record, time.perf_counter()
+    try:
+        regressions.replay(reg, backend, directory=regressions_dir)
+    except AssertionError as exc:
+        law = LawReplay(law=reg.law, passed=False, message=f"law {reg.law}: {exc}")
+    except BackendUnavailable as exc:
+        return _verdict(item, backend.name, time.perf_counter() - start, skip=Skip("unavailable", exc.reason))
+    except Exception as exc:  # noqa: BLE001 - the kernel raised, or its worker ended: an error, named
+        kind = "worker" if isinstance(exc, KernelFault) else "kernel"
+        text = str(exc) if isinstance(exc, KernelFault) else describe_failure(exc)
+        return _verdict(item, backend.name, time.perf_counter() - start, error=CaseError(kind=kind, message=text))
+    else:
+        law = LawReplay(law=reg.law, passed=True, message=f"law {reg.law} holds")
+    return _verdict(item, backend.name, time.perf_counter() - start, law=law)
+
+
+def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call | None, *, capture: bool,
+               regressions_dir) -> CaseVerdict:
+    """A counted failure's verdict with what the driver adds as it arrives: a catalog failure diagnosed
+    and captured, a regression's failure its own replay line, a generated one its group signature
+    (captured once shrunk, cases/running/shrink.py)."""
+    from cases.data import regressions
+    from cases.running.shrink import signature
+    from cases.running.verdict import Capture
+    from properties.diagnosis import diagnose_verdict
+    if not verdict.failed or verdict.ledger_broken is not None:
+        return verdict
+    if item.source == "generated":
+        return dataclasses.replace(verdict, signature=signature(verdict))
+    if verdict.judgement is not None and call is not None:
+        verdict = dataclasses.replace(verdict, diagnosis=diagnose_verdict(verdict.judgement, call.tensors, call.scalars))
+    if item.source == "regression":
+        command = regressions.replay_command(item.regression, regressions_dir)
+        return dataclasses.replace(verdict, capture=Capture(replay=command, line=f"Replay: {command}"))
+    message = verdict.judgement.message() if verdict.judgement is not None else verdict.inputs_modified
+    return dataclasses.replace(verdict, capture=capture_case("acceptance", backend_name, item.case, message,
+                                                              enabled=capture, directory=regressions_dir))
+
+
+def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, deadline: float | None = None,
+             capture: bool = False) -> CaseVerdict:
+    """One item, start to verdict, with blocking calls of ``backend`` (a SupervisedBackend, or a
+    GuardedBackend in this process): the path of a Ray task and of an in-process run. Never raises for
+    what the kernel does. A catalog failure is captured only when ``capture`` (a Ray task leaves that
+    to the driver)."""
+    from kernels.backends.supervisor import Reply
+    if item.record is not None:
+        return _law_replay(backend, item, regressions_dir)
+    prepared = _prepare(backend, item, deadline=deadline)
+    if isinstance(prepared, CaseVerdict):
+        return prepared
+    start = time.perf_counter()
+    try:
+        out = backend.paged_attention_fp8(**prepared.given, **prepared.scalars)
+        reply = Reply(output=out, changed={}, failure=None, seconds=time.perf_counter() - start)
+    except Exception as exc:  # noqa: BLE001 - whatever the call raised is the case's verdict
+        reply = Reply(output=None, changed={}, failure=exc, seconds=time.perf_counter() - start)
+    verdict = _judged(backend, prepared, reply)
+    return _annotated(backend_name, item, verdict, prepared, capture=capture, regressions_dir=regressions_dir) \
+        if capture or item.source == "generated" else verdict
+
+
+# --- many cases ------------------------------------------------------------------------------------
 
 def schedule(backend, items: list) -> list[int]:
-    """The order workers take items in: captured regressions first (as in a serial run), then the rest
+    """The order cases start in: captured regressions first (as in a serial run), then the rest
     longest first by the backend's estimate (greedy packing onto the workers; ties keep case order)."""
     def key(k: int):
         cost = estimate(backend, items[k])
@@ -315,104 +298,192 @@ def schedule(backend, items: list) -> list[int]:
     return sorted(range(len(items)), key=key)
 
 
-def run_items(backend, backend_name: str, items: list, *, workers: int = 1, device=None, capture: bool = True,
-              regressions_dir=None, progress=None, deadline: float | None = None,
-              max_seconds: float | None = None, pool=None) -> list:
-    """Results in ``items`` order. ``progress(event, item, result)`` sees ``start`` and ``done``.
-    In this process with one worker and no ``pool``; else through ``pool`` (a cases.running.pool.Pool, default
-    ``workers`` local processes), whose workers build their own backend by name (one that cannot turns
-    each of its cases into an ``error``, never a skip), in :func:`schedule` order. Counted catalog
-    failures are captured here as their results arrive."""
-    from cases.running.pool import Pool
+def _run_supervised(backend, supervisor, backend_name: str, items: list, *, workers: int, capture: bool,
+                    regressions_dir, deadline, case_timeout, progress, stop) -> dict:
+    """Every item through ``supervisor``'s workers, judged here as replies come back (the next case is
+    handed out before the last is judged, so workers and judge overlap). Returns {index: verdict} of the
+    items that ran (all of them unless ``stop()`` named a signal)."""
     note = progress or (lambda *a: None)
-    local = pool is None and (workers <= 1 or len(items) <= 1)
-    order = list(range(len(items))) if local else schedule(backend, items)
-    options = dict(device=device, max_seconds=max_seconds, regressions_dir=regressions_dir, deadline=deadline)
-    results: dict = {}
+    order = schedule(backend, items) if workers > 1 else list(range(len(items)))
+    done: dict = {}
+    # Captured cases of other laws call the kernel several times with the law's logic between: first, alone.
+    for k in [k for k in order if items[k].record is not None]:
+        if stop():
+            return done
+        note("start", items[k], None)
+        done[k] = _annotated(backend_name, items[k], _law_replay(backend, items[k], regressions_dir), None,
+                             capture=capture, regressions_dir=regressions_dir)
+        note("done", items[k], done[k])
+    queue = [k for k in order if items[k].record is None]
+    flying: dict = {}
 
-    def done(n, task):
+    def hand_out() -> None:
+        while queue and supervisor.idle() > 0 and not stop():
+            k = queue.pop(0)
+            prepared = _prepare(backend, items[k], deadline=deadline)
+            if isinstance(prepared, CaseVerdict):
+                note("start", items[k], None)
+                done[k] = prepared
+                note("done", items[k], prepared)
+                continue
+            supervisor.submit(k, "paged_attention_fp8", prepared.given, prepared.scalars,
+                              timeout=case_time_limit(backend, items[k], case_timeout))
+            flying[k] = prepared
+            note("start", items[k], None)
+
+    hand_out()
+    while (queue or flying) and not stop():
+        replies = supervisor.wait(timeout=0.5)
+        hand_out()                                # the workers compute while the replies are judged
+        for k, reply in replies:
+            prepared = flying.pop(k)
+            done[k] = _annotated(backend_name, items[k], _judged(backend, prepared, reply), prepared, capture=capture,
+                                 regressions_dir=regressions_dir)
+            note("done", items[k], done[k])
+        hand_out()
+    return done
+
+
+def _rebuilt(item: Item) -> _Call:
+    """A case's inputs built again here (for the diagnosis of a verdict judged elsewhere)."""
+    from properties.acceptance import split_bundle
+    tensors, scalars = split_bundle(item.case.inputs())
+    return _Call(item, tensors, {}, scalars, None, 0.0)
+
+
+def _run_here(backend, backend_name: str, items: list, *, capture: bool, regressions_dir, deadline, progress,
+              stop) -> dict:
+    """Every item in this process, one after another (``--in-process``)."""
+    note = progress or (lambda *a: None)
+    done: dict = {}
+    for k, item in enumerate(items):
+        if stop():
+            break
+        note("start", item, None)
+        done[k] = run_item(backend, backend_name, item, regressions_dir=regressions_dir, deadline=deadline,
+                           capture=capture)
+        note("done", item, done[k])
+    return done
+
+
+def _case_task(payload) -> CaseVerdict:
+    """One case in a Ray task (cases/running/pool.py): the task's supervised backend, then the item."""
+    from cases.running.pool import worker_backend
+    name, options, item = payload
+    try:
+        backend = worker_backend(name, device=options["device"], max_seconds=options["max_seconds"])
+    except Exception as exc:  # noqa: BLE001 - reported as an error for each of its cases, never a skip
+        return CaseVerdict(name=item.name, source=item.source, config=item.config, seed=item.seed, backend=name,
+                           error=CaseError(kind="backend", message=str(exc)))
+    return run_item(backend, name, item, regressions_dir=options["regressions_dir"], deadline=options["deadline"])
+
+
+def _run_cluster(backend, backend_name: str, items: list, pool, *, device, max_seconds, capture: bool,
+                 regressions_dir, deadline, progress) -> dict:
+    """Every item as a Ray task (each runs its kernel under a supervisor on its node); failures captured
+    here as their verdicts arrive."""
+    note = progress or (lambda *a: None)
+    order = schedule(backend, items)
+    options = dict(device=device, max_seconds=max_seconds, regressions_dir=regressions_dir, deadline=deadline)
+    done: dict = {}
+
+    def finished(n, task):
         k = order[n]
         it = items[k]
-        r = task.value if task.error is None else CaseResult(it.name, it.source, it.config, it.seed, backend_name,
-                                                             0.0, _error(f"worker failed: {task.error}"))
-        r.node, r.attempts = task.node, task.attempts
-        for o in r.outcomes if task.retry_cause else ():
-            o.message += f"\n(ran again: its first run was lost when a worker died ({task.retry_cause}))"
-        results[k] = _captured(backend_name, it, r, capture=capture, regressions_dir=regressions_dir)
-        note("done", it, results[k])
+        v = task.value if task.error is None else CaseVerdict(
+            name=it.name, source=it.source, config=it.config, seed=it.seed, backend=backend_name,
+            error=CaseError(kind="worker", message=f"the task failed: {task.error}"))
+        v = dataclasses.replace(v, node=task.node, attempts=max(v.attempts, task.attempts),
+                                retry_cause=v.retry_cause or task.retry_cause)
+        call = _rebuilt(it) if v.judgement is not None and it.source == "catalog" and v.failed else None
+        done[k] = _annotated(backend_name, it, v, call, capture=capture, regressions_dir=regressions_dir) \
+            if it.source != "generated" else v
+        note("done", it, done[k])
 
-    started = lambda n: note("start", items[order[n]], None)  # noqa: E731 - a local shorthand
-    here = lambda p: run_item(backend, backend_name, p[2], regressions_dir=regressions_dir, deadline=deadline)  # noqa: E731
-    with contextlib.nullcontext(pool) if pool is not None else Pool(workers=1 if local else workers) as running:
-        running.map(_case_task, [(backend_name, options, items[k]) for k in order], on_start=started, on_done=done,
-                    here=here)
-    return [results[k] for k in range(len(items))]
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """What ``pfa-verify run`` was asked for, typed (cases.cli.run_options builds it from the command's
-    arguments; the option of the same name in ``pfa-verify run --help`` says what each does)."""
-    backend: str = "auto"
-    cases: str = "all"
-    examples: int = 20
-    seed: int = 0
-    distribution: tuple[str, ...] | None = None
-    device: int | None = None
-    workers: int = 1
-    cluster: str | None = None
-    budget: int | None = None
-    max_seconds: int | None = None
-    allow_skips: tuple[str, ...] = ()
-    allow_fallback: bool = False
-    regressions: str | None = None
-    no_capture: bool = False
-    shrink_seconds: int = 60
-    coverage: tuple[str, ...] = ()        # bins (or "all") that must be hit, else the run fails
-    command: str = "pfa-verify run"       # how the run was asked for, as the report quotes it
+    pool.map(_case_task, [(backend_name, options, items[k]) for k in order],
+             on_start=lambda n: note("start", items[order[n]], None), on_done=finished)
+    return done
 
 
-def execute(options: RunOptions, *, progress=None, on_items=None) -> RunResult:
-    """The run behind ``pfa-verify run`` (no printing): choose, connect, collect, run, capture, as
-    ``options`` (:class:`RunOptions`) say. ``on_items(items, note)`` hears what will run, and how the backend
-    was chosen, before the first case starts. kernels.BackendUnavailable propagates (a backend that
-    cannot start checks nothing), and so does cases.running.pool.ClusterError (a cluster that cannot take the
-    cases: both before any case runs)."""
-    from cases.data.collect import selection
-    from cases.running.pool import Pool, task_resources
+def _never() -> str | None:
+    return None
+
+
+def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable[[], str | None] | None = None) -> RunResult:
+    """The run behind ``pfa-verify run`` (no printing): open the backend under its supervisor, collect,
+    run, judge, capture, as ``options`` (:class:`RunOptions`) say. ``on_items(items, note)`` hears what
+    will run, and how the backend was chosen, before the first case starts; ``progress(event, item,
+    verdict)`` sees ``start`` and ``done``; ``stop()`` names the signal that interrupts the run (None:
+    go on). kernels.BackendUnavailable and golden.errors.UsageError propagate (a backend that cannot
+    start checks nothing), and so does cases.running.pool.ClusterError, all before any case runs."""
     from cases.data.provenance import run_provenance
+    from cases.running.pool import Pool, task_resources
     from cases.running.shrink import capture_generated
-    from kernels.backends import use_backend_threads
     if not isinstance(options, RunOptions):
         raise TypeError(f"options must be a cases.running.run.RunOptions (cases.cli.run_options builds one from the "
                         f"command's arguments), got {type(options).__name__}")
+    stop = stop or _never
     start = time.perf_counter()
-    backend, name, why = choose_backend(options.backend, device=options.device, max_seconds=options.max_seconds)
-    use_backend_threads(backend)                 # this process's (workers set their own)
     cluster = options.cluster
-    pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
-    with pool if cluster else contextlib.nullcontext():
+    backend, supervisor, name, why = open_backend(
+        options.backend, device=options.device, max_seconds=options.max_seconds,
+        workers=1 if cluster else max(1, options.workers), case_timeout=options.case_timeout,
+        in_process=options.in_process)
+    with contextlib.ExitStack() as stack:
+        if supervisor is not None:
+            stack.callback(supervisor.close)
+        import torch
+        torch.set_num_threads(1)     # this process judges while the workers compute: one thread each
+        pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
+        if cluster:
+            stack.enter_context(pool)
         provenance = run_provenance(backend, regressions_dir=options.regressions)   # before anything is captured
-        supported = getattr(backend, "supported_shapes", None)
+        supported = backend.supported_shapes
         distributions = options.distribution
         items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
                               regressions_dir=options.regressions, distributions=distributions)
         selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
                              supported=supported, distributions=distributions)
+        if hasattr(backend, "prefetch"):
+            backend.prefetch([i.case.config for i in items if i.case is not None])
         if on_items is not None:
             on_items(items, why + (f"; cases run on the Ray cluster {cluster} ({len(pool.nodes)} node(s), "
                                    f"{pool.describe()['workers']} at a time)" if cluster else ""))
-        budget = options.budget if options.budget is not None else getattr(backend, "default_budget_s", 0)
+        budget = options.budget if options.budget is not None else (getattr(backend, "default_budget_s", None) or 0)
         deadline = time.time() + budget if budget else None
-        results = run_items(backend, name, items, workers=options.workers, device=options.device,
-                            capture=not options.no_capture, regressions_dir=options.regressions, progress=progress,
-                            deadline=deadline, max_seconds=options.max_seconds, pool=pool if cluster else None)
-    capture_generated(backend, name, items, results, supported=supported, capture=not options.no_capture,
-                      regressions_dir=options.regressions, shrink_s=options.shrink_seconds, distributions=distributions)
-    return RunResult(getattr(backend, "name", name), why, getattr(getattr(backend, "codec", None), "name", None),
-                     options.seed, results, time.perf_counter() - start,
-                     options.command, fallback=bool(getattr(backend, "fallback", False)),
+        capture = not options.no_capture
+        common = dict(capture=capture, regressions_dir=options.regressions, deadline=deadline, progress=progress)
+        if cluster:
+            done = _run_cluster(backend, name, items, pool, device=options.device, max_seconds=options.max_seconds,
+                                **common)
+        elif supervisor is None:
+            done = _run_here(backend, name, items, stop=stop, **common)
+        else:
+            done = _run_supervised(backend, supervisor, name, items, workers=max(1, options.workers),
+                                   case_timeout=options.case_timeout, stop=stop, **common)
+        ran = [k for k in range(len(items)) if k in done]
+        interrupted = stop()
+        if supervisor is not None and interrupted:
+            supervisor.close()              # the workers end now; what they were running is not checked
+        results = capture_generated(backend, name, [items[k] for k in ran], [done[k] for k in ran],
+                                    supported=supported, capture=capture, regressions_dir=options.regressions,
+                                    shrink_s=0 if interrupted else options.shrink_seconds, distributions=distributions,
+                                    stop=stop, why_not_shrunk="the run was interrupted" if interrupted else None)
+    if cluster:
+        execution = pool.describe()
+    else:
+        execution = {"executor": "in-process" if supervisor is None else "supervised", "workers": options.workers,
+                     "cluster": None, "task_resources": task_resources(backend), "resources": None,
+                     "nodes": [socket.gethostname()], "processes": None if supervisor is None else supervisor.started,
+                     "refused": [] if supervisor is None else [f"worker {slot}: {why}" for slot, why in
+                                                              sorted(supervisor.refused.items())]}
+    checked = [items[k].case.config for k, v in zip(ran, results) if items[k].case is not None and v.checked]
+    failures = tuple(f for v in results if v.capture is not None and (f := write_failure(v.capture)))
+    return RunResult(backend=backend.name, backend_note=why, codec=getattr(getattr(backend, "codec", None), "name", None),
+                     seed=options.seed, results=tuple(results), seconds=time.perf_counter() - start,
+                     command=options.command, fallback=bool(getattr(backend, "fallback", False)),
                      allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
-                     selection=selected, provenance=provenance, execution=pool.describe(),
-                     coverage=coverage([i.case.config for i, r in zip(items, results) if i.case is not None and r.checked]).to_dict(),
-                     coverage_required=tuple(options.coverage))
+                     selection=selected, provenance=provenance, execution=execution,
+                     coverage=coverage(checked).to_dict(), coverage_required=tuple(options.coverage),
+                     interrupted=interrupted, not_run=tuple(items[k].name for k in range(len(items)) if k not in done),
+                     write_failures=tuple(dict.fromkeys(failures)))

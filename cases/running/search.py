@@ -162,9 +162,8 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
            progress=None) -> SearchRun:
     """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool; failures grouped,
     the first of each group shrunk and captured once, here."""
-    import kernels
-    from cases.data import regressions
-    from cases.running.pool import Pool, task_resources
+    from cases.running.capture import capture_case
+    from cases.running.pool import Pool, task_resources, worker_backend
     from properties.law_examples import PAGED_LAWS
     if not laws:
         raise UsageError(f"--laws: none given; expected some of {', '.join(PAGED_LAWS)}")
@@ -173,7 +172,7 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
         if value < 1:
             raise UsageError(f"{option} {value} must be at least 1")
     start = time.perf_counter()
-    backend = kernels.get_backend(backend_name)        # the driver shrinks: it needs the backend too
+    backend = worker_backend(backend_name)        # the driver shrinks: it needs the backend too (supervised)
     db = open_database(database)
     per_task = math.ceil(examples / tasks)
     payloads = [(law, k, task_seed(seed, law, k), per_task, backend_name, database) for law in laws for k in range(tasks)]
@@ -196,12 +195,12 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
                                              shrink_s=shrink_s)
         names = [f"{m.law}#{m.task}" for m in members]
         note = f"{len(members)} search task(s) failed like this ({', '.join(names)}); {how}"
-        command, line = regressions.capture(first.law, backend_name, case, params, f"{message}\n{note}",
-                                            enabled=capture, directory=regressions_dir)
+        kept = capture_case(first.law, backend_name, case, f"{message}\n{note}", params=params, enabled=capture,
+                            directory=regressions_dir)
         for m in members:
-            m.replay = command
-        captured.append({"signature": list(sig), "law": first.law, "tasks": names, "replay": command, "line": line,
-                         "how": how})
+            m.replay = kept.replay
+        captured.append({"signature": list(sig), "law": first.law, "tasks": names, "replay": kept.replay,
+                         "line": kept.line, "how": how})
     return SearchRun(backend_name, tuple(laws), examples, tasks, seed, database, reports, captured,
                      time.perf_counter() - start, pool.describe())
 

@@ -91,9 +91,15 @@ def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0, da
 
 
 def signature(verdict) -> tuple | None:
-    """(category, where the mismatches concentrate) of a failing properties.acceptance.Judgement, or
-    None when it passes. Coarse on purpose: one bug, one signature."""
-    failed = [r for r in verdict.references if r.counts and not r.passed]
+    """(category, where the mismatches concentrate) of a failing case: a properties.acceptance.Judgement,
+    or a cases.running.verdict.CaseVerdict (an input changed: its own group); None when it passes.
+    Coarse on purpose: one bug, one signature."""
+    if getattr(verdict, "inputs_modified", None) is not None:
+        return ("kernel logic", "inputs modified")
+    judgement = getattr(verdict, "judgement", verdict)
+    if judgement is None:
+        return None
+    failed = [r for r in judgement.references if r.counts and not r.passed]
     if not failed:
         return None
     ref = failed[0]
@@ -124,55 +130,64 @@ class _FailsLikeTheGroup(AssertionError):
 
 
 def capture_generated(backend, backend_name: str, items: list, results: list, *, supported, capture: bool,
-                      regressions_dir, shrink_s: float, distributions=None) -> dict:
-    """Capture ``pfa-verify run``'s generated failures once per signature (on the driver, after every
-    result came back), each shrunk by Hypothesis from the draws that produced it (the item's
-    properties.directed.Aim, :func:`hunt`);
-    every failing outcome (cases.running.run.Outcome) gets its group's replay line. Returns {signature:
-    (captured case, member names)}."""
-    from cases.data import regressions
-    from properties.acceptance import judge
+                      regressions_dir, shrink_s: float, distributions=None, stop=None,
+                      why_not_shrunk: str | None = None) -> list:
+    """``results`` (cases.running.verdict.CaseVerdict, one per item) with ``pfa-verify run``'s generated
+    failures captured once per signature: each group shrunk by Hypothesis from the draws that produced
+    a member (the item's properties.directed.Aim, :func:`hunt`), its first counted failure diagnosed on
+    the case captured, and every member given the group's Capture and diagnosis (new copies). With
+    ``shrink_s`` 0 (or ``why_not_shrunk``: the run was interrupted) the first member is captured as it is.
+    ``stop()`` naming a signal ends a shrink at once (its best case so far stands)."""
+    import dataclasses
+
+    from cases.running.capture import capture_case
+    from properties.acceptance import judge, split_bundle
+    from properties.diagnosis import diagnose_verdict
+    stop = stop or (lambda: None)
     groups: dict = {}
-    for item, result in zip(items, results):
-        for o in result.outcomes:
-            if o.signature is not None:
-                groups.setdefault(o.signature, []).append((item, result))
-    captured = {}
+    for k, (item, verdict) in enumerate(zip(items, results)):
+        if verdict.signature is not None:
+            groups.setdefault(verdict.signature, []).append(k)
+    out = list(results)
     for sig, members in groups.items():
         def fails_like(case, sig=sig):
+            if stop():
+                return                     # interrupted: every attempt "passes", the shrinker keeps its best
             try:
                 verdict = judge(backend, case)
-            except Exception:  # noqa: BLE001 - another failure is another bug, not this group's
+            except Exception:  # noqa: BLE001 - another failure (the kernel raised, its worker ended): another bug
                 return
             if signature(verdict) == sig:
                 raise _FailsLikeTheGroup(verdict)
         # Replay the draws that produced a member (properties/directed.py): Hypothesis meets a failure of
         # this signature again and shrinks it inside those draws' strategy. The plain draws when a member
         # came from them (nothing held fixed); else the first member's aim (its bin's parameter held).
-        aims = [item.aim for item, _ in members]
+        aims = [items[k].aim for k in members]
         if None in aims:
-            raise ValueError(f"generated case(s) {[i.name for i, _ in members if i.aim is None]} carry no Aim: "
-                             "cases.data.collect.Item.aim must say which draws made a generated case")
-        aim = next((a for a in aims if a.target is None), aims[0])
-        found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
-                     shrink_s=shrink_s)
-        shrunk = shrink_s > 0 and found.error is not None
-        case = found.example if shrunk else members[0][0].case
-        verdict = found.error.verdict if shrunk else judge(backend, case)
-        names = [item.name for item, _ in members]
+            raise ValueError(f"generated case(s) {[items[k].name for k in members if items[k].aim is None]} carry no "
+                             "Aim: cases.data.collect.Item.aim must say which draws made a generated case")
+        first = items[members[0]]
+        found = Hunt()
+        if shrink_s > 0 and not why_not_shrunk and not stop():
+            aim = next((a for a in aims if a.target is None), aims[0])
+            found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
+                         shrink_s=shrink_s)
+        shrunk = found.error is not None
+        case = found.example if shrunk else first.case
+        judgement = found.error.verdict if shrunk else out[members[0]].judgement
+        names = tuple(items[k].name for k in members)
         how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
-               f"lengths={list(case.config.lengths)}" if shrunk else "not shrunk")
+               f"lengths={list(case.config.lengths)}" if shrunk else
+               f"not shrunk ({why_not_shrunk})" if why_not_shrunk else
+               "not shrunk (--shrink-seconds 0)" if shrink_s <= 0 else "not shrunk (it did not fail again)")
+        message = (judgement.message() if judgement is not None else out[members[0]].inputs_modified or "")
         note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
-        command, line = regressions.capture("acceptance", backend_name, case, {}, verdict.message() + "\n" + note,
-                                            enabled=capture, directory=regressions_dir)
-        short = f"one of {len(names)} generated case(s) that fail like this, captured once; {how}"
-        failing = [o for _, result in members for o in result.outcomes if o.verdict == "fail" and o.counts]
-        for o in failing:
-            o.replay = command
-            o.message += f"\n{short}"
-        from properties.diagnosis import annotate
-        annotate(failing, verdict, case, note=", on the shrunk case" if shrunk else "")
-        for o in failing:
-            o.message += f"\n{line}"
-        captured[sig] = (case, names)
-    return captured
+        captured = capture_case("acceptance", backend_name, case, message + "\n" + note, enabled=capture,
+                                directory=regressions_dir, group=names, how=how)
+        diagnosis = None
+        if judgement is not None and not why_not_shrunk:
+            diagnosis = diagnose_verdict(judgement, *split_bundle(case.inputs()))
+        for k in members:
+            out[k] = dataclasses.replace(out[k], capture=captured, diagnosis=diagnosis,
+                                         diagnosis_note=", on the shrunk case" if shrunk else "")
+    return out

@@ -46,15 +46,21 @@ class CalculatorCodec(GoldenBackend):
         super().__init__(codec=PYPTO_CALCULATOR_CODEC)
 
 
-def golden_in_the_parent_only(**options):
-    """The golden in the process that starts a run; BackendUnavailable in a spawned worker (a device
-    that exists for the parent only), so each worker's cases must come back as errors, not skips."""
-    import multiprocessing
+def golden_on_worker_0_only(**options):
+    """The golden in the supervisor's worker 0; BackendUnavailable in any other (a device only worker 0
+    has): the other workers run nothing, worker 0 runs every case, and the report says so."""
+    import os
 
     from kernels import BackendUnavailable
-    if multiprocessing.parent_process() is not None:
+    if os.environ.get("PFA_VERIFY_WORKER_SLOT", "0") != "0":
         raise BackendUnavailable("no device for this worker")
     return GoldenBackend()
+
+
+def no_device_anywhere(**options):
+    """A backend that cannot start in any worker: the run cannot start (one line, exit 2)."""
+    from kernels import BackendUnavailable
+    raise BackendUnavailable("no device for this worker")
 
 
 def calculator_codec_logic_bug(**options):

@@ -83,7 +83,7 @@ def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch)
     it propagates (a traceback and exit 1 from Python), never one line and exit 2."""
     from cases.reporting import html_report
 
-    def broken(run):
+    def broken(run, summary=None):
         return len(run.seed)                  # TypeError: an int has no len()
     monkeypatch.setattr(html_report, "render_html", broken)
     with pytest.raises(TypeError, match="has no len"):

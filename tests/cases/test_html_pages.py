@@ -5,33 +5,47 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from rich.console import Console
 
 from cases.reporting import html_pages, html_report, report
 from cases.measuring import mutants
-from cases.running.run import CaseResult, Outcome, RunResult
+from cases.running.verdict import CaseError, CaseVerdict, RunResult
+from kernels import Skip
+from properties.acceptance import CodecVerdict, EnvelopeFigures, Judgement
+from properties.compare import Comparison
 
 HOSTILE = "<script>alert('x')</script> & \"quoted\""
 
 
+def _codec(reference: str, *, passed: bool, counts: bool = True, category: str = "pass", message: str = "",
+           **figures) -> CodecVerdict:
+    res = Comparison(passed=passed, kind="attention", rtol=1 / 128, atol=1e-4, total=32, mismatched=0 if passed else 3)
+    return CodecVerdict(reference=reference, comparison=res, counts=counts, category=category, attribution=None,
+                        attribution_text=None, message=message, worst_ratio=0.0 if passed else 40.0,
+                        expected=torch.zeros(1), **figures)
+
+
 def _run() -> RunResult:
     """A run without a backend: a pass, a counted failure, a failure that does not count, a skip and an error."""
-    fail = dict(max_abs_err=0.5, max_rel_err=2.0, mismatched=3, total=32,
-                worst_index={"row": 0, "b": 0, "i": 0, "head": 1, "d": 3}, worst_ratio=40.0)
-    results = [
-        CaseResult("case_pass", "catalog", {"s1": 1}, 0, "double", 0.5,
-                   [Outcome("spec", "pass", max_abs_err=0.0, max_rel_err=0.0, mismatched=0, total=32,
-                            envelope={"inside_only": 2, "note": "n"})]),
-        CaseResult(HOSTILE, "generated", {"s1": 1}, 1, "double", 1.25,
-                   [Outcome("spec", "fail", counts=False, message=HOSTILE, attribution="backend codec", **fail),
-                    Outcome("calc", "fail", message="Kernel output vs golden not close", attribution="kernel logic",
-                            error_map=[[0.5, 40.0], [None, 0.1]], ratio_histogram=[1] * 11, **fail)]),
-        CaseResult("case_skip", "catalog", {"s1": 1}, 0, "double", 0.0,
-                   [Outcome("spec", "skipped", skip_kind="limit", message="skipped: " + "over the limit " * 6)]),
-        CaseResult("case_error", "regression", None, None, "double", 0.0,
-                   [Outcome("spec", "error", message="KernelRunError: the kernel left 32 of 32 outputs unwritten")]),
-    ]
-    return RunResult("double", "backend double (as asked)", "e4m3fn-sat", 0, results, 3.0, allowed_skips=("limit",))
+    fail = dict(max_abs_err=0.5, max_rel_err=2.0, worst_index={"row": 0, "b": 0, "i": 0, "head": 1, "d": 3})
+    passing = _codec("spec", passed=True, max_abs_err=0.0, max_rel_err=0.0, envelope_figures=EnvelopeFigures(
+        inside_only=2, flippable=0, p_elements=0, degenerate_rows=0, rows_built=1, outside_by=None, note="n"))
+    failing = (_codec("spec", passed=False, counts=False, category="backend codec", message=HOSTILE, **fail),
+               _codec("calc", passed=False, category="kernel logic", message="Kernel output vs golden not close",
+                      error_map=[[0.5, 40.0], [None, 0.1]], ratio_histogram=[1] * 11, **fail))
+    common = dict(config={"s1": 1}, seed=0, backend="double")
+    results = (
+        CaseVerdict(name="case_pass", source="catalog", seconds=0.5, **common,
+                    judgement=Judgement("case_pass", "double", (passing,), torch.zeros(1))),
+        CaseVerdict(name=HOSTILE, source="generated", seconds=1.25, **common,
+                    judgement=Judgement(HOSTILE, "double", failing, torch.zeros(1))),
+        CaseVerdict(name="case_skip", source="catalog", **common, skip=Skip("limit", "over the limit " * 6)),
+        CaseVerdict(name="case_error", source="regression", config=None, seed=None, backend="double",
+                    error=CaseError(kind="kernel", message="KernelRunError: the kernel left 32 of 32 outputs unwritten")),
+    )
+    return RunResult(backend="double", backend_note="backend double (as asked)", codec="e4m3fn-sat", seed=0,
+                     results=results, seconds=3.0, allowed_skips=("limit",))
 
 
 def test_values_are_escaped_in_every_page():
@@ -54,20 +68,22 @@ def test_a_name_the_template_lacks_is_an_error_not_an_empty_cell():
 def test_the_terminal_and_the_page_render_the_same_rows():
     run = _run()
     rows = report.table_rows(run)
-    assert [(r.name, r.reference, r.verdict, r.style) for r in rows] == [
+    assert [(r.case.name, r.reference, r.shown_verdict, r.style) for r in rows] == [
         ("case_pass", "spec", "pass", "pass"), (HOSTILE, "spec", "fail (not counted)", "uncounted"),
-        (HOSTILE, "calc", "fail", "fail"), ("case_skip", "spec", "skipped (limit)", "skipped"),
-        ("case_error", "spec", "error", "error")]
+        (HOSTILE, "calc", "fail", "fail"), ("case_skip", "-", "skipped (limit)", "skipped"),
+        ("case_error", "-", "error", "error")]
     assert [r.first for r in rows] == [True, True, False, True, True]
-    assert rows[0].note == "2 inside the envelope only" and rows[2].note == "kernel logic"
+    notes = [report.cells(r)["note"] for r in rows]
+    assert notes[0] == "2 inside the envelope only" and notes[2] == "kernel logic"
     console = Console(width=400, record=True, force_terminal=False)
     console.print(report.render_table(run))
     terminal = console.export_text()
     page = html_report.render_html(run)
     cells = re.findall(r'<td class="v">(.*?)</td></tr>', page)
     assert len(cells) == len(rows)
-    for row, cell in zip(rows, cells):
-        shown = row.verdict + (f": {row.note}" if row.outcome.verdict == "fail" and row.note else "")
-        assert shown in terminal and re.sub(r"<[^>]+>", "", cell).startswith(row.verdict)
-        assert f"{row.mismatched}" in terminal and f'<td class="num">{row.mismatched}</td>' in page
+    for row, cell, note in zip(rows, cells, notes):
+        shown = row.shown_verdict + (f": {note}" if row.verdict == "fail" and note else "")
+        mismatched = report.cells(row)["mismatched"]
+        assert shown in terminal and re.sub(r"<[^>]+>", "", cell).startswith(row.shown_verdict)
+        assert mismatched in terminal and f'<td class="num">{mismatched}</td>' in page
     assert ">over the limit over the limit over the limit over the limi\u2026<" in page   # a long reason cut at 60

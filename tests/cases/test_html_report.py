@@ -26,14 +26,15 @@ def failing_html(tmp_path_factory):
 
 def test_one_table_and_a_picture_per_failure(failing_html):
     run, text = failing_html
-    failing = [o for r in run.results for o in r.outcomes if o.verdict == "fail"]
+    from cases.reporting.report import table_rows
+    failing = [row for row in table_rows(run) if row.verdict == "fail"]
     assert failing
     assert text.count('<table class="results"') == 1 and text.count('<table class="coverage"') == 1
     assert text.count('<svg class="heatmap"') == len(failing) == text.count('<svg class="histogram"')
     assert text.count('<section class="failure') == len(failing)
     results = text.split('<table class="results"', 1)[1].split("</table>", 1)[0]
     rows = re.findall(r"<tr class=\"", results)
-    assert len(rows) == sum(len(r.outcomes) for r in run.results)
+    assert len(rows) == len(table_rows(run))
     assert "kernel logic" in text and "pfa-verify cases --dir " in text
 
 
@@ -60,9 +61,11 @@ def test_skips_are_listed_with_their_reason(tmp_path):
     args = cli.build_parser().parse_args(["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short",
                                           "--examples", "0", "--regressions", str(tmp_path)])
     run = runner.execute(cli.run_options(args))
-    run.results[0].outcomes[0] = runner.Outcome("spec", "skipped", counts=False, message="skipped: too big here",
-                                                skip_kind="limit")
-    text = html_report.render_html(run)
+    import dataclasses
+
+    from kernels import Skip
+    skipped = dataclasses.replace(run.results[0], judgement=None, skip=Skip("limit", "too big here"))
+    text = html_report.render_html(dataclasses.replace(run, results=(skipped,) + run.results[1:]))
     assert "<h2>Not checked: skipped (1)</h2>" in text
     assert "limit (not allowed: fails the run): edge_causal_s1_3_short: too big here" in text
     assert "1 case was not checked (skips of kind limit are not allowed" in text

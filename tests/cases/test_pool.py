@@ -123,10 +123,11 @@ def test_a_case_whose_worker_was_killed_runs_again_and_the_run_passes(tmp_path, 
     assert names == SMALL.split(",") and status == 0
     tail = data["results"][1]
     assert (tail["verdict"], tail["attempts"]) == ("pass", 2) and len(list(deaths.glob("died-*"))) == 1
-    assert "ran again: its first run was lost when a worker died (a worker process ended: killed by SIGKILL)" \
-        in tail["message"]
-    # a case running beside it in the same local pool was ended with it (ProcessPoolExecutor), and ran again
+    assert "ran again: its first run was lost when its worker process ended: the kernel's worker process was " \
+           "killed by SIGKILL during the call" in tail["message"]
+    # the cases running beside it in the other worker were not touched
     assert [r["verdict"] for r in data["results"]] == ["pass"] * 3 and data["summary"]["cases"] == 3
+    assert [r["attempts"] for r in data["results"]] == [1, 2, 1]
 
 
 def test_a_case_whose_worker_dies_every_time_is_an_error_and_fails_the_run(tmp_path, deaths):
@@ -134,7 +135,8 @@ def test_a_case_whose_worker_dies_every_time_is_an_error_and_fails_the_run(tmp_p
     status, data = _run(tmp_path, "--workers", "2")
     tail = data["results"][1]
     assert status == 1 and (tail["name"], tail["verdict"], tail["attempts"]) == ("edge_tail_tile_3_tokens", "error", 2)
-    assert "the worker process died running this task, 2 times" in tail["message"] and "SIGKILL" in tail["message"]
+    assert "the kernel's worker process was killed by SIGKILL during the call; so did the 1 new process(es) it ran " \
+           "again in" in tail["message"]
     assert [r["verdict"] for r in data["results"][::2]] == ["pass", "pass"]
     assert data["summary"]["errors"] == 1 and "1 case failed or ended in an error" in data["summary"]["verdict"]
 
@@ -187,17 +189,18 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
     pass, the pass in a new process; and the same in a serial run."""
     import golden
     from cases.data import regressions
-    from cases.data.collect import Item
-    from cases.running.run import run_items
+    from kernels import KernelRunError
+    from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+    from properties.acceptance import judge
     from properties.case import Case
     bad = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=512, nq=4, nkv=1, s2_tile=256, kv_act_seqs=(512, 100)), 1)
     good = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=4, nkv=1, kv_act_seqs=(300, 5)), 2)
     name = "mutant:sim/minus_one_not_clamped"
-    items = [Item("bad", "regression", bad, "bad"), Item("good", "catalog", good)]
-    results = run_items(None, name, items, capture=False, regressions_dir=tmp_path, pool=Pool(workers=1, spawn=True))
-    assert [(r.name, r.outcomes[0].verdict) for r in results] == [("bad", "error"), ("good", "pass")], \
-        [o.message for r in results for o in r.outcomes]
-    assert "out-of-bounds read" in results[0].outcomes[0].message
+    with Supervisor(BackendSpec(name=name)) as supervisor:       # one worker: the spoiled one is replaced
+        backend = SupervisedBackend(supervisor)
+        with pytest.raises(KernelRunError, match="out-of-bounds read"):
+            judge(backend, bad)
+        assert judge(backend, good).passed and supervisor.started == 2
     # serially, in a process of its own (the bad case spoils the process that runs it): a captured case first
     regs = tmp_path / "regs"
     reg = regressions.Regression.from_failure("acceptance", name, bad, {}, "fails inside the trace")

@@ -36,7 +36,7 @@ def test_json_of_a_failing_run_validates_against_the_schema(failing_run, tmp_pat
     path = report.write_json(failing_run, tmp_path / "r.json")
     data = json.loads(path.read_text())       # allow_nan=False when written: strict JSON
     assert report.check_schema(data) == []
-    assert data["summary"]["exit_status"] == 1 == report.exit_status(failing_run)
+    assert data["summary"]["exit_status"] == 1 == report.summarize(failing_run).exit_status
     assert {"pfa-verify", "torch", "pypto", "platform"} <= set(data["versions"])
     fails = [r for r in data["results"] if r["verdict"] == "fail"]
     assert fails and all(r["replay"].startswith("pfa-verify cases --dir ") and " replay " in r["replay"] for r in fails)
@@ -46,7 +46,7 @@ def test_json_of_a_two_codec_run_validates(codec_run):
     data = report.to_json(codec_run)
     assert report.check_schema(data) == []
     assert [r["reference"] for r in data["results"]] == ["spec", "pypto-0.2.0-calculator"] * 2
-    assert report.exit_status(codec_run) == 0
+    assert report.summarize(codec_run).exit_status == 0
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -56,7 +56,7 @@ def test_json_of_a_two_codec_run_validates(codec_run):
     (lambda d: d["results"][0].update(worst_index={"row": 0}), "is not valid under any of the given schemas"),
     (lambda d: d["summary"].update(extra=1), "('extra' was unexpected)"),
     (lambda d: d["summary"]["skipped_by_kind"].update(lazy=1), "$.summary.skipped_by_kind: 'lazy' is not one of"),
-    (lambda d: d.update(schema="pfa-verify-run-report/3"), "$.schema: 'pfa-verify-run-report/4' was expected"),
+    (lambda d: d.update(schema="pfa-verify-run-report/3"), "$.schema: 'pfa-verify-run-report/5' was expected"),
     (lambda d: d["results"][0].pop("node"), "$.results[0]: 'node' is a required property"),
     (lambda d: d["results"][0].update(attempts=3), "$.results[0].attempts: 3 is greater than the maximum of 2"),
     (lambda d: d["execution"].update(executor="slurm"), "$.execution.executor: 'slurm' is not one of"),
@@ -76,10 +76,10 @@ def test_every_result_names_its_node_and_the_report_its_executor(failing_run):
     data = report.to_json(failing_run)
     assert {r["node"] for r in data["results"]} == {socket.gethostname()}
     assert {r["attempts"] for r in data["results"]} == {1}
-    assert data["execution"]["executor"] == "here" and data["execution"]["cluster"] is None
+    assert data["execution"]["executor"] == "supervised" and data["execution"]["cluster"] is None
     assert data["execution"]["cases_per_node"] == {socket.gethostname(): len(failing_run.results)}
-    assert report.execution_line(failing_run) == f"Executed in this process on {socket.gethostname()} " \
-                                                 f"{len(failing_run.results)}"
+    assert report.execution_line(failing_run) == f"Kernel calls in 1 supervised worker process on " \
+                                                 f"{socket.gethostname()} {len(failing_run.results)}"
 
 
 def test_table_has_the_columns_and_verdicts(failing_run):
@@ -91,7 +91,7 @@ def test_table_has_the_columns_and_verdicts(failing_run):
         assert column in text
     assert "fail: kernel logic" in text and "(0, 1, 3)" in text
     assert "-> FAILED" in text.splitlines()[-1]
-    assert text.count("Replay: pfa-verify cases --dir ") == report.summarize(failing_run)["failing_cases"]
+    assert text.count("Replay: pfa-verify cases --dir ") == report.summarize(failing_run).counts["failing_cases"]
 
 
 def test_uncounted_codec_difference_is_shown(codec_run):

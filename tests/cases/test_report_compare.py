@@ -83,7 +83,7 @@ def test_different_selections_are_refused_in_one_line(reports, capsys):
 
 @pytest.mark.parametrize("content, expected", [
     (None, "cannot read it"), ("{not json", "is not JSON"), ('{"schema": "pfa-verify-run-report/2"}', "has schema "
-     "'pfa-verify-run-report/2'"), ('{"schema": "pfa-verify-run-report/4"}', "does not match pfa-verify-run-report/4")],
+     "'pfa-verify-run-report/2'"), ('{"schema": "pfa-verify-run-report/5"}', "does not match pfa-verify-run-report/5")],
     ids=["missing", "not json", "older schema", "invalid"])
 def test_unreadable_reports_are_one_line_errors(reports, tmp_path, capsys, content, expected):
     bad = tmp_path / "bad.json"

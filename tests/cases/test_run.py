@@ -226,6 +226,7 @@ def test_a_run_with_skipped_cases_fails_unless_that_kind_is_allowed(tmp_path):
 
 
 def test_auto_falling_back_to_the_golden_fails_unless_allowed(tmp_path, monkeypatch):
+    # In this process (--in-process), where the test can make every kernel backend unavailable.
     import kernels.backends as kb
     from kernels import BackendUnavailable
 
@@ -234,20 +235,25 @@ def test_auto_falling_back_to_the_golden_fails_unless_allowed(tmp_path, monkeypa
     monkeypatch.setitem(kb.BUILTIN_BACKENDS, "sim", unavailable)
     monkeypatch.setattr(kb, "_sim", unavailable)
     monkeypatch.setattr(kb, "_npu", unavailable)
-    status, data = _run(tmp_path, backend="auto", cases="edge_causal_s1_3_short")
+    status, data = _run(tmp_path, "--in-process", backend="auto", cases="edge_causal_s1_3_short")
     assert status == 1 and data["summary"]["fallback"] is True
     assert "auto fell back to the golden, so no kernel was checked" in data["summary"]["verdict"]
-    status, data = _run(tmp_path, "--allow-fallback", backend="auto", cases="edge_causal_s1_3_short")
+    status, data = _run(tmp_path, "--in-process", "--allow-fallback", backend="auto", cases="edge_causal_s1_3_short")
     assert status == 0
 
 
-def test_workers_that_cannot_start_their_backend_are_errors(tmp_path):
-    status, data = _run(tmp_path, "--workers", "2", backend="tests/cases/run_doubles.py:golden_in_the_parent_only",
+def test_a_worker_that_cannot_load_the_backend_leaves_its_cases_to_the_others_and_the_report_says_so(tmp_path):
+    status, data = _run(tmp_path, "--workers", "2", backend="tests/cases/run_doubles.py:golden_on_worker_0_only",
                         examples=1)
-    assert status == 1
-    assert {r["verdict"] for r in data["results"]} == {"error"}
-    assert all("could not start backend" in r["message"] and "no device for this worker" in r["message"]
-               for r in data["results"])
+    assert status == 0 and {r["verdict"] for r in data["results"]} == {"pass"}
+    assert data["execution"]["refused"] == ["worker 1: no device for this worker"]
+
+
+def test_a_backend_no_worker_can_load_cannot_start(tmp_path, capsys):
+    status = cli.main(["run", "--backend", "tests/cases/run_doubles.py:no_device_anywhere", "--cases", SMALL,
+                       "--examples", "0", "--regressions", str(tmp_path / "regs")])
+    err = capsys.readouterr().err
+    assert status == 2 and "no device for this worker" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_an_empty_selection_checks_nothing_and_fails(tmp_path):

@@ -1,0 +1,289 @@
+"""The backend contract in code: :class:`KernelBackend` (what every backend has) and
+:class:`Capabilities` (what a backend may declare, with the defaults the suite assumes otherwise).
+
+A backend is any object that satisfies :class:`KernelBackend`: a ``name``, the ``codec`` its FP8
+conversions follow, and the two kernels of SPEC §1 and §6. Everything else the suite reads from a
+backend is one field of :class:`Capabilities`; :func:`capabilities_of` reads them all at once, when the
+backend is loaded, and refuses a backend whose name, codec, model or supported shapes are wrong with
+one :class:`golden.errors.UsageError` naming every wrong field (the command line prints it as one
+line, exit 2). Nothing else reads a backend's attributes: the run, the reports and the supervisor
+(kernels/backends/supervisor.py) read its :class:`Capabilities`, which are plain data and travel from
+the process that loaded the backend to the one that judges it (:meth:`Capabilities.to_dict`).
+
+The kernels' signatures are SPEC §1's: ``paged_attention_fp8`` returns a bf16 ``[B*S1, NQ, D]`` CPU
+tensor and ``qk_matmul_scale`` a float32 ``[q_tile, k_tile]`` one; both leave their inputs unchanged
+(the acceptance rule checks, properties/acceptance.py). An exception is an ``error`` verdict, never a
+pass; kernels.backends.BackendUnavailable from a call is a skip of kind ``unavailable``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from golden.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from golden.codec import Fp8Codec
+    from golden.model import ConformanceModel
+
+__all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "SHAPE_FIELDS"]
+
+#: The shape fields a backend may restrict with ``supported_shapes`` (kernels.backends.unsupported_shape).
+SHAPE_FIELDS = ("head_dim", "block_size")
+
+
+@runtime_checkable
+class KernelBackend(Protocol):
+    """What every backend has (README, "Check your kernel"; docs/reference.md, "Backends")."""
+
+    name: str
+    codec: Fp8Codec | None
+
+    def paged_attention_fp8(self, q: torch.Tensor, q_scale: torch.Tensor, k_cache: torch.Tensor,
+                            k_scale: torch.Tensor, v_cache: torch.Tensor, v_scale: torch.Tensor,
+                            block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
+                            softmax_scale: float | None = None, s2_tile: int = 128,
+                            g_tile: int | None = None) -> torch.Tensor:
+        """bf16 [B*S1, NQ, D] on the CPU: SPEC §2 for the arguments of SPEC §1."""
+        ...
+
+    def qk_matmul_scale(self, q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
+                        q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+                        codec: object = None) -> torch.Tensor:
+        """float32 [q_tile, k_tile] on the CPU: the AT-12 scores of SPEC §6."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostEstimate:
+    """A backend's prediction of one case's cost: ``seconds`` and, for people, ``text``."""
+
+    seconds: float
+    text: str
+
+    def describe(self) -> str:
+        return self.text
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """Everything the suite reads from a backend, each optional field with the default it assumes.
+
+    * ``name`` -- how reports name the backend (required: a non-empty string).
+    * ``codec`` -- the name of the golden.codec codec its FP8 conversions follow (default: ``spec``;
+      one of golden.codec.CODECS: the golden must be able to compute with it).
+    * ``model`` -- the golden.model.ConformanceModel it declared (None: it declared none and is judged
+      by SPEC §4.1 as written); a wider one than SPEC §4.1 is refused, naming the field.
+    * ``supported_shapes`` -- None (any shape) or ``{"head_dim": (...), "block_size": (...)}``: what the
+      kernel is built for; strategies draw only such cases, others are skips of kind ``unsupported``.
+    * ``has_skip_reason`` / ``has_estimate`` -- whether it has ``skip_reason(config) -> Skip | None``
+      (its own limits) and ``estimate(config)`` (an object with ``seconds`` and ``describe()``: the
+      run's budget and the per-case time limit use it).
+    * ``spec_codec_not_applicable`` -- None, or why a comparison under the spec codec says nothing
+      about its kernel (its own codec differs and cannot be switched).
+    * ``out_of_bounds_reads`` -- in words, what it does about reads outside an input (None: unknown).
+    * ``threads`` -- torch threads for the process that runs it (None: torch's default).
+    * ``kernel_errors_spoil_process`` -- True where a failed kernel leaves its process unusable (pypto
+      0.2.0's trace, W7): the process is replaced before the next call.
+    * ``shrink_calls`` -- at most this many law calls after a law's first failure while Hypothesis
+      shrinks it (None: Hypothesis' own limits).
+    * ``default_budget_s`` -- the run's time budget unless ``--budget`` says otherwise (None: none).
+    * ``fallback`` and ``selection`` -- set by ``auto``: whether it fell back to the golden, and how it
+      chose.
+    * ``notes`` -- what a run's header says once about it here (its ``notes()``).
+    * ``kernel_source`` -- where its kernel came from (a KernelSource as a dict), when known.
+    * ``runs_on_npu`` -- whether it needs an NPU device (the pool gives one per worker).
+    """
+
+    name: str
+    codec: str = "spec"
+    model: ConformanceModel | None = None
+    supported_shapes: Mapping[str, tuple[int, ...]] | None = None
+    has_skip_reason: bool = False
+    has_estimate: bool = False
+    spec_codec_not_applicable: str | None = None
+    out_of_bounds_reads: str | None = None
+    threads: int | None = None
+    kernel_errors_spoil_process: bool = False
+    shrink_calls: int | None = None
+    default_budget_s: float | None = None
+    fallback: bool = False
+    selection: str | None = None
+    notes: tuple[str, ...] = ()
+    kernel_source: Mapping[str, Any] | None = None
+    runs_on_npu: bool = False
+
+    @property
+    def codec_object(self) -> Fp8Codec:
+        """The golden.codec codec named by ``codec``."""
+        from golden.codec import get_codec
+        return get_codec(self.codec)
+
+    @property
+    def judged_model(self) -> ConformanceModel:
+        """The model the backend is judged by: its declared one, else SPEC §4.1 (golden.model.SPEC_MODEL)."""
+        from golden.model import SPEC_MODEL
+        return self.model if self.model is not None else SPEC_MODEL
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (what crosses from the process that loaded the backend)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["model"] = None if self.model is None else dataclasses.asdict(self.model)
+        data["supported_shapes"] = (None if self.supported_shapes is None
+                                    else {k: list(v) for k, v in self.supported_shapes.items()})
+        data["notes"] = list(self.notes)
+        data["kernel_source"] = None if self.kernel_source is None else dict(self.kernel_source)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
+        """The inverse of :meth:`to_dict`, checked as :func:`capabilities_of` checks a backend."""
+        from golden.model import ConformanceModel
+        if not isinstance(data, Mapping):
+            raise UsageError(f"capabilities must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"capabilities: unknown field(s) {unknown}")
+        fields = dict(data)
+        model = fields.get("model")
+        if isinstance(model, Mapping):
+            try:
+                fields["model"] = ConformanceModel(**model)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"capabilities: model={dict(model)!r}: {exc}") from None
+        shapes = fields.get("supported_shapes")
+        if isinstance(shapes, Mapping):
+            fields["supported_shapes"] = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in shapes.items()}
+        if isinstance(fields.get("notes"), list):
+            fields["notes"] = tuple(fields["notes"])
+        return _checked(str(fields.get("name")), fields)
+
+
+def capabilities_of(backend: object, *, source: str | None = None) -> Capabilities:
+    """The :class:`Capabilities` of ``backend``, every field checked: a UsageError naming each wrong one
+    in one line (``source``: how the user named the backend, for that line). The one reader of a
+    backend's optional attributes."""
+    from kernels.backends import KernelSource, runs_on_npu
+    owner = source or getattr(backend, "name", None) or type(backend).__name__
+    missing = [a for a in ("paged_attention_fp8", "qk_matmul_scale") if not callable(getattr(backend, a, None))]
+    if missing:
+        raise UsageError(f"backend {owner!r}: {type(backend).__name__} lacks the method(s) {missing} of "
+                         "kernels.KernelBackend")
+    codec = getattr(backend, "codec", None)
+    notes = getattr(backend, "notes", None)
+    source_record = getattr(backend, "kernel_source", None)
+    fields: dict[str, Any] = {
+        "name": getattr(backend, "name", _MISSING),
+        "codec": _codec_name(codec),
+        "model": getattr(backend, "model", None),
+        "supported_shapes": getattr(backend, "supported_shapes", None),
+        "has_skip_reason": callable(getattr(backend, "skip_reason", None)),
+        "has_estimate": callable(getattr(backend, "estimate", None)),
+        "spec_codec_not_applicable": getattr(backend, "spec_codec_not_applicable", None),
+        "out_of_bounds_reads": getattr(backend, "out_of_bounds_reads", None),
+        "threads": getattr(backend, "threads", None),
+        "kernel_errors_spoil_process": getattr(backend, "kernel_errors_spoil_process", False),
+        "shrink_calls": getattr(backend, "shrink_calls", None),
+        "default_budget_s": getattr(backend, "default_budget_s", None),
+        "fallback": getattr(backend, "fallback", False),
+        "selection": getattr(backend, "selection", None),
+        "notes": tuple(notes()) if callable(notes) else _MISSING if notes is not None else (),
+        "kernel_source": source_record.to_dict() if isinstance(source_record, KernelSource) else source_record,
+        "runs_on_npu": runs_on_npu(backend),
+    }
+    return _checked(owner, fields)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _codec_name(codec: object) -> object:
+    """The name of ``codec`` when it is None or one of golden.codec.CODECS (by object or name), else itself
+    (refused by :func:`_checked`, which names it)."""
+    from golden.codec import CODECS, Fp8Codec
+    if codec is None:
+        return "spec"
+    if isinstance(codec, Fp8Codec) and CODECS.get(codec.name) is codec:
+        return codec.name
+    if isinstance(codec, str) and codec in CODECS:
+        return codec
+    return codec
+
+
+def _is_count(value: object, *, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _checked(owner: str, fields: dict[str, Any]) -> Capabilities:
+    """``Capabilities(**fields)`` once every field is what the contract says; else one UsageError naming
+    each wrong field, its value and what is expected."""
+    from golden.codec import CODECS
+    from golden.model import ConformanceModel
+    wrong: list[str] = []
+
+    def bad(field: str, expected: str) -> None:
+        wrong.append(f"{field}={fields.get(field, _MISSING)!r} must be {expected}")
+
+    name = fields.get("name", _MISSING)
+    if not (isinstance(name, str) and name.strip()):
+        bad("name", "a non-empty string (how reports name the backend)")
+    if fields.get("codec") not in CODECS:
+        bad("codec", f"None (the spec's E4M3) or one of golden.codec.CODECS {sorted(CODECS)} (by object or name)")
+    model = fields.get("model")
+    if model is not None:
+        if not isinstance(model, ConformanceModel):
+            bad("model", "a golden.model.ConformanceModel narrower than SPEC §4.1, or None")
+        else:
+            try:
+                model.check_narrower(f"backend {owner!r}")
+            except UsageError as exc:
+                wrong.append(str(exc).removeprefix(f"backend {owner!r}").lstrip(" :"))
+    shapes = fields.get("supported_shapes")
+    if shapes is not None:
+        good = isinstance(shapes, Mapping) and shapes and set(shapes) <= set(SHAPE_FIELDS) and all(
+            isinstance(v, (tuple, list)) and v and all(_is_count(x, least=1) for x in v) for v in shapes.values())
+        if not good:
+            bad("supported_shapes", f"None or a dict of some of {SHAPE_FIELDS} to tuples of positive ints, "
+                                    "such as {'head_dim': (128,), 'block_size': (128,)}")
+        else:
+            fields["supported_shapes"] = {k: tuple(v) for k, v in shapes.items()}
+    for field in ("spec_codec_not_applicable", "out_of_bounds_reads", "selection"):
+        if fields.get(field) is not None and not isinstance(fields[field], str):
+            bad(field, "None or a string")
+    if fields.get("threads") is not None and not _is_count(fields["threads"], least=1):
+        bad("threads", "None or an int >= 1")
+    if fields.get("shrink_calls") is not None and not _is_count(fields["shrink_calls"]):
+        bad("shrink_calls", "None or an int >= 0")
+    budget = fields.get("default_budget_s")
+    if budget is not None and not (isinstance(budget, (int, float)) and not isinstance(budget, bool)
+                                   and math.isfinite(budget) and budget >= 0):
+        bad("default_budget_s", "None or a number of seconds >= 0")
+    for field in ("has_skip_reason", "has_estimate", "kernel_errors_spoil_process", "fallback", "runs_on_npu"):
+        if not isinstance(fields.get(field, False), bool):
+            bad(field, "True or False")
+    notes = fields.get("notes", ())
+    if not (isinstance(notes, tuple) and all(isinstance(n, str) for n in notes)):
+        bad("notes", "a method notes() returning a list of strings")
+    kernel_source = fields.get("kernel_source")
+    if kernel_source is not None and not isinstance(kernel_source, Mapping):
+        bad("kernel_source", "None or a kernels.backends.KernelSource")
+    if wrong:
+        raise UsageError(f"backend {owner!r} breaks the backend contract (kernels.KernelBackend, "
+                         f"kernels.Capabilities): " + "; ".join(wrong))
+    return Capabilities(**fields)
+
+
+def optional_method(backend: object, name: str) -> Callable[..., Any] | None:
+    """``backend.<name>`` when it is callable (``skip_reason``, ``estimate``), else None."""
+    method = getattr(backend, name, None)
+    return method if callable(method) else None

@@ -1,0 +1,199 @@
+"""The kernel's own process: ``python -m kernels.backends.sandbox --requests FD --replies FD --parent PID``.
+
+kernels/backends/supervisor.py starts it; it loads one backend and runs its calls, one at a time, and
+nothing else. It never judges: what a call returns (its output's bits, the inputs it changed, what it
+raised) goes back as data (kernels/backends/wire.py) to the supervisor's process, which decides.
+
+Its life is its parent's: it asks the kernel (Linux ``prctl(PR_SET_PDEATHSIG)``) to kill it when the
+parent ends, exits when the parent is already gone or its request pipe closes, and runs in a session
+of its own (the supervisor kills the whole group, so the terminal's Ctrl-C never reaches a kernel
+halfway through a call and a kernel's children end with it).
+
+Messages (the supervisor's side is :class:`kernels.backends.supervisor.Worker`):
+
+=========================  =====================================================================
+request                    reply
+=========================  =====================================================================
+``load`` backend, options  ``ready`` capabilities (kernels.Capabilities.to_dict), or ``refused``
+                           (kind ``unavailable`` or ``usage``, message)
+``call`` op, scalars,      ``result`` the output tensor and the inputs the call changed, or
+tensors                    ``raised`` (kind, type, message); ``spoiled`` when the process must not
+                           run another call (pypto after a failure inside its trace, W7)
+``skip_reason`` configs    ``answers``: per config None or {kind, reason}
+``estimate`` configs       ``answers``: per config None or {seconds, text}
+=========================  =====================================================================
+
+A kernel that raises SystemExit or KeyboardInterrupt, or writes nothing, is answered ``raised`` like
+any other exception; one that ends the process (``os._exit``, a crash, a signal) leaves the pipe
+closed, and the supervisor names how the process ended.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+__all__ = ["main", "die_with_parent"]
+
+#: An error's text is cut to this many characters (the header limit of kernels/backends/wire.py).
+_TEXT = 20_000
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it ends; exit at once when the
+    parent ``parent`` is already gone (it died before the request was made)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):     # not Linux: the closed request pipe still ends this process
+        pass
+    if os.getppid() != parent:
+        os._exit(3)
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    """``raised``/``refused`` fields of an exception: kind, its type's name and its text."""
+    from golden.errors import UsageError
+    from kernels.backends import BackendUnavailable, KernelRunError
+    if isinstance(exc, BackendUnavailable):
+        kind, text = "unavailable", exc.reason
+    elif isinstance(exc, KernelRunError):
+        kind, text = "kernel_run", str(exc)
+    elif isinstance(exc, UsageError):
+        kind, text = "usage", str(exc)
+    elif isinstance(exc, SystemExit):
+        kind, text = "exit", f"the kernel called sys.exit({exc.code!r})"
+    elif isinstance(exc, KeyboardInterrupt):
+        kind, text = "interrupt", "the kernel raised KeyboardInterrupt"
+    else:
+        kind, text = "raised", str(exc).strip()
+    where = "".join(traceback.format_exception(exc)[-6:])
+    return {"kind": kind, "type_name": type(exc).__name__, "message": text[:_TEXT], "traceback": where[-_TEXT:]}
+
+
+def _load(header: dict[str, Any]) -> tuple[object, dict[str, Any]]:
+    import torch
+
+    import kernels
+    from kernels.backends import limit_time
+    from kernels.backends.contract import capabilities_of
+    name, options = header["backend"], dict(header.get("options") or {})
+    device = header.get("device")
+    backend = kernels.get_backend(name, device=device, **options) if device is not None else \
+        kernels.get_backend(name, **options)
+    backend = limit_time(backend, header.get("max_seconds"))
+    capabilities = capabilities_of(backend, source=name)
+    threads = capabilities.threads or header.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    return backend, capabilities.to_dict()
+
+
+def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> tuple[dict[str, Any], list]:
+    import torch
+
+    from kernels.backends import wire
+    tensors = wire.unpack_tensors(header["tensors"], buffers)
+    before = {k: bytes(t.contiguous().view(torch.uint8).reshape(-1).numpy()) if t.numel() else b""
+              for k, t in tensors.items()}
+    op = header["op"]
+    if op not in ("paged_attention_fp8", "qk_matmul_scale"):
+        return {"type": "raised", "kind": "usage", "type_name": "ValueError", "message": f"op={op!r} is not a kernel"}, []
+    start = time.perf_counter()
+    out = getattr(backend, op)(**tensors, **header.get("scalars", {}))
+    seconds = time.perf_counter() - start
+    changed = {}
+    for k, t in tensors.items():
+        now = bytes(t.contiguous().view(torch.uint8).reshape(-1).numpy()) if t.numel() else b""
+        if now != before[k]:
+            changed[k] = t
+    if not isinstance(out, torch.Tensor):
+        return {"type": "raised", "kind": "kernel_run", "type_name": "TypeError",
+                "message": f"the kernel returned {type(out).__name__}, not a torch.Tensor", "seconds": seconds}, []
+    if out.device.type != "cpu":
+        return {"type": "raised", "kind": "kernel_run", "type_name": "ValueError",
+                "message": f"the kernel returned a tensor on {out.device}; SPEC §1 asks for a CPU tensor",
+                "seconds": seconds}, []
+    # A plain tensor of the same bits: a subclass's methods never run on the judging side.
+    plain = {"output": out.as_subclass(torch.Tensor) if type(out) is not torch.Tensor else out}
+    entries, buffers_out = wire.pack_tensors({**plain, **changed})
+    return {"type": "result", "tensors": entries, "changed": sorted(changed), "seconds": seconds}, buffers_out
+
+
+def _answers(backend: object, header: dict[str, Any]) -> dict[str, Any]:
+    from golden import PagedAttentionConfig
+    method = getattr(backend, header["type"], None)
+    answers: list[Any] = []
+    for config in header["configs"]:
+        result = method(PagedAttentionConfig.from_dict(config)) if callable(method) else None
+        if result is None:
+            answers.append(None)
+        elif header["type"] == "skip_reason":
+            answers.append({"kind": str(getattr(result, "kind", "")), "reason": str(getattr(result, "reason", result))})
+        else:
+            answers.append({"seconds": float(result.seconds), "text": str(result.describe())})
+    return {"type": "answers", "answers": answers}
+
+
+def _spoiled() -> str | None:
+    if "kernels.pypto_workarounds" not in sys.modules:
+        return None
+    from kernels.pypto_workarounds import spoiled
+    return spoiled()
+
+
+def serve(requests: int, replies: int) -> None:
+    """Answer requests until the pipe closes (or the load fails)."""
+    from kernels.backends import wire
+    backend: object = None
+    while True:
+        try:
+            header, buffers = wire.read_message(requests, max_bytes=2**40)
+        except wire.PeerClosed:
+            return
+        kind = header.get("type")
+        reply: dict[str, Any]
+        out: list = []
+        try:
+            if kind == "load":
+                try:
+                    backend, capabilities = _load(header)
+                    reply = {"type": "ready", "capabilities": capabilities, "pid": os.getpid()}
+                except BaseException as exc:  # noqa: BLE001 - a factory that exits or raises cannot start
+                    reply = {"type": "refused", **_error(exc)}
+            elif kind == "call":
+                try:
+                    reply, out = _call(backend, header, buffers)
+                except BaseException as exc:  # noqa: BLE001 - whatever the kernel raises is reported, as data
+                    reply = {"type": "raised", **_error(exc)}
+                reply["spoiled"] = _spoiled()
+            elif kind in ("skip_reason", "estimate"):
+                reply = _answers(backend, header)
+            else:
+                reply = {"type": "raised", "kind": "usage", "type_name": "ValueError",
+                         "message": f"unknown request {kind!r}"}
+        except BaseException as exc:  # noqa: BLE001 - a backend's skip_reason or estimate that fails
+            reply = {"type": "raised", **_error(exc)}
+        wire.write_message(replies, reply, out)
+        if kind == "load" and reply["type"] == "refused":
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.backends.sandbox")
+    parser.add_argument("--requests", type=int, required=True)
+    parser.add_argument("--replies", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    serve(args.requests, args.replies)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
