@@ -74,7 +74,8 @@ class Capabilities:
     """Everything the suite reads from a backend, each optional field with the default it assumes.
 
     * ``name`` -- how reports name the backend (required: a non-empty string).
-    * ``codec`` -- the name of the golden.codec codec its FP8 conversions follow (default: ``spec``;
+    * ``codec`` -- the name of the golden.codec codec its FP8 conversions follow (default: the spec's,
+      ``e4m3fn-sat``;
       one of golden.codec.CODECS: the golden must be able to compute with it).
     * ``model`` -- the golden.model.ConformanceModel it declared (None: it declared none and is judged
       by SPEC §4.1 as written); a wider one than SPEC §4.1 is refused, naming the field.
@@ -100,7 +101,7 @@ class Capabilities:
     """
 
     name: str
-    codec: str = "spec"
+    codec: str = "e4m3fn-sat"
     model: ConformanceModel | None = None
     supported_shapes: Mapping[str, tuple[int, ...]] | None = None
     has_skip_reason: bool = False
@@ -210,9 +211,9 @@ _MISSING: Any = _Missing()
 def _codec_name(codec: object) -> object:
     """The name of ``codec`` when it is None or one of golden.codec.CODECS (by object or name), else itself
     (refused by :func:`_checked`, which names it)."""
-    from golden.codec import CODECS, Fp8Codec
+    from golden.codec import CODECS, SPEC_CODEC, Fp8Codec
     if codec is None:
-        return "spec"
+        return SPEC_CODEC.name
     if isinstance(codec, Fp8Codec) and CODECS.get(codec.name) is codec:
         return codec.name
     if isinstance(codec, str) and codec in CODECS:

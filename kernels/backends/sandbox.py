@@ -99,8 +99,7 @@ def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> 
 
     from kernels.backends import wire
     tensors = wire.unpack_tensors(header["tensors"], buffers)
-    before = {k: bytes(t.contiguous().view(torch.uint8).reshape(-1).numpy()) if t.numel() else b""
-              for k, t in tensors.items()}
+    before = {k: bytes(wire.raw_bytes(t)) for k, t in tensors.items()}
     op = header["op"]
     if op not in ("paged_attention_fp8", "qk_matmul_scale"):
         return {"type": "raised", "kind": "usage", "type_name": "ValueError", "message": f"op={op!r} is not a kernel"}, []
@@ -109,8 +108,7 @@ def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> 
     seconds = time.perf_counter() - start
     changed = {}
     for k, t in tensors.items():
-        now = bytes(t.contiguous().view(torch.uint8).reshape(-1).numpy()) if t.numel() else b""
-        if now != before[k]:
+        if wire.raw_bytes(t) != before[k]:
             changed[k] = t
     if not isinstance(out, torch.Tensor):
         return {"type": "raised", "kind": "kernel_run", "type_name": "TypeError",

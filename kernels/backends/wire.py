@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 __all__ = ["WireError", "PeerClosed", "MAGIC", "MAX_HEADER_BYTES", "DTYPES", "write_message", "read_message",
-           "pack_tensors", "unpack_tensors"]
+           "pack_tensors", "unpack_tensors", "raw_bytes"]
 
 MAGIC = b"PFAW"
 #: A header holds names, shapes and short texts (an error's message is cut to 20,000 characters).
@@ -111,12 +111,22 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, An
         dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in DTYPES:
             raise WireError(f"tensor {name!r} has dtype {t.dtype}, which does not cross (expected one of {sorted(DTYPES)})")
-        flat = t.detach().cpu().contiguous().reshape(-1)
-        raw = flat.view(torch.uint8) if flat.element_size() > 0 and flat.numel() else torch.empty(0, dtype=torch.uint8)
         entries.append({"name": name, "dtype": dtype, "shape": list(t.shape), "stride": list(t.stride()),
                         "buffer": len(buffers)})
-        buffers.append(memoryview(raw.numpy()))
+        buffers.append(raw_bytes(t))
     return entries, buffers
+
+
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of ``t``'s elements in memory order of a contiguous copy (no copy when it is one)."""
+    flat = t.detach().cpu().reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:          # a one-element view keeps its odd stride
+        flat = flat.clone(memory_format=torch.contiguous_format).as_strided((flat.numel(),), (1,))
+    if not flat.numel():
+        return memoryview(b"")
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def unpack_tensors(entries: object, buffers: Sequence[bytearray]) -> dict[str, torch.Tensor]:
