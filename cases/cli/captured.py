@@ -18,12 +18,16 @@ def _cmd_list(args) -> int:
     ids = regressions.list_ids(directory=args.dir)
     if not ids:
         print(f"no captured regressions in {regressions.directory(args.dir)}")
-        return 0
     for rid in ids:
         try:
             print(regressions.load(rid, directory=args.dir).summary())
-        except UsageError as exc:
+        except UsageError as exc:   # damaged, half-written by an older writer, or not a case file at all
             print(f"{rid}  unreadable: {exc}")
+    stale, young = regressions.leftovers(args.dir)
+    for item in stale:
+        print(f"leftover {item.name}: {item.why} (`pfa-verify cases prune` removes it)")
+    for item in young:
+        print(f"leftover {item.name}: {item.why}")
     return 0
 
 
@@ -33,6 +37,10 @@ def _cmd_show(args) -> int:
     data = reg.to_json()
     message = data.pop("message")
     print(json.dumps(data, indent=2))
+    if reg.tensors:
+        checked = ("its sha256 matches the record" if reg.tensors_sha256 else
+                   "an older record without a sha256")
+        print(f"\ntensors: {reg.tensors} ({checked}; names, dtypes and shapes are those the config implies)")
     print("\nmessage:\n" + message)
     return 0
 
@@ -105,19 +113,27 @@ def _cmd_prune(args) -> int:
         except Exception as exc:  # noqa: BLE001 - a case the backend crashes on is kept, and said so
             print(f"kept {rid}: the {reg.backend} backend raised ({type(exc).__name__}: {exc})")
             continue
+        if not args.dry_run:
+            _changing(folder, regressions.remove, rid, directory=args.dir)
         print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {reg.backend})")
         removed += 1
-        if not args.dry_run:
-            for suffix in (".json", ".npz"):
-                (folder / f"{rid}{suffix}").unlink(missing_ok=True)
-    known = set(regressions.list_ids(directory=args.dir))
-    for npz in folder.glob("*.npz") if folder.is_dir() else ():
-        if npz.stem not in known:
-            print(f"{'would remove' if args.dry_run else 'removed'} orphan {npz.name}")
-            if not args.dry_run:
-                npz.unlink()
-    print(f"{removed} passing case(s) {'to remove' if args.dry_run else 'removed'}")
+    stale, young = _changing(folder, regressions.remove_leftovers, args.dir, dry_run=args.dry_run)
+    for item in stale:
+        print(f"{'would remove' if args.dry_run else 'removed'} leftover {item.name} ({item.why})")
+    for item in young:
+        print(f"kept {item.name} ({item.why})")
+    print(f"{removed} passing case(s) and {len(stale)} leftover file(s) {'to remove' if args.dry_run else 'removed'} "
+          f"in {folder}")
     return 0
+
+
+def _changing(folder, action, *args, **kwargs):
+    """``action`` on the folder's files: one the OS refuses (a read-only folder) is one line and exit 2."""
+    from golden.errors import UsageError
+    try:
+        return action(*args, **kwargs)
+    except OSError as exc:
+        raise UsageError(f"cases prune: cannot remove files in {folder}: {exc.strerror or exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     replay.add_argument("--backend", default=None, help="backend to replay on (default: the captured one)")
     replay.set_defaults(func=_cmd_replay)
     prune = sub.add_parser("prune", help="delete captured cases that pass now on the backend they were captured "
-                                         "on (ledger entries are kept)")
+                                         "on (ledger entries are kept), and leftovers: temporary files older than "
+                                         "an hour and .npz files no case names")
     prune.add_argument("--backend", default=None, help="only cases captured on this backend")
     prune.add_argument("--dry-run", action="store_true")
     prune.set_defaults(func=_cmd_prune)

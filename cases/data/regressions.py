@@ -1,4 +1,4 @@
-"""Captured failures: cases/regressions/<id>.json (+ <id>.npz), written before a failure is reported.
+"""Captured failures: cases/regressions/<id>.json (+ <id>-<sha12>.npz), written before a failure is reported.
 
 This module is the one writer of regression files. :func:`check` runs a law of
 :mod:`properties.laws` by name and, when it fails, captures the case and re-raises with the replay
@@ -9,13 +9,22 @@ under (the ``acceptance`` law is :func:`properties.acceptance.judge`, whatever r
 A regression file records everything needed to replay one failed law in a fresh process: the law's
 name and parameters, the case (a golden config and seed, or an AT-12 case, or a quantizer input),
 the backend, the tolerance in force, the failure message and the package versions. Tensors the case
-was run on are stored next to it in an .npz (fp8 as uint8 codes; never pickle, loaded with
-allow_pickle=False), so a replay does not depend on ``golden.make_inputs`` staying the same.
+was run on are stored next to it in an .npz named by its content (cases/data/capture_tensors.py: fp8 as
+uint8 codes; never pickle), whose sha256 and arrays the record lists, so a replay does not depend on
+``golden.make_inputs`` staying the same.
+
+Evidence that survives (cases/data/capture_files.py): :func:`save` writes the .npz, then the record,
+each through a unique temporary file, fsynced and renamed into place, holding the folder's lock; a
+re-capture never destroys the capture it replaces, and a write that fails leaves nothing behind and
+raises :class:`CaptureWriteError` (one line naming the path and the OS error). :func:`leftovers` and
+:func:`remove_leftovers` find and remove what killed writers leave (``cases prune``).
 
 A case file is data: its JSON Schema is cases/regression.schema.json, checked where it is written
 (:func:`save`) and read (:func:`load`). :func:`load` rejects, with a UsageError (a ValueError) naming
-the file, anything malformed, and a case whose tensors would exceed ``golden.memory_limit()`` (checked
-from the config and the .npz headers before anything is allocated).
+the file, anything malformed: a record or .npz that is not a regular file in the folder, over its size
+limit, a record nested deeper than ``MAX_JSON_DEPTH``, an .npz whose sha256 is not the record's, or
+whose arrays are not those the case's config implies (names, dtypes, shapes: checked for every format),
+and a case over ``golden.memory_limit()`` (from the config, before anything is allocated).
 
 The id is a hash of (law, backend, case, parameters): capturing the same failure twice rewrites the
 same file. Hypothesis's database is a cache; this folder is the record. The folder is
@@ -23,29 +32,35 @@ cases/regressions/ unless ``PFA_VERIFY_REGRESSIONS`` names another (tests use a 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
 import math
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from golden.errors import UsageError
-from cases.data import FOLDER
+from cases.data import FOLDER, capture_files, capture_tensors
+from cases.data.capture_files import CaptureWriteError, Leftover, MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS
 
 __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
-           "replay", "replay_command", "kernel_raised", "FORMAT_VERSION", "MAX_FILE_BYTES"]
+           "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers",
+           "CaptureWriteError", "Leftover", "FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_NPZ_BYTES", "MAX_JSON_DEPTH",
+           "STALE_TEMPORARY_SECONDS"]
 
 # Format 2 (pfa-verify after issue 9): make_inputs' "tiny" distribution shrinks Q and K only. A
 # format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
-FORMAT_VERSION = 2
+# Format 3: the .npz is named by its content and the record carries its sha256 and arrays. Formats 1
+# and 2 are still read, their .npz checked for names, dtypes and shapes (they carry no sha256).
+FORMAT_VERSION = 3
 _TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
+MAX_NPZ_BYTES = _TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy headers, markers and zip directory
 
 
 def directory(path=None) -> Path:
@@ -102,21 +117,23 @@ class Regression:
     created: str
     tensors: str | None = None   # name of the .npz next to the JSON, when inputs were stored
     explicit: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+    tensors_sha256: str | None = None   # of the .npz file; None for a record of format 1 or 2
+    arrays: list | None = None          # each stored tensor's name, dtype, stored_as and shape
 
     @classmethod
     def from_failure(cls, law: str, backend: str, case, params: dict, message: str) -> "Regression":
         case_d = _case_to_dict(case)
         key = json.dumps([law, backend, case_d, params], sort_keys=True, default=str)
         rid = hashlib.sha256(key.encode()).hexdigest()[:10]
-        explicit = None
+        explicit, stored = None, {}
         if case_d["kind"] == "paged":
             tensors = {k: v for k, v in case.inputs().kwargs().items() if isinstance(v, torch.Tensor)}
             if sum(t.numel() * t.element_size() for t in tensors.values()) <= _TENSOR_BUDGET:
-                explicit = tensors
+                explicit, stored = tensors, _stored(rid, tensors)[1]
         from cases.data.versions import versions
         return cls(rid, law, backend, case_d, dict(params), _tolerance(law), message, versions(),
                    datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   f"{rid}.npz" if explicit else None, explicit)
+                   explicit=explicit, **stored)
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "explicit"}
@@ -130,72 +147,86 @@ class Regression:
         return f"{self.id}  {self.law:<22} {self.backend:<12} {first}"
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return t.view(torch.uint8).numpy()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy()
-    return t.numpy()
-
-
-_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "bfloat16": torch.bfloat16}
+def _stored(rid: str, tensors: dict) -> tuple[bytes, dict]:
+    """The .npz bytes of ``tensors`` and the record's fields for them: the content-named file, its
+    sha256 and its arrays (cases/data/capture_tensors.py)."""
+    blob = capture_tensors.npz_bytes(tensors)
+    digest = hashlib.sha256(blob).hexdigest()
+    return blob, {"tensors": f"{rid}-{digest[:12]}.npz", "tensors_sha256": digest,
+                  "arrays": capture_tensors.describe(tensors)}
 
 
 def save(reg: Regression, *, directory=None) -> Path:
-    """Write ``<id>.json`` (and ``<id>.npz``) into the regressions folder; return the JSON path."""
+    """Write ``<id>.json`` (and its ``<id>-<sha12>.npz``) into the regressions folder; return the JSON path.
+
+    The .npz first, the record last, each fsynced and renamed into place (cases/data/capture_files.py),
+    under the folder's lock; then the .npz the replaced record named, if another, is removed. The
+    record's ``tensors``, ``tensors_sha256`` and ``arrays`` are those of ``reg.explicit`` as written.
+    A failure of the disk or the folder is a :class:`CaptureWriteError`, with nothing of this capture
+    left behind and an earlier capture of ``reg.id`` intact; so is an interrupt before the record is
+    renamed (after it, the capture is made, and the old .npz may stay, an orphan for ``cases prune``).
+    """
     from cases.data.schemas import check_written
-    data = reg.to_json()
+    blob, stored = (_stored(reg.id, reg.explicit) if reg.explicit
+                    else (None, dict.fromkeys(("tensors", "tensors_sha256", "arrays"))))
+    data = {**reg.to_json(), **stored}
     check_written(data, "regression")
+    text = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode()
     folder = globals()["directory"](directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    if reg.explicit:
-        arrays = {k: _to_numpy(v) for k, v in reg.explicit.items()}
-        arrays.update({f"__dtype__{k}": np.array(str(v.dtype).removeprefix("torch.")) for k, v in reg.explicit.items()})
-        np.savez(folder / f"{reg.id}.npz", **arrays)
     path = folder / f"{reg.id}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    try:
+        capture_files.commit(folder, path.name, text, stored["tensors"], blob, record_limit=MAX_FILE_BYTES)
+    except CaptureWriteError:
+        raise
+    except OSError as exc:
+        raise CaptureWriteError(path, exc) from None
     return path
 
 
-def _check_npz(path: Path, limit: int) -> None:
-    """Reject an .npz whose arrays would hold more than ``limit`` bytes, from the .npy headers of its
-    members alone (shape and dtype; nothing is allocated), and one that is not a readable zip."""
-    total = 0
-    try:
-        with zipfile.ZipFile(path) as z:
-            for info in z.infolist():
-                with z.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    read = {(1, 0): np.lib.format.read_array_header_1_0,
-                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-                    if read is None:
-                        raise UsageError(f"member {info.filename}: .npy format {version} is not supported")
-                    shape, _, dtype = read(member)
-                    total += int(np.prod(shape, dtype=object)) * dtype.itemsize
-    except (OSError, zipfile.BadZipFile, ValueError, TypeError) as exc:
-        raise UsageError(f"{path.name}: not a readable .npz ({exc})") from None
-    if total > limit:
-        raise UsageError(f"{path.name}: its arrays would hold {total} bytes, over the limit of {limit} "
-                         "(--max-bytes or PFA_VERIFY_MAX_BYTES)")
+def remove(regression_id: str, *, directory=None) -> list[str]:
+    """Delete a capture (its record first, then the .npz it names), under the folder's lock; the names
+    removed. A missing capture removes nothing."""
+    folder = globals()["directory"](directory)
+    if not capture_files.is_plain_name(regression_id) or not folder.is_dir():
+        return []
+    return capture_files.discard(folder, f"{regression_id}.json", record_limit=MAX_FILE_BYTES)
 
 
-def _load_npz(path: Path) -> dict:
-    import golden
-    _check_npz(path, golden.memory_limit())
-    out = {}
+def leftovers(directory=None, *, min_age: float = STALE_TEMPORARY_SECONDS) -> tuple[list[Leftover], list[Leftover]]:
+    """``(to remove, kept)``: files of the folder that are no part of a capture (capture_files.leftovers):
+    temporary files older than ``min_age`` seconds and .npz files no record names; younger temporary
+    files and the .npz files of an unreadable record are kept."""
+    return capture_files.leftovers(globals()["directory"](directory), MAX_FILE_BYTES, min_age=min_age)
+
+
+def remove_leftovers(directory=None, *, dry_run: bool = False,
+                     min_age: float = STALE_TEMPORARY_SECONDS) -> tuple[list[Leftover], list[Leftover]]:
+    """Remove :func:`leftovers` (unless ``dry_run``), under the folder's lock so that no capture is
+    writing meanwhile; ``(removed or to remove, kept)``."""
+    return capture_files.sweep(globals()["directory"](directory), MAX_FILE_BYTES, dry_run=dry_run, min_age=min_age)
+
+
+def _load_tensors(folder: Path, record: str, data: dict, config) -> dict:
+    """The stored tensors of a paged case's record ``data``: the .npz against the record's sha256 (format
+    3), then every array against what ``config`` implies (every format)."""
+    name = data["tensors"]
+    want = capture_tensors.expected(config)
+    if data.get("arrays") is not None and data["arrays"] != want:
+        differ = next((f"{a}" for a, w in zip(data["arrays"], want) if a != w), f"{len(data['arrays'])} arrays")
+        raise UsageError(f"{record}: its arrays are not those its config implies (first: {differ})")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            for key in z.files:
-                if key.startswith("__dtype__"):
-                    continue
-                dtype = str(z[f"__dtype__{key}"]) if f"__dtype__{key}" in z.files else None
-                t = torch.from_numpy(np.array(z[key]))
-                out[key] = t.view(_DTYPES[dtype]) if dtype in _DTYPES else t
-    except (OSError, ValueError, KeyError, MemoryError) as exc:
-        raise UsageError(f"{path.name}: cannot read its tensors ({exc})") from None
-    return out
+        blob = capture_files.read_regular(folder / name, MAX_NPZ_BYTES,
+                                          missing=f"{record}: its tensors file {name} is missing")
+    except UsageError:
+        if capture_files.pointer(folder / record, MAX_FILE_BYTES)[1] != name:
+            raise _Recaptured(record) from None   # re-captured since the record was read: read it again
+        raise
+    if data.get("tensors_sha256") is not None:
+        digest = hashlib.sha256(blob).hexdigest()
+        if digest != data["tensors_sha256"]:
+            raise UsageError(f"{name}: sha256 {digest[:12]}... is not {data['tensors_sha256'][:12]}... that {record} "
+                             "records: the file was damaged or replaced")
+    return capture_tensors.read_npz(blob, name, want)
 
 
 def _check_schema(name: str, data) -> None:
@@ -213,21 +244,30 @@ def _check_schema(name: str, data) -> None:
                          f"got {len(case['values'])}")
 
 
+class _Recaptured(Exception):
+    """The record named an .npz that a re-capture has since replaced."""
+
+
 def load(id_or_path, *, directory=None) -> Regression:
     """Read a regression by id (in the folder) or by path. A UsageError naming the file for anything
     that is not a well-formed case: unknown or missing fields, bad JSON, a config the golden rejects,
-    a case over the memory limit (golden.check_size), tensors that do not load."""
+    a case over the memory limit (golden.check_size), tensors that do not load (the module docstring)."""
     p = Path(id_or_path)
     if p.suffix != ".json":
+        if not capture_files.is_plain_name(str(id_or_path)):
+            raise UsageError(f"regression {id_or_path!r}: not an id (the name of a case file in the folder, "
+                             "as `pfa-verify cases list` shows it) nor a path to a .json file")
         p = globals()["directory"](directory) / f"{id_or_path}.json"
-    if not p.is_file():
-        raise UsageError(f"regression {id_or_path!r}: no file {p}")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise UsageError(f"{p.name}: {p.stat().st_size} bytes is too large for a case file (at most {MAX_FILE_BYTES})")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{p.name}: not valid JSON ({exc})") from None
+    for _ in range(3):
+        with contextlib.suppress(_Recaptured):
+            return _load_record(p, id_or_path)
+    raise UsageError(f"{p.name}: re-captured three times while it was read; read it again")
+
+
+def _load_record(p: Path, id_or_path) -> Regression:
+    """One reading of the record ``p`` and its tensors (:func:`load` reads again after a re-capture)."""
+    blob = capture_files.read_regular(p, MAX_FILE_BYTES, missing=f"regression {id_or_path!r}: no file {p}")
+    data = capture_files.parse_json(blob, p.name)
     _check_schema(p.name, data)
     fmt = data.pop("format")
     case = data["case"]
@@ -254,13 +294,22 @@ def load(id_or_path, *, directory=None) -> Regression:
             raise UsageError(f"{p.name}: an AT-12 case of {probe.q_tile} x {probe.k_tile} x {probe.head_dim} needs "
                              f"{need} bytes, over the limit of {golden.memory_limit()}")
     if data.get("tensors"):
-        reg = dataclasses.replace(reg, explicit=_load_npz(p.parent / Path(data["tensors"]).name))
+        if case.get("kind") != "paged":
+            raise UsageError(f"{p.name}: a case of kind {case.get('kind')!r} stores no tensors, "
+                             f"yet names {data['tensors']}")
+        reg = dataclasses.replace(reg, explicit=_load_tensors(p.parent, p.name, data, probe.config))
     return reg
 
 
 def list_ids(*, directory=None) -> list[str]:
+    """The ids of the folder's records (``<id>.json``, not hidden), from its entries alone: nothing is
+    opened, so a record that is a FIFO or a link is listed, and :func:`load` says why it is refused."""
     folder = globals()["directory"](directory)
-    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries]
+    return sorted(n.removesuffix(".json") for n in names if n.endswith(".json") and capture_files.is_plain_name(n))
 
 
 def should_capture() -> bool:
@@ -286,13 +335,14 @@ def capture(law: str, backend_name: str, case, params: dict, message: str, *, en
     """Capture a failure of ``law``: ``(replay command or None, the line that ends its message)``.
 
     Written when ``enabled`` and :func:`should_capture`; with ``enabled`` False the line says the case
-    was not kept, instead of naming an id that does not exist on disk.
+    was not kept, instead of naming an id that does not exist on disk. A capture the disk or the folder
+    refuses raises :class:`CaptureWriteError` (one line; nothing left behind).
     """
     if not enabled:
         return None, "Not captured (--no-capture): run again without it to keep a replayable case"
-    reg = Regression.from_failure(law, backend_name, case, params, message)
     if not should_capture():
         return None, "Replay: captured once hypothesis has shrunk this example"
+    reg = Regression.from_failure(law, backend_name, case, params, message)
     save(reg, directory=directory)
     command = replay_command(reg.id, directory)
     return command, f"Replay: {command}"
@@ -301,25 +351,32 @@ def capture(law: str, backend_name: str, case, params: dict, message: str, *, en
 def check(law: str, backend, case, *, backend_name: str | None = None, capture_failures: bool = True,
           directory=None, **params) -> None:
     """Run law ``law`` (properties.laws); on failure capture the case (:func:`capture`) and re-raise
-    with the replay command as the message's last line. ``backend_name`` is how a fresh process
-    rebuilds the backend (default: ``backend.name``)."""
+    with the replay command as the message's last line (or, when the capture could not be written,
+    a line saying so: the law's failure is the news, not the disk's). ``backend_name`` is how a fresh
+    process rebuilds the backend (default: ``backend.name``)."""
     __tracebackhide__ = True
     from kernels import KernelRunError
     from properties import laws
+    name = backend_name or getattr(backend, "name", "golden")
     try:
         laws.run(law, backend, case, **params)
     except AssertionError as exc:
         message = str(exc)
-        _, line = capture(law, backend_name or getattr(backend, "name", "golden"), case, params, message,
-                          enabled=capture_failures, directory=directory)
+        line = _capture_line(law, name, case, params, message, capture_failures, directory)
         raise AssertionError(f"{message}\n{line}") from None
     except KernelRunError as exc:
         # The kernel did not deliver (an out-of-bounds read, a failure inside pypto): a failure of this case
         # like any other, captured and replayable, its message naming the case.
         message = kernel_raised(law, backend, case, exc)
-        _, line = capture(law, backend_name or getattr(backend, "name", "golden"), case, params, message,
-                          enabled=capture_failures, directory=directory)
+        line = _capture_line(law, name, case, params, message, capture_failures, directory)
         raise AssertionError(f"{message}\n{line}") from exc
+
+
+def _capture_line(law, backend_name, case, params, message, enabled, directory) -> str:
+    try:
+        return capture(law, backend_name, case, params, message, enabled=enabled, directory=directory)[1]
+    except CaptureWriteError as exc:
+        return f"Not captured: {exc}"
 
 
 def kernel_raised(law: str, backend, case, exc: BaseException) -> str:

@@ -126,7 +126,7 @@ def test_oversized_case_file_is_rejected_before_anything_is_allocated(tmp_path, 
     rid = _capture(tmp_path)
     path = tmp_path / f"{rid}.json"
     data = json.loads(path.read_text())
-    data["tensors"] = None
+    data.update(tensors=None, tensors_sha256=None, arrays=None)
     data["case"]["config"].update(batch=4096, s2=1048576, nq=64, nkv=8, head_dim=128, block_size=128,
                                   s2_tile=128, kv_act_seqs=None, max_blocks=None, num_blocks=None)
     path.write_text(json.dumps(data))

@@ -47,25 +47,46 @@ def test_same_failure_same_id(tmp_path):
     assert a.id != regressions.Regression.from_failure("acceptance", "sim", CASE, {}, "m1").id
 
 
+UNPICKLED = []
+
+
+class _Tripwire:
+    """Unpickling one of these records it: a loader that unpickles fails the test below."""
+
+    def __reduce__(self):
+        return (UNPICKLED.append, ("unpickled",))
+
+
 def test_npz_is_loaded_without_pickle(tmp_path):
+    """An .npz member holding pickled objects is refused from its header (dtype object), and never
+    unpickled: the tripwire inside it would record it."""
+    import hashlib
     reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
-    regressions.save(reg, directory=tmp_path)
-    np.savez(tmp_path / f"{reg.id}.npz", q=np.array([object()], dtype=object))
-    with pytest.raises(ValueError, match="allow_pickle"):
+    path = regressions.save(reg, directory=tmp_path)
+    data = json.loads(path.read_text())
+    npz = tmp_path / data["tensors"]
+    arrays = dict(np.load(npz))
+    arrays["q"] = np.array([_Tripwire()], dtype=object)
+    np.savez(npz, **arrays)
+    data["tensors_sha256"] = hashlib.sha256(npz.read_bytes()).hexdigest()   # the record agrees: only the check is left
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="array 'q' has dtype object, expected uint8"):
         regressions.load(reg.id, directory=tmp_path)
+    assert UNPICKLED == []
 
 
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
     (lambda d: d.pop("law"), r"missing field\(s\) \['law'\]"),
-    (lambda d: d.update(format=99), r"field 'format': 99 is not one of \[1, 2\]"),
+    (lambda d: d.update(format=99), r"field 'format': 99 is not one of \[1, 2, 3\]"),
     (lambda d: d.update(law=["a"]), "field 'law': \\['a'\\] is not of type 'string'"),
     (lambda d: d.update(tensors=5), "field 'tensors': 5 is not of type 'string', 'null'"),
     (lambda d: d.update(message=5), "field 'message': 5 is not of type 'string'"),
     (lambda d: d["case"].update(seed=-1), "field 'case.seed': -1 is less than the minimum of 0"),
     (lambda d: d["case"].update(kind="tensor"), "field 'case.kind': 'tensor' is not one of"),
     (lambda d: d.update(law="no_such_law"), "law 'no_such_law' is not a law"),
-    (lambda d: d.update(format=1, tensors=None) or d["case"]["config"].update(distribution="tiny"),
+    (lambda d: d.update(format=1, tensors=None, tensors_sha256=None, arrays=None)
+     or d["case"]["config"].update(distribution="tiny"),
      "distribution 'tiny' without its tensors cannot be rebuilt"),
     (lambda d: d["case"]["config"].update(nq=3), "nq=3 must be a multiple of nkv=2"),
 ], ids=["unknown field", "missing field", "future format", "law not a string", "tensors not a name",
@@ -125,17 +146,26 @@ def test_bad_cases_of_other_kinds_are_value_errors(tmp_path, case):
         regressions.load(reg.id, directory=tmp_path)
 
 
-def test_npz_whose_header_declares_huge_arrays_is_refused_unread(tmp_path, monkeypatch):
-    """The .npy header says the shape: a member claiming 2^42 float32 is refused before any read."""
+def test_npz_whose_header_declares_huge_arrays_is_refused_unread(tmp_path):
+    """The .npy header says the shape: a member claiming 2^42 float32 (in an old record, which carries
+    no sha256) is refused from its header, before any of its data is read."""
     import io
     import zipfile
     reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
-    regressions.save(reg, directory=tmp_path)
+    path = regressions.save(reg, directory=tmp_path)
+    data = json.loads(path.read_text())
+    data.update(format=2, tensors_sha256=None, arrays=None)
+    path.write_text(json.dumps(data))
+    npz = tmp_path / data["tensors"]
+    with zipfile.ZipFile(npz) as z:
+        members = {name: z.read(name) for name in z.namelist()}
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**42,)})
-    with zipfile.ZipFile(tmp_path / f"{reg.id}.npz", "w") as z:
-        z.writestr("q.npy", header.getvalue())          # the header (with its magic) and no data
-    with pytest.raises(ValueError, match=r"its arrays would hold 17592186044416 bytes, over the limit"):
+    members["q_scale.npy"] = header.getvalue()          # the header (with its magic) and no data
+    with zipfile.ZipFile(npz, "w") as z:
+        for name, body in members.items():
+            z.writestr(name, body)
+    with pytest.raises(ValueError, match=r"array 'q_scale' has shape \[4398046511104\], expected \[4, 4, 1\] "):
         regressions.load(reg.id, directory=tmp_path)
 
 
