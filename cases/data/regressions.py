@@ -38,12 +38,13 @@ import torch
 from golden.errors import UsageError
 from cases.data import FOLDER
 
-__all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
+__all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "FORMAT_VERSION", "MAX_FILE_BYTES"]
 
 # Format 2 (pfa-verify after issue 9): make_inputs' "tiny" distribution shrinks Q and K only. A
 # format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
 FORMAT_VERSION = 2
+REGRESSIONS_ENV = "PFA_VERIFY_REGRESSIONS"   # another regressions folder than cases/regressions/
 _TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
 
@@ -51,7 +52,7 @@ MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anyth
 def directory(path=None) -> Path:
     if path is not None:
         return Path(path)
-    env = os.environ.get("PFA_VERIFY_REGRESSIONS")
+    env = os.environ.get(REGRESSIONS_ENV)
     return Path(env) if env else FOLDER / "regressions"
 
 
@@ -274,7 +275,7 @@ def replay_command(regression_id: str, directory=None) -> str:
     ``directory`` when given, else $PFA_VERIFY_REGRESSIONS when set to another folder (pytest's
     capture), so the line works pasted into a shell without that variable."""
     if directory is None:
-        env = os.environ.get("PFA_VERIFY_REGRESSIONS")
+        env = os.environ.get(REGRESSIONS_ENV)
         default = FOLDER / "regressions"
         directory = env if env and Path(env).resolve() != default else None
     where = f" --dir {directory}" if directory is not None else ""
