@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from .codec import FP8_MAX
+from .errors import UsageError
 from .paging import ceil_div, contiguous_to_paged, gen_block_table, paged_slots, positive_int
 from .quant import quantize_per_channel, quantize_per_token
 from .validate import check_block_table, check_tile, group_size
 
 __all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "make_inputs", "memory_limit",
-           "check_size", "MAX_BYTES_ENV", "drawn_values"]
+           "parse_byte_count", "check_size", "MAX_BYTES_ENV", "drawn_values"]
 
 #: Environment variable that sets the largest case, in bytes (see :func:`memory_limit`).
 MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
@@ -280,18 +281,24 @@ def _large_logits(q: torch.Tensor, k: torch.Tensor, c: PagedAttentionConfig) -> 
     return q, k
 
 
+def parse_byte_count(text: str, name: str) -> int:
+    """``text`` as a positive number of bytes, an integer or ``8e9``; else a UsageError naming ``name``
+    (the variable or option it came from), the value and what is expected."""
+    try:
+        value = int(float(text))
+    except (ValueError, OverflowError):      # int(float("inf")) overflows
+        raise UsageError(f"{name}={text!r}: expected a number of bytes such as 8e9") from None
+    if value <= 0:
+        raise UsageError(f"{name}={text!r}: expected a positive number of bytes such as 8e9")
+    return value
+
+
 def memory_limit() -> int:
     """The largest case in bytes (:meth:`PagedAttentionConfig.estimated_bytes`): ``$PFA_VERIFY_MAX_BYTES``,
     else half of this machine's physical memory (a case file is data and must not exhaust it)."""
     text = os.environ.get(MAX_BYTES_ENV, "").strip()
     if text:
-        try:
-            value = int(float(text))
-        except ValueError:
-            raise ValueError(f"{MAX_BYTES_ENV}={text!r} must be a number of bytes such as 8e9") from None
-        if value <= 0:
-            raise ValueError(f"{MAX_BYTES_ENV}={text!r} must be positive")
-        return value
+        return parse_byte_count(text, MAX_BYTES_ENV)
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     except (ValueError, OSError, AttributeError):  # not POSIX: a conservative 8 GB

@@ -12,7 +12,8 @@ Every public function validates its arguments when called (not on every draw) an
 (not an int: golden.paging.positive_int) or a ValueError naming the argument, the value and what was
 expected. Multi-value draws are frozen dataclasses with readable reprs. One size knob bounds every
 example so one stays cheap on a CPU: ``PFA_VERIFY_MAX_LEN`` (default 640 tokens), the largest
-``kv_act_seqs`` entry drawn.
+``kv_act_seqs`` entry drawn, read by :func:`max_len` when a strategy is built (so a bad value is a
+UsageError there, never a crash of ``import properties.strategies``).
 
 Shrinking: lengths shrink towards 0 and then towards the special values below, dimensions towards
 their smallest allowed value, block tables towards the identity layout (then fewer columns and spare
@@ -31,17 +32,35 @@ import os
 from hypothesis import strategies as st
 
 import golden
+from golden.errors import UsageError
 from golden.paging import blocks_needed, positive_int
 from properties.generation import pin_local_constants
 
 # The same seed gives the same cases whatever else the process imports (properties/generation.py).
 pin_local_constants()
 
-__all__ = ["MAX_LEN", "DISTRIBUTIONS", "GARBAGE", "Dims", "BlockTable", "dims", "kv_act_seqs",
+__all__ = ["MAX_LEN_ENV", "MAX_LEN_LIMIT", "max_len", "DISTRIBUTIONS", "GARBAGE", "Dims", "BlockTable", "dims", "kv_act_seqs",
            "special_lengths", "block_tables", "configs", "cases", "cases_for", "seeds", "quant_rows",
            "At12Case", "at12_cases"]
 
-MAX_LEN = int(os.environ.get("PFA_VERIFY_MAX_LEN", "640"))
+MAX_LEN_ENV = "PFA_VERIFY_MAX_LEN"
+# GLM-4.5's context window (128K tokens): no generated row needs to be longer than the model can attend.
+MAX_LEN_LIMIT = 131_072
+
+
+def max_len() -> int:
+    """``$PFA_VERIFY_MAX_LEN`` (default 640): the longest ``kv_act_seqs`` entry drawn, an integer in
+    [1, MAX_LEN_LIMIT]; anything else is a :class:`golden.errors.UsageError` naming the variable."""
+    text = os.environ.get(MAX_LEN_ENV, "").strip()
+    if not text:
+        return 640
+    value = int(text) if text.isdecimal() else 0
+    if not 1 <= value <= MAX_LEN_LIMIT:
+        raise UsageError(f"{MAX_LEN_ENV}={text!r}: expected a whole number of tokens from 1 to {MAX_LEN_LIMIT} "
+                         "(default 640)")
+    return value
+
+
 # Value distributions and garbage fills of golden.make_inputs; the first of each is the shrink target.
 DISTRIBUTIONS = golden.DISTRIBUTIONS
 GARBAGE = tuple(golden.GARBAGE)  # None first: the shrink target
@@ -129,14 +148,14 @@ def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = 
 
     Each length is one of :func:`special_lengths`, a block boundary k * BS - 1, k * BS or k * BS + 1
     anywhere up to the capacity, or uniform in [0, capacity]; capacity
-    defaults to ``MAX_LEN`` rounded down to whole blocks (the row capacity of the table). At least
+    defaults to :func:`max_len` rounded down to whole blocks (the row capacity of the table). At least
     one length is positive unless ``allow_all_empty`` (an all-empty call only checks zeros).
     """
     positive_int(block_size, "block_size")
     _check(positive_int(s2_tile, "s2_tile") % block_size == 0,
            f"s2_tile={s2_tile!r} must be a positive multiple of block_size={block_size}")
     if capacity is None:
-        capacity = max(block_size, MAX_LEN // block_size * block_size)
+        capacity = max(block_size, max_len() // block_size * block_size)
     positive_int(capacity, "capacity", minimum=0)
     # Every block (and so every tile) boundary, not only the first ones: k * BS - 1, k * BS, k * BS + 1.
     boundaries = st.integers(0, capacity // block_size).flatmap(

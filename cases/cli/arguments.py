@@ -3,19 +3,63 @@ argparse's one-line usage error naming the option."""
 from __future__ import annotations
 
 import argparse
+import os
+from typing import Callable, overload
 
 __all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
-           "coverage_bins"]
+           "coverage_bins", "RUN_EXAMPLES", "SEARCH_EXAMPLES", "MATRIX_EXAMPLES", "SEARCH_TASKS", "SHRINK_SECONDS",
+           "RUN_SECONDS", "BENCH_REPEATS", "BENCH_CASES", "TIGHTNESS_CASES", "worker_bound"]
+
+# The upper bounds of the count options. Each lies well above the largest run the project makes (tox,
+# the nightly profile, the docs' cluster runs) and within what finishes in about a day; over it is a typo
+# (extra zeros, milliseconds for seconds) that would otherwise start a run that prints nothing for hours.
+# The sim takes about 2.5 s per kernel-sized case per worker on this 2-core machine (README: 38 cases in
+# 48.9 s on 2 workers), the golden a fraction of that.
+RUN_EXAMPLES = 10_000       # run's generated cases: about 3.5 h of sim on 2 workers; the docs' cluster run takes 2,000
+SEARCH_EXAMPLES = 100_000   # search's examples per law, split over its tasks: 50 x the nightly profile's 2,000
+MATRIX_EXAMPLES = 2_000     # mutants/conforming, per law and mutant (times some 20 mutants x 10 laws): the nightly's
+SEARCH_TASKS = 1_000        # tasks per law, each a process or Ray task with its own start: more than a cluster's cores
+SHRINK_SECONDS = 3_600      # per kind of failure: Hypothesis's shrinks settle in seconds to minutes
+RUN_SECONDS = 86_400        # --budget and --max-seconds: a day, longer than any night's run
+BENCH_REPEATS = 100         # bench's timed repetitions (the best is kept: 3 is the default)
+BENCH_CASES = 100_000       # bench's workloads (200 small, 20 kernel-sized by default)
+TIGHTNESS_CASES = 1_000     # kernel-sized cases per distribution, each with a full envelope (20 by default)
 
 
-def count(text: str) -> int:
-    """An argparse type: a count, an integer >= 0 (the commands' --examples, --workers, --seed, ...)."""
+def worker_bound() -> int:
+    """The most ``--workers``: 4 per CPU this process may use, and 256 at most. Workers are local
+    processes (a cluster's concurrency is its own resources), each with its own torch; past a few per
+    CPU they only wait for one, and 256 bounds a large host."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(4 * cpus, 256)
+
+
+@overload
+def count(text: str) -> int: ...
+
+
+@overload
+def count(*, at_most: int) -> Callable[[str], int]: ...
+
+
+def count(text=None, *, at_most=None):
+    """An argparse type: a count, an integer >= 0 (``type=count``: --seed, --device); ``type=count(at_most=N)``
+    also refuses more than N (the bounds above), naming the bound."""
+    if text is None:
+        if at_most is None:
+            raise TypeError("count() takes the option's text, or at_most= for a bounded count")
+
+        def bounded_count(text: str) -> int:
+            return count(text, at_most=at_most)
+        return bounded_count
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    if at_most is not None and value > at_most:
+        raise argparse.ArgumentTypeError(f"{text!r} is over the bound: at most {at_most:,}")
     return value
 
 
@@ -27,14 +71,14 @@ def fraction(text: str) -> float:
 
 
 def byte_count(text: str) -> int:
-    """An argparse type: a positive number of bytes, written as an integer or as 8e9 (--max-bytes)."""
+    """An argparse type: a positive number of bytes, written as an integer or as 8e9 (--max-bytes), parsed
+    as $PFA_VERIFY_MAX_BYTES is (golden.inputs.parse_byte_count)."""
+    from golden.errors import UsageError
+    from golden.inputs import parse_byte_count
     try:
-        value = int(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number of bytes such as 8e9") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+        return parse_byte_count(text, "value")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("value=")) from None
 
 
 def skip_kinds(text: str) -> tuple[str, ...]:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from cases.cli import preflight
 from cases.cli.arguments import byte_count
 
 __all__ = ["add_arguments"]
 
 
 def _cmd_list(args) -> int:
+    preflight.check_command(args)
     from cases.data import regressions
     from golden.errors import UsageError
     ids = regressions.list_ids(directory=args.dir)
@@ -32,6 +34,7 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_show(args) -> int:
+    preflight.check_command(args)
     from cases.data import regressions
     reg = regressions.load(args.id, directory=args.dir)
     data = reg.to_json()
@@ -46,6 +49,7 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_replay(args) -> int:
+    preflight.check_command(args)
     from cases.data import regressions
     from kernels import BackendUnavailable, get_backend
     from kernels.backends import use_backend_threads
@@ -77,6 +81,7 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_prune(args) -> int:
+    preflight.check_command(args)
     from properties import ledger
     from cases.data import regressions
     from golden.errors import UsageError

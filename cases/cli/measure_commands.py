@@ -7,7 +7,9 @@ import dataclasses
 import json
 import sys
 
-from cases.cli.arguments import add_cluster_argument, cluster_refused, count, fraction
+from cases.cli import preflight
+from cases.cli.arguments import BENCH_CASES, BENCH_REPEATS, MATRIX_EXAMPLES, SHRINK_SECONDS, TIGHTNESS_CASES
+from cases.cli.arguments import add_cluster_argument, cluster_refused, count, fraction, worker_bound
 
 __all__ = ["add_mutants", "add_conforming", "add_bench", "add_tightness"]
 
@@ -49,6 +51,7 @@ def _list_catalog(args, console) -> int:
 
 
 def _cmd_mutants(args) -> int:
+    preflight.check_command(args)
     import json as json_module
 
     from rich.console import Console
@@ -156,8 +159,9 @@ def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) ->
                                  "before each mutant's first kill")
     else:
         parser.set_defaults(level=level)
-    parser.add_argument("--examples", type=count, default=20, help="examples per law and mutant (default 20, "
-                        "the ci profile's); with --latency, the generated cases of the run")
+    parser.add_argument("--examples", type=count(at_most=MATRIX_EXAMPLES), default=20,
+                        help="examples per law and mutant (default 20, the ci profile's; at most "
+                             f"{MATRIX_EXAMPLES:,}, the nightly's); with --latency, the generated cases of the run")
     parser.add_argument("--seed", type=count, default=0, help="seed of the searches (default 0)")
     parser.add_argument("--mutants", default=None, metavar="NAME,...", help="only these mutants (default: the level's)")
     parser.add_argument("--laws", default=None, metavar="LAW,...", help="only these laws (default: every paged law)")
@@ -166,10 +170,13 @@ def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) ->
                         "(default 1.0 golden, 0.9 sim)")
     parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
     parser.add_argument("--html", metavar="PATH", help="write the kill matrix as one HTML file")
-    parser.add_argument("--workers", type=count, default=1, help="processes, one mutant each at a time (default 1)")
+    parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
+                        help="processes, one mutant each at a time (default 1; at most 4 per CPU and 256: "
+                             f"{worker_bound()} here)")
     add_cluster_argument(parser, "the rows (one mutant or variant per task)")
-    parser.add_argument("--shrink-seconds", type=count, default=30, metavar="S",
-                        help="time for Hypothesis to shrink each mutant's first kill (default 30; 0: not shrunk)")
+    parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=30, metavar="S",
+                        help="time for Hypothesis to shrink each mutant's first kill (default 30; 0: not shrunk; "
+                             f"at most {SHRINK_SECONDS:,})")
     parser.add_argument("--allow-survivors", default="", metavar="NAME,...",
                         help="mutants whose survival does not fail the goal (still reported as survivors and in "
                         "the kill ratio); 'ledger' names the known ones of the level, each with its reason in "
@@ -187,19 +194,23 @@ def add_conforming(parser: argparse.ArgumentParser) -> None:
 def add_bench(parser: argparse.ArgumentParser) -> None:
     from cases.measuring.bench import WORKLOADS
     parser.add_argument("--workload", choices=WORKLOADS, default="all")
-    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
-    parser.add_argument("--small-cases", type=int, default=200, help="size of the small ragged workload")
-    parser.add_argument("--kernel-cases", type=int, default=20, help="size of the kernel-sized workload")
+    parser.add_argument("--repeat", type=count(at_most=BENCH_REPEATS), default=3,
+                        help=f"timed repetitions; the best is kept (default 3, at most {BENCH_REPEATS})")
+    parser.add_argument("--small-cases", type=count(at_most=BENCH_CASES), default=200,
+                        help=f"size of the small ragged workload (default 200, at most {BENCH_CASES:,})")
+    parser.add_argument("--kernel-cases", type=count(at_most=BENCH_CASES), default=20,
+                        help=f"size of the kernel-sized workload (default 20, at most {BENCH_CASES:,})")
     parser.add_argument("--stages", action="store_true",
                         help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
-    parser.add_argument("--tightness", type=int, default=0, metavar="N",
+    parser.add_argument("--tightness", type=count(at_most=TIGHTNESS_CASES), default=0, metavar="N",
                         help="the old spelling of 'pfa-verify tightness --cases N' (the envelope's tightness per "
-                             "value distribution), added after the bench")
+                             f"value distribution), added after the bench (at most {TIGHTNESS_CASES:,})")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.set_defaults(func=_cmd_bench)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    preflight.check_command(args)
     from cases.measuring import bench
     return bench.main(workload=args.workload, repeat=args.repeat, small_cases=args.small_cases,
                       kernel_cases=args.kernel_cases, stages=args.stages, tightness=args.tightness, json_path=args.json)
@@ -207,8 +218,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def add_tightness(parser) -> None:
     """The options of ``pfa-verify tightness``."""
-    parser.add_argument("--cases", type=int, default=20, metavar="N", help="kernel-sized cases per distribution (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the derandomized draws (default 0)")
+    parser.add_argument("--cases", type=count(at_most=TIGHTNESS_CASES), default=20, metavar="N",
+                        help=f"kernel-sized cases per distribution (default 20, at most {TIGHTNESS_CASES:,})")
+    parser.add_argument("--seed", type=count, default=0, help="seed of the derandomized draws (default 0)")
     parser.add_argument("--record", action="store_true",
                         help="measure 4 cases per distribution and rewrite cases/tightness.json (what "
                              "tests/cases/test_tightness.py holds the envelope to)")
@@ -217,8 +229,10 @@ def add_tightness(parser) -> None:
 
 def _cmd_tightness(args) -> int:
     """``pfa-verify tightness``: the table, or with ``--record`` the recorded shares rewritten."""
-    from cases.measuring.tightness import measure, record, render_table
+    from cases.measuring.tightness import RECORDED, measure, record, render_table
     from golden.errors import UsageError
+    preflight.check_command(args)
+    preflight.check_output_file("--record", RECORDED if args.record else None)
     if args.cases < 1:
         raise UsageError(f"--cases {args.cases}: expected at least 1 case per distribution")
     if args.record:

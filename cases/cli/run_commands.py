@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cases.cli import preflight
+from cases.cli.arguments import RUN_EXAMPLES, RUN_SECONDS, SEARCH_EXAMPLES, SEARCH_TASKS, SHRINK_SECONDS, worker_bound
 from cases.cli.arguments import add_cluster_argument, byte_count, cluster_refused, count, coverage_bins, distributions
 from cases.cli.arguments import skip_kinds
 
@@ -58,6 +60,7 @@ def _aimed(items) -> str:
 
 
 def _cmd_run(args) -> int:
+    preflight.check_command(args)
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -137,22 +140,25 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                         "mutant:NAME | package.module:factory | path/file.py:factory (default: auto = npu, else sim; "
                         "falling back to the golden fails the run unless --allow-fallback)")
     parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
-    parser.add_argument("--examples", type=count, default=20, help="generated cases (default 20)")
+    parser.add_argument("--examples", type=count(at_most=RUN_EXAMPLES), default=20,
+                        help=f"generated cases (default 20, at most {RUN_EXAMPLES:,})")
     parser.add_argument("--seed", type=count, default=0, help="seed of the generated cases (default 0)")
     parser.add_argument("--distribution", type=distributions, default=None, metavar="NAME,...",
                         help="value distributions of the generated cases (default: all of golden.DISTRIBUTIONS)")
     parser.add_argument("--json", metavar="PATH", help="write the JSON report (cases/report.schema.json)")
     parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     parser.add_argument("--device", type=count, default=None, help="NPU index (npu: the first of the workers')")
-    parser.add_argument("--workers", type=count, default=1, help="kernel worker processes (npu: one device each); "
-                        "this process judges their results")
+    parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
+                        help=f"kernel worker processes; this process judges what they return (npu: one device each; "
+                             f"at most 4 per CPU and 256: {worker_bound()} here)")
     add_cluster_argument(parser, "the cases")
-    parser.add_argument("--budget", type=count, default=None, metavar="SECONDS",
+    parser.add_argument("--budget", type=count(at_most=RUN_SECONDS), default=None, metavar="SECONDS",
                         help="do not start a case that the backend estimates would end after this many seconds "
-                             "of the run (0: no limit; default: the backend's, 600 on sim, else no limit)")
-    parser.add_argument("--max-seconds", type=count, default=None, metavar="S",
+                             "of the run (0: no limit; default: the backend's, 600 on sim, else no limit; at most "
+                             f"{RUN_SECONDS:,}, a day)")
+    parser.add_argument("--max-seconds", type=count(at_most=RUN_SECONDS), default=None, metavar="S",
                         help="sim: skip cases the backend's cost model estimates over S seconds (0: no limit; "
-                             "default: no limit)")
+                             f"default: no limit; at most {RUN_SECONDS:,}, a day)")
     parser.add_argument("--allow-skips", type=skip_kinds, default=(), metavar="KIND,...",
                         help=f"skips of these kinds do not fail the run: {', '.join(SKIP_KINDS)}, or all "
                              "(default: none; every case asked for must be checked)")
@@ -166,7 +172,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coverage", type=coverage_bins, default=(), metavar="all|BIN,...",
                         help="fail the run when one of these coverage bins (properties/coverage.py; 'all': every "
                              "single bin) is hit by no checked case, naming the holes in one line")
-    parser.add_argument("--case-timeout", type=count, default=None, metavar="SECONDS",
+    parser.add_argument("--case-timeout", type=count(at_most=RUN_SECONDS), default=None, metavar="SECONDS",
                         help="end a case whose kernel call has not returned after SECONDS (its worker process is killed; "
                              "the case is an error; 0: no limit; default: none, except where the backend has a cost "
                              f"model: {runner_limit_text()})")
@@ -174,9 +180,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                         help="run the kernel in this process, not in supervised worker processes (for a debugger: a "
                              "kernel that ends the process then ends the run; its SystemExit and KeyboardInterrupt "
                              "are still errors)")
-    parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
+    parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
-                             "(0: capture the first failing case as it is; default 60)")
+                             f"(0: capture the first failing case as it is; default 60, at most {SHRINK_SECONDS:,})")
     parser.set_defaults(func=_cmd_run)
 
 
@@ -184,6 +190,7 @@ def _cmd_compare(args) -> int:
     """``pfa-verify compare``: print the comparison (and write its HTML); the exit status of
     :attr:`Comparison.exit_status`. A report that cannot be read, or a selection mismatch, is a
     UsageError, which the command line prints as one line with exit 2."""
+    preflight.check_command(args)
     import sys
 
     from rich.console import Console
@@ -209,6 +216,7 @@ def _cmd_search(args) -> int:
     """``pfa-verify search`` (cases/cli/): run, print, write the JSON report; exit 0, 1, or 2 in one line
     (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
     that cannot take the tasks)."""
+    preflight.check_command(args)
     import json
     import sys
     from pathlib import Path
@@ -251,25 +259,21 @@ def add_search(parser) -> None:
     parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
                         "any name --backend of pfa-verify run takes")
     parser.add_argument("--laws", default=None, metavar="LAW,...", help="the laws (default: every paged law)")
-    parser.add_argument("--examples", type=count, default=100, help="examples per law, split over its tasks (default "
-                        "100; the nightly profile's 2000 is a night's search)")
-    parser.add_argument("--tasks", type=count, default=4, help="tasks per law, each with its own seed (default 4)")
+    parser.add_argument("--examples", type=count(at_most=SEARCH_EXAMPLES), default=100,
+                        help="examples per law, split over its tasks (default 100; the nightly profile's 2000 is a "
+                             f"night's search; at most {SEARCH_EXAMPLES:,})")
+    parser.add_argument("--tasks", type=count(at_most=SEARCH_TASKS), default=4,
+                        help=f"tasks per law, each with its own seed (default 4, at most {SEARCH_TASKS:,})")
     parser.add_argument("--seed", type=count, default=0, help="seed the tasks' seeds derive from (default 0)")
     parser.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT[/DB]",
                         help="Hypothesis's example database shared by every task (a directory all nodes reach, or "
                              "Redis): a failure found by one task is replayed first by the others and the next search")
-    parser.add_argument("--workers", type=count, default=1, help="local processes (default 1: here)")
+    parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
+                        help=f"local processes (default 1: here; at most 4 per CPU and 256: {worker_bound()} here)")
     add_cluster_argument(parser, "the tasks")
-    parser.add_argument("--case-timeout", type=count, default=None, metavar="SECONDS",
-                        help="end a case whose kernel call has not returned after SECONDS (its worker process is killed; "
-                             "the case is an error; 0: no limit; default: none, except where the backend has a cost "
-                             f"model: {runner_limit_text()})")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run the kernel in this process, not in supervised worker processes (for a debugger: a "
-                             "kernel that ends the process then ends the run; its SystemExit and KeyboardInterrupt "
-                             "are still errors)")
-    parser.add_argument("--shrink-seconds", type=count, default=60, metavar="S",
-                        help="time to shrink the first failure of each signature, on the driver (default 60)")
+    parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
+                        help="time to shrink the first failure of each signature, on the driver (default 60, at "
+                             f"most {SHRINK_SECONDS:,})")
     parser.add_argument("--regressions", metavar="DIR", default=None,
                         help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")

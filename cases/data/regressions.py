@@ -48,7 +48,7 @@ from golden.errors import UsageError
 from cases.data import FOLDER, capture_files, capture_tensors
 from cases.data.capture_files import CaptureWriteError, Leftover, MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS
 
-__all__ = ["Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
+__all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers",
            "CaptureWriteError", "Leftover", "FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_NPZ_BYTES", "MAX_JSON_DEPTH",
            "STALE_TEMPORARY_SECONDS"]
@@ -58,6 +58,7 @@ __all__ = ["Regression", "directory", "save", "load", "list_ids", "should_captur
 # Format 3: the .npz is named by its content and the record carries its sha256 and arrays. Formats 1
 # and 2 are still read, their .npz checked for names, dtypes and shapes (they carry no sha256).
 FORMAT_VERSION = 3
+REGRESSIONS_ENV = "PFA_VERIFY_REGRESSIONS"   # another regressions folder than cases/regressions/
 _TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
 MAX_NPZ_BYTES = _TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy headers, markers and zip directory
@@ -66,7 +67,7 @@ MAX_NPZ_BYTES = _TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy he
 def directory(path=None) -> Path:
     if path is not None:
         return Path(path)
-    env = os.environ.get("PFA_VERIFY_REGRESSIONS")
+    env = os.environ.get(REGRESSIONS_ENV)
     return Path(env) if env else FOLDER / "regressions"
 
 
@@ -323,7 +324,7 @@ def replay_command(regression_id: str, directory=None) -> str:
     ``directory`` when given, else $PFA_VERIFY_REGRESSIONS when set to another folder (pytest's
     capture), so the line works pasted into a shell without that variable."""
     if directory is None:
-        env = os.environ.get("PFA_VERIFY_REGRESSIONS")
+        env = os.environ.get(REGRESSIONS_ENV)
         default = FOLDER / "regressions"
         directory = env if env and Path(env).resolve() != default else None
     where = f" --dir {directory}" if directory is not None else ""

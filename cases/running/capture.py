@@ -29,6 +29,6 @@ def capture_case(law: str, backend_name: str, case, message: str, *, params: dic
     try:
         command, line = regressions.capture(law, backend_name, case, dict(params or {}), message, enabled=enabled,
                                             directory=directory)
-    except (OSError, getattr(regressions, "CaptureWriteError", OSError)) as exc:  # MERGE: evidence branch
+    except regressions.CaptureWriteError as exc:
         return Capture(replay=None, line=f"Not captured: could not write it: {exc}", group=group, how=how)
     return Capture(replay=command, line=line, group=group, how=how)

@@ -94,7 +94,7 @@ bounds (W12).
 """
 from __future__ import annotations
 
-from kernels.pypto_workarounds._common import (SUPPORTED_PYPTO_VERSION, PyptoUnavailable, cache_root)
+from kernels.pypto_workarounds._common import (CACHE_ENV, SUPPORTED_PYPTO_VERSION, PyptoUnavailable, cache_root)
 from kernels.pypto_workarounds.bounds import OutOfBoundsRead
 from kernels.pypto_workarounds.calculator import (E4M3_CODECS, build_calculator, current_e4m3_codec, e4m3_codec,
                                                   load_calculator)
@@ -106,6 +106,7 @@ __all__ = [
     "SUPPORTED_PYPTO_VERSION",
     "PyptoUnavailable",
     "OutOfBoundsRead",
+    "CACHE_ENV",
     "cache_root",
     "load_pypto",
     "build_overlay",

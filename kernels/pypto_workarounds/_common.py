@@ -5,10 +5,11 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["SUPPORTED_PYPTO_VERSION", "PyptoUnavailable", "cache_root", "installed_pypto_dir", "ensure_dir",
+__all__ = ["SUPPORTED_PYPTO_VERSION", "PyptoUnavailable", "CACHE_ENV", "cache_root", "installed_pypto_dir", "ensure_dir",
            "LOCK", "STATE"]
 
 SUPPORTED_PYPTO_VERSION = "0.2.0"
+CACHE_ENV = "PFA_VERIFY_CACHE"
 LOCK = threading.RLock()
 STATE: dict = {}     # "pypto" (the module, once loaded), "calculator" (its library's path), "trace" (W9)
 
@@ -19,7 +20,7 @@ class PyptoUnavailable(RuntimeError):
 
 def cache_root() -> Path:
     """Folder for the overlay and the calculator build: $PFA_VERIFY_CACHE, else ~/.cache/pfa-verify."""
-    root = os.environ.get("PFA_VERIFY_CACHE")
+    root = os.environ.get(CACHE_ENV)
     if root:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pfa-verify"

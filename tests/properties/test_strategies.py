@@ -30,7 +30,7 @@ def test_configs_keep_their_promises(config):
     there)."""
     c = config
     widest, needed = _widest_and_needed(c)
-    assert c.s2 == max(c.lengths) and 0 < max(c.lengths) <= max(c.block_size, ps.MAX_LEN // c.block_size * c.block_size)
+    assert c.s2 == max(c.lengths) and 0 < max(c.lengths) <= max(c.block_size, ps.max_len() // c.block_size * c.block_size)
     assert c.s2_tile // c.block_size in (1, 2, 3, 4)
     assert c.g_tile is None or c.g_tile < c.nq // c.nkv
     assert c.max_blocks - widest in (0, 1, 2), (c.max_blocks, widest)
