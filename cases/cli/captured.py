@@ -8,7 +8,7 @@ import argparse
 import json
 
 from cases.cli import preflight
-from cases.cli.arguments import byte_count
+from cases.cli.arguments import byte_count, count
 
 __all__ = ["add_arguments"]
 
@@ -51,12 +51,22 @@ def _cmd_show(args) -> int:
 def _cmd_replay(args) -> int:
     preflight.check_command(args)
     from cases.data import regressions
-    from kernels import BackendUnavailable, get_backend
-    from kernels.backends import use_backend_threads
+    from cases.running.run import open_backend
     reg = regressions.load(args.id, directory=args.dir)
     name = args.backend or reg.backend
-    backend = get_backend(name)
-    use_backend_threads(backend)
+    # The kernel runs under a supervisor (kernels/backends/supervisor.py): whatever it does, this process decides.
+    backend, supervisor, _, _ = open_backend(name, in_process=args.in_process, case_timeout=args.case_timeout or None)
+    try:
+        return _replayed(args, reg, name, backend)
+    finally:
+        if supervisor is not None:
+            supervisor.close()
+
+
+def _replayed(args, reg, name: str, backend) -> int:
+    from cases.data import regressions
+    from kernels import BackendUnavailable
+    from kernels.backends.supervisor import KernelFault, describe_failure
     print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
     if name != reg.backend:
         print(f"note: this checks {name}, not {reg.backend}, on the captured case")
@@ -73,23 +83,39 @@ def _cmd_replay(args) -> int:
         return 1
     except BackendUnavailable:
         raise
-    except Exception as exc:  # noqa: BLE001 - the backend crashed on the case: an error, reported as one
-        print(f"ERROR: the {name} backend raised on this case: {type(exc).__name__}: {exc}")
+    except KernelFault as exc:        # the kernel's worker process ended or timed out: never a pass
+        print(f"ERROR: the {name} backend did not return on this case: {exc}")
         return 1
+    except Exception as exc:  # noqa: BLE001 - the backend crashed on the case: an error, reported as one
+        print(f"ERROR: the {name} backend raised on this case: {describe_failure(exc)}")
+        return 1
+    if args.interruption.signal:      # a KeyboardInterrupt lost in a garbage-collection callback
+        return args.interruption.exit_status
     print("PASS: the captured failure no longer reproduces")
     return 0
 
 
 def _cmd_prune(args) -> int:
     preflight.check_command(args)
-    from properties import ledger
     from cases.data import regressions
-    from golden.errors import UsageError
-    from kernels import BackendUnavailable, get_backend
-    from kernels.backends import use_backend_threads
     folder = regressions.directory(args.dir)
-    removed = 0
     backends: dict = {}
+    try:
+        return _pruned(args, folder, backends)
+    finally:
+        for _, supervisor in backends.values():
+            if supervisor is not None:
+                supervisor.close()
+
+
+def _pruned(args, folder, backends: dict) -> int:
+    from cases.data import regressions
+    from cases.running.run import open_backend
+    from golden.errors import UsageError
+    from kernels import BackendUnavailable
+    from kernels.backends.supervisor import describe_failure
+    from properties import ledger
+    removed = 0
     for rid in regressions.list_ids(directory=args.dir):
         try:
             reg = regressions.load(rid, directory=args.dir)
@@ -106,8 +132,10 @@ def _cmd_prune(args) -> int:
             print(f"kept {rid}: in the ledger")
             continue
         try:
-            backend = backends.get(reg.backend) or backends.setdefault(reg.backend, get_backend(reg.backend))
-            use_backend_threads(backend)
+            if reg.backend not in backends:      # supervised: a case the kernel exits on is kept, not removed
+                opened = open_backend(reg.backend)
+                backends[reg.backend] = (opened[0], opened[1])
+            backend = backends[reg.backend][0]
         except BackendUnavailable as exc:
             print(f"kept {rid}: backend {reg.backend} cannot run here ({exc.reason})")
             continue
@@ -116,7 +144,7 @@ def _cmd_prune(args) -> int:
         except AssertionError:
             continue
         except Exception as exc:  # noqa: BLE001 - a case the backend crashes on is kept, and said so
-            print(f"kept {rid}: the {reg.backend} backend raised ({type(exc).__name__}: {exc})")
+            print(f"kept {rid}: the {reg.backend} backend raised ({describe_failure(exc)})")
             continue
         if not args.dry_run:
             _changing(folder, regressions.remove, rid, directory=args.dir)
@@ -148,13 +176,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-bytes", type=byte_count, default=None, metavar="BYTES",
                         help="largest case to load (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("list", help="one line per captured case").set_defaults(func=_cmd_list)
+    listed = sub.add_parser("list", help="one line per captured case")
+    listed.set_defaults(func=_cmd_list)
     show = sub.add_parser("show", help="the record of one captured case")
     show.add_argument("id")
     show.set_defaults(func=_cmd_show)
     replay = sub.add_parser("replay", help="run a captured case again under its rule (exit 1 if it fails)")
     replay.add_argument("id")
     replay.add_argument("--backend", default=None, help="backend to replay on (default: the captured one)")
+    replay.add_argument("--case-timeout", type=count(at_most=86_400), default=None, metavar="SECONDS",
+                        help="end the replay when a kernel call has not returned after SECONDS (its worker process is "
+                             "killed; an error, exit 1; default: no limit)")
+    replay.add_argument("--in-process", action="store_true",
+                        help="run the kernel in this process, not in a supervised worker process (for a debugger)")
     replay.set_defaults(func=_cmd_replay)
     prune = sub.add_parser("prune", help="delete captured cases that pass now on the backend they were captured "
                                          "on (ledger entries are kept), and leftovers: temporary files older than "
@@ -162,3 +196,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prune.add_argument("--backend", default=None, help="only cases captured on this backend")
     prune.add_argument("--dry-run", action="store_true")
     prune.set_defaults(func=_cmd_prune)
+    for action in (listed, show, replay, prune):    # --dir before or after the action: the same folder
+        action.add_argument("--dir", default=argparse.SUPPRESS, help="regressions folder (as before the action)")

@@ -60,6 +60,8 @@ __all__ = ["BackendSpec", "KernelFault", "KernelRaised", "Reply", "Supervisor", 
 RETRIES = 1
 #: Seconds a worker may take to load its backend (import, factory) before it is killed.
 LOAD_TIMEOUT_S = 600.0
+#: Seconds between looks at the workers' processes (one that ended while a child it forked keeps its pipe).
+_POLL_S = 0.5
 #: The tail of a worker's log quoted in a fault's message.
 _LOG_TAIL = 1500
 
@@ -171,6 +173,7 @@ class _Worker:
         os.close(rep_w)
         self.job: _Job | None = None
         self.deadline: float | None = None
+        self.ended_seen: float | None = None      # when the process was first seen ended while busy
         self.capabilities: dict[str, Any] | None = None
         self.spoiled = False
         self._inbox: queue.Queue = queue.Queue()
@@ -228,12 +231,12 @@ class _Worker:
         return f"; its last output: {text}" if text else ""
 
     def kill(self) -> None:
-        """SIGKILL the worker's whole process group; its thread then ends and closes the pipes."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """SIGKILL the worker's whole process group (its leader may have ended already: what it forked
+        may not have); its thread then ends and closes the pipes."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self._inbox.put(None)
 
 
@@ -246,7 +249,7 @@ def kill_all() -> None:
     waiting, no locks): what a second Ctrl-C does before the process exits."""
     for supervisor in list(_LIVE):
         for w in supervisor._slots:
-            if w is not None and w.process.poll() is None:
+            if w is not None:
                 try:
                     os.killpg(w.process.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -444,11 +447,12 @@ class Supervisor:
         """Wait up to ``timeout`` (and at most until the next deadline) for one message; handle it."""
         now = time.monotonic()
         deadlines = [w.deadline for w in self._slots if w is not None and w.deadline is not None]
-        wait_for = min([d - now for d in deadlines] + ([timeout] if timeout is not None else []), default=None)
+        wait_for = min([d - now for d in deadlines] + ([timeout] if timeout is not None else []) + [_POLL_S])
         try:
-            worker, job, got = self._outbox.get(timeout=None if wait_for is None else max(0.0, wait_for))
+            worker, job, got = self._outbox.get(timeout=max(0.0, wait_for))
         except queue.Empty:
             self._expire()
+            self._reap()
             return
         if worker is not self._slots[worker.slot] or job is not worker.job:
             return                               # a killed worker's last words
@@ -480,6 +484,29 @@ class Supervisor:
                     f"the kernel did not return within {job.timeout:g} s (the time limit of a case: "
                     f"--case-timeout); its worker process was killed{w.log_tail()}", kind="timeout"),
                     seconds=now - job.sent_at, attempts=job.attempts + 1, retry_cause=job.retry_cause))
+        self._dispatch()
+
+    def _reap(self) -> None:
+        """A busy worker whose process ended without its pipe closing (a child it forked holds the pipe):
+        seen ended on two polls in a row (a reply may still be on its way after one), its group is killed
+        and the call is lost as if the pipe had closed."""
+        now = time.monotonic()
+        for w in self._slots:
+            if w is None or w.job is None or w.process.poll() is None:
+                continue
+            if w.ended_seen is None:
+                w.ended_seen = now
+                continue
+            if now - w.ended_seen < _POLL_S:
+                continue
+            job = w.job
+            w.job, w.deadline = None, None
+            w.kill()
+            what = f"the kernel's worker process {w.how_it_ended()} during the call (a process it started kept its pipe)"
+            if job.key == "load":
+                self._load_failed(w, what + w.log_tail())
+            else:
+                self._lost(w, job, what + w.log_tail(), kind="ended", seconds=now - job.sent_at)
         self._dispatch()
 
     def _lost(self, worker: _Worker, job: _Job, what: str, *, kind: str, seconds: float) -> None:

@@ -185,3 +185,13 @@ class FailsFromTwoBatches(GoldenBackend):
         if block_table.shape[0] >= 2:
             out.view(-1)[0] += 1
         return out
+
+
+class ModifiesInput(GoldenBackend):
+    """The golden, flipping one bit of q's first code after computing (an in-place change of an input)."""
+    name = "tests/cases/run_doubles.py:ModifiesInput"
+
+    def paged_attention_fp8(self, q, *args, **kwargs):
+        out = super().paged_attention_fp8(q, *args, **kwargs)
+        q.view(torch.uint8).reshape(-1)[0] ^= 1
+        return out

@@ -1,0 +1,225 @@
+"""kernels/backends/supervisor.py, sandbox.py and wire.py: the kernel under a supervisor.
+
+Every hostile kernel of tests/kernels/hostile_kernels.py against the one rule through a supervised
+backend: none passes, each ends as the failure it is, and the next call gets a working process."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from cases.data.catalog import load_catalog
+from golden.errors import UsageError
+from kernels import BackendUnavailable, KernelRunError
+from kernels.backends import wire
+from kernels.backends.supervisor import BackendSpec, KernelFault, KernelRaised, SupervisedBackend, Supervisor
+from properties.acceptance import InputsModified, judge
+
+HOSTILE = "tests/kernels/hostile_kernels.py"
+CASE = load_catalog()["edge_tail_tile_3_tokens"]
+
+
+def _supervised(factory: str, **options) -> SupervisedBackend:
+    return SupervisedBackend(Supervisor(BackendSpec(name=f"{HOSTILE}:{factory}"), **options))
+
+
+@pytest.fixture(scope="module")
+def golden_backend():
+    backend = SupervisedBackend(Supervisor(BackendSpec(name="golden")))
+    yield backend
+    backend.close()
+
+
+def test_a_supervised_golden_gives_the_golden_bits(golden_backend):
+    import golden
+    from properties.acceptance import split_bundle
+    tensors, scalars = split_bundle(CASE.inputs())
+    here = golden.paged_attention_fp8_loop(**tensors, **scalars)
+    there = golden_backend.paged_attention_fp8(**tensors, **scalars)
+    assert torch.equal(here.view(torch.int16), there.view(torch.int16))
+    assert judge(golden_backend, CASE).passed
+
+
+@pytest.mark.parametrize("factory, error, text", [
+    ("system_exit_0", KernelRaised, "the kernel called sys.exit(0)"),
+    ("interrupts", KernelRaised, "KeyboardInterrupt"),
+    ("os_exit_0", KernelFault, "exited with status 0 during the call; its last output: the kernel says goodbye"),
+    ("segfault", KernelFault, "was killed by SIGSEGV during the call"),
+    ("forks_and_exits", KernelFault, "exited with status 0 during the call"),
+    ("garbage_on_the_pipe", KernelFault, "sent a malformed reply (a frame starts with b'not '"),
+    ("returns_none", KernelRunError, "the kernel returned NoneType, not a torch.Tensor"),
+])
+def test_a_kernel_that_ends_or_breaks_its_process_is_a_failure_never_a_pass(factory, error, text):
+    backend = _supervised(factory)
+    try:
+        with pytest.raises(error) as raised:
+            judge(backend, CASE)
+        assert text in str(raised.value)
+    finally:
+        backend.close()
+
+
+def test_a_kernel_whose_process_ends_is_run_once_more_in_a_new_process():
+    backend = _supervised("os_exit_0")
+    try:
+        with pytest.raises(KernelFault, match="so did the 1 new process"):
+            judge(backend, CASE)
+        assert backend.supervisor.started == 2
+    finally:
+        backend.close()
+
+
+def test_a_kernel_that_hangs_outlives_its_time_limit_and_its_process_is_killed():
+    backend = _supervised("sleeps", case_timeout=2)
+    start = time.monotonic()
+    try:
+        with pytest.raises(KernelFault, match="did not return within 2 s") as raised:
+            judge(backend, CASE)
+        assert raised.value.kind == "timeout" and time.monotonic() - start < 30
+        pid = backend.supervisor._slots[0].process.pid
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        backend.close()
+
+
+def _group_gone(pgid: int, within_s: float = 10.0) -> bool:
+    """Whether process group ``pgid`` is empty within ``within_s`` (a killed orphan is reaped by init)."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_forked_child_of_the_kernel_ends_with_its_worker():
+    """The kernel forks a child that sleeps (holding the worker's reply pipe) and ends its own process:
+    the call is a fault (the supervisor looks at the process, not only the pipe) and the child is killed."""
+    backend = _supervised("forks_and_exits")
+    groups = []
+    try:
+        with pytest.raises(KernelFault, match="a process it started kept its pipe"):
+            judge(backend, CASE)
+        groups = [w.process.pid for w in backend.supervisor._slots if w is not None]
+    finally:
+        backend.close()
+    assert groups and all(_group_gone(g) for g in groups)
+
+
+@pytest.mark.parametrize("factory", ["returns_a_lie", "patches_the_judge"])
+def test_a_kernel_that_lies_in_its_own_process_is_judged_by_its_bits(factory):
+    backend = _supervised(factory)
+    try:
+        verdict = judge(backend, CASE)
+        assert not verdict.passed and verdict.deciding.comparison.mismatched > 0
+    finally:
+        backend.close()
+
+
+def test_a_changed_input_comes_back_and_the_rule_sees_it():
+    backend = SupervisedBackend(Supervisor(BackendSpec(name="tests/cases/run_doubles.py:ModifiesInput")))
+    try:
+        with pytest.raises(InputsModified):
+            judge(backend, CASE)
+    finally:
+        backend.close()
+
+
+def test_the_next_call_after_a_death_gets_a_working_process(golden_backend):
+    backend = _supervised("os_exit_0")
+    try:
+        with pytest.raises(KernelFault):
+            judge(backend, CASE)
+    finally:
+        backend.close()
+    assert judge(golden_backend, CASE).passed
+
+
+@pytest.mark.parametrize("factory, error, text", [
+    ("exits_at_import_time", BackendUnavailable, "loading it called sys.exit"),
+    ("factory_raises", BackendUnavailable, "loading it raised RuntimeError: no device here"),
+    ("no_name", UsageError, "name=None must be a non-empty string"),
+    ("string_codec", UsageError, "codec='str' must be None (the spec's E4M3) or one of golden.codec.CODECS"),
+    ("bad_shapes", UsageError, "supported_shapes={'head_dim': 128} must be None or a dict"),
+])
+def test_a_backend_that_cannot_load_is_one_line_naming_why(factory, error, text):
+    with pytest.raises(error) as raised:
+        Supervisor(BackendSpec(name=f"{HOSTILE}:{factory}")).start()
+    assert text in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_module_that_exits_at_import_cannot_start():
+    with pytest.raises(BackendUnavailable, match="cannot start"):
+        Supervisor(BackendSpec(name="tests/kernels/exits_at_import.py:make_backend")).start()
+
+
+def test_workers_end_with_their_supervisor(golden_backend):
+    supervisor = Supervisor(BackendSpec(name="golden"), workers=2)
+    supervisor.start()
+    pids = [w.process.pid for w in supervisor._slots]
+    supervisor.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+# -- the wire: data only, bounded ---------------------------------------------------------------
+
+def _pipe_roundtrip(header, buffers, *, max_bytes=2**20):
+    r, w = os.pipe()
+    try:
+        wire.write_message(w, header, buffers)
+        os.close(w)
+        return wire.read_message(r, max_bytes=max_bytes)
+    finally:
+        os.close(r)
+
+
+def test_tensors_cross_bit_for_bit_with_their_layout():
+    q = torch.randn(4, 3).to(torch.float8_e4m3fn)
+    t = torch.arange(6, dtype=torch.int16).reshape(2, 3).t()        # not contiguous
+    one = torch.zeros(1, 1, dtype=torch.int32).as_strided((1, 1), (3, 3))   # a one-element view, odd strides
+    nan = torch.tensor([float("nan"), -0.0]).to(torch.bfloat16)
+    entries, buffers = wire.pack_tensors({"q": q, "t": t, "one": one, "nan": nan})
+    header, got = _pipe_roundtrip({"type": "x", "tensors": entries}, buffers)
+    back = wire.unpack_tensors(header["tensors"], got)
+    for name, original in {"q": q, "t": t, "one": one, "nan": nan}.items():
+        assert back[name].dtype == original.dtype and back[name].shape == original.shape
+        assert back[name].stride() == original.stride() or original.numel() == 1
+        assert bytes(wire.raw_bytes(back[name])) == bytes(wire.raw_bytes(original)), name
+
+
+@pytest.mark.parametrize("frame, error", [
+    (b"XXXX" + b"\x00" * 4, "not b'PFAW'"),
+    (b"PFAW" + (2**31).to_bytes(4, "little"), "over the limit"),
+    (b"PFAW" + (3).to_bytes(4, "little") + b"{{{", "not JSON"),
+    (b"PFAW" + (2).to_bytes(4, "little") + b"[]", "not an object"),
+])
+def test_a_malformed_frame_is_refused(frame, error):
+    r, w = os.pipe()
+    os.write(w, frame)
+    os.close(w)
+    try:
+        with pytest.raises(wire.WireError, match=error):
+            wire.read_message(r, max_bytes=2**20)
+    finally:
+        os.close(r)
+
+
+def test_buffers_over_the_limit_are_refused_before_they_are_read():
+    with pytest.raises(wire.WireError, match="over the limit of 10"):
+        _pipe_roundtrip({"type": "x"}, [b"x" * 11], max_bytes=10)
+
+
+def test_a_tensor_entry_that_does_not_match_its_buffer_is_refused():
+    entries, buffers = wire.pack_tensors({"q": torch.zeros(4)})
+    entries[0]["shape"] = [5]
+    with pytest.raises(wire.WireError, match="16 bytes for shape"):
+        wire.unpack_tensors(entries, [bytearray(b) for b in buffers])
+    with pytest.raises(wire.WireError, match="malformed"):
+        wire.unpack_tensors([{"name": "q", "dtype": "object"}], [])
