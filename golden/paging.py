@@ -44,7 +44,7 @@ def _check_lengths(kv_act_seqs: torch.Tensor | list[int] | tuple[int, ...], name
     return kv_act_seqs.to(torch.int64)
 
 
-def positive_int(value: object, name: str, *, minimum: int = 1) -> int:
+def positive_int(value: object, name: str, *, minimum: float = 1) -> int:
     """``value`` if it is an int of at least ``minimum`` (1: a positive size; 0: a length, a count or a
     seed); a TypeError (not an int; a bool is not one) or a ValueError (below ``minimum``) naming ``name``.
 
