@@ -35,9 +35,9 @@ def qk_matmul_scale(
     1/sqrt(D). codec (FP8 only) says how codes are read; None is the spec's E4M3FN.
     """
     check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
-    is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
     check_at12_scores_in_float32(q_scale, k_scale, q.shape[-1], scale)
-    if not is_fp8:
+    if q_scale is None or k_scale is None:      # not FP8 (checked: FP8 comes with both scales, the rest with none)
         return exact_matmul(q.float(), k.float().T) * torch.tensor(scale, dtype=torch.float32)
     codec = get_codec(codec)
     raw = exact_matmul(codec.from_fp8(q), codec.from_fp8(k).T)
@@ -57,9 +57,11 @@ def qk_matmul_scale_loop(
     route, so a law that compares the two checks one against the other rather than itself.
     """
     check_on_cpu(q=q, k=k, q_scale=q_scale, k_scale=k_scale)
-    is_fp8, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
+    _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
     check_at12_scores_in_float32(q_scale, k_scale, q.shape[-1], scale)
-    if is_fp8:
+    # FP8 exactly when the scales are given (checked: FP8 comes with both, the rest with none).
+    scales = None if q_scale is None or k_scale is None else (q_scale, k_scale)
+    if scales is not None:
         codec = get_codec(codec)
         qv, kv = codec.decode(q, torch.float64), codec.decode(k, torch.float64)
     else:
@@ -68,8 +70,8 @@ def qk_matmul_scale_loop(
     out = torch.empty(q.shape[0], k.shape[0], dtype=torch.float32)
     for i in range(q.shape[0]):
         row = (qv[i][None, :] * kv).sum(dim=1).float()
-        if is_fp8:
-            row = row * q_scale[i, 0] * k_scale[:, 0]
+        if scales is not None:
+            row = row * scales[0][i, 0] * scales[1][:, 0]
         out[i] = row * factor
     return out
 
@@ -103,9 +105,9 @@ def qk_matmul_scale_envelope(
     e1 = score_bounds(exact, abs_sum, grid, qv.shape[-1], model)
     factor = torch.tensor(scale, dtype=torch.float32)
 
-    def bounds(e1):
+    def bounds(e1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raw_lo, raw_hi = raw_interval(exact, e1, model)
-        if is_fp8:
+        if q_scale is not None and k_scale is not None:     # FP8 (checked: then both scales are given)
             return dequant_interval(raw_lo, raw_hi, q_scale, k_scale.T, factor, model)
         return raw_lo * factor, raw_hi * factor
 

@@ -36,6 +36,7 @@ Decisions (SPEC leaves them open), with their tests in tests/golden/test_attenti
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeAlias, overload
 
 import numpy as np
 import torch
@@ -44,12 +45,17 @@ from .codec import Fp8Codec, get_codec
 from .envelope import AttentionEnvelope, Chunk, EnvelopeBuilder
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
-from .paging import blocks_needed, ceil_div, token_slots, visible_lengths
+from .paging import TileLayout, blocks_needed, ceil_div, token_slots, visible_lengths
 from .quant import quantize_rows
 from .scratch import SCRATCH
 from .softmax_state import OnlineSoftmaxState, local_softmax
-from .validate import PagedAttentionDims, check_on_cpu, check_paged_attention_args, check_scales_not_negative
-from .validate import check_scores_in_float32
+from .validate import (
+    PagedAttentionDims,
+    check_on_cpu,
+    check_paged_attention_args,
+    check_scales_not_negative,
+    check_scores_in_float32,
+)
 
 __all__ = ["paged_attention_fp8", "paged_attention_envelope", "checked_call", "PagedAttentionCall", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
 
@@ -90,6 +96,11 @@ def dequantize_values(raw: torch.Tensor, p_scale: torch.Tensor, v_scale: torch.T
     return raw * p_scale * v_scale
 
 
+#: One call's tensors in SPEC §1's order: q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs.
+CallTensors: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor]
+
+
 # Tiles are evaluated in chunks of about this many K elements, so that K and V stay in cache while
 # they are used (one pass over all of K in float64 costs more than the whole loop golden).
 _CHUNK_ELEMENTS = 1 << 20
@@ -106,8 +117,14 @@ class _PagedCache:
         self.k_scale = k_scale.detach().numpy().reshape(slots, dims.nkv)
 
 
-def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
-                     codec: Fp8Codec, envelope=None, tiles: int = 0):
+@overload
+def _paged_attention(dims: PagedAttentionDims, tensors: CallTensors, codec: Fp8Codec, envelope: None = None,
+                     tiles: int = 0) -> torch.Tensor: ...
+@overload
+def _paged_attention(dims: PagedAttentionDims, tensors: CallTensors, codec: Fp8Codec, envelope: EnvelopeBuilder,
+                     tiles: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+def _paged_attention(dims: PagedAttentionDims, tensors: CallTensors, codec: Fp8Codec, envelope: EnvelopeBuilder | None = None,
+                     tiles: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 ``O / l`` [B*S1, NQ, D], contiguous (the caller rounds it to bfloat16); with an
     ``envelope`` (golden.envelope.EnvelopeBuilder) also its float32 bounds ``(lo, hi)``, same shape.
 
@@ -116,6 +133,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     into golden/matmul, softmax_state or quant. What is left is the chunk's index arrays (owner,
     in_tile, slot, token) and layout closures, which every stage and the envelope share: split, each
     part would take and return a dozen of them."""
+    q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs = tensors
     batch, s1, nkv, group, d = dims.batch, dims.s1, dims.nkv, dims.group, dims.head_dim
     rows = s1 * group  # the rows of one (batch, kv head): query positions i x heads g of the group
     tile, block_size = dims.s2_tile, dims.block_size
@@ -140,8 +158,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     q_rows = codec.decode_array(q_codes, double=True).reshape(batch, nkv, rows, d)
     q_scale_rows = q_scale.detach().numpy().reshape(batch, s1, nkv, group).transpose(0, 2, 1, 3).reshape(batch, nkv, rows, 1)
     v_scale_rows = v_scale.detach().numpy().reshape(batch, nkv, 1, d)
-    if envelope is not None:
-        q_grid = envelope.q_grid(q_codes.reshape(batch, nkv, rows, d))
+    q_grid = None if envelope is None else envelope.q_grid(q_codes.reshape(batch, nkv, rows, d))
     # Each (batch, tile)'s O_j, l_j and m_j, side by side: [B * tiles, N, R, D + 2]. Tiles a batch
     # does not have stay 0 and are not folded (``tiles_per_row`` below).
     tile_states = torch.zeros((batch * most_tiles, nkv, rows, d + 2))
@@ -169,38 +186,25 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
         v_codes = v_codes.transpose(0, 2, 1, 3)
         v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
         k_scale_cols = torch.from_numpy(cache.k_scale[slot].transpose(0, 2, 1)[:, :, None, :])  # [Q, N, 1, BS]
-        owner_t, in_tile_t = torch.from_numpy(owner), torch.from_numpy(in_tile)
+        layout = TileLayout(pairs=pairs, nkv=nkv, rows=rows, per_tile=per_tile, block_size=block_size,
+                             owner=torch.from_numpy(owner), in_tile=torch.from_numpy(in_tile))
         q_blocks, k_blocks = torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t)
         q_scale_blocks = torch.from_numpy(q_scale_rows[block_batch])
-
-        def to_tiles(x, fill=0.0):      # blocks [Q, N, R, BS] -> tiles [P, N, R, tile]; blocks a tile lacks: fill
-            if per_tile == 1:
-                return x
-            tiled = torch.full((pairs, nkv, x.shape[2], per_tile, block_size), fill, dtype=x.dtype)
-            tiled[owner_t, :, :, in_tile_t] = x
-            return tiled.view(pairs, nkv, x.shape[2], tile)
-
-        def to_blocks(x):               # tiles [P, N, R, tile] -> blocks [Q, N, R, BS]
-            return x if per_tile == 1 else x.view(pairs, nkv, rows, per_tile, block_size)[owner_t, :, :, in_tile_t]
-
-        def per_tile_sum(x):            # blocks [Q, ...] -> tiles [P, ...], float64 sums (exact for MM2)
-            return x if per_tile == 1 else torch.zeros((pairs,) + x.shape[1:], dtype=x.dtype).index_add_(0, owner_t, x)
-
         raw64 = torch.matmul(q_blocks, k_blocks)  # MM1 per block: [Q, N, R, BS], exact (golden/matmul.py)
         scores = dequantize_scores(raw64.float(), q_scale_blocks, k_scale_cols, dims.softmax_scale)
-        scores = to_tiles(scores)
+        scores = layout.to_tiles(scores)
         tile_token = (pt[:, None] * tile + np.arange(tile))[:, None, None, :]  # [P, 1, 1, tile]
         visible = torch.from_numpy(tile_token < row_cur[pb][:, None])  # [P, 1, R, tile] (SPEC §2.1)
         m_j, p, l_j = local_softmax(scores, visible)
         # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
         p8_tiles, p_scale = quantize_rows(p, codec=codec)
-        p8 = to_blocks(p8_tiles)
+        p8 = layout.to_blocks(p8_tiles)
         mm2 = torch.matmul(p8.double(), v) + 0.0  # MM2 per block: [Q, N, R, D], exact; a zero sum +0 (golden.matmul)
         if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
             mm2 = _causal_values(p8, v, token, cur[block_batch])
         # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
         # tile's exact product, rounded once below.
-        mm2 = per_tile_sum(mm2)
+        mm2 = layout.per_tile_sum(mm2)
         o_j = dequantize_values(mm2.float(), p_scale, torch.from_numpy(v_scale_rows[pb]))
         states = torch.cat([o_j, l_j, m_j], dim=-1)
         index = torch.from_numpy(pb * most_tiles + pt)
@@ -208,11 +212,12 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
             tile_states[first:first + pairs] = states
         else:
             tile_states.index_copy_(0, index, states)
-        if envelope is not None:
+        if envelope is not None and q_grid is not None:
             envelope.chunk(Chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
                                  q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
                                  visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
-                                 to_tiles=to_tiles, to_blocks=to_blocks, per_tile_sum=per_tile_sum, index=index))
+                                 to_tiles=layout.to_tiles, to_blocks=layout.to_blocks, per_tile_sum=layout.per_tile_sum,
+                                 index=index))
 
     # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
     by_row = tile_states.view(batch, most_tiles, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
@@ -225,7 +230,7 @@ def _paged_attention(dims: PagedAttentionDims, q, q_scale, k_cache, k_scale, v_c
     return result, _to_output(lo, dims, q.shape), _to_output(hi, dims, q.shape)
 
 
-def _to_output(x: torch.Tensor, dims: PagedAttentionDims, shape) -> torch.Tensor:
+def _to_output(x: torch.Tensor, dims: PagedAttentionDims, shape: torch.Size) -> torch.Tensor:
     """[B, N, S1 * G, D] row-major by (batch, kv head) -> the output layout [B*S1, NQ, D], contiguous."""
     return x.view(dims.batch, dims.nkv, dims.s1, dims.group, dims.head_dim).transpose(1, 2).reshape(shape).contiguous()
 
@@ -292,16 +297,16 @@ def checked_call(
     q: torch.Tensor, q_scale: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor,
     v_cache: torch.Tensor, v_scale: torch.Tensor, block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *,
     softmax_scale: float | None = None, s2_tile: int = 128, g_tile: int | None = None,
-) -> "PagedAttentionCall":
+) -> PagedAttentionCall:
     """The arguments of :func:`paged_attention_fp8` checked once (golden.validate: on the CPU, the SPEC §1
     table, SPEC §4.1's domain), as a :class:`PagedAttentionCall` that gives the golden under any codec and
     the envelope for any rows without checking them again (the one rule asks for both on one case)."""
-    tensors = dict(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
-                   block_table=block_table, kv_act_seqs=kv_act_seqs)
-    check_on_cpu(**tensors)
-    dims = check_paged_attention_args(*tensors.values(), softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile)
+    tensors = (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs)
+    check_on_cpu(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
+                 block_table=block_table, kv_act_seqs=kv_act_seqs)
+    dims = check_paged_attention_args(*tensors, softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile)
     check_scores_in_float32(q_scale, k_scale, block_table, kv_act_seqs, dims)
-    return PagedAttentionCall(dims, tuple(tensors.values()))
+    return PagedAttentionCall(dims, tensors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,14 +314,14 @@ class PagedAttentionCall:
     """One call's checked arguments (:func:`checked_call`): ``dims`` and the eight tensors in SPEC §1's order.
     The tensors are the caller's own, not copies: changed after the check, they are not checked again."""
     dims: PagedAttentionDims
-    tensors: tuple[torch.Tensor, ...]
+    tensors: CallTensors
 
     def golden(self, codec: Fp8Codec | str | None = None) -> torch.Tensor:
         """bfloat16 [B*S1, NQ, D]: :func:`paged_attention_fp8` of these arguments under ``codec``."""
         # Inference mode spares every torch call its autograd bookkeeping (about 10% here); the result
         # becomes an ordinary tensor again in the bfloat16 conversion, outside it.
         with torch.inference_mode():
-            result = _paged_attention(self.dims, *self.tensors, get_codec(codec))
+            result = _paged_attention(self.dims, self.tensors, get_codec(codec))
         return result.to(torch.bfloat16)  # round to nearest even (SPEC §2.4)
 
     def envelope(self, codec: Fp8Codec | str | None = None, model: ConformanceModel | None = None,
@@ -352,18 +357,18 @@ class PagedAttentionCall:
         builder = EnvelopeBuilder(sub, codec, model, tiles)
         with torch.inference_mode():
             if sub.batch:
-                out, lo, hi = _paged_attention(sub, *tensors, codec, envelope=builder, tiles=tiles)
+                out, lo, hi = _paged_attention(sub, tensors, codec, envelope=builder, tiles=tiles)
             else:
                 out = lo = hi = torch.zeros((0,) + tuple(q.shape[1:]))
         out, lo, hi = (x.to(torch.bfloat16) for x in (out, lo, hi))
         if picked is not None:
             out, lo, hi = (torch.full(q.shape, float("nan"), dtype=torch.bfloat16).index_copy_(0, picked, x) for x in (out, lo, hi))
         return AttentionEnvelope(golden=out, lo=lo, hi=hi, model=model, codec=codec.name, p_elements=builder.p_elements,
-                                 flippable=builder.flippable, degenerate_rows=getattr(builder, "degenerate_rows", 0),
+                                 flippable=builder.flippable, degenerate_rows=builder.degenerate_rows,
                                  rows=None if picked is None else tuple(int(r) for r in picked))
 
 
-def _checked_rows(rows, count: int) -> torch.Tensor | None:
+def _checked_rows(rows: object, count: int) -> torch.Tensor | None:
     """int64 indices of the output rows a bool [B*S1] mask selects (None: all of them); a TypeError or
     ValueError naming ``rows`` otherwise."""
     if rows is None:

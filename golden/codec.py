@@ -42,12 +42,22 @@ on the class.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
 
-from .e4m3 import MANTISSA_BITS, NAN_CODE, SIGN_BIT, e4m3_code_of, e4m3fn_decode_table, round_to_e4m3_grid
-from .e4m3 import table_index, table_patterns
+from .e4m3 import (
+    MANTISSA_BITS,
+    NAN_CODE,
+    SIGN_BIT,
+    e4m3_code_of,
+    e4m3fn_decode_table,
+    round_to_e4m3_grid,
+    table_index,
+    table_patterns,
+)
 
 __all__ = [
     "FP8_MAX",
@@ -78,6 +88,9 @@ def _as_float32(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.float()
 
 
+_Derived = TypeVar("_Derived")
+
+
 class Fp8Codec:
     """A float <-> E4M3 code conversion: ``encode`` rounds floats to codes, ``decode`` reads them.
 
@@ -99,6 +112,8 @@ class Fp8Codec:
         self._reads_nan = bool(np.isnan(self._decode_table_np).any())
         self._tables: tuple[np.ndarray, np.ndarray] | None = None   # encode codes, round values (lazy)
         self._pairs: dict[bool, np.ndarray] = {}                     # decode pairs by ``double`` (lazy)
+        self._boundaries: torch.Tensor | None = None                 # rounding_boundaries (lazy)
+        self._derived: dict[str, object] = {}                        # what :meth:`derived` keeps
 
     def _build_decode_table(self) -> torch.Tensor:
         raise NotImplementedError
@@ -263,9 +278,8 @@ class Fp8Codec:
         first pattern of the new value. (Two codes that read the same, like the calculator's 0x77 and
         0x7E, are one value: no boundary between them.)
         """
-        cached = getattr(self, "_boundaries", None)
-        if cached is not None:
-            return cached.clone()
+        if self._boundaries is not None:
+            return self._boundaries.clone()
         top = int(torch.tensor(2.0 * max(self.max_value, FP8_MAX), dtype=torch.float32).view(torch.int32))
 
         def code(bits: torch.Tensor) -> torch.Tensor:   # the value read back, as comparable bits
@@ -289,6 +303,13 @@ class Fp8Codec:
             hi, lo = torch.where(moved, mid, hi), torch.where(moved, lo, mid)
         self._boundaries = hi.to(torch.int32).view(torch.float32).double()
         return self._boundaries.clone()
+
+    def derived(self, key: str, make: Callable[[], _Derived]) -> _Derived:
+        """``make()``, worked out once per codec and ``key`` and kept with the codec: tables that other
+        modules derive from its rule (golden/envelope/stages.py: the grids and rounding brackets)."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return cast(_Derived, self._derived[key])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, max_value={self.max_value})"
@@ -347,7 +368,8 @@ class PyptoCalculatorE4M3(Fp8Codec):
         # The rule's first step, exactly (float32 round half to even; NaN and inf pass): its result
         # has zero low 16 bits below 2^8, and saturates above, so the table index decides the code.
         with np.errstate(invalid="ignore"):  # a signalling NaN is quieted, as the rule's NaN is
-            return np.rint(x)
+            rounded: np.ndarray = np.rint(x)
+        return rounded
 
 
 SPEC_CODEC = E4M3FNSaturating()

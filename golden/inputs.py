@@ -51,7 +51,7 @@ def _table_rows(value: object) -> tuple[tuple[int, ...], ...]:
     raise TypeError(f"block_table must be rows of ints (a tuple of tuples, [B][MAXB]), got {value!r}"[:300])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PagedAttentionConfig:
     """The shape and content of one paged-attention case (SPEC §1 names; validated on creation).
 
@@ -161,7 +161,7 @@ class PagedAttentionConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PagedAttentionConfig":
+    def from_dict(cls, data: dict[str, Any]) -> PagedAttentionConfig:
         """The config of ``to_dict``'s output; unknown keys are a ValueError naming them."""
         if not isinstance(data, dict):
             raise TypeError(f"a config must be a dict, got {type(data).__name__}")
@@ -174,11 +174,11 @@ class PagedAttentionConfig:
             data["kv_act_seqs"] = tuple(data["kv_act_seqs"])
         return cls(**data)      # __post_init__ turns a block_table of lists into tuples
 
-    def replace(self, **changes: Any) -> "PagedAttentionConfig":
+    def replace(self, **changes: Any) -> PagedAttentionConfig:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InputBundle:
     """Every argument of one ``paged_attention_fp8`` call, made by ``make_inputs(config, seed)``."""
 
@@ -203,11 +203,12 @@ class InputBundle:
         return {**self.tensors(), "softmax_scale": self.config.softmax_scale,
                 "s2_tile": self.config.s2_tile, "g_tile": self.config.g_tile}
 
-    def clone(self) -> "InputBundle":
+    def clone(self) -> InputBundle:
         """A deep copy: the tensors are cloned, so a backend that writes to them cannot reach this one."""
-        return replace(self, **{name: t.clone() for name, t in self.tensors().items()})
+        cloned: dict[str, Any] = {name: t.clone() for name, t in self.tensors().items()}
+        return replace(self, **cloned)
 
-    def replace(self, **changes: Any) -> "InputBundle":
+    def replace(self, **changes: Any) -> InputBundle:
         return replace(self, **changes)
 
 
@@ -360,13 +361,16 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
                                       generator=generator)
     code_fill, scale_fill = GARBAGE[c.garbage]
     # The three caches share one table: its slots are worked out (and the table checked) once.
-    page = {"block_table": block_table, "kv_act_seqs": lengths, "block_size": c.block_size, "num_blocks": c.physical_blocks}
-    page["slots"] = paged_slots(**page)
+    slots = paged_slots(block_table, lengths, block_size=c.block_size, num_blocks=c.physical_blocks)
+
+    def paged(x: torch.Tensor, fill: float) -> torch.Tensor:
+        return contiguous_to_paged(x, block_table, lengths, block_size=c.block_size, num_blocks=c.physical_blocks,
+                                   fill=fill, slots=slots)
     return InputBundle(
         config=c, seed=seed, q=q8, q_scale=q_scale,
-        k_cache=contiguous_to_paged(k8, fill=code_fill, **page),
-        k_scale=contiguous_to_paged(k_scale, fill=scale_fill, **page),
-        v_cache=contiguous_to_paged(v8, fill=code_fill, **page),
+        k_cache=paged(k8, code_fill),
+        k_scale=paged(k_scale, scale_fill),
+        v_cache=paged(v8, code_fill),
         v_scale=v_scale.view(c.batch, c.nkv, c.head_dim).contiguous(),
         block_table=block_table, kv_act_seqs=lengths,
     )

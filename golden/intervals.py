@@ -11,6 +11,7 @@ The bounds on a float32 sum taken in any order (SPEC §4.1 F1) are golden/sum_bo
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,7 +25,10 @@ TINY32 = 2.0 ** -149      # the smallest float32 subnormal: the absolute error o
 U64 = 2.0 ** -53          # float64 unit roundoff: one float64 rounding of a normal result errs by at most U64 relative
 
 
-def float64_slack(roundings: int | torch.Tensor) -> float | torch.Tensor:
+_Count = TypeVar("_Count", float, np.ndarray, torch.Tensor)
+
+
+def float64_slack(roundings: _Count) -> _Count:
     """A relative bound on the error of a float64 value that went through ``roundings`` float64 roundings
     of normal results (products, quotients, sums of same-signed terms; an ``exp`` within 1 ulp counts 2):
     ``(1 + U64)**k - 1 <= gamma_k = k U64 / (1 - k U64)`` (Higham, Accuracy and Stability, Lemma 3.1),
@@ -34,7 +38,7 @@ def float64_slack(roundings: int | torch.Tensor) -> float | torch.Tensor:
     return k * U64 * (1 + 2 * k * U64)
 
 
-def float64_sum_slack(terms: int | torch.Tensor) -> float | torch.Tensor:
+def float64_sum_slack(terms: _Count) -> _Count:
     """A bound, relative to the sum of the terms' magnitudes, on the error of a float64 sum (or dot
     product) of ``terms`` terms in any order, each product rounded once: gamma_(terms) (Higham §3.1),
     plus 3 roundings for what the fold does around it (the final addition of its two signed parts and
@@ -66,7 +70,8 @@ def _step32_in_place(f: np.ndarray, move: np.ndarray, direction: int | np.ndarra
         # steps as the patterns do: a zero to the smallest subnormal of the direction's sign, -2**-149 up to
         # -0, and the largest finite value or an infinity inward; NaN and outward infinities never move here.
         target = np.float32(np.inf) * (direction.astype(np.float32) if isinstance(direction, np.ndarray) else np.float32(direction))
-        return np.nextafter(f, target, out=f, where=move)
+        stepped: np.ndarray = np.nextafter(f, target, out=f, where=move)
+        return stepped
     return _step_patterns(f, move, direction)
 
 
@@ -107,8 +112,8 @@ def _rounded_sum(a: torch.Tensor, b: torch.Tensor, direction: int) -> torch.Tens
     """float32 RD (-1) or RU (+1) of the exact ``a + b``: the float64 sum ``s``, its exact error (Knuth's
     TwoSum), and one step past the float32 nearest ``s`` where that one lies on the wrong side of the
     exact sum (beyond ``s``, or at ``s`` with the error pointing away)."""
-    a, b = np.broadcast_arrays(float64_array(a), float64_array(b))
-    return torch.from_numpy(_directed_sum(a, b, direction))
+    a64, b64 = np.broadcast_arrays(float64_array(a), float64_array(b))
+    return torch.from_numpy(_directed_sum(a64, b64, direction))
 
 
 def outward_sums(a_lo: torch.Tensor | np.ndarray, b_lo: torch.Tensor | np.ndarray, a_hi: torch.Tensor | np.ndarray,
@@ -118,8 +123,9 @@ def outward_sums(a_lo: torch.Tensor | np.ndarray, b_lo: torch.Tensor | np.ndarra
     a_lo, b_lo, a_hi, b_hi = (float64_array(x) for x in (a_lo, b_lo, a_hi, b_hi))
     shape = _common_shape(a_lo, b_lo, a_hi, b_hi)
     if math.prod(shape) > _PAIRED_MOST:
-        return (torch.from_numpy(_directed_sum(*np.broadcast_arrays(a_lo, b_lo), -1)),
-                torch.from_numpy(_directed_sum(*np.broadcast_arrays(a_hi, b_hi), 1)))
+        down_a, down_b = np.broadcast_arrays(a_lo, b_lo)
+        up_a, up_b = np.broadcast_arrays(a_hi, b_hi)
+        return torch.from_numpy(_directed_sum(down_a, down_b, -1)), torch.from_numpy(_directed_sum(up_a, up_b, 1))
     both = _outward_pair(_pair(a_lo, a_hi, shape), _pair(b_lo, b_hi, shape))
     return torch.from_numpy(both[0, ...]), torch.from_numpy(both[1, ...])
 

@@ -19,6 +19,7 @@ as outside SPEC §4.1, and its envelope is the measured model's, never a larger 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .errors import UsageError
 
@@ -83,7 +84,7 @@ class ConformanceModel:
             wider.append(f"div_ulps={self.div_ulps:g} (F3 allows {SPEC_MODEL.div_ulps:g})")
         return wider
 
-    def check_narrower(self, what: str = "model") -> "ConformanceModel":
+    def check_narrower(self, what: str = "model") -> ConformanceModel:
         """``self`` when it is no wider than SPEC §4.1; else a golden.errors.UsageError (a ValueError) naming
         the fields (a backend may declare a narrower model and be judged by it, never a wider one)."""
         wider = self.wider_than_spec()
@@ -97,11 +98,11 @@ class ConformanceModel:
         return (f"{self.name} (sums {self.sums}, scale order {self.scale_order}, exp {self.exp_ulps:g} ulp, "
                 f"division {self.div_ulps:g} ulp{', deterministic' if self.deterministic else ''})")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def declared_model(backend) -> "ConformanceModel":
+def declared_model(backend: object) -> ConformanceModel:
     """The model ``backend`` is judged by: the one it declares (``backend.model``), checked no wider than SPEC
     §4.1 (:meth:`ConformanceModel.check_narrower`), or :data:`SPEC_MODEL` when it declares none. A
     declaration that is not a ConformanceModel, or a wider one, is a golden.errors.UsageError naming the

@@ -7,9 +7,13 @@ holds there must never reach the result (the golden masks by length, never by ta
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import TypeVar, overload
 
 import numpy as np
 import torch
+
+from .codec import SPEC_CODEC
 
 __all__ = [
     "ceil_div",
@@ -22,6 +26,7 @@ __all__ = [
     "token_slots",
     "PagedSlots",
     "paged_slots",
+    "TileLayout",
 ]
 
 
@@ -39,7 +44,7 @@ def _check_lengths(kv_act_seqs: torch.Tensor | list[int] | tuple[int, ...], name
     return kv_act_seqs.to(torch.int64)
 
 
-def positive_int(value: object, name: str, *, minimum: int = 1) -> int:
+def positive_int(value: object, name: str, *, minimum: float = 1) -> int:
     """``value`` if it is an int of at least ``minimum`` (1: a positive size; 0: a length, a count or a
     seed); a TypeError (not an int; a bool is not one) or a ValueError (below ``minimum``) naming ``name``.
 
@@ -52,18 +57,26 @@ def positive_int(value: object, name: str, *, minimum: int = 1) -> int:
     return value
 
 
-def ceil_div(a, b):
+_Count = TypeVar("_Count", int, np.ndarray, torch.Tensor)
+
+
+def ceil_div(a: _Count, b: int | _Count) -> _Count:
     """``ceil(a / b)`` for a >= 0, b > 0, exactly: ints, numpy arrays and torch tensors alike (integer
     floor division of ``-a``, so no float rounding; SPEC §2 item 2: ``ceil(kv_act_seqs[b] / BS)`` blocks,
     §2 item 3: ``ceil(cur / s2_tile)`` tiles)."""
     return -(-a // b)
 
 
-def blocks_needed(kv_act_seqs: torch.Tensor | np.ndarray, block_size: int) -> torch.Tensor | np.ndarray:
+@overload
+def blocks_needed(kv_act_seqs: torch.Tensor, block_size: int) -> torch.Tensor: ...
+@overload
+def blocks_needed(kv_act_seqs: np.ndarray | Sequence[int], block_size: int) -> np.ndarray: ...
+def blocks_needed(kv_act_seqs: torch.Tensor | np.ndarray | Sequence[int], block_size: int) -> torch.Tensor | np.ndarray:
     """int64 [B]: ``ceil(kv_act_seqs[b] / block_size)``, the table entries each batch uses (a torch
-    tensor for a tensor, a numpy array for an array: the golden's hot path counts in numpy)."""
-    lengths = kv_act_seqs.to(torch.int64) if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs, dtype=np.int64)
-    return ceil_div(lengths, block_size)
+    tensor for a tensor, a numpy array for an array or a sequence: the golden's hot path counts in numpy)."""
+    if isinstance(kv_act_seqs, torch.Tensor):
+        return ceil_div(kv_act_seqs.to(torch.int64), block_size)
+    return ceil_div(np.asarray(kv_act_seqs, dtype=np.int64), block_size)
 
 
 def gen_block_table(
@@ -125,12 +138,11 @@ def _check_table(block_table: torch.Tensor, lengths: torch.Tensor, block_size: i
 
 def _fill_value(fill: float, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.float8_e4m3fn:
-        from .codec import SPEC_CODEC
         return SPEC_CODEC.to_fp8(torch.tensor([fill], dtype=torch.float32))[0]
     return torch.tensor(fill, dtype=dtype)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PagedSlots:
     """Where every valid token of a (checked) block table lives: :func:`token_slots`, kept with what it was
     worked out for, so that several tensors paged through one table compute it once."""
@@ -151,7 +163,9 @@ def paged_slots(block_table: torch.Tensor, kv_act_seqs: torch.Tensor | list[int]
     block_size = positive_int(block_size, "block_size")
     num_blocks = positive_int(num_blocks, "num_blocks")
     _check_table(block_table, lengths, block_size, num_blocks)
-    return PagedSlots(block_table, lengths, block_size, num_blocks, *token_slots(block_table, lengths, block_size))
+    batch, token, block, row = token_slots(block_table, lengths, block_size)
+    return PagedSlots(block_table=block_table, lengths=lengths, block_size=block_size, num_blocks=num_blocks,
+                      batch=batch, token=token, block=block, row=row)
 
 
 def contiguous_to_paged(
@@ -205,7 +219,7 @@ def paged_to_contiguous(
     return out
 
 
-def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
+def visible_lengths(kv_act_seqs: torch.Tensor | np.ndarray | Sequence[int], s1: int) -> torch.Tensor:
     """int64 [B, S1]: ``cur[b, i] = max(0, kv_act_seqs[b] - (S1 - 1 - i))`` (SPEC §2.1), the tokens query
     position i of batch b sees. ``kv_act_seqs``: [B] ints (a CPU tensor, an array or a sequence). The one
     place the visible length is computed outside the loop oracle; ``.reshape(-1)`` orders it by output
@@ -213,3 +227,37 @@ def visible_lengths(kv_act_seqs, s1: int) -> torch.Tensor:
     lengths = kv_act_seqs.numpy() if isinstance(kv_act_seqs, torch.Tensor) else np.asarray(kv_act_seqs)
     behind_last = np.arange(s1 - 1, -1, -1)
     return torch.from_numpy(np.maximum(lengths.astype(np.int64)[:, None] - behind_last, 0))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TileLayout:
+    """The golden's two layouts of one chunk of (batch, tile) pairs (golden/attention.py) and the maps
+    between them: blocks [Q, N, R, BS] (block k is block ``in_tile[k]`` of pair ``owner[k]``) and tiles
+    [P, N, R, tile] (``per_tile`` blocks each). The envelope's Chunk takes the maps."""
+    pairs: int
+    nkv: int
+    rows: int
+    per_tile: int
+    block_size: int
+    owner: torch.Tensor
+    in_tile: torch.Tensor
+
+    def to_tiles(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """blocks [Q, N, R, BS] -> tiles [P, N, R, tile]; the blocks a tile lacks hold ``fill``."""
+        if self.per_tile == 1:
+            return x
+        tiled = torch.full((self.pairs, self.nkv, x.shape[2], self.per_tile, self.block_size), fill, dtype=x.dtype)
+        tiled[self.owner, :, :, self.in_tile] = x
+        return tiled.view(self.pairs, self.nkv, x.shape[2], self.per_tile * self.block_size)
+
+    def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """tiles [P, N, R, tile] -> blocks [Q, N, R, BS]."""
+        if self.per_tile == 1:
+            return x
+        return x.view(self.pairs, self.nkv, self.rows, self.per_tile, self.block_size)[self.owner, :, :, self.in_tile]
+
+    def per_tile_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """blocks [Q, ...] -> tiles [P, ...]: float64 sums (exact for MM2)."""
+        if self.per_tile == 1:
+            return x
+        return torch.zeros((self.pairs,) + x.shape[1:], dtype=x.dtype).index_add_(0, self.owner, x)

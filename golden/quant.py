@@ -22,17 +22,24 @@ to exact zeros. Tests: tests/golden/test_quant.py::test_zero_row_*.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 
-from .codec import FP8_MAX, SPEC_CODEC, Fp8Codec
+from .codec import FP8_MAX, SPEC_CODEC
 
-__all__ = ["FP8_MAX", "ZeroRowPolicy", "quantize_per_token", "quantize_per_channel", "quantize_rows"]
+__all__ = ["FP8_MAX", "ZeroRowPolicy", "Rounding", "quantize_per_token", "quantize_per_channel", "quantize_rows"]
 
 ZeroRowPolicy = Literal["raise", "unit_scale"]
 _ZERO_ROW_POLICIES = ("raise", "unit_scale")
+
+
+class Rounding(Protocol):
+    """What :func:`quantize_rows` reads its codes back through: an Fp8Codec's ``round`` (or a mutant's
+    cast of one, kernels/mutants/golden_level.py)."""
+
+    def round(self, x: torch.Tensor, /) -> torch.Tensor: ...
 
 
 def _check_source(x: torch.Tensor, name: str) -> None:
@@ -98,7 +105,7 @@ def _scales_from_amax(amax: torch.Tensor, *, dim: int, zero_rows: str, name: str
 
 
 def quantize_rows(
-    x: torch.Tensor, *, valid: torch.Tensor | None = None, codec: Fp8Codec = SPEC_CODEC,
+    x: torch.Tensor, *, valid: torch.Tensor | None = None, codec: Rounding = SPEC_CODEC,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize-dequantize along the last axis: ``(codec.round(x * scale), dequant_scale)``, float32.
 

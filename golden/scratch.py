@@ -10,6 +10,7 @@ import math
 import threading
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 __all__ = ["SCRATCH"]
@@ -23,7 +24,7 @@ class _Scratch(threading.local):
     def __init__(self) -> None:
         self.buffers: dict[str, np.ndarray] = {}
 
-    def array(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    def array(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         """A numpy array of ``shape`` and ``dtype``, contiguous, contents undefined."""
         size = math.prod(shape)
         buffer = self.buffers.get(name)

@@ -66,7 +66,7 @@ class OnlineSoftmaxState:
     started: torch.Tensor
 
     @classmethod
-    def empty(cls, rows: tuple[int, ...], head_dim: int) -> "OnlineSoftmaxState":
+    def empty(cls, rows: tuple[int, ...], head_dim: int) -> OnlineSoftmaxState:
         """A state for ``rows`` that has seen no tile yet."""
         return cls(
             m=torch.full((*rows, 1), -torch.inf),
@@ -75,7 +75,7 @@ class OnlineSoftmaxState:
             started=torch.zeros((*rows, 1), dtype=torch.bool),
         )
 
-    def update(self, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, valid: torch.Tensor | None = None) -> "OnlineSoftmaxState":
+    def update(self, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, valid: torch.Tensor | None = None) -> OnlineSoftmaxState:
         """Fold one tile's (m_j, l_j, O_j) into the state, in place; returns self.
 
         ``valid`` [..., 1] marks the rows for which this tile has tokens; other rows keep their
@@ -99,7 +99,7 @@ class OnlineSoftmaxState:
 
     @classmethod
     def from_tiles(cls, m_t: torch.Tensor, l_t: torch.Tensor, o_t: torch.Tensor,
-                   tiles_per_row: torch.Tensor | np.ndarray) -> "OnlineSoftmaxState":
+                   tiles_per_row: torch.Tensor | np.ndarray) -> OnlineSoftmaxState:
         """The state after folding tiles 0..n-1 of each row into an empty state, n = ``tiles_per_row``:
         the same bits as n calls of ``update``.
 

@@ -146,7 +146,7 @@ def residue_bound(products: torch.Tensor, magnitude: torch.Tensor, *, levels: in
     # read spacing with 0 then, and the walk over the spacings it reads is the recurrence alone.
     total[walk_from > levels - own] = 0.0
     caps = (n - 1) * spacings / 2
-    for cap, residue, count in zip(caps, residues, reading):
+    for cap, residue, count in zip(caps, residues, reading, strict=True):    # one of each per spacing
         walked = residue[:count] + total[:count]
         np.minimum(cap[:count], walked, out=walked)
         np.add(total[:count], walked, out=walked)

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from .paging import blocks_needed, positive_int, visible_lengths
@@ -22,7 +23,7 @@ __all__ = ["PagedAttentionDims", "check_paged_attention_args", "check_qk_matmul_
 FP8 = torch.float8_e4m3fn
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PagedAttentionDims:
     """The sizes of one paged-attention call, derived from its arguments (SPEC §1 names)."""
 
@@ -63,7 +64,8 @@ def default_softmax_scale(head_dim: int) -> float:
     """``head_dim ** -0.5``: the softmax scale when the caller passes None (SPEC §1: D^-0.5; SPEC §6:
     AT-12's ``1/sqrt(head_dim)`` derived at run time). Every use rounds it to float32 first, where the
     two spellings agree for every head_dim up to 2**20 (checked in tests/golden/test_validate.py)."""
-    return positive_int(head_dim, "head_dim") ** -0.5
+    scale: float = positive_int(head_dim, "head_dim") ** -0.5
+    return scale
 
 
 def group_size(nq: int, nkv: int, *, names: tuple[str, str] = ("nq", "nkv"), what: str = "") -> int:
@@ -147,7 +149,7 @@ def check_paged_attention_args(
     )
 
 
-def check_block_table(block_table, kv_act_seqs, *, block_size: int, num_blocks: int, shape: tuple[int, int] | None = None,
+def check_block_table(block_table: npt.ArrayLike, kv_act_seqs: npt.ArrayLike, *, block_size: int, num_blocks: int, shape: tuple[int, int] | None = None,
                       unique: bool = False) -> None:
     """Check a block table against the lengths it serves (SPEC §1, §2 item 2); raise a ValueError naming
     the entry otherwise. ``block_table`` [B, MAXB] and ``kv_act_seqs`` [B] are integer arrays (numpy or
@@ -242,7 +244,7 @@ def check_qk_matmul_scale_args(
     return is_fp8, float(scale)
 
 
-def check_scales_not_negative(**scales) -> None:
+def check_scales_not_negative(**scales: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None) -> None:
     """ValueError naming the tensor and the first entry when a dequant scale that is read is negative.
     Each value is a tensor, or ``(tensor, read)`` with ``read`` a bool mask broadcastable to it: the
     entries the computation reads (garbage in cells no kernel may read is none of its business, whatever
@@ -277,7 +279,8 @@ def _score_reach(q: np.ndarray, k: np.ndarray, head_dim: int, softmax_scale: flo
     with np.errstate(over="ignore", invalid="ignore"):
         both = q * k
         largest = np.maximum(np.maximum(q, k), np.maximum(both, both * softmax_scale))
-        return head_dim * _E4M3_MAX ** 2 * largest
+        reach: np.ndarray = head_dim * _E4M3_MAX ** 2 * largest
+    return reach
 
 
 def _finite_max(x: torch.Tensor) -> float:
@@ -319,11 +322,11 @@ def check_scores_in_float32(q_scale: torch.Tensor, k_scale: torch.Tensor, block_
         return
     b, i, n, g = (int(x) for x in np.argwhere(bad)[0])
     t = int(np.argmax(np.nan_to_num(k_seen[b, :last[b, i] + 1, n], nan=0.0)))             # the token with that K scale
-    blk, slot = int(block_table[b, t // dims.block_size]), t % dims.block_size
+    blk, row = int(block_table[b, t // dims.block_size]), t % dims.block_size
     h = n * dims.group + g
     raise ValueError(
-        f"q_scale[{b * dims.s1 + i}, {h}, 0]={float(q_scale[b * dims.s1 + i, h, 0]):g} with k_scale[{blk}, {slot}, {n}, 0]="
-        f"{float(k_scale[blk, slot, n, 0]):g} (a token row {b * dims.s1 + i} sees): its scores can reach "
+        f"q_scale[{b * dims.s1 + i}, {h}, 0]={float(q_scale[b * dims.s1 + i, h, 0]):g} with k_scale[{blk}, {row}, {n}, 0]="
+        f"{float(k_scale[blk, row, n, 0]):g} (a token row {b * dims.s1 + i} sees): its scores can reach "
         f"{float(cell[b, i, n, g]):.3g} >= 2**127, outside float32 (SPEC §4.1 Domain: D * 448**2 * q_scale * "
         "k_scale * softmax_scale, and each product F2 lets a kernel form, must stay below 2**127)")
 

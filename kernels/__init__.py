@@ -9,8 +9,18 @@ kernels.Skip(kind, reason) from its skip_reason(config). pypto is imported only 
 backends, and only when they are created.
 """
 from golden.errors import UsageError
-from kernels.backends import SKIP_KINDS, Backend, BackendUnavailable, KernelRunError, Skip, get_backend, register_prefix
-from kernels.backends import resolve_device_index
+from kernels.backends import (
+    SKIP_KINDS,
+    Backend,
+    BackendUnavailable,
+    KernelRunError,
+    Skip,
+    get_backend,
+    register_prefix,
+    resolve_device_index,
+)
+from kernels.conforming import get_variant
+from kernels.mutants import get_mutant
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "get_backend",
            "resolve_device_index"]
@@ -20,7 +30,6 @@ def _mutant(name: str, *, device=None, **options) -> Backend:
     """``mutant:NAME``: a mutant of the catalog (kernels/mutants; issue 12)."""
     if device is not None:
         raise UsageError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
-    from kernels.mutants import get_mutant
     return get_mutant(name.removeprefix("mutant:"), **options)
 
 
@@ -28,7 +37,6 @@ def _conforming(name: str, *, device=None, **options) -> Backend:
     """``conforming:NAME``: a correct variant using SPEC §4.1's freedoms (kernels/conforming; issue 16)."""
     if device is not None:
         raise UsageError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
-    from kernels.conforming import get_variant
     return get_variant(name.removeprefix("conforming:"), **options)
 
 

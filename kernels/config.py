@@ -7,13 +7,16 @@ compile-cache key, so every field is a plain int, float or tuple).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from golden.paging import positive_int
+from golden.validate import PagedAttentionDims
 
 __all__ = [
     "KERNEL_SHAPES",
     "CubeTile",
     "PagedAttentionKernelConfig",
+    "softmax_tile",
     "UPSTREAM_PASS_OPTIONS",
     "UPSTREAM_RUNTIME_OPTIONS",
 ]
@@ -37,7 +40,8 @@ CubeTile = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 _UPSTREAM_CUBE: CubeTile = ((128, 128), (128, 128), (128, 128))
 
 
-def _check_cube(name: str, tile) -> CubeTile:
+def _check_cube(name: str, tile: Any) -> CubeTile:
+    """``tile`` (a user's value: anything) as three int pairs, or the TypeError / ValueError naming it."""
     try:
         pairs = tuple((int(a), int(b)) for a, b in tile)
     except (TypeError, ValueError):
@@ -47,10 +51,10 @@ def _check_cube(name: str, tile) -> CubeTile:
     for l0, l1 in pairs:
         if not (0 < l0 <= l1 and l1 % l0 == 0):
             raise ValueError(f"{name}={tile!r}: each pair needs 0 < L0 <= L1 and L1 % L0 == 0 (SPEC §1)")
-    return pairs
+    return pairs[0], pairs[1], pairs[2]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PagedAttentionKernelConfig:
     """Everything static about one compiled FP8 paged-attention kernel.
 
@@ -87,9 +91,7 @@ class PagedAttentionKernelConfig:
             raise ValueError(f"s2_tile={self.s2_tile} must be a multiple of block_size={self.block_size}")
         object.__setattr__(self, "c1_tile", _check_cube("c1_tile", self.c1_tile))
         object.__setattr__(self, "c2_tile", _check_cube("c2_tile", self.c2_tile))
-        if self.v1_tile is None:
-            object.__setattr__(self, "v1_tile", (128, self.s2_tile))
-        object.__setattr__(self, "v1_tile", tuple(int(x) for x in self.v1_tile))
+        object.__setattr__(self, "v1_tile", tuple(int(x) for x in softmax_tile(self)))
         object.__setattr__(self, "v2_tile", tuple(int(x) for x in self.v2_tile))
         object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
 
@@ -102,10 +104,16 @@ class PagedAttentionKernelConfig:
         return self.s2_tile // self.block_size
 
     @classmethod
-    def from_dims(cls, dims, **overrides) -> "PagedAttentionKernelConfig":
+    def from_dims(cls, dims: PagedAttentionDims, **overrides: Any) -> PagedAttentionKernelConfig:
         """Build from golden.validate.PagedAttentionDims (or anything with the same attributes)."""
-        fields = dict(s1=dims.s1, nq=dims.nq, nkv=dims.nkv, head_dim=dims.head_dim,
+        fields: dict[str, Any] = dict(s1=dims.s1, nq=dims.nq, nkv=dims.nkv, head_dim=dims.head_dim,
                       block_size=dims.block_size, max_blocks=dims.max_blocks, g_tile=dims.g_tile,
                       s2_tile=dims.s2_tile, softmax_scale=dims.softmax_scale)
         fields.update(overrides)
         return cls(**fields)
+
+
+def softmax_tile(cfg: PagedAttentionKernelConfig) -> tuple[int, int]:
+    """The vector tile of the softmax stage (V1): ``cfg.v1_tile``, or [128, s2_tile] where it is None.
+    The kernel reads it through here, so a configuration of the same fields walks the same way."""
+    return (128, cfg.s2_tile) if cfg.v1_tile is None else cfg.v1_tile

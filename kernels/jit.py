@@ -16,7 +16,8 @@ kernels.pypto_workarounds.load_pypto() (or, on a 950, after torch_npu).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["VERIFY_OPTIONS", "jit_options", "jit"]
 

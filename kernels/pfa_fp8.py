@@ -24,13 +24,18 @@ Import this module only after kernels.pypto_workarounds.load_pypto() (the sim ba
 """
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import pypto
 
 from golden.quant import FP8_MAX
-from kernels.config import PagedAttentionKernelConfig
+from kernels.config import UPSTREAM_PASS_OPTIONS, UPSTREAM_RUNTIME_OPTIONS, PagedAttentionKernelConfig, softmax_tile
+from kernels.jit import jit
 
 __all__ = ["paged_attention_fp8_body", "make_kernel", "TileStep"]
+
+#: A pypto tensor or symbolic scalar of the trace: pypto 0.2.0 ships no types, so it is Any to mypy.
+PyptoValue: TypeAlias = Any
 
 # Merge-scope ids of the vector stages (any distinct positive ints; -1 closes a scope).
 _SCOPE_DEQUANT_SOFTMAX = 1
@@ -117,28 +122,28 @@ def paged_attention_fp8_body(
                             m_acc=m_acc, l_acc=l_acc, o_acc=o_acc))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TileStep:
     """What one s2 tile reads and writes: the 2-D views of the call's tensors (the caches viewed as
     [NB * BS, NKV * width]), the loop indices of the tile (``row`` = b * S1 + i, ``head`` the first
     query head of the g tile, ``valid`` its token count) and the row's online-softmax accumulators."""
-    q_2d: object
-    qs_2d: object
-    k_2d: object
-    ks_2d: object
-    v_2d: object
-    vs_2d: object
-    block_table: object
-    out: object
-    b_idx: object
-    n2_idx: object
-    s2_idx: object
-    row: object
-    head: object
-    valid: object
-    m_acc: object
-    l_acc: object
-    o_acc: object
+    q_2d: PyptoValue
+    qs_2d: PyptoValue
+    k_2d: PyptoValue
+    ks_2d: PyptoValue
+    v_2d: PyptoValue
+    vs_2d: PyptoValue
+    block_table: PyptoValue
+    out: PyptoValue
+    b_idx: PyptoValue
+    n2_idx: PyptoValue
+    s2_idx: PyptoValue
+    row: PyptoValue
+    head: PyptoValue
+    valid: PyptoValue
+    m_acc: PyptoValue
+    l_acc: PyptoValue
+    o_acc: PyptoValue
 
 
 def _tile_step(cfg: PagedAttentionKernelConfig, t: TileStep) -> None:
@@ -154,7 +159,7 @@ def _c1_scores(cfg: PagedAttentionKernelConfig, t: TileStep, q_row):
     """C1: gather K and its per-token scales, MM1 = q8 @ k8^T in FP32. Returns (S [g_tile, s2_tile] with
     ``valid`` columns, the tile's K scales [s2_tile, 1])."""
     d, g_tile, s2_tile, valid = cfg.head_dim, cfg.g_tile, cfg.s2_tile, t.valid
-    pypto.set_vec_tile_shapes(*cfg.v1_tile)
+    pypto.set_vec_tile_shapes(*softmax_tile(cfg))
     qi = pypto.view(t.q_2d, [g_tile, d], [q_row, 0])
     kj = _gather_tile(cfg, t.k_2d, t.block_table, t.b_idx, t.s2_idx, t.n2_idx, d, pypto.DT_FP8E4M3, valid, "kj")
     kscale_j = _gather_tile(cfg, t.ks_2d, t.block_table, t.b_idx, t.s2_idx, t.n2_idx, 1, pypto.DT_FP32, valid,
@@ -168,7 +173,7 @@ def _v1_softmax(cfg: PagedAttentionKernelConfig, t: TileStep, s_raw, kscale_j, q
     """V1: dequantize first, then the softmax scale (SPEC §2.3); local softmax; quantize P per row
     (scale 448 / rowmax|P|). Returns (m_j, l_j, P8, p_scale)."""
     g_tile, s2_tile, valid = cfg.g_tile, cfg.s2_tile, t.valid
-    pypto.set_vec_tile_shapes(*cfg.v1_tile)
+    pypto.set_vec_tile_shapes(*softmax_tile(cfg))
     with _scoped(_SCOPE_DEQUANT_SOFTMAX):
         qscale_i = pypto.view(t.qs_2d, [g_tile, 1], [q_row, 0])
         kscale_row = pypto.reshape(kscale_j, [1, s2_tile], valid_shape=[1, valid])
@@ -187,7 +192,7 @@ def _v1_softmax(cfg: PagedAttentionKernelConfig, t: TileStep, s_raw, kscale_j, q
 
 def _c2_values(cfg: PagedAttentionKernelConfig, t: TileStep, p8):
     """C2: gather V, MM2 = P8 @ v8 in FP32 ([g_tile, D])."""
-    pypto.set_vec_tile_shapes(*cfg.v1_tile)
+    pypto.set_vec_tile_shapes(*softmax_tile(cfg))
     vj = _gather_tile(cfg, t.v_2d, t.block_table, t.b_idx, t.s2_idx, t.n2_idx, cfg.head_dim, pypto.DT_FP8E4M3,
                       t.valid, "vj")
     pypto.set_cube_tile_shapes(*[list(p) for p in cfg.c2_tile])
@@ -227,9 +232,6 @@ def make_kernel(*, run_mode, pass_verify: bool, pass_options: dict | None = None
                 runtime_options: dict | None = None):
     """The body wrapped for one backend (kernels/jit.py), with the upstream runtime and pass options
     (kernels/config.py) unless others are given."""
-    from kernels.config import UPSTREAM_PASS_OPTIONS, UPSTREAM_RUNTIME_OPTIONS
-    from kernels.jit import jit
-
     return jit(run_mode=run_mode, pass_verify=pass_verify,
                runtime_options=UPSTREAM_RUNTIME_OPTIONS if runtime_options is None else runtime_options,
                pass_options=UPSTREAM_PASS_OPTIONS if pass_options is None else pass_options)(paged_attention_fp8_body)

@@ -30,8 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
+
+from golden.codec import SPEC_CODEC
+from golden.model import SPEC_MODEL
+from kernels import pypto_workarounds as pw
+from kernels.backends import finish_output, unwritten_output
+from kernels.backends.npu import NpuBackend
+from kernels.backends.sim import SimBackend
 
 __all__ = ["PROBES", "ROUNDING_MODES", "measured_model", "calibrate", "probe_runner", "SimProbeRunner",
            "NpuProbeRunner", "clear_cache"]
@@ -48,11 +56,11 @@ _CACHE: dict = {}
 
 class SimProbeRunner:
     """Probe kernels in pypto's CPU calculator (SIM + pass verify, W9 execution), pypto's own E4M3."""
-    key = ("sim",)
+    key: tuple[object, ...] = ("sim",)
 
     def __init__(self) -> None:
-        from kernels import pypto_workarounds as pw
-        self._pw, self._pypto, self._kernels = pw, pw.load_pypto(), {}
+        self._pw, self._pypto = pw, pw.load_pypto()
+        self._kernels: dict[tuple[object, ...], Any] = {}
 
     def _call(self, key, make, tensors: list) -> None:
         if key not in self._kernels:
@@ -61,14 +69,14 @@ class SimProbeRunner:
             self._pw.execute_kernel(self._kernels[key], tensors)
 
     def run(self, op: str, inputs: list, out: torch.Tensor) -> torch.Tensor:
-        from kernels.probe_kernels import make_probe_kernel
+        from kernels.probe_kernels import make_probe_kernel  # a pypto program: only once pypto is loaded
         rows, cols = inputs[0].shape
         self._call((op, rows, cols), lambda mode, verify: make_probe_kernel(op, rows, cols, run_mode=mode,
                                                                             pass_verify=verify), [*inputs, out])
         return out
 
     def matmul_fp8(self, q8, k8, q_scale, k_scale, out) -> torch.Tensor:
-        from kernels.at12 import At12KernelConfig, make_at12_kernel
+        from kernels.at12 import At12KernelConfig, make_at12_kernel  # a pypto program, as above
         cfg = At12KernelConfig(q_tile=q8.shape[0], k_len=k8.shape[0], head_dim=q8.shape[1], dtype="fp8", scale=1.0)
         self._call(("at12", cfg), lambda mode, verify: make_at12_kernel(cfg, run_mode=mode, pass_verify=verify),
                    [q8, k8, q_scale, k_scale, out])
@@ -88,15 +96,13 @@ class NpuProbeRunner(SimProbeRunner):
             self._kernels[key] = make(self._pypto.RunMode.NPU, False)
         device = [t.to(self._backend.device) for t in tensors]
         self._kernels[key](*device)
-        torch.npu.synchronize(self._backend.device)
+        torch.npu.synchronize(self._backend.device)  # type: ignore[attr-defined]  # torch_npu adds torch.npu
         tensors[-1].copy_(device[-1].cpu())
 
 
 def probe_runner(backend):
     """The runner for ``backend``'s platform: the sim backends (every E4M3 variant, mutants and
     PyPTO-Gym kernels included: the probes measure the calculator, not the kernel), or the npu one."""
-    from kernels.backends.npu import NpuBackend
-    from kernels.backends.sim import SimBackend
     if isinstance(backend, SimBackend):
         return SimProbeRunner()
     if isinstance(backend, NpuBackend):
@@ -106,12 +112,10 @@ def probe_runner(backend):
 
 
 def _written(out: torch.Tensor) -> torch.Tensor:
-    from kernels.backends import finish_output
     return finish_output(out)
 
 
 def _fresh(shape, dtype=torch.float32) -> torch.Tensor:
-    from kernels.backends import unwritten_output
     return unwritten_output(shape, dtype=dtype)
 
 
@@ -166,7 +170,6 @@ def _probe_rowsum(runner) -> dict:
 
 
 def _probe_matmul(runner) -> dict:
-    from golden.codec import SPEC_CODEC
     # Products of E4M3 values: 16 * 16 = 256 (float32 ulp 2^-15), and small ones landing on 256's midpoint.
     small = {1.25: (5 * 2.0 ** -9, 2.0 ** -9), 1.0: (2.0 ** -8, 2.0 ** -8), 0.75: (3 * 2.0 ** -9, 2.0 ** -9)}
     n, d = 8, 128
@@ -247,7 +250,6 @@ def measured_model(backend, *, refresh: bool = False, runner=None):
     probes run once per process and platform (``runner.key``) unless ``refresh``; a different declared
     model reuses them. ``runner`` runs the probe kernels (default: probe_runner(backend)); it has a
     ``key``, ``run(op, inputs, out)`` and ``matmul_fp8(q8, k8, q_scale, k_scale, out)``."""
-    from golden.model import SPEC_MODEL
     declared = getattr(backend, "model", None) or SPEC_MODEL
     runner = probe_runner(backend) if runner is None else runner
     if refresh or runner.key not in _CACHE:
@@ -256,7 +258,8 @@ def measured_model(backend, *, refresh: bool = False, runner=None):
                               "rowsum_rounding": _probe_rowsum(runner), "div_ulps": _probe_div(runner),
                               "bf16_rne": _probe_bf16(runner)}
     probes = {name: dict(result) for name, result in _CACHE[runner.key].items()}
-    changes, outside = {}, []
+    changes: dict[str, float | str] = {}
+    outside: list[str] = []
     for name, field in (("exp_ulps", "exp_ulps"), ("div_ulps", "div_ulps")):
         probes[name]["assumed"] = getattr(declared, field)
         probes[name]["passed"] = probes[name]["measured"] <= getattr(declared, field)

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
+from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
 
@@ -28,18 +31,21 @@ from golden.attention import visible_lengths
 from golden.paging import ceil_div
 
 
-def query_positions(tensors: dict) -> int:
+def query_positions(tensors: Mapping[str, torch.Tensor]) -> int:
     """S1 of a call's tensors (SPEC §1): q holds B * S1 rows for the B lengths of ``kv_act_seqs``."""
-    return tensors["q"].shape[0] // max(1, len(tensors["kv_act_seqs"]))
+    rows: int = tensors["q"].shape[0]
+    return rows // max(1, len(tensors["kv_act_seqs"]))
 
 __all__ = ["query_positions", "Attribution", "attribute", "RATIO_BINS", "error_picture"]
+
+_Key = TypeVar("_Key", int, tuple[int, int])
 
 #: Bins of ``|actual - golden| / (atol + rtol |golden|)`` (1 is the tolerance, SPEC §4), and the rule's
 #: ratio where the envelope decides (properties.compare.error_ratio).
 RATIO_BINS = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1e3, math.inf)
 
 
-def error_picture(ratio: torch.Tensor) -> tuple[list, list]:
+def error_picture(ratio: torch.Tensor) -> tuple[list[list[float | None]], list[int]]:
     """(the worst ratio per (row, head), None where not finite; the count of ratios in each
     :data:`RATIO_BINS` interval, then of non-finite ones) of a per-element ratio ``[B*S1, NQ, D]``."""
     worst = ratio.amax(dim=-1)
@@ -47,7 +53,7 @@ def error_picture(ratio: torch.Tensor) -> tuple[list, list]:
     flat = ratio.reshape(-1)
     finite = flat[torch.isfinite(flat)]
     counts = []
-    for lo, hi in zip(RATIO_BINS[:-1], RATIO_BINS[1:]):
+    for lo, hi in itertools.pairwise(RATIO_BINS):
         counts.append(int(((finite >= lo) & (finite < hi)).sum()) if lo > 0 else int((finite < hi).sum()))
     counts.append(int((~torch.isfinite(flat)).sum()))
     return error_map, counts
@@ -82,11 +88,11 @@ class Attribution:
         return where
 
 
-def _groups(counter: collections.Counter) -> tuple:
+def _groups(counter: collections.Counter[_Key]) -> tuple[tuple[_Key, int], ...]:
     return tuple(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def attribute(mismatch_mask: torch.Tensor, inputs: dict, *, s2_tile: int) -> Attribution:
+def attribute(mismatch_mask: torch.Tensor, inputs: Mapping[str, torch.Tensor], *, s2_tile: int) -> Attribution:
     """Group the mismatched elements of an attention output.
 
     * ``mismatch_mask`` -- bool ``[B*S1, NQ, D]``, e.g. ``Comparison.mismatch_mask``.
@@ -100,7 +106,9 @@ def attribute(mismatch_mask: torch.Tensor, inputs: dict, *, s2_tile: int) -> Att
     group = nq // nkv
     cur_of_row = visible_lengths(inputs["kv_act_seqs"].cpu(), s1).reshape(-1).tolist()   # by row b * S1 + i
     idx = mismatch_mask.nonzero()
-    by_batch, by_head, by_walk = collections.Counter(), collections.Counter(), collections.Counter()
+    by_batch: collections.Counter[int] = collections.Counter()
+    by_head: collections.Counter[int] = collections.Counter()
+    by_walk: collections.Counter[tuple[int, int]] = collections.Counter()
     zero_rows = 0
     for row, h, _ in idx.tolist():
         b = row // s1

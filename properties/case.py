@@ -4,6 +4,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import torch
+
+import golden
+
 __all__ = ["Case", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -15,18 +19,17 @@ class Case:
 
     ``name`` is the catalog name when the case comes from cases/catalog.json, else None.
     """
-    config: object  # golden.PagedAttentionConfig
+    config: golden.PagedAttentionConfig
     seed: int = 0
     name: str | None = None
-    explicit: dict | None = dataclasses.field(default=None, compare=False)  # tensors by SPEC §1 name
+    explicit: dict[str, torch.Tensor] | None = dataclasses.field(default=None, compare=False)  # tensors by SPEC §1 name
 
-    def inputs(self):
+    def inputs(self) -> golden.InputBundle:
         """The golden InputBundle of this case (built afresh on every call); ``explicit`` tensors
         (from a captured regression's .npz) replace the generated ones of the same name."""
-        import golden
         bundle = golden.make_inputs(self.config, self.seed)
         if self.explicit:
-            bundle = dataclasses.replace(bundle, **{k: v.clone() for k, v in self.explicit.items()})
+            bundle = bundle.replace(**{k: v.clone() for k, v in self.explicit.items()})
         return bundle
 
     def label(self) -> str:

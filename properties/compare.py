@@ -51,11 +51,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from properties.compare_result import TOLERANCES, Comparison, NonFinite, Tolerance, envelope_line, get_tolerance
-from properties.compare_result import make_mismatch_message
+from properties.compare_result import (
+    TOLERANCES,
+    Comparison,
+    NonFinite,
+    Tolerance,
+    envelope_line,
+    get_tolerance,
+    make_mismatch_message,
+)
 
 __all__ = ["TOLERANCES", "Tolerance", "NonFinite", "Comparison", "get_tolerance", "compare",
            "error_ratio", "max_differences", "make_mismatch_message", "envelope_line", "assert_close"]
@@ -117,16 +125,16 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
         raise TypeError(f"compare takes tensors; got {type(actual).__name__} and {type(expected).__name__}")
     atol_scalar = None if isinstance(atol, torch.Tensor) else atol
-    base = dict(kind=kind, rtol=rtol, atol=atol_scalar, s1=s1,
-                index_names=tuple(index_names) if index_names else None)
+    base: dict[str, Any] = dict(kind=kind, rtol=rtol, atol=atol_scalar, s1=s1,          # Comparison fields
+                                index_names=tuple(index_names) if index_names else None)
     if tuple(actual.shape) != tuple(expected.shape):
-        return Comparison(False, attribute=f"shape: {tuple(actual.shape)} vs expected {tuple(expected.shape)}", **base)
+        return Comparison(passed=False, attribute=f"shape: {tuple(actual.shape)} vs expected {tuple(expected.shape)}", **base)
     if actual.device != expected.device:
-        return Comparison(False, attribute=f"device: {actual.device} vs expected {expected.device}", **base)
+        return Comparison(passed=False, attribute=f"device: {actual.device} vs expected {expected.device}", **base)
     if actual.dtype != expected.dtype:
-        return Comparison(False, attribute=f"dtype: {actual.dtype} vs expected {expected.dtype}", **base)
+        return Comparison(passed=False, attribute=f"dtype: {actual.dtype} vs expected {expected.dtype}", **base)
     if expected.is_contiguous() and not actual.is_contiguous():
-        return Comparison(False, attribute=f"contiguity: strides {actual.stride()} vs expected "
+        return Comparison(passed=False, attribute=f"contiguity: strides {actual.stride()} vs expected "
                                            f"{expected.stride()} (contiguous)", **base)
     a, e = _view(actual), _view(expected)
     total = a.numel()
@@ -152,7 +160,7 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
         diff = distance.to(torch.float64)
     bad = bad_value | bad_nonfinite
     mismatched = int(bad.sum())
-    result = dict(total=total, mismatched=mismatched, nonfinite=tuple(findings), mismatch_mask=bad)
+    result: dict[str, Any] = dict(total=total, mismatched=mismatched, nonfinite=tuple(findings), mismatch_mask=bad)
     if envelope is not None:
         result.update(_envelope_fields(both, bad_value, diff, a, e, tolerance, envelope))
     if int(bad_value.sum()):
@@ -160,7 +168,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     return Comparison(passed=mismatched == 0, **result, **base)
 
 
-def _nonfinite(actual, expected, a, e, a_fin, e_fin, kind) -> tuple[list[NonFinite], torch.Tensor]:
+def _nonfinite(actual: torch.Tensor, expected: torch.Tensor, a: torch.Tensor, e: torch.Tensor, a_fin: torch.Tensor,
+               e_fin: torch.Tensor, kind: str) -> tuple[list[NonFinite], torch.Tensor]:
     """Step 2 of :func:`compare` (module docstring): the misplaced non-finite values, and for ``exact``
     floating tensors the bit differences of equal values, one :class:`NonFinite` per kind found, and
     the mask of those elements. ``a``, ``e``: the float views; ``a_fin``, ``e_fin``: where they are finite."""
@@ -168,31 +177,32 @@ def _nonfinite(actual, expected, a, e, a_fin, e_fin, kind) -> tuple[list[NonFini
     bad_nonfinite = torch.zeros_like(a_fin)
     if kind != "exact" and bool(a_fin.all()) and bool(e_fin.all()):
         return findings, bad_nonfinite                # nothing non-finite to place: the common case, cheaply
-    checks = [
-        ("NaN where expected is finite", e_fin & torch.isnan(a)),
-        ("inf where expected is finite", e_fin & torch.isinf(a)),
-        ("finite where expected is NaN", torch.isnan(e) & a_fin),
-        ("inf where expected is NaN", torch.isnan(e) & torch.isinf(a)),
-        ("not the expected inf", torch.isinf(e) & (a != e)),
+    checks = [      # (what, where, the message section it is listed under)
+        ("NaN where expected is finite", e_fin & torch.isnan(a), "Non-finite"),
+        ("inf where expected is finite", e_fin & torch.isinf(a), "Non-finite"),
+        ("finite where expected is NaN", torch.isnan(e) & a_fin, "Non-finite"),
+        ("inf where expected is NaN", torch.isnan(e) & torch.isinf(a), "Non-finite"),
+        ("not the expected inf", torch.isinf(e) & (a != e), "Non-finite"),
     ]
     if kind == "exact" and actual.is_floating_point():
         differ = _bits(actual) != _bits(expected)
         checks += [("zero of the other sign", differ & (a == 0) & (e == 0), "Bits differ"),
                    ("NaN with other bits than the expected NaN", differ & torch.isnan(a) & torch.isnan(e),
                     "Bits differ")]
-    for what, mask, *section in checks:
+    for what, mask, section in checks:
         n = int(mask.sum())
         if n:
             first = _unravel(int(mask.reshape(-1).nonzero()[0]), a.shape)
-            findings.append(NonFinite(what, n, first, *section))
+            findings.append(NonFinite(what, n, first, section))
             bad_nonfinite |= mask
     return findings, bad_nonfinite
 
 
-def _envelope_fields(both, bad_value, diff, a, e, tolerance, envelope) -> dict:
+def _envelope_fields(both: torch.Tensor, bad_value: torch.Tensor, diff: torch.Tensor, a: torch.Tensor, e: torch.Tensor,
+                     tolerance: torch.Tensor, envelope: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
     """What the envelope did (the :class:`Comparison` fields): the elements it accepted beyond the
     tolerance, and for a failure how far outside it the worst value mismatch lies, in tolerances."""
-    fields = dict(envelope=True, by_envelope=int((both & ~bad_value & (diff > tolerance)).sum()))
+    fields: dict[str, Any] = dict(envelope=True, by_envelope=int((both & ~bad_value & (diff > tolerance)).sum()))
     if int(bad_value.sum()):
         lo, hi = (_view(x) for x in envelope)
         outside = torch.where(a > e, a - hi, lo - a) / tolerance
@@ -202,7 +212,8 @@ def _envelope_fields(both, bad_value, diff, a, e, tolerance, envelope) -> dict:
     return fields
 
 
-def _worst(bad_value, diff, a, e, allowed, rtol) -> dict:
+def _worst(bad_value: torch.Tensor, diff: torch.Tensor, a: torch.Tensor, e: torch.Tensor,
+           allowed: torch.Tensor | float, rtol: float) -> dict[str, Any]:
     """The greatest absolute and relative differences among the value mismatches ``bad_value`` (at
     least one), with their indices and what was allowed there: the :class:`Comparison` fields."""
     masked_abs = torch.where(bad_value, diff, torch.full((), -1.0, dtype=a.dtype))
@@ -218,7 +229,8 @@ def _worst(bad_value, diff, a, e, allowed, rtol) -> dict:
         max_rel_allowed=rtol)
 
 
-def _envelope_allowed(a: torch.Tensor, e: torch.Tensor, tolerance, envelope) -> torch.Tensor:
+def _envelope_allowed(a: torch.Tensor, e: torch.Tensor, tolerance: torch.Tensor | float,
+                      envelope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Per element, the error the rule allows on the side ``a`` lies: ``max(tol, hi - e)`` above ``e``,
     ``max(tol, e - lo)`` below (the union of ``e +- tol`` and ``[lo, hi]``, one interval around ``e``)."""
     lo, hi = envelope

@@ -21,12 +21,16 @@ Families (docs/spec.md):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeAlias
 
 import golden
 from golden.paging import ceil_div
 
 __all__ = ["Bin", "Coverage", "BINS", "CROSSES", "classify", "coverage", "bin_names"]
+
+#: What the bins read of one case (:func:`_facts`): counts, lists of lengths and names, by fact.
+Facts: TypeAlias = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +39,15 @@ class Bin:
     name: str
     spec: str
     description: str
-    hit: Callable[[dict], bool] = dataclasses.field(repr=False, compare=False)
+    hit: Callable[[Facts], bool] = dataclasses.field(repr=False, compare=False)
 
 
-def _rows(config) -> list[tuple[int, int]]:
+def _rows(config: golden.PagedAttentionConfig) -> list[tuple[int, int]]:
     """(batch length, cur) of every query row (SPEC §2.1)."""
     return [(length, max(0, length - (config.s1 - 1 - i))) for length in config.lengths for i in range(config.s1)]
 
 
-def _facts(config) -> dict:
+def _facts(config: golden.PagedAttentionConfig) -> Facts:
     """What the bins read, computed once per case."""
     rows = _rows(config)
     seen = [cur for _, cur in rows if cur > 0]
@@ -73,8 +77,13 @@ def _last_tile_over_unused(length: int, cur: int, bs: int, tile_blocks: int, col
     return min(first + tile_blocks, columns) > ceil_div(length, bs)
 
 
-def _any_cur(test: Callable[[int, dict], bool]) -> Callable[[dict], bool]:
+def _any_cur(test: Callable[[int, Facts], bool]) -> Callable[[Facts], bool]:
     return lambda f: any(test(cur, f) for cur in f["cur"])
+
+
+def _is(fact: str, value: object) -> Callable[[Facts], bool]:
+    """A bin's test that ``fact`` equals ``value``."""
+    return lambda f: bool(f[fact] == value)
 
 
 _SINGLE: list[Bin] = [
@@ -104,12 +113,12 @@ _SINGLE: list[Bin] = [
     Bin("nkv_2", "§1", "NKV = 2", lambda f: f["nkv"] == 2),
     Bin("nkv_3_plus", "§1", "NKV of 3 or more", lambda f: f["nkv"] >= 3),
     *[Bin(f"s2_tile_{k}_blocks", "§1, §2.3" + (", §5" if k == 8 else ""), f"s2_tile of {k} block{'s' if k > 1 else ''}"
-          + (" (the upstream tile of the 8k cases)" if k == 8 else ""), lambda f, k=k: f["tile_blocks"] == k)
+          + (" (the upstream tile of the 8k cases)" if k == 8 else ""), _is("tile_blocks", k))
       for k in (1, 2, 3, 4, 8)],
-    *[Bin(f"distribution_{d}", "§3", f"values drawn from the {d} distribution", lambda f, d=d: f["distribution"] == d)
+    *[Bin(f"distribution_{d}", "§3", f"values drawn from the {d} distribution", _is("distribution", d))
       for d in golden.DISTRIBUTIONS],
     *[Bin(f"garbage_{g or 'none'}", "§2.2", f"unused cells hold {g} garbage" if g else "unused cells left as drawn",
-          lambda f, g=g: f["garbage"] == g) for g in golden.GARBAGE],
+          _is("garbage", g)) for g in golden.GARBAGE],
     Bin("shuffled_table", "§2.2", "a block table that is not in physical order", lambda f: f["shuffled"]),
     Bin("extra_columns", "§2.2", "a block table wider than the longest batch needs", lambda f: f["columns"] > f["needed"]),
     Bin("spare_blocks", "§2.2", "physical blocks no table entry uses", lambda f: f["physical"] > f["used"]),
@@ -129,11 +138,11 @@ def _cross(a: str, b: str) -> Bin:
                lambda f: first.hit(f) and second.hit(f))
 
 
-def _multi_tile(f: dict) -> bool:
+def _multi_tile(f: Facts) -> bool:
     return any(t >= 2 for t in f["tiles"])
 
 
-def _ragged(f: dict) -> bool:
+def _ragged(f: Facts) -> bool:
     return len(set(f["lengths"])) > 1
 
 
@@ -154,7 +163,7 @@ def bin_names() -> tuple[str, ...]:
     return tuple(b.name for b in BINS + CROSSES)
 
 
-def classify(config) -> frozenset[str]:
+def classify(config: golden.PagedAttentionConfig) -> frozenset[str]:
     """The names of the bins and crosses one case (a golden.PagedAttentionConfig) falls in."""
     facts = _facts(config)
     return frozenset(b.name for b in BINS + CROSSES if b.hit(facts))
@@ -163,7 +172,7 @@ def classify(config) -> frozenset[str]:
 @dataclasses.dataclass(frozen=True)
 class Coverage:
     """Hit counts of every bin and cross over a selection of cases."""
-    counts: dict
+    counts: dict[str, int]
     cases: int
 
     @property
@@ -175,7 +184,7 @@ class Coverage:
         return tuple(b.name for b in CROSSES if not self.counts[b.name])
 
     @classmethod
-    def from_hits(cls, hits: Mapping[str, int], cases: int) -> "Coverage":
+    def from_hits(cls, hits: Mapping[str, int], cases: int) -> Coverage:
         """From hit counts by name (bins no case hit may be absent), e.g. merged from several processes."""
         return cls({b.name: int(hits.get(b.name, 0)) for b in BINS + CROSSES}, cases)
 
@@ -196,13 +205,13 @@ class Coverage:
         names = [b.name for b in BINS] if "all" in required else list(required)
         return tuple(n for n in names if not self.counts.get(n))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"cases": self.cases, "bins": {b.name: {"hits": self.counts[b.name], "spec": b.spec}
                                               for b in BINS + CROSSES},
                 "holes": list(self.holes), "cross_holes": list(self.cross_holes)}
 
 
-def coverage(configs: Iterable) -> Coverage:
+def coverage(configs: Iterable[golden.PagedAttentionConfig]) -> Coverage:
     """Hit counts of every bin and cross over ``configs`` (golden.PagedAttentionConfig values)."""
     counts = {b.name: 0 for b in BINS + CROSSES}
     cases = 0

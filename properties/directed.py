@@ -30,12 +30,19 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
 
+from golden.paging import positive_int
 from properties import strategies as ps
+from properties.case import Case
 from properties.coverage import BINS, CROSSES, classify
+
+_T = TypeVar("_T")
 
 __all__ = ["Aim", "AIM_DRAWS", "narrowing", "aim_seed", "draw", "directed_cases", "plain_draws"]
 
@@ -63,8 +70,8 @@ class Aim:
     draws: int
     kept_for: str | None = None     # the hole the case was kept for (its draws may be the plain ones)
 
-    def strategy(self, supported: dict | None = None,
-                 distributions: tuple[str, ...] | None = None) -> st.SearchStrategy:
+    def strategy(self, supported: dict[str, Any] | None = None,
+                 distributions: tuple[str, ...] | None = None) -> st.SearchStrategy[Case]:
         """The strategy the aim drew from: :func:`properties.strategies.cases_for` for ``supported``
         shapes and ``distributions``, narrowed to the target (:func:`narrowing`)."""
         kwargs = {} if self.target is None else narrowing(self.target)
@@ -80,14 +87,14 @@ class Aim:
         return distributions is None or wanted is None or any(d in distributions for d in wanted)
 
 
-def _narrowing_of_bin(name: str) -> dict | None:
+def _narrowing_of_bin(name: str) -> dict[str, Any] | None:
     """cases_for keywords that make a draw likely to hit bin ``name`` (its filter decides), or None when
     the bin is reached by filtering the usual draws."""
     for prefix, key in (("distribution_", "distribution"), ("garbage_", "garbage")):
         if name.startswith(prefix):
             value = name[len(prefix):]
             return {key: (None if value == "none" else value,)}
-    fixed = {
+    fixed: dict[str, dict[str, Any]] = {
         "s1_1": {"s1": 1}, "s1_2": {"s1": 2}, "s1_3_plus": {"s1": 3},
         "group_1": {"group": 1}, "group_2": {"group": 2}, "group_3": {"group": 3}, "group_4_plus": {"group": 4},
         "split_g_tile": {"group": st.sampled_from((2, 4, 3)), "whole_group": False},
@@ -105,13 +112,13 @@ def _narrowing_of_bin(name: str) -> dict | None:
     return None
 
 
-def narrowing(target: str) -> dict:
+def narrowing(target: str) -> dict[str, Any]:
     """:func:`properties.strategies.cases_for` keywords aimed at ``target``, a bin or a cross of
     :mod:`properties.coverage` (a cross: both sides' keywords); unknown names are a ValueError."""
     known = {b.name for b in BINS + CROSSES} | {"multi_tile_rows", "ragged_lengths"}
     if target not in known:
         raise ValueError(f"target={target!r} is not a coverage bin or cross (properties.coverage.bin_names())")
-    kwargs: dict = {}
+    kwargs: dict[str, Any] = {}
     for part in target.split(" x "):       # a cross: the first side's parameter wins (group_3 x split_g_tile)
         for key, value in (_narrowing_of_bin(part) or {}).items():
             kwargs.setdefault(key, value)
@@ -127,63 +134,61 @@ def aim_seed(seed: int, target: str | None, round_: int = 0) -> int:
     return zlib.crc32(f"{seed}/{target}/{round_}".encode()) & 0x7FFFFFFF
 
 
-def draw(strategy, seed: int, draws: int) -> list:
+def draw(strategy: st.SearchStrategy[_T], seed: int, draws: int) -> list[_T]:
     """Up to ``draws`` examples of ``strategy`` under ``seed``, in Hypothesis' order (generation phase
     only, no database): the same list for the same strategy, seed and Hypothesis version."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
-
-    found: list = []
+    found: list[_T] = []
 
     @fixed_seed(seed)
     @settings(max_examples=draws, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(strategy)
-    def collect(example):
+    def collect(example: _T) -> None:
         found.append(example)
 
     collect()
     return found
 
 
-def _tokens(case) -> int:
+def _tokens(case: Case) -> int:
     """What a case costs a kernel, roughly: query rows times the tokens they see."""
     c = case.config
-    return c.nq * c.s1 * sum(c.lengths)
+    tokens: int = c.nq * c.s1 * sum(c.lengths)
+    return tokens
 
 
-def _worth(names: frozenset, hit: set, case) -> tuple:
+def _worth(names: frozenset[str], hit: set[str], case: Case) -> tuple[int, int, int]:
     """How a candidate with bins ``names`` ranks while ``hit`` are hit: the most holes closed (the greedy
     of set cover), then the most bins hit at all (a case that exercises more corners at once finds more
     bugs: measured, docs/performance.md), then the cheapest."""
     return len(names - hit), len(names), -_tokens(case)
 
 
-def directed_cases(n: int, seed: int, *, supported: dict | None = None,
-                   distributions: tuple[str, ...] | None = None, covered: Iterable[str] = ()) -> list:
+def directed_cases(n: int, seed: int, *, supported: dict[str, Any] | None = None,
+                   distributions: tuple[str, ...] | None = None,
+                   covered: Iterable[str] = ()) -> list[tuple[Case, Aim]]:
     """``n`` distinct generated cases, holes first (module docstring), as ``(case, aim)`` pairs in order.
 
     ``covered``: names of the bins and crosses the run's other cases already hit (not aimed at);
     ``supported``: a backend's ``supported_shapes``; ``distributions``: the value distributions allowed
     (holes of the others are left alone)."""
-    from golden.paging import positive_int
     positive_int(n, "n", minimum=0)
     positive_int(seed, "seed", minimum=0)
     if n == 0:
         return []
     hit = set(covered)
     everything = [b.name for b in BINS + CROSSES]
-    chosen: list = []
-    bin_sets: set = set()
+    chosen: list[tuple[Case, Aim]] = []
+    bin_sets: set[frozenset[str]] = set()
 
-    bins_of: dict = {}                  # classify() once per case: the plain draws compete for every hole
+    bins_of: dict[Case, frozenset[str]] = {}   # classify() once per case: the plain draws compete for every hole
 
-    def bins(case) -> frozenset:
+    def bins(case: Case) -> frozenset[str]:
         if case not in bins_of:
             bins_of[case] = classify(case.config)
         return bins_of[case]
 
-    def keep(case, aim) -> None:
+    def keep(case: Case, aim: Aim) -> None:
         names = bins(case)
         chosen.append((case, aim))
         bin_sets.add(names)

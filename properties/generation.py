@@ -31,14 +31,21 @@ processes and compares; it fails if a Hypothesis upgrade brings the dependence b
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+
+from hypothesis.control import current_build_context, currently_in_test_context
+
+providers: ModuleType | None
+try:       # the internals pinned here (constraints.txt pins the Hypothesis release)
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+except ImportError:      # pragma: no cover - a Hypothesis without the provider module
+    providers = None
+
 __all__ = ["pin_local_constants", "local_constants_pinned", "reported_example"]
 
-_PINNED = None     # the replacement, once installed
-
-
-def _empty_pool():
-    from hypothesis.internal.constants_ast import Constants
-    return Constants()
+_PINNED: Callable[[], Constants] | None = None     # the replacement, once installed
 
 
 def pin_local_constants() -> bool:
@@ -47,18 +54,14 @@ def pin_local_constants() -> bool:
     Returns True when the pool is pinned, False when this Hypothesis has no such pool (versions before
     it harvested local constants: their generation never depended on imports)."""
     global _PINNED
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:      # pragma: no cover - a Hypothesis without the provider module
-        return False
-    if not hasattr(providers, "_get_local_constants"):
+    if providers is None or not hasattr(providers, "_get_local_constants"):
         return False
     if providers._get_local_constants is not _PINNED:
-        empty = _empty_pool()
+        empty = Constants()
 
-        def no_local_constants():
+        def no_local_constants() -> Constants:
             return empty
-        providers._get_local_constants = no_local_constants
+        providers._get_local_constants = no_local_constants  # type: ignore[attr-defined]  # a module: typeshed has no setter
         _PINNED = no_local_constants
         cache = getattr(providers, "CONSTANTS_CACHE", None)
         if cache is not None:                     # constants already chosen from the old pool
@@ -68,9 +71,7 @@ def pin_local_constants() -> bool:
 
 def local_constants_pinned() -> bool:
     """Whether :func:`pin_local_constants` is in force in this process."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:      # pragma: no cover
+    if providers is None:      # pragma: no cover
         return False
     return _PINNED is not None and getattr(providers, "_get_local_constants", None) is _PINNED
 
@@ -79,5 +80,4 @@ def reported_example() -> bool:
     """Whether this call is the example Hypothesis reports (its final replay of the failure it found), or
     runs outside Hypothesis: where a failure is captured, diagnosed, and an expensive backend's shrink budget
     no longer applies. While Hypothesis generates or shrinks, False."""
-    from hypothesis.control import current_build_context, currently_in_test_context
     return not currently_in_test_context() or bool(getattr(current_build_context(), "is_final", True))

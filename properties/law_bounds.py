@@ -7,17 +7,30 @@ names.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import torch
 
+import golden
+from golden.codec import Fp8Codec
+from golden.intervals import TINY32, U32, ulp32, up32
+from golden.sum_bounds import sum_error_bound
+from kernels import Backend
 from properties import compare as cmp
-from properties.acceptance import attribution_of, backend_model
+from properties.acceptance import attribution_of, backend_model, hold
 from properties.case import Case
+from properties.diagnosis import diagnose_verdict
+from properties.generation import reported_example
 
 __all__ = ["acceptance_width", "at12_fp8_vs_bf16_bound", "Call", "which_call"]
 
+#: A call's tensors by SPEC §1 name, and its scalars (softmax_scale, s2_tile, g_tile) by name.
+Tensors: TypeAlias = dict[str, torch.Tensor]
+Scalars: TypeAlias = dict[str, Any]
 
-def case_tags(backend, case) -> dict:
+
+def case_tags(backend: Backend, case: object) -> dict[str, object]:
     return {"case": case.label() if isinstance(case, Case) else repr(case), "backend": backend.name}
 
 
@@ -26,18 +39,17 @@ class Call:
     """One of the two calls a law compares: what it was (``label``), its output and its inputs."""
     label: str
     output: torch.Tensor = dataclasses.field(repr=False)
-    tensors: dict = dataclasses.field(repr=False)
-    scalars: dict = dataclasses.field(repr=False)
+    tensors: Tensors = dataclasses.field(repr=False)
+    scalars: Scalars = dataclasses.field(repr=False)
 
 
-def which_call(calls: tuple, backend) -> list[str]:
+def which_call(calls: Sequence[Call], backend: Backend) -> list[str]:
     """When two calls that must agree do not: each held to its own golden by the one rule (SPEC §4.2;
     properties.acceptance.hold), and a call that fails it diagnosed (properties/diagnosis.py), so the
     message names the wrong call and the stage that explains it. Both passing means they differ within
     what the rule allows each (a non-deterministic backend that declares itself deterministic)."""
-    from properties.acceptance import hold
-    from properties.diagnosis import diagnose_verdict
-    lines, failing = [], 0
+    lines: list[str] = []
+    failing = 0
     for c in calls:
         verdict = hold(c.output, c.tensors, c.scalars, backend=backend, label=c.label)
         if verdict.passed:
@@ -57,30 +69,30 @@ def which_call(calls: tuple, backend) -> list[str]:
     return lines
 
 
-def _assert_outputs(actual, expected, *, identifier, backend, case, tensors, scalars, kind="attention", atol=None,
-                    context=(), calls=None):
+def _assert_outputs(actual: torch.Tensor, expected: torch.Tensor, *, identifier: str, backend: Backend, case: Case,
+                    tensors: Tensors, scalars: Scalars, kind: str = "attention", atol: torch.Tensor | None = None,
+                    context: Sequence[str] = (), calls: Sequence[Call] | None = None) -> None:
     """Raise the suite's message (with attribution) unless ``actual`` matches ``expected`` by ``kind``
     (``bound``: within the per-element ``atol``); ``calls`` (the two :class:`Call` compared): on the example
     Hypothesis reports, the message also says which call is wrong and why (:func:`which_call`)."""
     __tracebackhide__ = True
-    bound = dict(rtol=0.0, atol=atol) if kind == "bound" else {}
+    bound: dict[str, Any] = dict(rtol=0.0, atol=atol) if kind == "bound" else {}
     res = cmp.compare(actual, expected, kind=kind, s1=case.config.s1, **bound)
     if res.passed:
         return
-    context = list(context)
+    lines = list(context)
     if res.attribute is None:
-        context.append("Attribution: " + attribution_of(res, tensors, scalars)[1])
-    from properties.generation import reported_example
+        lines.append("Attribution: " + attribution_of(res, tensors, scalars)[1])
     if calls is not None and reported_example():       # not while Hypothesis shrinks: it costs two goldens
         try:
-            context.extend(which_call(calls, backend))
+            lines.extend(which_call(calls, backend))
         except Exception as exc:  # noqa: BLE001 - naming the wrong call must never hide the failure itself
-            context.append(f"Which call is wrong: unavailable ({type(exc).__name__}: {exc})")
+            lines.append(f"Which call is wrong: unavailable ({type(exc).__name__}: {exc})")
     raise AssertionError(cmp.make_mismatch_message(res, identifier=identifier, tags=case_tags(backend, case),
-                                                   context=context)) from None
+                                                   context=lines)) from None
 
 
-def acceptance_width(backend, tensors: dict, scalars: dict) -> torch.Tensor:
+def acceptance_width(backend: Backend, tensors: Tensors, scalars: Scalars) -> torch.Tensor:
     """float32 per output element: the width of the interval the one rule accepts (SPEC §4.2),
     ``max(hi, g + tol(g)) - min(lo, g - tol(g))``, for ``backend``'s codec and declared model.
 
@@ -89,9 +101,8 @@ def acceptance_width(backend, tensors: dict, scalars: dict) -> torch.Tensor:
     lies in that interval, so two that both pass differ by at most its width, and two conforming ones
     (SPEC §4.1: each call takes its freedoms independently) may differ by that much. 0 where the golden
     is not finite (non-finite placement is compared on its own)."""
-    import golden
-    from golden.intervals import ulp32, up32
-    env = golden.paged_attention_envelope(**tensors, **scalars, codec=getattr(backend, "codec", None),
+    arguments: dict[str, Any] = {**tensors, **scalars}        # the call's tensors and scalars, by name
+    env = golden.paged_attention_envelope(**arguments, codec=getattr(backend, "codec", None),
                                           model=backend_model(backend))
     g = env.golden.double()
     rtol, atol = cmp.get_tolerance("attention")
@@ -106,7 +117,8 @@ _PAIR_NOTE = ("Allowed per element: the width of the acceptance interval of the 
               "two outputs that each pass the one rule can differ")
 
 
-def assert_same_output(actual, expected, *, identifier, backend, case, tensors, scalars, calls=None):
+def assert_same_output(actual: torch.Tensor, expected: torch.Tensor, *, identifier: str, backend: Backend, case: Case,
+                       tensors: Tensors, scalars: Scalars, calls: Sequence[Call] | None = None) -> None:
     """Two calls of ``backend`` that compute the same logical result: bit-identical for a deterministic
     backend (its model says it takes the same choices on every call); for any other, SPEC §4.1 lets each
     call take its freedoms afresh, so they are held to the width of the acceptance interval. ``calls``:
@@ -120,7 +132,9 @@ def assert_same_output(actual, expected, *, identifier, backend, case, tensors, 
                            backend=backend, case=case, tensors=tensors, scalars=scalars, calls=calls)
 
 
-def assert_pair_within(actual, expected, width, *, identifier, backend, case, tensors, scalars, calls=None):
+def assert_pair_within(actual: torch.Tensor, expected: torch.Tensor, width: torch.Tensor, *, identifier: str,
+                       backend: Backend, case: Case, tensors: Tensors, scalars: Scalars,
+                       calls: Sequence[Call] | None = None) -> None:
     """``actual`` and ``expected`` (two outputs of ``backend`` with one golden) within ``width``."""
     __tracebackhide__ = True
     _assert_outputs(actual, expected, kind="bound", atol=width, identifier=identifier, backend=backend, case=case,
@@ -133,7 +147,8 @@ def e4m3_half_spacing(y: torch.Tensor) -> torch.Tensor:
     return torch.exp2(e - 4)
 
 
-def at12_fp8_vs_bf16_bound(q8, q_scale, k8, k_scale, qd, kd, *, scale: float, codec) -> torch.Tensor:
+def at12_fp8_vs_bf16_bound(q8: torch.Tensor, q_scale: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
+                           qd: torch.Tensor, kd: torch.Tensor, *, scale: float, codec: Fp8Codec) -> torch.Tensor:
     """float32 [q_tile, k_tile]: the most a conforming kernel's FP8 scores (dequant after) and its BF16
     scores of the dequantized operands ``qd = bf16(q8 * q_scale)``, ``kd = bf16(k8 * k_scale)`` can differ.
 
@@ -154,8 +169,6 @@ def at12_fp8_vs_bf16_bound(q8, q_scale, k8, k_scale, qd, kd, *, scale: float, co
     zero). Every term is reached by some inputs: tests/properties/test_law_bounds.py aligns the bf16
     roundings of every operand and the kernels' summation errors, and holds conforming kernels under it.
     """
-    from golden.intervals import TINY32, U32
-    from golden.sum_bounds import sum_error_bound
     a8, b8 = codec.from_fp8(q8).double(), codec.from_fp8(k8).double()
     raw8 = a8 @ b8.T
     abs8 = a8.abs() @ b8.abs().T
@@ -168,6 +181,6 @@ def at12_fp8_vs_bf16_bound(q8, q_scale, k8, k_scale, qd, kd, *, scale: float, co
     e16 = sum_error_bound(d, (abs16 + s16.abs()) / 2, abs16, s16)
     theta = (1 + 2.0 ** -8) ** 2 * (1 + U32) ** 2 - 1
     three = (1 + U32) ** 3 - 1
-    bound = scale * (theta * abs8 * scales + (e8 * scales + raw8.abs() * scales) * three + e8 * scales
+    bound: torch.Tensor = scale * (theta * abs8 * scales + (e8 * scales + raw8.abs() * scales) * three + e8 * scales
                      + e16 * (1 + U32) + s16.abs() * U32) * (1 + 2.0 ** -50) + 4 * TINY32
     return bound.float()

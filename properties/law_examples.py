@@ -13,10 +13,14 @@ same thing.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
 from hypothesis import strategies as st
 
 from properties import laws, ledger
 from properties import strategies as ps
+from properties.case import Case
 
 __all__ = ["PAGED_LAWS", "examples"]
 
@@ -25,30 +29,37 @@ PAGED_LAWS = ("acceptance", "outputs_finite", "block_permutation", "garbage_unre
 _GROUPS = st.sampled_from((2, 4, 3))
 _SPARE = st.integers(1, 3)       # at least one block nothing reads
 
+#: One example of a law: the case and the law's own parameters, by name.
+Example: TypeAlias = tuple[Case, dict[str, Any]]
+#: A law's parameters: strategies by name, or a function of the case giving them.
+_Params: TypeAlias = Mapping[str, st.SearchStrategy[Any]] | Callable[[Case], Mapping[str, st.SearchStrategy[Any]]]
 
-def _with(params):
+
+def _with(params: _Params) -> Callable[[Case], st.SearchStrategy[Example]]:
     """Pair each case with ``params`` (a dict of strategies, or a function of the case giving one)."""
-    def pair(case):
+    def pair(case: Case) -> st.SearchStrategy[Example]:
         chosen = params(case) if callable(params) else params
         return st.fixed_dictionaries(chosen).map(lambda p: (case, p))
     return pair
 
 
-def _other_tiles(case):
+def _other_tiles(case: Case) -> st.SearchStrategy[dict[str, Any]]:
     c = case.config
     group = c.nq // c.nkv
-    choices = [(c.block_size * k, g) for k in (1, 2, 4) for g in [None] + [g for g in range(1, group) if group % g == 0]]
+    choices: list[tuple[int, int | None]] = [(c.block_size * k, g) for k in (1, 2, 4) for g in [None] + [g for g in range(1, group) if group % g == 0]]
     other = [t for t in choices if not laws.same_tiles(c, s2_tile=t[0], g_tile=t[1])]
     return st.sampled_from(other).map(lambda t: {"s2_tile": t[0], "g_tile": t[1]})
 
 
-def _seen_batch(case):
+def _seen_batch(case: Case) -> dict[str, st.SearchStrategy[int]]:
     return {"batch_index": st.sampled_from([b for b, n in enumerate(case.config.lengths) if n > 0])}
 
 
-def examples(law: str, backend=None) -> st.SearchStrategy:
+def examples(law: str, backend: object = None) -> st.SearchStrategy[Example]:
     """``(case, params)`` for ``law`` on ``backend`` (its supported shapes; None: any), never vacuous."""
-    cases = lambda **narrowing: ps.cases_for(backend, **narrowing)  # noqa: E731 - a local shorthand
+    def cases(**narrowing: Any) -> st.SearchStrategy[Case]:
+        return ps.cases_for(backend, **narrowing)
+
     domains = {
         "acceptance": cases().flatmap(_with({})),
         "outputs_finite": cases().flatmap(_with({})),

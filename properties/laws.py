@@ -20,30 +20,52 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any, TypeVar
 
+import numpy.typing as npt
 import torch
+from hypothesis import target
+from hypothesis.control import currently_in_test_context
 
+import golden
+import golden.at12 as at12
 from golden.attention import visible_lengths
 from golden.codec import FP8_MAX
 from golden.validate import default_softmax_scale
+from kernels import Backend
 from properties import compare as cmp
 from properties import transforms as tf
-from properties.acceptance import backend_model, call, judge, reference_backend, split_bundle
+from properties.acceptance import Judgement, backend_model, call, judge, reference_backend, split_bundle
 from properties.case import Case
-from properties.law_bounds import Call, assert_pair_within, assert_same_output, e4m3_half_spacing, case_tags
-from properties.law_bounds import acceptance_width, at12_fp8_vs_bf16_bound
+from properties.diagnosis import diagnose_verdict
+from properties.generation import reported_example
+from properties.law_bounds import (
+    Call,
+    acceptance_width,
+    assert_pair_within,
+    assert_same_output,
+    at12_fp8_vs_bf16_bound,
+    case_tags,
+    e4m3_half_spacing,
+)
+from properties.strategies import At12Case
 
 __all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
+
+#: A law: (backend, case, **params) -> None, raising AssertionError when it does not hold. Its case is a
+#: Case (paged attention), an array of rows (quantization) or a properties.strategies.At12Case.
+LawFunction = Callable[..., None]
+_Law = TypeVar("_Law", bound=LawFunction)
 
 
 @dataclasses.dataclass(frozen=True)
 class Law:
     name: str
-    fn: Callable
+    fn: LawFunction
     tolerance: str                                   # the properties.compare kind it holds outputs to
     vacuous: Callable[..., str | None] | None        # (case, **params) -> why it cannot fail, or None
 
-    def __call__(self, backend, case, **params) -> None:
+    def __call__(self, backend: Backend, case: Any, **params: Any) -> None:
         __tracebackhide__ = True
         self.fn(backend, case, **params)
 
@@ -51,15 +73,16 @@ class Law:
 LAWS: dict[str, Law] = {}
 
 
-def law(name: str, *, tolerance: str = "attention", vacuous: Callable[..., str | None] | None = None):
+def law(name: str, *, tolerance: str = "attention",
+        vacuous: Callable[..., str | None] | None = None) -> Callable[[_Law], _Law]:
     """Register a law under ``name`` (the name captured regressions are replayed by)."""
-    def register(fn):
+    def register(fn: _Law) -> _Law:
         LAWS[name] = Law(name, fn, tolerance, vacuous)
         return fn
     return register
 
 
-def run(name: str, backend, case, **params) -> None:
+def run(name: str, backend: Backend, case: Any, **params: Any) -> None:
     """Run law ``name`` (KeyError-free: an unknown name is a ValueError listing the laws)."""
     __tracebackhide__ = True
     if name not in LAWS:
@@ -67,7 +90,7 @@ def run(name: str, backend, case, **params) -> None:
     LAWS[name](backend, case, **params)
 
 
-def vacuous(name: str, case, **params) -> str | None:
+def vacuous(name: str, case: Any, **params: Any) -> str | None:
     """Why law ``name`` cannot fail on this example whatever the backend does, or None."""
     check = LAWS[name].vacuous
     return check(case, **params) if check is not None else None
@@ -75,29 +98,29 @@ def vacuous(name: str, case, **params) -> str | None:
 
 # --- when an example cannot fail --------------------------------------------------------------------
 
-def _visible(config) -> bool:
+def _visible(config: golden.PagedAttentionConfig) -> bool:
     return any(n > 0 for n in config.lengths)
 
 
-def _nothing_visible(case, **_) -> str | None:
+def _nothing_visible(case: Case, **_: object) -> str | None:
     return None if _visible(case.config) else "no query row sees a token (every output row is 0)"
 
 
-def _needs(predicate: Callable, why: str) -> Callable[..., str | None]:
+def _needs(predicate: Callable[..., bool], why: str) -> Callable[..., str | None]:
     """A vacuity check: nothing visible, or ``predicate(config, **params)`` false (then ``why``)."""
-    def check(case, **params) -> str | None:
+    def check(case: Case, **params: Any) -> str | None:
         return _nothing_visible(case) or (None if predicate(case.config, **params) else why)
     return check
 
 
-def same_tiles(config, s2_tile=None, g_tile=None) -> bool:
+def same_tiles(config: golden.PagedAttentionConfig, s2_tile: int | None = None, g_tile: int | None = None) -> bool:
     """Whether (s2_tile, g_tile) are the config's own tiles (None: the config's s2_tile, the whole group)."""
     group = config.nq // config.nkv
     other = (config.s2_tile if s2_tile is None else s2_tile, group if g_tile is None else g_tile)
     return other == (config.s2_tile, config.g_tile or group)
 
 
-def _garbage_vacuous(case, **_) -> str | None:
+def _garbage_vacuous(case: Case, **_: object) -> str | None:
     tensors = case.inputs().tensors()
     cache_rows, query_rows = tf.unread_cells(tensors)
     return None if bool(cache_rows.any() or query_rows.any()) else "no cell is left unread"
@@ -106,33 +129,29 @@ def _garbage_vacuous(case, **_) -> str | None:
 # --- paged attention laws ------------------------------------------------------------------------
 
 @law("acceptance", vacuous=_nothing_visible)
-def acceptance(backend, case: Case) -> None:
+def acceptance(backend: Backend, case: Case) -> None:
     """SPEC §4: the backend's output is within rtol 1/128, atol 1e-4 of the golden's, elementwise
     (the one rule of :mod:`properties.acceptance`; the search climbs the worst error over tolerance)."""
     __tracebackhide__ = True
     verdict = judge(backend, case, tags=case_tags(backend, case))
-    from hypothesis.control import currently_in_test_context
     if currently_in_test_context():
-        from hypothesis import target
         ratio = verdict.deciding.worst_ratio
         target(ratio if math.isfinite(ratio) else 1e30, label="worst error / allowed")
     if not verdict.passed:
         raise AssertionError(verdict.message() + _diagnosis_line(verdict, case))
 
 
-def _diagnosis_line(verdict, case: Case) -> str:
+def _diagnosis_line(verdict: Judgement, case: Case) -> str:
     """The fault model that explains a failed judgement (properties/diagnosis.py), as a line to append;
     only on the example Hypothesis reports (or a replay), not while it shrinks."""
-    from properties.generation import reported_example
     if not reported_example():
         return ""
-    from properties.diagnosis import diagnose_verdict
     found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
     return "" if found is None else "\n" + found.render()
 
 
 @law("outputs_finite", vacuous=_nothing_visible)
-def outputs_finite(backend, case: Case) -> None:
+def outputs_finite(backend: Backend, case: Case) -> None:
     """Finite inputs in every cell the kernel reads give a finite output (SPEC §2-§3)."""
     __tracebackhide__ = True
     tensors, scalars = split_bundle(case.inputs())
@@ -148,7 +167,7 @@ def outputs_finite(backend, case: Case) -> None:
 
 @law("block_permutation", tolerance="exact",
      vacuous=_needs(lambda c, **_: c.physical_blocks >= 2, "one physical block cannot move"))
-def block_permutation(backend, case: Case, perm_seed: int = 0) -> None:
+def block_permutation(backend: Backend, case: Case, perm_seed: int = 0) -> None:
     """SPEC §2 item 2: moving every physical block elsewhere (and renumbering the table) leaves the
     output bit-identical: only the table says where a token lives (for a deterministic backend; any
     other is held to the acceptance width, :func:`assert_same_output`)."""
@@ -165,7 +184,7 @@ def block_permutation(backend, case: Case, perm_seed: int = 0) -> None:
 
 
 @law("garbage_unread", tolerance="exact", vacuous=_garbage_vacuous)
-def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
+def garbage_unread(backend: Backend, case: Case, fill: str = "nan") -> None:
     """SPEC §2 items 2 and 5: NaN, huge or plausible-but-wrong values in every cell that must not be
     read (unowned blocks, rows past each length, their K scales, q of rows with cur == 0) give the
     output of zeros there, bit for bit (for a deterministic backend; any other is held to the acceptance
@@ -183,7 +202,7 @@ def garbage_unread(backend, case: Case, fill: str = "nan") -> None:
 
 
 @law("gqa_repetition", vacuous=_needs(lambda c, **_: c.nq > c.nkv, "group 1: the repeated call is the same call"))
-def gqa_repetition(backend, case: Case) -> None:
+def gqa_repetition(backend: Backend, case: Case) -> None:
     """SPEC §2 item 2: query head h reads KV head h // group, so repeating each KV head group times
     (NKV = NQ) gives the grouped call's exact result; the two outputs differ by at most the width of
     the acceptance interval (:func:`acceptance_width`)."""
@@ -202,7 +221,7 @@ def gqa_repetition(backend, case: Case) -> None:
 
 
 @law("tile_invariance", vacuous=_needs(lambda c, **p: not same_tiles(c, **p), "the same tiles as the case"))
-def tile_invariance(backend, case: Case, s2_tile: int | None = None, g_tile: int | None = None) -> None:
+def tile_invariance(backend: Backend, case: Case, s2_tile: int | None = None, g_tile: int | None = None) -> None:
     """SPEC §2 item 3: the tiles are the caller's choice, and the output at any other (s2_tile,
     g_tile) is the golden's output at those tiles (g_tile only partitions heads; s2_tile moves the
     result exactly as P's per-tile quantization does), within SPEC §4 under the one acceptance rule."""
@@ -221,7 +240,7 @@ def tile_invariance(backend, case: Case, s2_tile: int | None = None, g_tile: int
      vacuous=lambda case, batch_index=0: _nothing_visible(case) or (
          "batch 1: the batch alone is the batched call" if case.config.batch == 1 else
          None if case.config.lengths[batch_index % case.config.batch] > 0 else "the chosen batch sees no token"))
-def batch_independence(backend, case: Case, batch_index: int = 0) -> None:
+def batch_independence(backend: Backend, case: Case, batch_index: int = 0) -> None:
     """SPEC §2: each batch is computed from its own rows, table row, length and V scales, so batch b
     alone has the exact result of its rows of the batched call; the outputs differ by at most the width
     of the acceptance interval (:func:`acceptance_width`)."""
@@ -240,7 +259,7 @@ def batch_independence(backend, case: Case, batch_index: int = 0) -> None:
 
 
 @law("causal_prefix", vacuous=_needs(lambda c, **_: c.s1 > 1, "S1 = 1: the shortened call is the same call"))
-def causal_prefix(backend, case: Case) -> None:
+def causal_prefix(backend: Backend, case: Case) -> None:
     """SPEC §2 item 1: query position i of an S1 > 1 call has the exact result of an S1 = 1 call with
     the length shortened to ``cur = max(0, kv_act_seqs[b] - (S1 - 1 - i))``; the outputs differ by at most
     the width of the acceptance interval (:func:`acceptance_width`)."""
@@ -266,7 +285,7 @@ def causal_prefix(backend, case: Case) -> None:
 # --- quantization laws (SPEC §3; the golden's quantizers, no backend) -----------------------------
 
 @law("quant_round_trip", tolerance="bound")
-def quant_round_trip(backend, x) -> None:
+def quant_round_trip(backend: Backend, x: npt.ArrayLike | torch.Tensor) -> None:
     """SPEC §3: per-token quantization errs by at most half an E4M3 spacing of ``x * scale`` (plus
     2**-22 of it), and the largest |x| of a row maps to 448.
 
@@ -278,7 +297,6 @@ def quant_round_trip(backend, x) -> None:
     y >= 2**e > z, ``h(z) < h(y)``. Either way ``|x8 - y| <= h(y) + 2**-22 |y|``. Reached exactly at the
     E4M3 midpoints (tests/properties/test_law_bounds.py)."""
     __tracebackhide__ = True
-    import golden
     x = torch.as_tensor(x, dtype=torch.float32)
     x8, dq = golden.quantize_per_token(x)
     y = x / dq
@@ -289,11 +307,10 @@ def quant_round_trip(backend, x) -> None:
 
 
 @law("quant_scale_covariance", tolerance="exact")
-def quant_scale_covariance(backend, x, power: int = 1) -> None:
+def quant_scale_covariance(backend: Backend, x: npt.ArrayLike | torch.Tensor, power: int = 1) -> None:
     """SPEC §3: scaling a row by 2**power leaves its codes unchanged and scales the dequant scale by
     exactly 2**power (the scale is 448 / max|x|, a power of two commutes with it)."""
     __tracebackhide__ = True
-    import golden
     x = torch.as_tensor(x, dtype=torch.float32)
     x8, dq = golden.quantize_per_token(x)
     y8, dq2 = golden.quantize_per_token(x * 2.0 ** power)
@@ -303,8 +320,7 @@ def quant_scale_covariance(backend, x, power: int = 1) -> None:
 
 # --- AT-12 laws (SPEC §6) ------------------------------------------------------------------------
 
-def _at12_fp8(case):
-    import golden
+def _at12_fp8(case: At12Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k = case.operands()
     q8, qs = golden.quantize_per_token(q.float())
     k8, ks = golden.quantize_per_token(k.float())
@@ -312,21 +328,21 @@ def _at12_fp8(case):
 
 
 @law("at12_acceptance", tolerance="at12")
-def at12_acceptance(backend, case, fp8: bool = False) -> None:
+def at12_acceptance(backend: Backend, case: At12Case, fp8: bool = False) -> None:
     """SPEC §6 under the one rule of SPEC §4.2: each of the backend's AT-12 scores (BF16, or FP8 with
     dequant after) is within rtol 1/128, atol 1e-4 of the golden's (vectorized, under the backend's
     codec; the golden backend's own scores come from the row-by-row route, golden.qk_matmul_scale_loop),
     or inside the envelope holding every conforming result (golden.at12.qk_matmul_scale_envelope: where
     a score cancels, a legal float32 order moves it by more than the tolerance)."""
     __tracebackhide__ = True
-    import golden.at12 as at12
+    tensors: dict[str, Any]                     # the operands by name (the envelope's other arguments are not)
     if fp8:
         q8, qs, k8, ks = _at12_fp8(case)
         tensors = dict(q=q8, k=k8, q_scale=qs, k_scale=ks)
     else:
         q, k = case.operands()
         tensors = dict(q=q, k=k)
-    tags = {"case": repr(case), "backend": backend.name}
+    tags: dict[str, object] = {"case": repr(case), "backend": backend.name}
     out = call(backend, tensors, op="qk_matmul_scale", tags=tags)
     expected, lo, hi = at12.qk_matmul_scale_envelope(**tensors, codec=reference_backend(backend).codec,
                                                      model=backend_model(backend))
@@ -335,7 +351,7 @@ def at12_acceptance(backend, case, fp8: bool = False) -> None:
 
 
 @law("at12_fp8_vs_bf16", tolerance="bound")
-def at12_fp8_vs_bf16(backend, case) -> None:
+def at12_fp8_vs_bf16(backend: Backend, case: At12Case) -> None:
     """SPEC §6: FP8 scores dequantized after the matmul equal the BF16 scores of the dequantized
     inputs within the bound :func:`at12_fp8_vs_bf16_bound` derives from SPEC §4.1 (the bf16 rounding of
     each operand, then each path's any-order float32 sums and scale roundings)."""
@@ -343,7 +359,7 @@ def at12_fp8_vs_bf16(backend, case) -> None:
     q8, qs, k8, ks = _at12_fp8(case)
     codec = reference_backend(backend).codec
     qd, kd = (codec.from_fp8(q8) * qs).to(torch.bfloat16), (codec.from_fp8(k8) * ks).to(torch.bfloat16)
-    tags = {"case": repr(case), "backend": backend.name}
+    tags: dict[str, object] = {"case": repr(case), "backend": backend.name}
     fp8 = call(backend, dict(q=q8, k=k8, q_scale=qs, k_scale=ks), op="qk_matmul_scale", tags=tags)
     bf16 = call(backend, dict(q=qd, k=kd), op="qk_matmul_scale", tags=tags)
     atol = at12_fp8_vs_bf16_bound(q8, qs, k8, ks, qd, kd, scale=default_softmax_scale(q8.shape[-1]), codec=codec)
@@ -352,11 +368,11 @@ def at12_fp8_vs_bf16(backend, case) -> None:
 
 
 @law("at12_default_scale", tolerance="exact")
-def at12_default_scale(backend, case) -> None:
+def at12_default_scale(backend: Backend, case: At12Case) -> None:
     """SPEC §6: ``scale=None`` is 1/sqrt(head_dim), derived at run time: identical to passing it."""
     __tracebackhide__ = True
     q, k = case.operands()
-    tags = {"case": repr(case), "backend": backend.name}
+    tags: dict[str, object] = {"case": repr(case), "backend": backend.name}
     a = call(backend, dict(q=q, k=k), op="qk_matmul_scale", tags=tags)
     b = call(backend, dict(q=q, k=k), op="qk_matmul_scale", tags=tags, scale=default_softmax_scale(q.shape[-1]))
     cmp.assert_close(a, b, kind="exact", tags=tags, identifier="AT-12 with scale=None vs scale=1/sqrt(D)")

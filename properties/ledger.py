@@ -44,13 +44,14 @@ class Finding:
     treat it (``quarantined`` or tolerated; ``backends`` it applies to)."""
     kind: str
     reason: str
+    _: dataclasses.KW_ONLY       # what it matches, by name
     ids: tuple[str, ...] = ()                                   # kind "case": regression ids
     match: Callable[[object], bool] | None = None               # kind "domain": config -> bool
     mutants: tuple[str, ...] = ()                               # kind "survivor": mutant names
     backends: tuple[str, ...] = ()
     quarantined: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r} must be one of {KINDS}")
         if not _ISSUE.search(self.reason):
@@ -71,14 +72,14 @@ class Finding:
     def tolerated(self) -> bool:
         return not self.quarantined
 
-    def applies(self, regression_id: str | None, backend: str, config=None) -> bool:
+    def applies(self, regression_id: str | None, backend: str, config: object = None) -> bool:
         """Whether this case or domain finding covers a case on ``backend``: its regression id is listed,
         or its ``config`` (a golden.PagedAttentionConfig) matches the predicate."""
         if self.kind == "survivor" or (self.backends and backend not in self.backends):
             return False
         if self.kind == "case":
             return regression_id is not None and regression_id in self.ids
-        return config is not None and bool(self.match(config))
+        return config is not None and self.match is not None and bool(self.match(config))
 
 
 #: The ledger. softmax_scale_before_dequant computes ((S * softmax_scale) * q_scale) * k_scale where SPEC
@@ -97,7 +98,7 @@ def _ledger(ledger: Iterable[Finding] | None) -> tuple[Finding, ...]:
 
 
 def lookup(regression_id: str | None, backend: str, ledger: Iterable[Finding] | None = None, *,
-           config=None) -> Finding | None:
+           config: object = None) -> Finding | None:
     """The case or domain finding covering a case on ``backend`` (by regression id, or by its config),
     if any; the first one listed wins."""
     for finding in _ledger(ledger):
@@ -126,7 +127,7 @@ def check(*, regression_ids: Iterable[str] | None = None, mutants: Iterable[str]
     nothing: a case id with no regression file among ``regression_ids`` (the ids present in ``where``), a
     survivor not among ``mutants`` (the catalog's names). Either check is skipped when its names are not
     given."""
-    problems = []
+    problems: list[str] = []
     for finding in _ledger(ledger):
         if regression_ids is not None and finding.kind == "case":
             present = set(regression_ids)

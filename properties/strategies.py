@@ -28,12 +28,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
+import numpy as np
+import torch
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import golden
 from golden.errors import UsageError
 from golden.paging import blocks_needed, positive_int
+from kernels import Skip
+from kernels.backends import unsupported_shape
+from properties.case import Case
 from properties.generation import pin_local_constants
 
 # The same seed gives the same cases whatever else the process imports (properties/generation.py).
@@ -65,13 +73,19 @@ def max_len() -> int:
 DISTRIBUTIONS = golden.DISTRIBUTIONS
 GARBAGE = tuple(golden.GARBAGE)  # None first: the shrink target
 
+_T = TypeVar("_T")
+#: An argument that is a value or a strategy of values (resolved once: :func:`_strategy`, :func:`_choices`).
+IntOrStrategy: TypeAlias = int | st.SearchStrategy[int]
+#: A backend's skip_reason: golden.PagedAttentionConfig -> kernels.Skip or None.
+SkipReason: TypeAlias = Callable[[golden.PagedAttentionConfig], Skip | None]
+
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
 
 
-def _strategy(value, name: str, *, minimum=None) -> st.SearchStrategy:
+def _strategy(value: IntOrStrategy, name: str, *, minimum: int | None = None) -> st.SearchStrategy[int]:
     """An int or a strategy, resolved once: a concrete int is checked (golden.paging.positive_int, at least
     ``minimum``; None: any int) and wrapped in just()."""
     if isinstance(value, st.SearchStrategy):
@@ -79,7 +93,8 @@ def _strategy(value, name: str, *, minimum=None) -> st.SearchStrategy:
     return st.just(positive_int(value, name, minimum=-math.inf if minimum is None else minimum))
 
 
-def _choices(value, name: str, allowed=None) -> st.SearchStrategy:
+def _choices(value: _T | Sequence[_T] | st.SearchStrategy[_T], name: str,
+             allowed: Sequence[_T] | None = None) -> st.SearchStrategy[_T]:
     """A strategy, or a non-empty sequence to sample from (in order: the first is the shrink target)."""
     if isinstance(value, st.SearchStrategy):
         return value
@@ -91,7 +106,7 @@ def _choices(value, name: str, allowed=None) -> st.SearchStrategy:
     return st.sampled_from(values)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Dims:
     """Static shape and tile choices of one call (SPEC §1)."""
     batch: int
@@ -108,9 +123,11 @@ class Dims:
         return self.nq // self.nkv
 
 
-def dims(*, batch=st.integers(1, 4), s1=st.integers(1, 3), nkv=st.integers(1, 2),
-         group=st.sampled_from((1, 2, 4, 3)), head_dim=(16, 32, 64, 128),
-         block_size=(16, 32, 64, 128), s2_tile_blocks=st.integers(1, 4),
+def dims(*, batch: IntOrStrategy = st.integers(1, 4), s1: IntOrStrategy = st.integers(1, 3),
+         nkv: IntOrStrategy = st.integers(1, 2), group: IntOrStrategy = st.sampled_from((1, 2, 4, 3)),
+         head_dim: int | Sequence[int] | st.SearchStrategy[int] = (16, 32, 64, 128),
+         block_size: int | Sequence[int] | st.SearchStrategy[int] = (16, 32, 64, 128),
+         s2_tile_blocks: IntOrStrategy = st.integers(1, 4),
          split_group: bool = True, whole_group: bool = True) -> st.SearchStrategy[Dims]:
     """Shapes and tiles: ``nq = nkv * group``, ``s2_tile = block_size * s2_tile_blocks``,
     ``g_tile`` None (whole group) or, when ``split_group``, a proper divisor of the group (only a
@@ -125,12 +142,13 @@ def dims(*, batch=st.integers(1, 4), s1=st.integers(1, 3), nkv=st.integers(1, 2)
     bs = _choices(block_size, "block_size")
     tb = _strategy(s2_tile_blocks, "s2_tile_blocks", minimum=1)
 
-    def build(t):
+    def build(t: tuple[int, int, int, int, int, int, int]) -> st.SearchStrategy[Dims]:
         batch_, s1_, nkv_, group_, d_, bs_, tb_ = t
-        divisors = [x for x in range(1, group_) if group_ % x == 0]
+        divisors: list[int | None] = [x for x in range(1, group_) if group_ % x == 0]
         choices = ([None] if whole_group or not divisors else []) + divisors
         g_tiles = st.sampled_from(choices) if split_group else st.just(None)
-        return g_tiles.map(lambda gt: Dims(batch_, s1_, nkv_ * group_, nkv_, d_, bs_, bs_ * tb_, gt))
+        return g_tiles.map(lambda gt: Dims(batch=batch_, s1=s1_, nq=nkv_ * group_, nkv=nkv_, head_dim=d_,
+                                           block_size=bs_, s2_tile=bs_ * tb_, g_tile=gt))
 
     return st.tuples(b, s, n, g, d, bs, tb).flatmap(build)
 
@@ -142,8 +160,8 @@ def special_lengths(*, block_size: int, s2_tile: int, capacity: int) -> tuple[in
     return tuple(sorted(p for p in points if 0 <= p <= capacity))
 
 
-def kv_act_seqs(batch, *, block_size: int, s2_tile: int, capacity: int | None = None,
-                allow_all_empty: bool = False) -> st.SearchStrategy:
+def kv_act_seqs(batch: IntOrStrategy, *, block_size: int, s2_tile: int, capacity: int | None = None,
+                allow_all_empty: bool = False) -> st.SearchStrategy[tuple[int, ...]]:
     """Ragged per-batch lengths ``0 <= kv_act_seqs[b] <= capacity`` (a tuple of ``batch`` ints).
 
     Each length is one of :func:`special_lengths`, a block boundary k * BS - 1, k * BS or k * BS + 1
@@ -181,8 +199,9 @@ class BlockTable:
         return len(self.table[0]) if self.table else 0
 
 
-def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
-                 spare_blocks=st.integers(0, 3)) -> st.SearchStrategy[BlockTable]:
+def block_tables(lengths: Sequence[int] | st.SearchStrategy[tuple[int, ...]], *, block_size: int,
+                 extra_columns: IntOrStrategy = st.integers(0, 2),
+                 spare_blocks: IntOrStrategy = st.integers(0, 3)) -> st.SearchStrategy[BlockTable]:
     """Shuffled block tables for ``lengths`` (a tuple of ints or a strategy of them): unique physical
     blocks for every valid logical block, -1 after each row's valid blocks and in the ``extra_columns``
     past the widest row, and ``spare_blocks`` physical blocks that no row owns.
@@ -195,24 +214,25 @@ def block_tables(lengths, *, block_size: int, extra_columns=st.integers(0, 2),
     extra = _strategy(extra_columns, "extra_columns", minimum=0)
     spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
 
-    def build(t):
+    def build(t: tuple[tuple[int, ...], int, int]) -> st.SearchStrategy[BlockTable]:
         lens_, extra_, spare_ = t
-        need = blocks_needed(lens_, block_size).tolist()
+        need: list[int] = blocks_needed(lens_, block_size).tolist()
         width = max(need + [1]) + extra_
         nb = max(1, sum(need) + spare_)
 
-        def lay(perm):
-            rows, k = [], 0
+        def lay(perm: list[int]) -> BlockTable:
+            rows: list[tuple[int, ...]] = []
+            k = 0
             for n in need:
                 rows.append(tuple(perm[k:k + n]) + (-1,) * (width - n))
                 k += n
-            return BlockTable(tuple(lens_), block_size, nb, tuple(rows))
+            return BlockTable(kv_act_seqs=tuple(lens_), block_size=block_size, num_blocks=nb, table=tuple(rows))
         return st.permutations(range(nb)).map(lay)
 
     return st.tuples(lens, extra, spare).flatmap(build)
 
 
-def _lengths(value) -> tuple[int, ...]:
+def _lengths(value: object) -> tuple[int, ...]:
     """A tuple of lengths (ints >= 0), checked."""
     if not isinstance(value, (tuple, list)):
         raise TypeError(f"lengths={value!r} must be a tuple of ints or a strategy")
@@ -223,8 +243,11 @@ def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**31 - 1)
 
 
-def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_columns=st.integers(0, 2),
-            spare_blocks=st.integers(0, 3), capacity: int | None = None) -> st.SearchStrategy:
+def configs(*, dims: st.SearchStrategy[Dims] | None = None,
+            distribution: str | Sequence[str] | st.SearchStrategy[str] = DISTRIBUTIONS,
+            garbage: str | Sequence[str | None] | st.SearchStrategy[str | None] | None = GARBAGE,
+            extra_columns: IntOrStrategy = st.integers(0, 2), spare_blocks: IntOrStrategy = st.integers(0, 3),
+            capacity: int | None = None) -> st.SearchStrategy[golden.PagedAttentionConfig]:
     """``golden.PagedAttentionConfig`` drawn from :func:`dims`, :func:`kv_act_seqs` and :func:`block_tables`
     (the drawn table is the config's ``block_table``; ``max_blocks`` = widest row + extra columns,
     ``num_blocks`` = blocks needed + spare blocks), a value ``distribution`` and a ``garbage`` fill for
@@ -238,8 +261,8 @@ def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_col
     if capacity is not None:
         positive_int(capacity, "capacity", minimum=0)
 
-    def build(dm: Dims):
-        def make(t):
+    def build(dm: Dims) -> st.SearchStrategy[golden.PagedAttentionConfig]:
+        def make(t: tuple[BlockTable, str, str | None]) -> golden.PagedAttentionConfig:
             table, dist_, garb_ = t
             lens = table.kv_act_seqs
             return golden.PagedAttentionConfig(
@@ -254,33 +277,35 @@ def configs(*, dims=None, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_col
     return dims_s.flatmap(build)
 
 
-def _narrowing(backend):
+def _narrowing(backend: object) -> tuple[dict[str, Any] | None, SkipReason | None]:
     """(supported_shapes or None, skip_reason or None) of ``backend``: a backend object, a
     ``supported_shapes`` dict (a kernel built for those shapes: the base backend's rule,
     kernels.backends.unsupported_shape), or None (any shape)."""
     if backend is None:
         return None, None
-    from kernels.backends import unsupported_shape
     if isinstance(backend, dict):
-        supported = backend
-        return supported, lambda config: unsupported_shape(config, supported)
-    supported = getattr(backend, "supported_shapes", None)
-    skip_reason = getattr(backend, "skip_reason", None)
+        shapes: dict[str, Any] = backend
+        return shapes, lambda config: unsupported_shape(config, shapes)
+    supported: dict[str, Any] | None = getattr(backend, "supported_shapes", None)
+    skip_reason: SkipReason | None = getattr(backend, "skip_reason", None)
     if skip_reason is None and supported:
-        return supported, lambda config: unsupported_shape(config, supported)
+        declared = supported
+        return supported, lambda config: unsupported_shape(config, declared)
     return supported, skip_reason
 
 
-def _runs(skip_reason, case) -> bool:
+def _runs(skip_reason: SkipReason, case: Case) -> bool:
     """Whether the backend runs ``case`` on its kernel: no ``unsupported`` skip (a skip of another kind,
     over a time limit or a budget, is the run's to report, never the strategy's to hide)."""
     skip = skip_reason(case.config)
     return skip is None or getattr(skip, "kind", None) != "unsupported"
 
 
-def cases_for(backend=None, *, distribution=DISTRIBUTIONS, garbage=GARBAGE, extra_columns=st.integers(0, 2),
-              spare_blocks=st.integers(0, 3), capacity: int | None = None, seed=None,
-              **dims_kwargs) -> st.SearchStrategy:
+def cases_for(backend: object = None, *, distribution: str | Sequence[str] | st.SearchStrategy[str] = DISTRIBUTIONS,
+              garbage: str | Sequence[str | None] | st.SearchStrategy[str | None] | None = GARBAGE,
+              extra_columns: IntOrStrategy = st.integers(0, 2), spare_blocks: IntOrStrategy = st.integers(0, 3),
+              capacity: int | None = None, seed: IntOrStrategy | None = None,
+              **dims_kwargs: Any) -> st.SearchStrategy[Case]:
     """:class:`~properties.case.Case` values ``backend`` runs: the one narrowing path.
 
     * ``backend`` -- a backend (``kernels.get_backend``), a ``supported_shapes`` dict, or None (any shape).
@@ -306,26 +331,25 @@ def cases_for(backend=None, *, distribution=DISTRIBUTIONS, garbage=GARBAGE, extr
     return strategy.filter(lambda case: _runs(skip_reason, case))
 
 
-def cases(config_strategy=None, *, seed=None) -> st.SearchStrategy:
+def cases(config_strategy: st.SearchStrategy[golden.PagedAttentionConfig] | None = None, *,
+          seed: IntOrStrategy | None = None) -> st.SearchStrategy[Case]:
     """:class:`~properties.case.Case` values: a config and a seed for ``golden.make_inputs``."""
-    from properties.case import Case
     cfg = configs() if config_strategy is None else config_strategy
     sd = seeds() if seed is None else _strategy(seed, "seed", minimum=0)
     return st.tuples(cfg, sd).map(lambda t: Case(*t))  # map, not builds: failures print Case's repr
 
 
-def quant_rows(*, rows=st.integers(1, 4), cols=st.integers(1, 32), magnitude=st.integers(-30, 30)):
+def quant_rows(*, rows: IntOrStrategy = st.integers(1, 4), cols: IntOrStrategy = st.integers(1, 32),
+               magnitude: IntOrStrategy = st.integers(-30, 30)) -> st.SearchStrategy[np.ndarray]:
     """float32 numpy arrays ``[rows, cols]`` with no all-zero row, values ``u * 2**magnitude`` for u
     in [-1, 1] (one magnitude per row, so tiny and huge rows both occur). Rows whose max|x| is below
     2**-110 are left out: 448 / max|x| overflows float32 there, a case SPEC §3 does not decide
     (open question for the golden: today it yields a dequant scale of 0)."""
-    import numpy as np
-    from hypothesis.extra import numpy as hnp
     r = _strategy(rows, "rows", minimum=1)
     c = _strategy(cols, "cols", minimum=1)
     mag = _strategy(magnitude, "magnitude")
 
-    def build(t):
+    def build(t: tuple[int, int]) -> st.SearchStrategy[np.ndarray]:
         r_, c_ = t
         base = hnp.arrays(np.float32, (r_, c_), elements=st.floats(-1, 1, width=32))
         exps = st.lists(mag, min_size=r_, max_size=r_)
@@ -345,9 +369,8 @@ class At12Case:
     distribution: str
     seed: int
 
-    def operands(self):
+    def operands(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, k) as bf16 tensors ``[q_tile, head_dim]``, ``[k_tile, head_dim]``."""
-        import torch
         g = torch.Generator().manual_seed(self.seed)
         shape_q, shape_k = (self.q_tile, self.head_dim), (self.k_tile, self.head_dim)
         if self.distribution == "normal":
@@ -360,8 +383,10 @@ class At12Case:
         return q.to(torch.bfloat16), k.to(torch.bfloat16)
 
 
-def at12_cases(*, q_tile=st.integers(1, 64), k_tile=st.integers(1, 300), head_dim=(16, 64, 128),
-               distribution=("uniform", "normal", "wide")) -> st.SearchStrategy[At12Case]:
+def at12_cases(*, q_tile: IntOrStrategy = st.integers(1, 64), k_tile: IntOrStrategy = st.integers(1, 300),
+               head_dim: int | Sequence[int] | st.SearchStrategy[int] = (16, 64, 128),
+               distribution: str | Sequence[str] | st.SearchStrategy[str] = ("uniform", "normal", "wide"),
+               ) -> st.SearchStrategy[At12Case]:
     """AT-12 calls, including tail tiles whose length is not a multiple of anything (k_tile 1..300)."""
     return st.builds(At12Case, _strategy(q_tile, "q_tile", minimum=1), _strategy(k_tile, "k_tile", minimum=1),
                      _choices(head_dim, "head_dim"), _choices(distribution, "distribution"), seeds())

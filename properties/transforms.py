@@ -13,7 +13,7 @@ __all__ = ["poison_unread", "unread_cells", "derangement", "permute_blocks", "re
            "select_batch"]
 
 
-def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def unread_cells(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(bool [NB, BS] cache rows nothing reads, bool [B*S1] query rows with ``cur == 0``): the complement
     of golden.attention.read_cells."""
     nb, bs = tensors["k_cache"].shape[:2]
@@ -22,7 +22,7 @@ def unread_cells(tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return ~slots, ~rows
 
 
-def poison_unread(tensors: dict, fill: str | None) -> dict:
+def poison_unread(tensors: dict[str, torch.Tensor], fill: str | None) -> dict[str, torch.Tensor]:
     """Copies with ``fill`` (a key of ``golden.GARBAGE``: None for zeros, "nan", "huge" or "plausible";
     the fills make_inputs uses) in every cell the spec says must not reach the output: cache rows no row
     of the table reads (spare blocks, tails of last blocks), their K scales, and q / q_scale of query
@@ -52,7 +52,7 @@ def derangement(n: int, seed: int) -> torch.Tensor:
     return perm
 
 
-def permute_blocks(tensors: dict, perm: torch.Tensor) -> dict:
+def permute_blocks(tensors: dict[str, torch.Tensor], perm: torch.Tensor) -> dict[str, torch.Tensor]:
     """Copies with physical block p moved to ``perm[p]`` and the table renumbered to match."""
     out = dict(tensors)
     inv = torch.empty_like(perm)
@@ -64,7 +64,7 @@ def permute_blocks(tensors: dict, perm: torch.Tensor) -> dict:
     return out
 
 
-def repeat_kv_heads(tensors: dict, group: int) -> dict:
+def repeat_kv_heads(tensors: dict[str, torch.Tensor], group: int) -> dict[str, torch.Tensor]:
     """Copies with every KV head repeated ``group`` times, so NKV = NQ (no grouping left)."""
     out = dict(tensors)
     for name in ("k_cache", "k_scale", "v_cache"):
@@ -73,7 +73,7 @@ def repeat_kv_heads(tensors: dict, group: int) -> dict:
     return out
 
 
-def select_batch(tensors: dict, b: int, s1: int) -> dict:
+def select_batch(tensors: dict[str, torch.Tensor], b: int, s1: int) -> dict[str, torch.Tensor]:
     """The inputs of batch ``b`` alone: its S1 query rows, table row, length and V scales."""
     out = dict(tensors)
     rows = slice(b * s1, (b + 1) * s1)

@@ -11,21 +11,33 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 import torch
 
 from ..codec import Fp8Codec
-from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, fold, row_sums, tile_hull
-from .stages import boundary_distance, column_grids, dequant_interval, mm2_bounds, sum_relative
-from .stages import exp_bounds, quantization_error, raw_interval, refine_score_bounds
-from .stages import score_bounds, upper_relative_to_max
 from ..intervals import TINY32, U32, U64, float64_slack, lowbit, outward_sums, ulp32, widen
-from ..sum_bounds import sum_error_bound
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
+from ..sum_bounds import sum_error_bound
+from ..validate import PagedAttentionDims
+from .fold import ARGUMENT_ROUNDING, DEGENERATE_SPREAD, Hull, ToTiles, fold, row_sums, tile_hull
+from .stages import (
+    boundary_distance,
+    column_grids,
+    dequant_interval,
+    exp_bounds,
+    mm2_bounds,
+    quantization_error,
+    raw_interval,
+    refine_score_bounds,
+    score_bounds,
+    sum_relative,
+    upper_relative_to_max,
+)
 
 __all__ = ["AttentionEnvelope", "EnvelopeBuilder", "score_bounds", "refine_score_bounds", "raw_interval",
            "dequant_interval", "exp_bounds", "DEGENERATE_SPREAD"]
@@ -38,7 +50,7 @@ SHARPEN_WIDTH = 2.0 ** -9
 NEGLIGIBLE_P = 2.0 ** -30
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionEnvelope:
     """The golden's output and the envelope around it, all bf16 [B*S1, NQ, D], with what widened it.
 
@@ -65,7 +77,7 @@ class AttentionEnvelope:
         return (self.lo.float() <= a) & (a <= self.hi.float())
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Chunk:
     """One chunk of the golden's evaluation, as golden/attention.py hands it over (its own operands and
     results, never recomputed here). Block layout [Q, N, R, BS] for the MM1 operands and results, tile
@@ -84,9 +96,9 @@ class Chunk:
     mm2: torch.Tensor            # the golden's exact P8 @ v8 per tile, float64 [P, N, R, D]
     v: torch.Tensor              # V's values per block, float64 [Q, N, BS, D]
     v_scale: torch.Tensor        # float32 [P, N, 1, D]
-    to_tiles: Callable
-    to_blocks: Callable
-    per_tile_sum: Callable
+    to_tiles: ToTiles
+    to_blocks: Callable[[torch.Tensor], torch.Tensor]
+    per_tile_sum: Callable[[torch.Tensor], torch.Tensor]
     index: torch.Tensor          # where each pair's results go: batch * tiles + tile
 
 
@@ -102,7 +114,11 @@ class TileBounds(NamedTuple):
     p8_hi: np.ndarray
 
 
-def _array(x) -> np.ndarray:
+#: What the steps that take either accept (numpy between the steps, tensors from the chunk).
+Array: TypeAlias = torch.Tensor | np.ndarray
+
+
+def _array(x: Array) -> np.ndarray:
     """A tensor's numpy view (a numpy array as it is)."""
     return x.numpy() if isinstance(x, torch.Tensor) else x
 
@@ -114,7 +130,7 @@ def _stacked(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return both
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _p_scale_bounds(exp_ulps: float) -> tuple[float, torch.Tensor, float, float]:
     """(largest P, least scale, least and greatest p_scale) for an exp within ``exp_ulps`` (step 4): every
     x is <= 0, so every P is at most exp_bounds of the x just below 0 (1 for exp_ulps <= 2), and the row
@@ -136,7 +152,7 @@ class EnvelopeBuilder:
     operands; it never recomputes what the golden computed (exact MM1 and MM2 sums, the golden's P8).
     """
 
-    def __init__(self, dims, codec: Fp8Codec, model: ConformanceModel, tiles: int):
+    def __init__(self, dims: PagedAttentionDims, codec: Fp8Codec, model: ConformanceModel, tiles: int) -> None:
         self.dims, self.codec, self.model = dims, codec, model
         self.exp_rel = model.exp_ulps * 2.0 ** -23        # ulp(y) <= 2**-23 y for normal y
         self.softmax_scale = torch.tensor(dims.softmax_scale, dtype=torch.float32)
@@ -147,27 +163,31 @@ class EnvelopeBuilder:
         self.states = torch.zeros((dims.batch * tiles, dims.nkv, rows, 2 * dims.head_dim + 5), dtype=torch.float64)
         self.p_elements = 0
         self.flippable = 0
+        self.degenerate_rows = 0                                  # set by :meth:`fold`
         self.spread = torch.zeros((dims.batch * tiles, dims.nkv, rows, 1), dtype=torch.float64)
         self._states, self._spread = self.states.numpy(), self.spread.numpy()     # chunk writes through these
         # Step 8: the degenerate (tile, row)s' hulls, and the codec's quantization error of a_t = p_scale P8
         # against the kernel's own P: RN(P scale) (1 rounding), the scale and p_scale (2 more: (1 +- u)**3),
         # the codec's own (relative, and absolute in units of p_scale).
-        self.hulls: list = []
+        self.hulls: list[Hull] = []
         rho_lo, rho_hi, alpha = quantization_error(codec, FP8_MAX * p_max_hi * (1 + U32))
         self.code_error = (rho_lo * (1 - U32) ** 3, rho_hi * (1 + U32) ** 3, alpha * self.ps_hi * (1 + U32))
 
     # -- steps 1-2 (block layout [Q, N, R, BS]) ---------------------------------------------------------
-    def scores(self, raw, abs_sum, grid, q_scale, k_scale, magnitude):
+    def scores(self, raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, q_scale: torch.Tensor,
+               k_scale: torch.Tensor, magnitude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(S_lo, S_hi, E1) float32 / float64 per block from the exact ``raw`` and ``abs_sum`` sums."""
         e1 = score_bounds(raw, abs_sum, grid, self.dims.head_dim, self.model, magnitude)
         return self._scaled(raw, e1, q_scale, k_scale) + (e1,)
 
-    def _scaled(self, raw, e1, q_scale, k_scale):
+    def _scaled(self, raw: torch.Tensor, e1: torch.Tensor, q_scale: torch.Tensor,
+                k_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raw_lo, raw_hi = raw_interval(raw, e1, self.model)
         return dequant_interval(raw_lo, raw_hi, q_scale, k_scale, self.softmax_scale, self.model)
 
     # -- steps 3-4 (tile layout [P, N, R, T]) -----------------------------------------------------------
-    def softmax(self, s_lo, s_hi, visible, distance, p8) -> TileBounds:
+    def softmax(self, s_lo: np.ndarray, s_hi: np.ndarray, visible: np.ndarray, distance: np.ndarray,
+                p8: np.ndarray) -> TileBounds:
         """Steps 3-4 on one tile layout (:class:`TileBounds`); the P scale's bounds are
         the builder's constants ``ps_lo``, ``ps_hi``. numpy arrays in and out (module note on numpy).
 
@@ -207,7 +227,7 @@ class EnvelopeBuilder:
             p8_hi.reshape(-1)[at] = codes[1]
         return TileBounds(m[0], m[1], e[0], e[1], p8_lo, p8_hi)
 
-    def _p_width(self, s, m, visible) -> np.ndarray:
+    def _p_width(self, s: np.ndarray, m: np.ndarray, visible: np.ndarray) -> np.ndarray:
         """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
         golden's: both exponentiate an x in ``[S_lo - m_hi, S_hi - m_lo]`` (rounded: 2 ulp of x) within
         ``exp_ulps`` (the golden's within half an ulp), so ``P / P_g`` lies in ``exp(+-w) (1 +- 2**-20)``
@@ -219,28 +239,33 @@ class EnvelopeBuilder:
         x_ulps = 2 * ulp32(torch.from_numpy(np.maximum(np.abs(m[0]), np.abs(m[1])) + width)).numpy() * 2   # x's rounding, both ends
         w = width + x_ulps
         eps = 2 * w + (self.model.exp_ulps + 1) * 2.0 ** -22
-        return np.where(w <= 1, eps, math.inf)
+        bounded: np.ndarray = np.where(w <= 1, eps, math.inf)
+        return bounded
 
     @staticmethod
-    def _may_flip(distance, eps, visible) -> np.ndarray:
+    def _may_flip(distance: np.ndarray, eps: np.ndarray, visible: np.ndarray) -> np.ndarray:
         """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) and any
         conforming y lie within (1 +- 2 eps)(1 +- 2**-22) of each other (P, the scale 448 / max P, their
         roundings); unless a rounding boundary lies that close to y (``distance``, relative to y:
         golden.envelope.stages.boundary_distance), no conforming kernel flips it. NaN distances and
         infinite eps count as may-flip."""
         margin = (2 * eps + 2.0 ** -21) * (1 + 2.0 ** -40)      # the float64 distance's own rounding
-        return visible & ~(distance > margin)
+        may: np.ndarray = visible & ~(distance > margin)
+        return may
 
     @staticmethod
-    def _wide_rows(s_lo, s_hi, m_lo, m_hi, e_hi, visible) -> np.ndarray:
+    def _wide_rows(s_lo: np.ndarray, s_hi: np.ndarray, m_lo: np.ndarray, m_hi: np.ndarray, e_hi: np.ndarray,
+                   visible: np.ndarray) -> np.ndarray:
         """bool, tile layout: the scores of rows whose l may move by more than :data:`SHARPEN_WIDTH`
         relative (the P-weighted mean width of their scores, ``P ~ exp(S_hi - m_hi)``)."""
         weight = upper_relative_to_max(*(torch.from_numpy(x) for x in (e_hi, s_hi, m_lo, m_hi))).numpy()
         width = np.where(visible, (s_hi - s_lo).astype(np.float64), 0.0)
         mean = row_sums(weight * width) / np.maximum(row_sums(weight), 1e-300)
-        return visible & (mean > SHARPEN_WIDTH) & (width > 0)
+        wide: np.ndarray = visible & (mean > SHARPEN_WIDTH) & (width > 0)
+        return wide
 
-    def denominator(self, s_lo, s_hi, m_lo, m_hi, e_lo, e_hi, visible):
+    def denominator(self, s_lo: Array, s_hi: Array, m_lo: Array, m_hi: Array, e_lo: Array, e_hi: Array,
+                    visible: Array) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(L_lo, L_hi, n) [..., 1]: bounds on ``sum_t exp((S_t - m_hi)(1 -+ delta))`` and so on the kernel's
         ``l_j``, relative to ``exp(m_hi - m_j)`` (module docstring, step 6; the fold multiplies by the
         weight of ``m_hi``): the terms between ``e_lo = exp(S_lo - m_hi)`` and ``e_hi exp(m_lo - m_hi) =
@@ -271,7 +296,8 @@ class EnvelopeBuilder:
         return torch.from_numpy(l_lo), torch.from_numpy(l_hi), torch.from_numpy(n)
 
     # -- step 5 -----------------------------------------------------------------------------------------
-    def values(self, golden_mm2, low_dev, high_dev, abs_sum, n, v_scale):
+    def values(self, golden_mm2: torch.Tensor, low_dev: torch.Tensor, high_dev: torch.Tensor, abs_sum: torch.Tensor,
+               n: torch.Tensor, v_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(O_lo, O_hi) [..., D] float64 of one tile: the golden's exact ``P8 @ v8`` moved by the flippable
         codes' deviations (``low_dev``, ``high_dev`` >= 0, already multiplied out), within the any-order
         bound of a sum of ``n`` terms with ``abs_sum = P8_hi @ |v8|`` (so every partial sum is at most
@@ -355,7 +381,9 @@ class EnvelopeBuilder:
         self._states[index] = np.where(any_visible, state, 0.0)
         self._spread[index] = np.where(any_visible, spread, 0.0)
 
-    def _sharpen(self, c: Chunk, abs_sum, e1, distance, blocks, s_lo, s_hi, bounds: TileBounds):
+    def _sharpen(self, c: Chunk, abs_sum: torch.Tensor, e1: torch.Tensor, distance: np.ndarray,
+                 blocks: tuple[torch.Tensor, torch.Tensor], s_lo: np.ndarray, s_hi: np.ndarray,
+                 bounds: TileBounds) -> tuple[np.ndarray, np.ndarray, TileBounds]:
         """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is
         uncertain enough to move l by a visible share of the tolerance, and in those rows every score that
         may be the row's max (m_j moves every x of the row); then steps 2-4 again for the rows touched.
@@ -372,23 +400,23 @@ class EnvelopeBuilder:
         # A score whose P is below NEGLIGIBLE_P even at the top of its plain interval moves l by less than
         # n NEGLIGIBLE_P relative and its code cannot leave 0 (448 P is far below E4M3's smallest
         # subnormal): narrowing it changes nothing visible, and on degenerate rows it is most of them.
-        e1 = e1.numpy()
-        flagged = c.to_blocks(torch.from_numpy((either | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P))).numpy() & (e1 > 0)
+        plain_e1 = e1.numpy()
+        flagged = c.to_blocks(torch.from_numpy((either | maybe_max) & (bounds.e_hi >= NEGLIGIBLE_P))).numpy() & (plain_e1 > 0)
         at = np.nonzero(flagged)
         if not at[0].size:
             return s_lo, s_hi, bounds
         products = c.q_blocks.numpy()[at[0], at[1], at[2], :] * c.k_blocks.numpy()[at[0], at[1], :, at[3]]
         raw = c.raw64.numpy()[at]
-        e1 = np.minimum(e1[at], refine_score_bounds(torch.from_numpy(products), torch.from_numpy(raw),
-                                                    torch.from_numpy(abs_sum.numpy()[at])).numpy())
+        sharp_e1 = np.minimum(plain_e1[at], refine_score_bounds(torch.from_numpy(products), torch.from_numpy(raw),
+                                                                torch.from_numpy(abs_sum.numpy()[at])).numpy())
         # Steps 1-2 again for the sharpened scores only (elementwise: the others keep their intervals).
         q_scale, k_scale = c.q_scale.numpy()[at[0], at[1], at[2], 0], c.k_scale.numpy()[at[0], at[1], 0, at[3]]
-        lo, hi = self._scaled(*(torch.from_numpy(x) for x in (raw, e1, q_scale, k_scale)))
+        lo, hi = self._scaled(*(torch.from_numpy(x) for x in (raw, sharp_e1, q_scale, k_scale)))
         sharp = []
-        for plain, new in zip(blocks, (lo, hi)):
-            plain = plain.numpy().copy()
-            plain[at] = new.numpy()
-            sharp.append(c.to_tiles(torch.from_numpy(plain)).numpy())
+        for plain, new in zip(blocks, (lo, hi), strict=True):
+            sharpened = plain.numpy().copy()
+            sharpened[at] = new.numpy()
+            sharp.append(c.to_tiles(torch.from_numpy(sharpened)).numpy())
         s_lo, s_hi = sharp
         p8 = c.p8.numpy()
         if rows.all():
@@ -399,10 +427,10 @@ class EnvelopeBuilder:
         seen = np.broadcast_to(visible, s_lo.shape)
         again = self.softmax(s_lo[at], s_hi[at], seen[at], distance[at], p8[at])
         merged = []
-        for old, new in zip(bounds, again):
-            old = np.broadcast_to(old, s_lo.shape[:3] + old.shape[-1:]).copy()
-            old[at] = new
-            merged.append(old)
+        for old, touched in zip(bounds, again, strict=True):
+            part = np.broadcast_to(old, s_lo.shape[:3] + old.shape[-1:]).copy()
+            part[at] = touched
+            merged.append(part)
         return s_lo, s_hi, TileBounds(*merged)
 
     # -- steps 6-8 (golden/envelope/fold.py) ------------------------------------------------------------

@@ -14,16 +14,28 @@ golden/envelope/builder.py's EnvelopeBuilder keeps the per-tile states and the h
 from __future__ import annotations
 
 import math
+from typing import Protocol, TypeAlias
 
 import numpy as np
 import torch
 
-from .stages import sum_relative
 from ..intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps_arrays
 from ..model import ConformanceModel
+from ..validate import PagedAttentionDims
+from .stages import sum_relative
 
-__all__ = ["fold", "tile_hull", "row_hulls", "tile_weights", "signed_weighted_sum", "row_sums", "DEGENERATE_SPREAD",
+__all__ = ["fold", "tile_hull", "Hull", "ToTiles", "row_hulls", "tile_weights", "signed_weighted_sum", "row_sums", "DEGENERATE_SPREAD",
            "HULL_NEGLIGIBLE", "ARGUMENT_ROUNDING"]
+
+#: One chunk's degenerate (tile, row)s (:func:`tile_hull`): states row, kv head, row, low, high.
+Hull: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class ToTiles(Protocol):
+    """A chunk's map from blocks [Q, N, R, BS] to tiles [P, N, R, T]; the blocks a tile lacks hold ``fill``."""
+
+    def __call__(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor: ...
+
 
 #: A row whose scores' intervals are wider than this (in logit units) can move P by a factor e**2 or
 #: more: step 6's bound there is close to "any mixture of the V rows" (logits near 1e6, where one float32
@@ -35,8 +47,8 @@ HULL_NEGLIGIBLE = 2.0 ** -40
 _F2_ROUNDINGS = (1 + 2.0 ** -24) ** 2 - 1
 
 
-def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: ConformanceModel, tiles: int,
-         tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
+def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list[Hull], dims: PagedAttentionDims, model: ConformanceModel,
+         tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
     """float32 (lo, hi) [B, N, R, D] of ``O / l`` from the stored tiles of each row, and how many rows are
     degenerate (steps 6-8). ``states`` [B * tiles, N, R, 2D + 5] holds per (batch, tile) m_lo, m_hi, L_lo,
     L_hi (relative to m_hi), O_lo [D], O_hi [D] and the visible tokens; ``spread`` [B * tiles, N, R, 1]
@@ -47,7 +59,8 @@ def fold(states: torch.Tensor, spread: torch.Tensor, hulls: list, dims, model: C
         return _fold(states, spread, hulls, dims, model, tiles, tiles_per_row)
 
 
-def _fold(states, spread, hulls, dims, model, tiles, tiles_per_row):
+def _fold(states: torch.Tensor, spread: torch.Tensor, hulls: list[Hull], dims: PagedAttentionDims,
+          model: ConformanceModel, tiles: int, tiles_per_row: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
     """:func:`fold`, in numpy: a few rows, where torch's per-call cost would dominate. Elementwise float64
     arithmetic gives the same bits in both; each exp, float64 sum and matrix product stays torch's."""
     d = dims.head_dim
@@ -98,10 +111,10 @@ def _fold(states, spread, hulls, dims, model, tiles, tiles_per_row):
     # unbounded by step 6 (step 8 bounds it: such a row is degenerate).
     unbounded = big_l_lo <= 0
     q_lo, q_hi = np.where(unbounded, -math.inf, q_lo), np.where(unbounded, math.inf, q_hi)
-    spread = spread.numpy().reshape(dims.batch, tiles, dims.nkv, -1).transpose(0, 2, 3, 1)    # [B, N, R, T]
-    degenerate = ((spread > DEGENERATE_SPREAD) & used).any(axis=-1)
+    tile_spread = spread.numpy().reshape(dims.batch, tiles, dims.nkv, -1).transpose(0, 2, 3, 1)    # [B, N, R, T]
+    degenerate = ((tile_spread > DEGENERATE_SPREAD) & used).any(axis=-1)
     if hulls:                                             # step 8: both bound the same quotient
-        bounded = row_hulls(st, torch.from_numpy(spread), torch.from_numpy(used), torch.from_numpy(rows_tiles.copy()),
+        bounded = row_hulls(st, torch.from_numpy(tile_spread), torch.from_numpy(used), torch.from_numpy(rows_tiles.copy()),
                             torch.from_numpy(wl_hi), torch.from_numpy(big_l_lo), torch.from_numpy(w_abs).expand(wl_hi.shape),
                             tiles, hulls)
         if bounded is not None:
@@ -128,7 +141,9 @@ def _exp(x: np.ndarray) -> np.ndarray:
     return torch.exp(torch.from_numpy(x)).numpy()
 
 
-def row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles: int, hulls: list):
+def row_hulls(st: torch.Tensor, spread: torch.Tensor, used: torch.Tensor, counts: torch.Tensor, wl_hi: torch.Tensor,
+              big_l_lo: torch.Tensor, w_abs: torch.Tensor, tiles: int,
+              hulls: list[Hull]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor] | None:
     """Step 8 at the fold: (rows, lo, hi) for the degenerate rows, the output as a near-convex combination
     of the tiles' means ``mu_j`` (``out = sum_j beta_j (1 + g_j) mu_j / sum_j beta_j (1 + g'_j)`` with
     ``beta_j = w_j l_j >= 0`` and ``|g|, |g'| <= gamma``, the recurrence's roundings): between the least
@@ -176,8 +191,9 @@ def row_hulls(st, spread, used, counts, wl_hi, big_l_lo, w_abs, tiles: int, hull
     return rows, low - extra - slack * (low.abs() + extra), high + extra + slack * (high.abs() + extra)
 
 
-def tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index, *, model: ConformanceModel,
-              code_error: tuple[float, float, float]) -> tuple:
+def tile_hull(degenerate: torch.Tensor, visible: torch.Tensor, e_hi: torch.Tensor, s_hi: torch.Tensor,
+              m_lo: torch.Tensor, v: torch.Tensor, v_scale: torch.Tensor, to_tiles: ToTiles, index: torch.Tensor, *,
+              model: ConformanceModel, code_error: tuple[float, float, float]) -> Hull:
     """Step 8 for the (tile, row)s of this chunk whose scores are uncertain by more than
     :data:`DEGENERATE_SPREAD`: bounds on the tile's own mean ``mu_j = O_j / l_j`` (per channel) that do
     not depend on the scores' spread: ``(states row, kv head, row, low, high)`` [F, D] for the fold, kept
@@ -233,10 +249,10 @@ def tile_hull(degenerate, visible, e_hi, s_hi, m_lo, v, v_scale, to_tiles, index
     c_lo, c_hi, alpha = code_error
     lam = lam[:, None]
 
-    def g_up(x):
+    def g_up(x: torch.Tensor) -> torch.Tensor:
         return torch.where(x >= 0, x * c_hi / (1 - lam), x * c_lo / (1 + lam))
 
-    def g_down(x):
+    def g_down(x: torch.Tensor) -> torch.Tensor:
         return torch.where(x >= 0, x * c_lo / (1 + lam), x * c_hi / (1 - lam))
     high, low = g_up(top), g_down(bottom)
     # + the two float32 products after MM2 where subnormal (2**-150 each), over l_j >= 1.
@@ -272,11 +288,13 @@ def tile_weights(m_lo: torch.Tensor, m_hi: torch.Tensor, mu: torch.Tensor, n_til
 
     float64: the arguments carry 4 roundings (the difference, the product, two additions), covered by
     4 units of relative margin on ``m - mu``; ``exp`` itself 2 units and the product by the slack 1: 3."""
-    w_lo, w_hi, w_abs = _tile_weights(*(x.detach().double().numpy() for x in (m_lo, m_hi, mu, n_tiles)), model)
+    lo, hi, mid, n = (x.detach().double().numpy() for x in (m_lo, m_hi, mu, n_tiles))
+    w_lo, w_hi, w_abs = _tile_weights(lo, hi, mid, n, model)
     return torch.from_numpy(w_lo), torch.from_numpy(w_hi), torch.from_numpy(w_abs).expand(w_hi.shape)
 
 
-def _tile_weights(m_lo: np.ndarray, m_hi: np.ndarray, mu: np.ndarray, n: np.ndarray, model: ConformanceModel):
+def _tile_weights(m_lo: np.ndarray, m_hi: np.ndarray, mu: np.ndarray, n: np.ndarray,
+                  model: ConformanceModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`tile_weights` on float64 numpy arrays (the fold's), ``w_abs`` [..., 1]."""
     many = n > 1
     factors = np.maximum(n - 1, 0.0)
@@ -290,7 +308,8 @@ def _tile_weights(m_lo: np.ndarray, m_hi: np.ndarray, mu: np.ndarray, n: np.ndar
     return w_lo, w_hi, w_abs
 
 
-def signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor, o: torch.Tensor):
+def signed_weighted_sum(positive_weight: torch.Tensor, negative_weight: torch.Tensor,
+                        o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``(sum_t pw_t max(o_t, 0) + nw_t min(o_t, 0), the same with |.|)`` over the tile axis of
     ``o`` [..., T, D], weights [..., T]: the fold's N bounds and the magnitude its rounding bound reads.
     One [..., T, D] temporary at a time (the upstream cases have 65 tiles of 128 channels per row)."""

@@ -14,16 +14,17 @@ tests/golden/test_stage_bounds.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from ..codec import Fp8Codec
 from ..intervals import U32, float64_slack, lowbit, outward_sums, step32, within_ulps_arrays
-from ..sum_bounds import residue_bound, sum_error_bound
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
+from ..sum_bounds import residue_bound, sum_error_bound
 
 __all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds",
            "sum_relative", "quantization_error", "upper_relative_to_max", "mm2_bounds"]
@@ -31,12 +32,10 @@ __all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_inter
 def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
     """float64[256]: the largest power of two dividing each code's value (inf for zero codes): the
     grid every product with that operand lies on (the exactness certificate's ``g``)."""
-    cached = getattr(codec, "_pfa_grid", None)
-    if cached is None:
-        cached = lowbit(torch.from_numpy(codec.decode_array(np.arange(256, dtype=np.uint8)).copy())).numpy()
-        cached = np.where(np.isfinite(codec.decode_array(np.arange(256, dtype=np.uint8))), cached, math.inf)
-        codec._pfa_grid = cached
-    return cached
+    def make() -> np.ndarray:
+        grid = lowbit(torch.from_numpy(codec.decode_array(np.arange(256, dtype=np.uint8)).copy())).numpy()
+        return np.where(np.isfinite(codec.decode_array(np.arange(256, dtype=np.uint8))), grid, math.inf)
+    return codec.derived("grid of codes", make)
 
 
 #: grid_exponents_of_codes's value for a zero code (its grid is infinite); POWERS_OF_GRID reads it as inf.
@@ -48,12 +47,10 @@ POWERS_OF_GRID = np.where(np.arange(256) == NO_GRID + 128, math.inf, np.ldexp(1.
 def grid_exponents_of_codes(codec: Fp8Codec) -> np.ndarray:
     """int8[256]: ``log2`` of :func:`grid_of_codes` (NO_GRID for zero codes): a column's grid is the
     minimum over its codes, taken on one byte per code (a float64 lookup moves eight)."""
-    cached = getattr(codec, "_pfa_grid_exponents", None)
-    if cached is None:
+    def make() -> np.ndarray:
         grid = grid_of_codes(codec)
-        cached = np.where(np.isfinite(grid), np.log2(np.where(np.isfinite(grid), grid, 1.0)), NO_GRID).astype(np.int8)
-        codec._pfa_grid_exponents = cached
-    return cached
+        return np.where(np.isfinite(grid), np.log2(np.where(np.isfinite(grid), grid, 1.0)), NO_GRID).astype(np.int8)
+    return codec.derived("grid exponents of codes", make)
 
 
 def column_grid_exponents(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
@@ -62,14 +59,17 @@ def column_grid_exponents(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
     contiguous, as the cache holds them. Two codes at a time (a 65536-entry table of pair minima):
     the lookup is the cost, and it halves."""
     if rows.shape[-1] % 2:
-        return np.take(grid_exponents_of_codes(codec), rows).min(axis=-1)
-    pairs = getattr(codec, "_pfa_grid_exponent_pairs", None)
-    if pairs is None:
+        single: np.ndarray = np.take(grid_exponents_of_codes(codec), rows).min(axis=-1)
+        return single
+    def make() -> np.ndarray:
         single = grid_exponents_of_codes(codec)
         index = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
-        pairs = codec._pfa_grid_exponent_pairs = np.minimum(single[index[:, 0]], single[index[:, 1]])
+        minima: np.ndarray = np.minimum(single[index[:, 0]], single[index[:, 1]])
+        return minima
+    pairs = codec.derived("grid exponents of code pairs", make)
     halves = np.take(pairs, np.ascontiguousarray(rows).view(np.uint16), mode="clip")
-    return halves.min(axis=-1)
+    least: np.ndarray = halves.min(axis=-1)
+    return least
 
 
 def boundary_distance(codec: Fp8Codec, p: torch.Tensor) -> torch.Tensor:
@@ -94,8 +94,7 @@ def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarr
     boundaries lie at least 2**15 patterns apart), and [2 * 65536] ``lower``, ``upper`` at ``2 i`` for the
     values below the split and ``2 i + 1`` for those at or above it: the last boundary at or below them
     (-inf if none) and the first above them (inf if none)."""
-    cached = getattr(codec, "_pfa_brackets", None)
-    if cached is None:
+    def make() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         boundaries = codec.rounding_boundaries().numpy().astype(np.float32)    # float32 values: exact
         starts = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)             # the first pattern of each top
         patterns = boundaries.view(np.uint32)
@@ -108,8 +107,8 @@ def boundary_brackets(codec: Fp8Codec) -> tuple[np.ndarray, np.ndarray, np.ndarr
         lower, upper = np.empty(2 << 16, np.float32), np.empty(2 << 16, np.float32)
         lower[0::2], lower[1::2] = ends[first_inside], ends[past]
         upper[0::2], upper[1::2] = ends[first_inside + 1], ends[past + 1]
-        cached = codec._pfa_brackets = (split, lower, upper)
-    return cached
+        return split, lower, upper
+    return codec.derived("rounding brackets", make)
 
 
 def quantization_error(codec: Fp8Codec, top: float) -> tuple[float, float, float]:
@@ -121,7 +120,7 @@ def quantization_error(codec: Fp8Codec, top: float) -> tuple[float, float, float
     codec's subnormals, the calculator's integer rounding; the saturating last interval excepted) the error
     is taken absolutely, ``alpha``, the
     largest ``|v - y|`` there; above it relatively. Kept on the codec, per ``top``."""
-    cache = codec.__dict__.setdefault("_pfa_quantization_error", {})
+    cache: dict[float, tuple[float, float, float]] = codec.derived("quantization error by top", dict)
     if top in cache:
         return cache[top]
     starts = np.concatenate([[0.0], codec.rounding_boundaries().numpy()])
@@ -149,7 +148,8 @@ def column_grids(codec: Fp8Codec, rows: np.ndarray) -> np.ndarray:
     """float64 [...]: each column's grid (:func:`column_grid_exponents` as a power of two, inf where a
     column has none), from ``rows`` [..., D] uint8 codes with D contiguous: the exactness certificate's
     grid of a Q row or a K column."""
-    return np.take(POWERS_OF_GRID, column_grid_exponents(codec, rows).astype(np.int16) + 128)
+    grids: np.ndarray = np.take(POWERS_OF_GRID, column_grid_exponents(codec, rows).astype(np.int16) + 128)
+    return grids
 
 
 def score_bounds(raw: torch.Tensor, abs_sum: torch.Tensor, grid: torch.Tensor, terms: int,
@@ -184,11 +184,12 @@ def raw_interval(raw: torch.Tensor, e1: torch.Tensor, model: ConformanceModel) -
     (float64) and the bound ``e1`` (the exact model: the sum rounded once, as the golden does)."""
     if model.sums == "exact":
         return raw.float(), raw.float()
-    raw, e1 = raw.detach().double().numpy(), e1.detach().double().numpy()      # each read once, negated in numpy
-    return outward_sums(raw, -e1, raw, e1)
+    exact, bound = raw.detach().double().numpy(), e1.detach().double().numpy()      # each read once, negated in numpy
+    return outward_sums(exact, -bound, exact, bound)
 
 
-def dequant_interval(raw_lo, raw_hi, q_scale, k_scale, softmax_scale, model: ConformanceModel):
+def dequant_interval(raw_lo: torch.Tensor, raw_hi: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                     softmax_scale: float | torch.Tensor, model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (S_lo, S_hi) from float32 raw bounds (module docstring, step 2).
 
     F2 lets a kernel multiply the dequant scales in any order: ``(raw q) k``, ``(raw k) q`` or
@@ -234,13 +235,13 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     over the ``x < 0`` part, then 1 joined where ``x_hi = 0``)."""
     slack = float64_slack(_EXP64_ROUNDINGS)
     if x_lo.shape != x_hi.shape:
-        x_lo, x_hi = torch.broadcast_tensors(x_lo, x_hi)
-    x_lo, x_hi = x_lo.numpy(), x_hi.numpy()
+        x_lo, x_hi = torch.broadcast_tensors(x_lo, x_hi)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    lo, hi = x_lo.numpy(), x_hi.numpy()
     # One exp for both ends (elementwise: the same bits as two), on the float64 pair [2, ...] built in numpy:
     # the widening is exact, and the clamp is a minimum with a number (a NaN passes unchanged, as torch's).
     # (numpy from here: a few operations on the flagged elements, where torch's per-call cost would dominate.)
-    t = np.empty((2,) + x_lo.shape)
-    t[0], t[1] = x_lo, x_hi
+    t = np.empty((2,) + lo.shape)
+    t[0], t[1] = lo, hi
     np.minimum(t[1, ...], _BELOW_ZERO, out=t[1, ...])
     t = torch.exp(torch.from_numpy(t)).numpy()
     t_lo, t_hi = t[0, ...], t[1, ...]                 # in place (arrays, even 0-d ones)
@@ -254,7 +255,7 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     if capped.any():
         p_hi = step32(p_hi, capped & (p_hi.astype(np.float64) >= np.float64(1 + ulps * 2.0 ** -24)), -1)   # P > 0 here
     # In place from here: p_lo and p_hi are fresh arrays of this call.
-    zero_hi, zero_lo = x_hi == 0, x_lo == 0          # x_lo == 0: x is 0 in every execution
+    zero_hi, zero_lo = hi == 0, lo == 0          # x_lo == 0: x is 0 in every execution
     np.maximum(p_hi, np.float32(1), out=p_hi, where=zero_hi)
     np.maximum(p_lo, np.float32(0), out=p_lo)
     np.copyto(p_lo, np.float32(1), where=zero_lo)
@@ -262,7 +263,8 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     return torch.from_numpy(p_lo.astype(np.float32, copy=False)), torch.from_numpy(p_hi.astype(np.float32, copy=False))
 
 
-def mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
+def mm2_bounds(golden_p8: torch.Tensor, p8_lo: torch.Tensor, p8_hi: torch.Tensor, v: torch.Tensor,
+               per_tile_sum: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(low, high, magnitude) per tile [P, N, R, D]: how far ``P8 @ v8`` can move below and above the
     golden's when each flippable code takes either end (low, high >= 0), and ``P8_hi @ |v8|``, which
     bounds every partial sum of a conforming MM2 (step 5). Blocks are [Q, N, R, BS].
@@ -284,16 +286,16 @@ def mm2_bounds(golden_p8, p8_lo, p8_hi, v, per_tile_sum):
     if pairs == moved.shape[0] * moved.shape[1]:
         # Every pair holds one (a row of its own, typically): the operands as they lie, without gathering
         # each block's V (row-major, the order nonzero lists the pairs in, and as contiguous as a gather).
-        def take(x):
+        def take(x: torch.Tensor) -> torch.Tensor:
             return x.reshape((pairs,) + x.shape[2:])
 
-        def put(x):
+        def put(x: torch.Tensor) -> torch.Tensor:
             return x.reshape(shape)
     else:
-        def take(x):
+        def take(x: torch.Tensor) -> torch.Tensor:
             return x[blocks]
 
-        def put(x):
+        def put(x: torch.Tensor) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.float64).index_put(blocks, x)
     spread = torch.bmm(take(width), take(v_abs))                               # [F, R, D]
     signed = torch.bmm(take(2 * golden_p8 - p8_lo - p8_hi), take(v))
@@ -307,10 +309,10 @@ def sum_relative(n: torch.Tensor, model: ConformanceModel) -> torch.Tensor:
     per = 2.0 if model.sums == "truncating" else 1.0
     if n.dtype == torch.float64:
         # numpy: a dozen float64 operations on a count per row (IEEE in either library; a NaN count gives 0).
-        n = n.detach().numpy()
-        tree = per * np.maximum(n - 1, 0.0) * U32 * (1 + n * 2.0 ** -23)
-        kahan = 2 * U32 + 16 * n * U32 * U32
-        return torch.from_numpy(np.asarray(np.where(n >= 2, np.maximum(tree, kahan), 0.0)))
+        count = n.detach().numpy()
+        tree64 = per * np.maximum(count - 1, 0.0) * U32 * (1 + count * 2.0 ** -23)
+        kahan64 = 2 * U32 + 16 * count * U32 * U32
+        return torch.from_numpy(np.asarray(np.where(count >= 2, np.maximum(tree64, kahan64), 0.0)))
     tree = per * (n - 1).clamp(min=0) * U32 * (1 + n * 2.0 ** -23)
     kahan = 2 * U32 + 16 * n * U32 * U32
     return torch.where(n >= 2, torch.maximum(tree, kahan), 0.0)

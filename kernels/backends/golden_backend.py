@@ -9,6 +9,8 @@ what `auto` falls back to where no kernel can run (a run that then fails unless 
 """
 from __future__ import annotations
 
+import golden
+from golden.codec import get_codec
 from golden.model import EXACT_MODEL
 from kernels.backends import Backend
 
@@ -22,23 +24,17 @@ class GoldenBackend(Backend):
 
     def __init__(self, *, codec=None, loop: bool = True) -> None:
         """``loop=False`` runs the vectorized golden instead: the reference the laws compare with."""
-        from golden.codec import get_codec
-
         self.codec = get_codec(codec)
         self.loop = loop
 
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                             kv_act_seqs, *, softmax_scale=None, s2_tile=128, g_tile=None, codec=None):
-        import golden
-
         self._check_codec(codec)
         implementation = golden.paged_attention_fp8_loop if self.loop else golden.paged_attention_fp8
         return implementation(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
                               softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile, codec=self.codec)
 
     def qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None, codec=None):
-        import golden
-
         self._check_codec(codec)
         implementation = golden.qk_matmul_scale_loop if self.loop else golden.qk_matmul_scale
         return implementation(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=self.codec)

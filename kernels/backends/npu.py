@@ -27,6 +27,8 @@ import importlib.util
 
 import torch
 
+from golden.codec import SPEC_CODEC
+from golden.model import DETERMINISTIC_MODEL
 from kernels.backends import BackendUnavailable, finish_output, resolve_device_index, unwritten_output
 from kernels.backends.pypto_backend import PyptoBackend
 
@@ -42,16 +44,13 @@ class NpuBackend(PyptoBackend):
 
     def __init__(self, *, device=None, tiles: dict | None = None, pass_options: dict | None = None,
                  environ=None) -> None:
-        from golden.codec import SPEC_CODEC
-        from golden.model import DETERMINISTIC_MODEL
-
         self.device_index, self.device_source = resolve_device_index(device, environ)
         self.codec = SPEC_CODEC
         self.model = DETERMINISTIC_MODEL   # a fixed tile walk and order: the same bits every call
         self.tiles = dict(tiles or {})
         self.pass_options = pass_options
         self._check_available()
-        self._kernels: dict = {}
+        self._kernels = {}
 
     def _check_available(self) -> None:
         if importlib.util.find_spec("torch_npu") is None:
@@ -86,7 +85,7 @@ class NpuBackend(PyptoBackend):
         tensors = [self._to(t) for t in (q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                                          kv_act_seqs)]
         self._pfa_kernel(False)(*tensors, *self._kernel_arguments(dims, out))
-        torch.npu.synchronize(self.device)
+        torch.npu.synchronize(self.device)  # type: ignore[attr-defined]  # torch_npu adds torch.npu
         return finish_output(out.cpu(), kv_act_seqs, dims.s1)
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
@@ -94,5 +93,5 @@ class NpuBackend(PyptoBackend):
         out = unwritten_output((q.shape[0], k.shape[0]), dtype=torch.float32, device=self.device)
         tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else [])
         kernel(*[self._to(t) for t in tensors], out)
-        torch.npu.synchronize(self.device)
+        torch.npu.synchronize(self.device)  # type: ignore[attr-defined]  # torch_npu adds torch.npu
         return finish_output(out.cpu())

@@ -13,6 +13,8 @@ the npu; kernels/mutants/kernel_level.py: a mutated copy of ours):
 """
 from __future__ import annotations
 
+from typing import Any
+
 from kernels.backends import Backend
 from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
 
@@ -29,6 +31,11 @@ class PyptoBackend(Backend):
 
     supported_shapes = KERNEL_SHAPES
     run_mode: str = "SIM"
+    # Set by the subclasses (above), declared here for the hooks below.
+    _pypto: Any                              # the pypto module (it ships no types)
+    tiles: dict[str, Any]
+    pass_options: dict[str, Any] | None
+    _kernels: dict[tuple[object, ...], Any]  # the jit wrappers built so far
     kernel_errors_spoil_process = True       # W7: a failure inside pypto's trace cannot be reset
     shrink_calls = 20                        # a sim case costs seconds: shrinking is bounded by count
 

@@ -40,9 +40,12 @@ import re
 
 import torch
 
+from golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
 from golden.errors import UsageError
-from kernels.backends import BackendUnavailable, KernelRunError, Skip, finish_output, unwritten_output
-from kernels.backends import sim_cost
+from golden.model import DETERMINISTIC_MODEL
+from golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
+from kernels import pypto_workarounds as pw
+from kernels.backends import BackendUnavailable, KernelRunError, Skip, finish_output, sim_cost, unwritten_output
 from kernels.backends.pypto_backend import PyptoBackend
 
 __all__ = ["SimBackend", "LEVELS", "SIM_BUDGET_S", "calculator_error", "PYPTO_CODEC_REASON"]
@@ -82,10 +85,6 @@ class SimBackend(PyptoBackend):
             raise UsageError(f"level={level!r} must be one of {LEVELS}")
         if e4m3 not in ("pypto", "spec"):
             raise UsageError(f"e4m3={e4m3!r} must be 'pypto' (the calculator's own E4M3) or 'spec' (SPEC §3)")
-        from golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
-        from golden.model import DETERMINISTIC_MODEL
-        from kernels import pypto_workarounds as pw
-
         try:
             self._pypto = pw.load_pypto()
         except pw.PyptoUnavailable as exc:
@@ -107,14 +106,14 @@ class SimBackend(PyptoBackend):
         self.last_report = None
         self.max_seconds = max_seconds
         self.memory_cap = memory_cap
-        self._kernels: dict = {}
+        self._kernels = {}
 
     def notes(self) -> list[str]:
         """W9's fast path, when it is off here: the run header says so once (else every call would
         quietly trace the kernel again)."""
         why = self._pw.reverify_unavailable() if self.level == "execute" else None
-        return [f"W9's re-run of a traced graph is off here ({why}): every call traces the kernel again "
-                "(the same numbers, a few seconds more per call)"] if why else []
+        return [(f"W9's re-run of a traced graph is off here ({why}): every call traces the kernel again "
+                 "(the same numbers, a few seconds more per call)")] if why else []
 
     def estimate(self, config) -> sim_cost.Estimate:
         """The predicted seconds and peak memory of executing ``config`` here (kernels/backends/sim_cost.py)."""
@@ -160,8 +159,6 @@ class SimBackend(PyptoBackend):
     def compile_paged_attention(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                                 kv_act_seqs, *, softmax_scale=None, s2_tile=128, g_tile=None):
         """Compile only (no numbers); returns the RunCapture (seconds, cost-model figures, text)."""
-        from golden.validate import check_paged_attention_args
-
         dims = check_paged_attention_args(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                                           kv_act_seqs, softmax_scale=softmax_scale, s2_tile=s2_tile,
                                           g_tile=g_tile)
@@ -211,8 +208,6 @@ class SimBackend(PyptoBackend):
         return self._at12(q, k, scale, q_scale, k_scale, execute=True)
 
     def compile_qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None):
-        from golden.validate import check_qk_matmul_scale_args
-
         _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
         self._at12(q, k, scale, q_scale, k_scale, execute=False)
         return self.last_report

@@ -30,6 +30,8 @@ import dataclasses
 
 import torch
 
+from golden.paging import blocks_needed, ceil_div, visible_lengths
+
 __all__ = ["Estimate", "Chunk", "estimate", "plan", "chunk_inputs", "MEMORY_CAP_BYTES"]
 
 # Fitted to the six upstream cases (one process per case, OMP_NUM_THREADS=1, 2026-11-30; per call,
@@ -84,9 +86,6 @@ def plan(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: 
     """The calls of one execute of batches with kv_act_seqs ``lengths``: the whole batch when it fits
     ``cap``, else the fewest equal batch chunks whose largest fits, on compacted caches (a single batch
     each is the floor, taken even when it does not fit). ``g_steps`` is group / g_tile."""
-    from golden.attention import visible_lengths
-    from golden.paging import blocks_needed, ceil_div
-
     batch = len(lengths)
     steps = ceil_div(visible_lengths(lengths, s1), s2_tile).sum(dim=1).tolist()
     need = blocks_needed(lengths, block_size).tolist()
@@ -121,8 +120,6 @@ def chunk_inputs(tensors: dict, batches: range, s1: int) -> dict:
     """The inputs of ``batches`` alone, on caches compacted to the blocks they own (at least one block:
     the kernel gathers -1 entries from block 0), the table renumbered to match and as wide as before;
     entries past a row's valid blocks become -1 (never read, SPEC §2 item 2)."""
-    from golden.paging import blocks_needed
-
     table, lengths = tensors["block_table"], tensors["kv_act_seqs"]
     bs = tensors["k_cache"].shape[1]
     rows = table[batches.start:batches.stop].clone()

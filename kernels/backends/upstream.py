@@ -33,13 +33,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+from collections.abc import Callable
+from typing import Any
 
 from golden.errors import UsageError, check_known
-
+from golden.model import SPEC_MODEL
 from kernels.backends import BackendUnavailable, KernelSource, spec_codec_options
+from kernels.backends.loader import import_named_module, load_file_module
 from kernels.backends.npu import NpuBackend
+from kernels.backends.pypto_backend import PyptoBackend
 from kernels.backends.sim import SimBackend
 from kernels.config import KERNEL_SHAPES
+from kernels.jit import jit
 
 __all__ = ["UPSTREAM_FUNCTION", "UpstreamTileConfig", "upstream_tile_config", "load_kernel", "UpstreamKernelBackend",
            "UpstreamNpuBackend", "parse_name", "make_backend"]
@@ -60,9 +65,11 @@ class UpstreamTileConfig:
     v2_tile_shape: list
 
 
-def upstream_tile_config(*, g_tile: int, s2_tile: int, factory=None, overrides: dict | None = None):
-    """PyPTO-Gym's create_config rule for one call (module docstring), built by ``factory``."""
-    fields = dict(g_tile=g_tile, s2_tile=s2_tile, c1_tile_shape=_CUBE, v1_tile_shape=[128, 128], c2_tile_shape=_CUBE,
+def upstream_tile_config(*, g_tile: int, s2_tile: int, factory: Callable[..., Any] | None = None,
+                         overrides: dict[str, Any] | None = None) -> Any:
+    """PyPTO-Gym's create_config rule for one call (module docstring), built by ``factory`` (the kernel
+    file's own PfaTileShapeConfig, or :class:`UpstreamTileConfig`)."""
+    fields: dict[str, Any] = dict(g_tile=g_tile, s2_tile=s2_tile, c1_tile_shape=_CUBE, v1_tile_shape=[128, 128], c2_tile_shape=_CUBE,
                   v2_tile_shape=[128, 256])
     check_known(f"tiles={overrides!r}", "field", overrides or {}, sorted(fields))
     fields.update(overrides or {})
@@ -85,8 +92,6 @@ def parse_name(name: str) -> tuple[str, str, str]:
 
 def _import(source: str):
     """The module of a kernel file (a path: it ends in .py or holds a /) or an importable module."""
-    from kernels.backends.loader import import_named_module, load_file_module
-
     try:
         if source.endswith(".py") or "/" in source:
             return load_file_module(source, prefix="_pfa_upstream_")
@@ -118,11 +123,12 @@ def load_kernel(source: str, function: str = UPSTREAM_FUNCTION):
     return fn, (wrapped if wrapped is not fn else None), module
 
 
-class _UpstreamKernel:
+class _UpstreamKernel(PyptoBackend):
     """A PyPTO-Gym-convention kernel behind a PyptoBackend's hooks (kernels/backends/pypto_backend.py):
     its own jit wrapper (the file's runtime and pass options, the backend's run mode and pass verify),
     its arguments after the tensors (softmax_scale, the create_config tiles), no AT-12 entry. Mixed in
-    before SimBackend or NpuBackend, which do everything else (W9, batch chunks, the device)."""
+    before SimBackend or NpuBackend (both PyptoBackends, after it in the MRO), which do everything else
+    (W9, batch chunks, the device)."""
 
     def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
                  supported: dict | None = None, **options) -> None:
@@ -139,7 +145,6 @@ class _UpstreamKernel:
         self._factory = getattr(self._module, "PfaTileShapeConfig", None)
         # A kernel from a file is not ours to vouch for: SPEC §4.1 as written judges it, which lets two calls
         # take their freedoms differently (our kernel on the sim declares DETERMINISTIC_MODEL).
-        from golden.model import SPEC_MODEL
         self.model = SPEC_MODEL
 
     def tile_config(self, dims):
@@ -147,8 +152,6 @@ class _UpstreamKernel:
                                     overrides=self.tile_overrides)
 
     def _make_pfa_kernel(self, *, run_mode, pass_verify: bool):
-        from kernels.jit import jit
-
         return jit(run_mode=run_mode, pass_verify=pass_verify,
                    runtime_options=getattr(self._jit, "_runtime_options", None),
                    pass_options=getattr(self._jit, "_pass_options", None))(self._fn)

@@ -9,7 +9,6 @@ false reds (goal 0); tests/golden/test_envelope.py holds the envelope against th
 from __future__ import annotations
 
 from golden.errors import UsageError
-
 from kernels.conforming.kernel import ConformingKernel, Variant
 
 __all__ = ["VARIANTS", "Variant", "ConformingKernel", "get_variant"]

@@ -16,6 +16,10 @@ from __future__ import annotations
 import dataclasses
 
 from golden.errors import UsageError
+from kernels.backends.sim import SimBackend
+from kernels.mutants.golden_level import GOLDEN_MUTANTS
+from kernels.mutants.kernel_level import KERNEL_MUTANTS, make_kernel_mutant
+from kernels.mutants.staged import StagedGolden
 
 __all__ = ["Mutant", "MUTANTS", "LEVELS", "get_mutant", "reference", "level_backend_class"]
 
@@ -30,11 +34,11 @@ class Mutant:
     equivalent: str | None        # the proof, for a mutant that cannot be killed
 
 
-def _catalog() -> dict:
-    from kernels.mutants.golden_level import GOLDEN_MUTANTS
-    from kernels.mutants.kernel_level import KERNEL_MUTANTS
+def _catalog() -> dict[str, Mutant]:
     out = {}
     for name, cls in GOLDEN_MUTANTS.items():
+        if not cls.__doc__:
+            raise TypeError(f"golden mutant {name!r} has no docstring: the docstring names its bug")
         out[name] = Mutant(name, "golden", " ".join(cls.__doc__.split()), cls.equivalent)
     for name, m in KERNEL_MUTANTS.items():
         out[f"sim/{name}"] = Mutant(f"sim/{name}", "sim", m.bug, m.equivalent)
@@ -47,8 +51,6 @@ MUTANTS: dict[str, Mutant] = _catalog()
 def get_mutant(name: str, **options):
     """The backend of mutant ``name`` (``none``: the unmutated reference of the golden level;
     ``sim/none``: our kernel on the sim backend)."""
-    from kernels.mutants.golden_level import GOLDEN_MUTANTS
-    from kernels.mutants.staged import StagedGolden
     if name == "none":
         return StagedGolden(**options)
     if name in GOLDEN_MUTANTS:
@@ -56,7 +58,6 @@ def get_mutant(name: str, **options):
         backend.name = f"mutant:{name}"
         return backend
     if name.startswith("sim/"):
-        from kernels.mutants.kernel_level import make_kernel_mutant
         return make_kernel_mutant(name.removeprefix("sim/"), **options)
     raise UsageError(f"mutant {name!r} is not in the catalog; expected none, sim/none or one of {sorted(MUTANTS)}")
 
@@ -67,9 +68,7 @@ def level_backend_class(level: str) -> type:
     if level not in LEVELS:
         raise UsageError(f"level={level!r} must be one of {LEVELS}")
     if level == "golden":
-        from kernels.mutants.staged import StagedGolden
         return StagedGolden
-    from kernels.backends.sim import SimBackend
     return SimBackend
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from golden.attention import dequantize_values
+from golden.codec import Fp8Codec
 from golden.matmul import exact_matmul
 from golden.quant import quantize_rows
 from golden.softmax_state import exp_f32
@@ -212,7 +213,7 @@ class _TruncatingCast:
     """``codec``'s E4M3 with the cast truncating toward zero (P >= 0): a code the cast rounded up is
     taken one code down. Only ``round`` (what golden.quant.quantize_rows calls) is provided."""
 
-    def __init__(self, codec) -> None:
+    def __init__(self, codec: Fp8Codec) -> None:
         self.codec = codec
 
     def round(self, y: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,9 @@ import os
 from pathlib import Path
 
 from golden.errors import UsageError
+from kernels.backends.loader import load_file_module
+from kernels.backends.sim import SimBackend
+from kernels.pypto_workarounds import cache_root
 
 __all__ = ["KernelMutant", "KERNEL_MUTANTS", "make_kernel_mutant", "mutated_source"]
 
@@ -96,8 +99,6 @@ def _mutated_module(name: str):
     """Mutant ``name``'s copy of kernels/pfa_fp8.py, written to the cache (pypto's parser reads a kernel's
     source from its file) and loaded by the one loader (kernels/backends/loader.py): ValueError when it
     does not import."""
-    from kernels.backends.loader import load_file_module
-    from kernels.pypto_workarounds import cache_root
     source = mutated_source(name)
     tag = hashlib.sha256(source.encode()).hexdigest()[:12]
     path = cache_root() / "mutants" / f"pfa_fp8_{name}_{tag}.py"
@@ -112,7 +113,6 @@ def _mutated_module(name: str):
 def make_kernel_mutant(name: str, **options):
     """A sim backend running mutant ``name`` of our kernel (``none``: the kernel itself), on the sim
     variant the mutant names (its ``e4m3``) unless ``options`` give ``e4m3``."""
-    from kernels.backends.sim import SimBackend
     if name != "none" and name not in KERNEL_MUTANTS:
         raise UsageError(f"kernel mutant {name!r} is not in the catalog; expected none or one of {sorted(KERNEL_MUTANTS)}")
     if name != "none":

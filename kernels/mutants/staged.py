@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+import golden
 from golden.attention import dequantize_scores, dequantize_values
 from golden.codec import get_codec
 from golden.matmul import exact_matmul
@@ -117,7 +118,6 @@ class StagedGolden(Backend):
         """§2.5: a row with cur == 0 is 0 (the caller's zeros: nothing to write)."""
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
-        import golden
         return golden.qk_matmul_scale(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=self.codec)
 
 

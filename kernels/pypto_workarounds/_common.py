@@ -3,15 +3,30 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
+from importlib import metadata, util
 from pathlib import Path
+from typing import Any
 
 __all__ = ["SUPPORTED_PYPTO_VERSION", "PyptoUnavailable", "CACHE_ENV", "cache_root", "installed_pypto_dir", "ensure_dir",
-           "LOCK", "STATE"]
+           "LOCK", "STATE", "mark_patched", "is_patched"]
 
 SUPPORTED_PYPTO_VERSION = "0.2.0"
 CACHE_ENV = "PFA_VERIFY_CACHE"
 LOCK = threading.RLock()
-STATE: dict = {}     # "pypto" (the module, once loaded), "calculator" (its library's path), "trace" (W9)
+STATE: dict[str, Any] = {}   # "pypto" (the module, once loaded), "calculator" (its library's path), "trace" (W9)
+#: The attribute that marks a function of pypto's we replaced, so that a second load patches nothing twice.
+_PATCH_MARK = "_pfa_verify_patched"
+
+
+def mark_patched(function: Callable[..., Any]) -> None:
+    """Mark ``function`` (our replacement of one of pypto's) as ours."""
+    setattr(function, _PATCH_MARK, True)
+
+
+def is_patched(function: object) -> bool:
+    """Whether ``function`` is a replacement :func:`mark_patched` marked."""
+    return bool(getattr(function, _PATCH_MARK, False))
 
 
 class PyptoUnavailable(RuntimeError):
@@ -28,8 +43,6 @@ def cache_root() -> Path:
 
 def installed_pypto_dir() -> Path:
     """The installed package folder, found without importing it (importing would bind the 910B ini)."""
-    from importlib import metadata, util
-
     try:
         version = metadata.version("pypto")
     except metadata.PackageNotFoundError:

@@ -183,7 +183,7 @@ class OutOfBoundsRead(RuntimeError):
     """A kernel read an input outside its shape (W12); the message names the tensor and the index."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Violation:
     """The first out-of-bounds access of a run and how many there were.
 
@@ -193,8 +193,8 @@ class Violation:
     kind: str
     input: int
     count: int
-    index: tuple = ()
-    shape: tuple = ()
+    index: tuple[int, ...] = ()
+    shape: tuple[int, ...] = ()
     dim: int = -1
     offset: int = 0
     size: int = 0
@@ -237,7 +237,7 @@ def preload() -> None:
             if cxx is None:
                 raise _common.PyptoUnavailable("W12: no C++ compiler on PATH for the bounds shim")
             proc = subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0",
-                                   str(src), "-o", f"{lib}.tmp"], capture_output=True, text=True)
+                                   str(src), "-o", f"{lib}.tmp"], capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise _common.PyptoUnavailable(f"W12: building the bounds shim failed:\n{proc.stderr[-2000:]}")
             os.replace(f"{lib}.tmp", lib)
@@ -263,7 +263,7 @@ def attach(pypto) -> None:
         raise _common.PyptoUnavailable("W12: the interface library resolved its own entry points to the shim")
     shim.pfa_bounds_set_originals(*originals)
     base = _load_base(iface)
-    for symbol, mine in zip((CALL_SYMBOL, SCALAR_SYMBOL), ours):
+    for symbol, mine in zip((CALL_SYMBOL, SCALAR_SYMBOL), ours, strict=True):
         slots = _got_slots(Path(os.path.realpath(path)), symbol)
         bound = [ctypes.c_void_p.from_address(base + s).value for s in slots]
         if not slots or any(b != mine for b in bound):
@@ -298,8 +298,8 @@ def first_violation() -> Violation | None:
     _SHIM[0].pfa_bounds_first(raw)
     kind, inp, rank = ("read" if raw[0] == 1 else "view"), int(raw[1]), int(raw[2])
     if kind == "read":
-        return Violation(kind, inp, count, index=tuple(raw[3:3 + rank]), shape=tuple(raw[7:7 + rank]))
-    return Violation(kind, inp, count, dim=int(raw[11]), offset=int(raw[12]), size=int(raw[13]), extent=int(raw[14]))
+        return Violation(kind=kind, input=inp, count=count, index=tuple(raw[3:3 + rank]), shape=tuple(raw[7:7 + rank]))
+    return Violation(kind=kind, input=inp, count=count, dim=int(raw[11]), offset=int(raw[12]), size=int(raw[13]), extent=int(raw[14]))
 
 
 # --- proving the interposition: the GOT slots of a symbol, from the ELF file --------------------------
@@ -310,7 +310,7 @@ def _load_base(handle: ctypes.CDLL) -> int:
     dlinfo = libc.dlinfo
     dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     link_map = ctypes.c_void_p()
-    if dlinfo(ctypes.c_void_p(handle._handle), 2, ctypes.byref(link_map)) != 0:   # RTLD_DI_LINKMAP
+    if dlinfo(ctypes.c_void_p(handle._handle), 2, ctypes.byref(link_map)) != 0 or link_map.value is None:   # RTLD_DI_LINKMAP
         raise _common.PyptoUnavailable("W12: dlinfo could not find libtile_fwk_interface.so's load address")
     return ctypes.c_size_t.from_address(link_map.value).value
 

@@ -36,6 +36,6 @@ def bridge_precision_type(pypto: ModuleType) -> bool:
             raise TypeError(f"precision_type must be a pypto.PrecisionType, got {precision_type!r}")
         return original(input, other)
 
-    pypto.PrecisionType = PrecisionType
-    pypto.div = div
+    pypto.PrecisionType = PrecisionType  # type: ignore[attr-defined]  # pypto ships no types
+    pypto.div = div  # type: ignore[attr-defined]  # pypto ships no types
     return True

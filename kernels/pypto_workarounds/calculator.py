@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import importlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from types import ModuleType
+
+import torch
 
 from kernels.pypto_workarounds import _common
 
@@ -22,8 +26,6 @@ __all__ = ["build_calculator", "load_calculator", "patch_calculator_build", "E4M
 # --- W4: the calculator, built once per (pypto, torch, ABI) and cached on disk ----------------------
 
 def _calculator_dir() -> Path:
-    import torch
-
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     patches = hashlib.sha256(repr(_CALCULATOR_PATCHES).encode()).hexdigest()[:8]
     return _common.cache_root() / f"calculator-pypto{_common.SUPPORTED_PYPTO_VERSION}-torch{torch.__version__}-abi{abi}-w{patches}"
@@ -39,25 +41,25 @@ def _calculator_dir() -> Path:
 # 0x7E / 0xFE and now keeps its byte (golden.codec.PyptoCalculatorE4M3 models the cast's own codes).
 _W10 = (
     ("calc_torch.cpp", "static void Copy(const TensorData &out, const TensorData &self, bool trans) {\n", "after",
-     "    if (!trans && out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"
-     "        !out.isAxisCombine && !self.isAxisCombine) {  // pfa-verify W10: bytes, same decoded values\n"
-     "        auto o = torch::from_blob(out.dataPtr, out.rawShape, torch::kUInt8)\n"
-     "                     .as_strided(out.shape, out.stride, out.storageOffset);\n"
-     "        auto s = torch::from_blob(self.dataPtr, self.rawShape, torch::kUInt8)\n"
-     "                     .as_strided(self.shape, self.stride, self.storageOffset);\n"
-     "        o.copy_(s);\n"
-     "        return;\n"
-     "    }\n"),
+     ("    if (!trans && out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"
+      "        !out.isAxisCombine && !self.isAxisCombine) {  // pfa-verify W10: bytes, same decoded values\n"
+      "        auto o = torch::from_blob(out.dataPtr, out.rawShape, torch::kUInt8)\n"
+      "                     .as_strided(out.shape, out.stride, out.storageOffset);\n"
+      "        auto s = torch::from_blob(self.dataPtr, self.rawShape, torch::kUInt8)\n"
+      "                     .as_strided(self.shape, self.stride, self.storageOffset);\n"
+      "        o.copy_(s);\n"
+      "        return;\n"
+      "    }\n")),
     ("calc_torch.cpp", "static void Reshape(const TensorData &out, const TensorData &self) {\n", "after",
-     "    if (out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"
-     "        !out.isAxisCombine && !self.isAxisCombine) {  // pfa-verify W10: bytes, same decoded values\n"
-     "        auto o = torch::from_blob(out.dataPtr, out.rawShape, torch::kUInt8)\n"
-     "                     .as_strided(out.shape, out.stride, out.storageOffset);\n"
-     "        auto s = torch::from_blob(self.dataPtr, self.rawShape, torch::kUInt8)\n"
-     "                     .as_strided(self.shape, self.stride, self.storageOffset);\n"
-     "        o.copy_(torch::reshape(s, out.shape));\n"
-     "        return;\n"
-     "    }\n"),
+     ("    if (out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"
+      "        !out.isAxisCombine && !self.isAxisCombine) {  // pfa-verify W10: bytes, same decoded values\n"
+      "        auto o = torch::from_blob(out.dataPtr, out.rawShape, torch::kUInt8)\n"
+      "                     .as_strided(out.shape, out.stride, out.storageOffset);\n"
+      "        auto s = torch::from_blob(self.dataPtr, self.rawShape, torch::kUInt8)\n"
+      "                     .as_strided(self.shape, self.stride, self.storageOffset);\n"
+      "        o.copy_(torch::reshape(s, out.shape));\n"
+      "        return;\n"
+      "    }\n")),
 )
 
 # --- W12 (calculator side): an empty view reads nothing, whatever its offset -----------------------------
@@ -69,12 +71,12 @@ _W10 = (
 # reports the view by name.
 _W12 = (
     ("calc_torch.cpp", "static std::pair<torch::Tensor, torch::Tensor> From(const TensorData &data) {\n", "after",
-     "    if (std::any_of(data.shape.begin(), data.shape.end(), [](int64_t n) { return n == 0; })) {  // pfa-verify W12\n"
-     "        auto view = torch::empty(data.shape, torch::TensorOptions().dtype(FromDataType(data.dtype)));\n"
-     "        if (data.isAxisCombine)\n"
-     "            view = view.transpose_(-1, AXIS_TO_LAST);\n"
-     "        return {view, FromDataType(data.dtype) == torch::kUInt8 ? view.to(torch::kFloat32) : view};\n"
-     "    }\n"),
+     ("    if (std::any_of(data.shape.begin(), data.shape.end(), [](int64_t n) { return n == 0; })) {  // pfa-verify W12\n"
+      "        auto view = torch::empty(data.shape, torch::TensorOptions().dtype(FromDataType(data.dtype)));\n"
+      "        if (data.isAxisCombine)\n"
+      "            view = view.transpose_(-1, AXIS_TO_LAST);\n"
+      "        return {view, FromDataType(data.dtype) == torch::kUInt8 ? view.to(torch::kFloat32) : view};\n"
+      "    }\n")),
 )
 
 # --- W13: the spec's E4M3 in the calculator, switched on per run ------------------------------------
@@ -90,36 +92,36 @@ _W12 = (
 # so pypto's own codec is what `--backend sim` runs, bit for bit as before.
 _W13 = (
     ("fp8_convert.cpp", "static torch::Tensor Fp8E4M3ToFloat32(const torch::Tensor &self) {\n", "before",
-     "// pfa-verify W13: the spec's E4M3 (OCP E4M3FN, RNE, saturating to 448, NaN kept), on request.\n"
-     "static int g_pfaSpecE4M3 = 0;\n"
-     "extern \"C\" void pfa_set_spec_e4m3(int on) { g_pfaSpecE4M3 = on ? 1 : 0; }\n"
-     "extern \"C\" int pfa_spec_e4m3() { return g_pfaSpecE4M3; }\n"
-     "static torch::Tensor PfaSpecE4M3ToFloat32(const torch::Tensor &self) {\n"
-     "    static const torch::Tensor table = [] {\n"
-     "        auto t = torch::empty({256}, torch::kFloat32);\n"
-     "        for (int c = 0; c < 256; c++) {\n"
-     "            int e = (c >> 3) & 0xF, m = c & 7;\n"
-     "            float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);\n"
-     "            if ((c & 0x7F) == 0x7F) v = std::numeric_limits<float>::quiet_NaN();\n"
-     "            t[c] = (c & 0x80) ? -v : v;\n"
-     "        }\n"
-     "        return t;\n"
-     "    }();\n"
-     "    return table.index_select(0, self.flatten().to(torch::kLong)).reshape(self.sizes());\n"
-     "}\n"
-     "static uint8_t PfaSpecEncodeE4M3(float v) {\n"
-     "    uint8_t sign = std::signbit(v) ? 0x80 : 0x00;\n"
-     "    if (std::isnan(v)) return sign | 0x7F;\n"
-     "    float a = std::fabs(v);\n"
-     "    if (!(a < 1024.0f)) return sign | 0x7E;          // inf and beyond 464: saturate\n"
-     "    if (std::fpclassify(a) == FP_ZERO) return sign;\n"
-     "    int e = 0;\n"
-     "    std::frexp(a, &e);                               // a in [2^(e-1), 2^e)\n"
-     "    int q = std::max(e - 4, -9);                     // grid step 2^q: 3 mantissa bits, subnormals 2^-9\n"
-     "    int m = int(std::nearbyint(std::ldexp(a, -q)));  // exact scaling, ties to even\n"
-     "    int code = (q + 9) * 8 + m;                      // m in [8, 16] (0..16 on the 2^-9 grid)\n"
-     "    return sign | uint8_t(code > 0x7E ? 0x7E : code);\n"
-     "}\n"),
+     ("// pfa-verify W13: the spec's E4M3 (OCP E4M3FN, RNE, saturating to 448, NaN kept), on request.\n"
+      "static int g_pfaSpecE4M3 = 0;\n"
+      "extern \"C\" void pfa_set_spec_e4m3(int on) { g_pfaSpecE4M3 = on ? 1 : 0; }\n"
+      "extern \"C\" int pfa_spec_e4m3() { return g_pfaSpecE4M3; }\n"
+      "static torch::Tensor PfaSpecE4M3ToFloat32(const torch::Tensor &self) {\n"
+      "    static const torch::Tensor table = [] {\n"
+      "        auto t = torch::empty({256}, torch::kFloat32);\n"
+      "        for (int c = 0; c < 256; c++) {\n"
+      "            int e = (c >> 3) & 0xF, m = c & 7;\n"
+      "            float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);\n"
+      "            if ((c & 0x7F) == 0x7F) v = std::numeric_limits<float>::quiet_NaN();\n"
+      "            t[c] = (c & 0x80) ? -v : v;\n"
+      "        }\n"
+      "        return t;\n"
+      "    }();\n"
+      "    return table.index_select(0, self.flatten().to(torch::kLong)).reshape(self.sizes());\n"
+      "}\n"
+      "static uint8_t PfaSpecEncodeE4M3(float v) {\n"
+      "    uint8_t sign = std::signbit(v) ? 0x80 : 0x00;\n"
+      "    if (std::isnan(v)) return sign | 0x7F;\n"
+      "    float a = std::fabs(v);\n"
+      "    if (!(a < 1024.0f)) return sign | 0x7E;          // inf and beyond 464: saturate\n"
+      "    if (std::fpclassify(a) == FP_ZERO) return sign;\n"
+      "    int e = 0;\n"
+      "    std::frexp(a, &e);                               // a in [2^(e-1), 2^e)\n"
+      "    int q = std::max(e - 4, -9);                     // grid step 2^q: 3 mantissa bits, subnormals 2^-9\n"
+      "    int m = int(std::nearbyint(std::ldexp(a, -q)));  // exact scaling, ties to even\n"
+      "    int code = (q + 9) * 8 + m;                      // m in [8, 16] (0..16 on the 2^-9 grid)\n"
+      "    return sign | uint8_t(code > 0x7E ? 0x7E : code);\n"
+      "}\n")),
     ("fp8_convert.cpp", "static torch::Tensor Fp8E4M3ToFloat32(const torch::Tensor &self) {\n", "after",
      "    if (g_pfaSpecE4M3) return PfaSpecE4M3ToFloat32(self);  // pfa-verify W13\n"),
     ("fp8_convert.cpp", "static inline uint8_t EncodeFloatToFp8E4M3(float v)\n{\n", "after",
@@ -127,12 +129,12 @@ _W13 = (
     ("calc_torch.cpp", "static void Cast(const TensorData &out, const TensorData &self, CastMode mode) {\n", "before",
      "extern \"C\" int pfa_spec_e4m3();  // pfa-verify W13 (fp8_convert.cpp)\n"),
     ("calc_torch.cpp", "static void Cast(const TensorData &out, const TensorData &self, CastMode mode) {\n", "after",
-     "    if (pfa_spec_e4m3() && out.dtype == DT_FP8E4M3 && mode != CastMode::CAST_ROUND &&\n"
-     "        mode != CastMode::CAST_FLOOR && mode != CastMode::CAST_CEIL && mode != CastMode::CAST_TRUNC) {\n"
-     "        auto tout = From(out);  // pfa-verify W13: E4M3 is a float target, no integer pre-rounding\n"
-     "        ToOperand(From(self).second, tout.first, out.dtype);\n"
-     "        return;\n"
-     "    }\n"),
+     ("    if (pfa_spec_e4m3() && out.dtype == DT_FP8E4M3 && mode != CastMode::CAST_ROUND &&\n"
+      "        mode != CastMode::CAST_FLOOR && mode != CastMode::CAST_CEIL && mode != CastMode::CAST_TRUNC) {\n"
+      "        auto tout = From(out);  // pfa-verify W13: E4M3 is a float target, no integer pre-rounding\n"
+      "        ToOperand(From(self).second, tout.first, out.dtype);\n"
+      "        return;\n"
+      "    }\n")),
 )
 
 _CALCULATOR_PATCHES = _W10 + _W12 + _W13
@@ -165,11 +167,6 @@ def build_calculator() -> tuple[Path, float]:
     Same cmake configuration as 0.2.0's BuildOnlineManager (torch version, root, C++ ABI), but into a
     cache folder shared by processes, with a file lock so pytest-xdist workers build it only once.
     """
-    import fcntl
-    import time
-
-    import torch
-
     target = _calculator_dir()
     lib = target / "install" / "lib" / "libtile_fwk_calculator.so"
     _common.ensure_dir(target)
@@ -182,6 +179,8 @@ def build_calculator() -> tuple[Path, float]:
         build = target / "build"
         shutil.rmtree(build, ignore_errors=True)
         cmake = shutil.which("cmake")
+        if cmake is None:
+            raise _common.PyptoUnavailable("cmake is needed to build pypto's calculator")
         configure = [
             cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_INSTALL_PREFIX={target / 'install'}",
@@ -192,7 +191,7 @@ def build_calculator() -> tuple[Path, float]:
         jobs = str(max(1, min(4, os.cpu_count() or 1)))
         for cmd in (configure, [cmake, "--build", str(build), "-j", jobs],
                     [cmake, "--install", str(build), "--prefix", str(target / "install")]):
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)   # the failure named below
             if proc.returncode != 0:
                 raise _common.PyptoUnavailable(
                     f"building pypto's calculator failed ({' '.join(cmd[:2])}):\n{proc.stderr[-2000:]}")
@@ -218,14 +217,14 @@ def patch_calculator_build(pypto: ModuleType) -> None:
     """W4. Route 0.2.0's own build_and_load_calculator (per process, temp folder) to the cache."""
     utils = importlib.import_module("pypto._utils")
     manager = utils.BuildOnlineManager
-    if getattr(manager.build_and_load_calculator, "_pfa_verify_patched", False):
+    if _common.is_patched(manager.build_and_load_calculator):
         return
 
     def build_and_load_calculator(self) -> None:
         load_calculator()
         self.calculator_loaded = True
 
-    build_and_load_calculator._pfa_verify_patched = True
+    _common.mark_patched(build_and_load_calculator)
     manager.build_and_load_calculator = build_and_load_calculator
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from kernels.pypto_workarounds import _common
+import torch
+
+from kernels.pypto_workarounds import _common, bounds
+from kernels.pypto_workarounds import native as pypto_native
 from kernels.pypto_workarounds.overlay import load_pypto
 
 __all__ = ["execute_kernel", "forget_traces", "CalculatorFailed", "reverify_unavailable"]
@@ -29,12 +32,10 @@ class _Trace:
 
 def _signature(wrapper, args) -> tuple:
     """Everything static about one call: non-tensor values, each tensor's dtype and non-dynamic dims."""
-    import torch
-
     pypto = _common.STATE["pypto"]
     defs = wrapper._cached_signature[0]
     statics = []
-    for t, d in zip(args[:len(defs)], defs):
+    for t, d in zip(args[:len(defs)], defs, strict=False):   # missing arguments: the wrapper's own call names them
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"W9: argument {d.name} must be a torch.Tensor, got {type(t).__name__}")
         dynamic = {i for i, dim in enumerate(d.shape) if isinstance(dim, pypto.SymbolicScalar)
@@ -52,8 +53,6 @@ def execute_kernel(wrapper, args) -> str:
     W12: a read of an input outside its shape during the run raises bounds.OutOfBoundsRead naming the
     kernel's parameter and the index (also when the calculator failed afterwards: the read came first).
     """
-    from kernels.pypto_workarounds import bounds
-
     bounds.reset()
     try:
         path = _execute(wrapper, args)
@@ -65,8 +64,6 @@ def execute_kernel(wrapper, args) -> str:
 
 
 def _raise_out_of_bounds(wrapper, cause) -> None:
-    from kernels.pypto_workarounds import bounds
-
     violation = bounds.first_violation()
     if violation is None:
         return
@@ -76,10 +73,6 @@ def _raise_out_of_bounds(wrapper, cause) -> None:
 
 
 def _execute(wrapper, args) -> str:
-    import torch
-
-    from kernels.pypto_workarounds import native as pypto_native
-
     pypto = load_pypto()
     handles = pypto_native.native(pypto, _common.cache_root())
     destinations = [(a.data_ptr(), a.numel() * a.element_size()) for a in args if isinstance(a, torch.Tensor)]
@@ -122,7 +115,5 @@ def forget_traces() -> None:
 def reverify_unavailable() -> str | None:
     """None when W9b (the calculator alone on a kept graph) works in this process, else why not: then
     every call traces the kernel again (the same numbers, a few seconds more per call)."""
-    from kernels.pypto_workarounds import native as pypto_native
-
     handles = pypto_native.native(load_pypto(), _common.cache_root())
     return None if handles.verify is not None else (handles.why_not or "the verify shim is not loaded")

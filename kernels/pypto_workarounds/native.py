@@ -32,6 +32,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["Native", "native", "last_function", "copy_back", "release", "SHIM_SOURCE"]
@@ -79,12 +80,12 @@ class Native:
     """Addresses of pypto's singletons and the shim's entry points (None when unavailable)."""
     program: int
     program_data: int
-    verify: object | None          # pfa_verify_tensor_graph(err, n) -> int
-    release_verifier: object | None
+    verify: Callable[[ctypes.Array[ctypes.c_char], int], int] | None   # pfa_verify_tensor_graph(err, n) -> int
+    release_verifier: Callable[[], None] | None
     why_not: str = ""              # why the shim (W9's re-run) is unavailable
 
 
-_NATIVE: list = []
+_NATIVE: list[Native] = []
 
 
 def native(pypto, cache: Path) -> Native:
@@ -101,7 +102,7 @@ def native(pypto, cache: Path) -> Native:
     why = ""
     code = ctypes.cast(iface._ZN3npu8tile_fwk7Program17VerifyTensorGraphEv, ctypes.c_void_p).value
     offset, expected = _LAST_FUNC_PROBE
-    if ctypes.string_at(code + offset, len(expected)) != expected:
+    if code is None or ctypes.string_at(code + offset, len(expected)) != expected:
         why = "Program::lastFunc_ is not where pypto 0.2.0 keeps it in this libtile_fwk_interface.so"
     else:
         try:
@@ -150,12 +151,20 @@ def copy_back(handles: Native, destinations: list[tuple[int, int]]) -> None:
     if count != len(destinations):
         raise RuntimeError(f"W9: pypto's ProgramData holds {count} tensors, the call has {len(destinations)}")
     for i, (address, size) in enumerate(destinations):
-        raw = ctypes.c_void_p.from_address(begin + _SHARED_PTR * i).value
-        data = ctypes.c_void_p.from_address(raw).value
-        data_end = ctypes.c_void_p.from_address(raw + _POINTER).value
+        raw = _pointer_at(begin + _SHARED_PTR * i, f"tensor {i}")
+        data = _pointer_at(raw, f"tensor {i}'s data")
+        data_end = _pointer_at(raw + _POINTER, f"tensor {i}'s data end")
         if data_end - data != size:
             raise RuntimeError(f"W9: pypto's copy of tensor {i} has {data_end - data} bytes, the caller's {size}")
         ctypes.memmove(address, data, size)
+
+
+def _pointer_at(address: int, what: str) -> int:
+    """The pointer stored at ``address``; RuntimeError naming ``what`` when it is null."""
+    value = ctypes.c_void_p.from_address(address).value
+    if value is None:
+        raise RuntimeError(f"W9: pypto's ProgramData holds a null pointer for {what}")
+    return value
 
 
 def release(handles: Native) -> None:

@@ -12,7 +12,9 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from kernels.pypto_workarounds import _common
+import torch
+
+from kernels.pypto_workarounds import _common, bounds, bridge, calculator
 
 __all__ = ["build_overlay", "load_pypto"]
 
@@ -115,29 +117,27 @@ def load_pypto() -> ModuleType:
         if "pypto" in _common.STATE:
             return _common.STATE["pypto"]
         if "pypto" in sys.modules:
-            loaded = Path(sys.modules["pypto"].__file__).parent
+            loaded = Path(str(sys.modules["pypto"].__file__)).parent      # a pypto without a file: "None", refused
             if not str(loaded).startswith(str(_common.cache_root())):
                 raise _common.PyptoUnavailable(
                     f"pypto was already imported from {loaded} before the 950PR overlay; the simulator "
                     "platform cannot be switched in this process (import kernels before pypto)")
-        if shutil.which("cmake") is None or shutil.which("c++") is None and shutil.which("g++") is None:
+        if shutil.which("cmake") is None or (shutil.which("c++") is None and shutil.which("g++") is None):
             raise _common.PyptoUnavailable("cmake and a C++ compiler are needed to build pypto's calculator")
         root = build_overlay()
-        from kernels.pypto_workarounds import bounds
         bounds.preload()                     # W12: before pypto's libraries bind their calls
         sys.path.insert(0, str(root))
         try:
             pypto = importlib.import_module("pypto")
         except ImportError as exc:
             raise _common.PyptoUnavailable(f"importing pypto failed: {exc}") from exc
-        if not str(Path(pypto.__file__).parent).startswith(str(root)):
+        if not str(Path(str(pypto.__file__)).parent).startswith(str(root)):
             raise _common.PyptoUnavailable(f"pypto was imported from {pypto.__file__}, not the overlay {root}")
         arch = str(pypto.platform.npuarch)
         if "3510" not in arch:
             raise _common.PyptoUnavailable(f"the overlay did not switch the simulator to DAV_3510 (npuarch={arch})")
         _patch_fp8_dtypes(pypto)
         _patch_verify_inputs(pypto)
-        from kernels.pypto_workarounds import bridge, calculator
         calculator.patch_calculator_build(pypto)
         bridge.bridge_precision_type(pypto)
         bounds.attach(pypto)
@@ -153,11 +153,9 @@ def _patch_fp8_dtypes(pypto: ModuleType) -> None:
     _gen_pto_tensor (host copies for pass verify and the cost model) looks the function up in the
     converter module at call time; the jit entry module imported it by name, so both are replaced.
     """
-    import torch
-
     converter = importlib.import_module("pypto.converter")
     original = converter._torch_dtype_from
-    if getattr(original, "_pfa_verify_patched", False):
+    if _common.is_patched(original):
         return
     fp8 = {pypto.DT_FP8E4M3: torch.float8_e4m3fn, pypto.DT_FP8E5M2: torch.float8_e5m2}
 
@@ -166,10 +164,10 @@ def _patch_fp8_dtypes(pypto: ModuleType) -> None:
             return fp8[dtype]
         return original(dtype)
 
-    torch_dtype_from._pfa_verify_patched = True
-    converter._torch_dtype_from = torch_dtype_from
+    _common.mark_patched(torch_dtype_from)
+    converter._torch_dtype_from = torch_dtype_from  # type: ignore[attr-defined]  # pypto ships no types
     entry = importlib.import_module("pypto.frontend.parser.entry")
-    entry._torch_dtype_from = torch_dtype_from
+    entry._torch_dtype_from = torch_dtype_from  # type: ignore[attr-defined]  # pypto ships no types
 
 
 # --- W3: register the caller's tensors for pass verify ----------------------------------------------
@@ -184,7 +182,7 @@ def _patch_verify_inputs(pypto: ModuleType) -> None:
     """
     entry = importlib.import_module("pypto.frontend.parser.entry")
     wrapper = entry.JitCallableWrapper
-    if getattr(wrapper._setup_verify_data, "_pfa_verify_patched", False):
+    if _common.is_patched(wrapper._setup_verify_data):
         return
     impl = pypto.pypto_impl
     verify_datas = importlib.import_module("pypto.runtime")._pto_verify_datas
@@ -192,12 +190,11 @@ def _patch_verify_inputs(pypto: ModuleType) -> None:
     def setup_verify_data(pto_tensors) -> None:
         if not pypto.get_verify_options().get("enable_pass_verify"):
             return
-        from kernels.pypto_workarounds import calculator
         calculator.load_calculator()
         datas = [impl.DeviceTensorData(t.dtype, t.data_ptr, list(t.ori_shape)) for t in pto_tensors]
         impl.SetVerifyData(datas, [], verify_datas.get_data())
 
-    setup_verify_data._pfa_verify_patched = True
+    _common.mark_patched(setup_verify_data)
     wrapper._setup_verify_data = staticmethod(setup_verify_data)
 
 

@@ -9,10 +9,12 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels.pypto_workarounds import _common
+from kernels.pypto_workarounds.execute import forget_traces
 
 __all__ = ["RunCapture", "sim_session", "reset_pypto_state", "spoiled"]
 
@@ -65,8 +67,6 @@ def _captured_fds(path: Path):
 
 def reset_pypto_state() -> None:
     """W7. Drop whatever a failed parse/compile left open (0.2.0: 'function nested is not allowed')."""
-    from kernels.pypto_workarounds.execute import forget_traces
-
     pypto = _common.STATE.get("pypto")
     if pypto is None:
         return
@@ -113,8 +113,6 @@ def sim_session(*, keep_output: bool = False, cost_model: bool = True):
     Yields a RunCapture that is filled in when the block ends. On an exception, pypto's state is
     reset and the captured text is attached to the exception as a note, then it propagates.
     """
-    import time
-
     with _common.LOCK:
         capture = RunCapture()
         workdir = Path(tempfile.mkdtemp(prefix="pfa-verify-sim-"))
