@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec, get_codec
-from .envelope import AttentionEnvelope, Chunk, EnvelopeBuilder
+from .envelope import AttentionEnvelope, TileChunk, EnvelopeBuilder
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
 from .paging import TileLayout, blocks_needed, ceil_div, token_slots, visible_lengths
@@ -213,7 +213,7 @@ def _paged_attention(dims: PagedAttentionDims, tensors: CallTensors, codec: Fp8C
         else:
             tile_states.index_copy_(0, index, states)
         if envelope is not None and q_grid is not None:
-            envelope.chunk(Chunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
+            envelope.chunk(TileChunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
                                  q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
                                  visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
                                  to_tiles=layout.to_tiles, to_blocks=layout.to_blocks, per_tile_sum=layout.per_tile_sum,

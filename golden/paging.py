@@ -233,7 +233,7 @@ def visible_lengths(kv_act_seqs: torch.Tensor | np.ndarray | Sequence[int], s1: 
 class TileLayout:
     """The golden's two layouts of one chunk of (batch, tile) pairs (golden/attention.py) and the maps
     between them: blocks [Q, N, R, BS] (block k is block ``in_tile[k]`` of pair ``owner[k]``) and tiles
-    [P, N, R, tile] (``per_tile`` blocks each). The envelope's Chunk takes the maps."""
+    [P, N, R, tile] (``per_tile`` blocks each). The envelope's TileChunk takes the maps."""
     pairs: int
     nkv: int
     rows: int

@@ -143,7 +143,7 @@ def backend(request: pytest.FixtureRequest):
     import kernels
 
     from golden.errors import UsageError
-    from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+    from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
     name = request.config.getoption("--backend")
     device = request.config.getoption("--device")
     supervised = name != "golden" and not request.config.getoption("--in-process")
@@ -155,6 +155,8 @@ def backend(request: pytest.FixtureRequest):
             chosen = SupervisedBackend(supervisor)
         else:
             chosen = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+            if name != "golden":        # --in-process: the kernel's exits are still failures (GuardedBackend)
+                chosen = GuardedBackend(chosen)
     except UsageError as exc:
         pytest.fail(f"backend {name!r}: {exc}", pytrace=False)
     except kernels.BackendUnavailable as exc:

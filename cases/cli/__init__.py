@@ -18,7 +18,7 @@ Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are
 
 Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 the command could not run (a
 usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
-one line), 130 or 143 interrupted by SIGINT or SIGTERM (cases/cli/interrupt.py: a run summarizes what it
+one line), 1 also for a write that fails once the command ran (a full disk: one line naming the path), 130 or 143 interrupted by SIGINT or SIGTERM (cases/cli/interrupt.py: a run summarizes what it
 checked first; a second signal ends at once). Any other exception is a bug of ours and keeps its traceback.
 """
 from __future__ import annotations
@@ -97,6 +97,12 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"pfa-verify: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # A write that fails after the up-front checks passed (a disk that filled, a folder removed): the
+        # machine's doing, not ours: one line naming the path, and the command failed.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"pfa-verify: error: could not complete the command:{where} {exc.strerror or exc}", file=sys.stderr)
+        return args.interruption.exit_status if args.interruption.signal else 1
     # An interrupt whose KeyboardInterrupt was lost (raised inside a garbage-collection callback) still counts.
     return args.interruption.exit_status if args.interruption.signal else status
 

@@ -188,7 +188,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_compare(args) -> int:
     """``pfa-verify compare``: print the comparison (and write its HTML); the exit status of
-    :attr:`Comparison.exit_status`. A report that cannot be read, or a selection mismatch, is a
+    :attr:`ReportDiff.exit_status`. A report that cannot be read, or a selection mismatch, is a
     UsageError, which the command line prints as one line with exit 2."""
     preflight.check_command(args)
     import sys

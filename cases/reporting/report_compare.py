@@ -23,7 +23,7 @@ from pathlib import Path
 
 from golden.errors import UsageError
 
-__all__ = ["SelectionMismatch", "CaseVerdict", "Row", "Comparison", "load_report", "case_verdict", "compare",
+__all__ = ["SelectionMismatch", "ReportedCase", "DiffRow", "ReportDiff", "PREVIOUS_SCHEMA_ID", "upgraded", "load_report", "case_verdict", "compare",
            "format_ratio", "summary_line", "render_table", "print_comparison", "scatter", "render_html", "write_html"]
 
 
@@ -32,7 +32,7 @@ class SelectionMismatch(UsageError):
 
 
 @dataclasses.dataclass(frozen=True)
-class CaseVerdict:
+class ReportedCase:
     """One case in one report: the case's verdict, what it says (attribution, skip kind, error), and the
     worst error over the tolerance per reference codec, with whether that comparison counts."""
     verdict: str                 # pass | fail | error | skipped
@@ -49,11 +49,11 @@ class CaseVerdict:
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
+class DiffRow:
     name: str
     source: str
-    a: CaseVerdict
-    b: CaseVerdict
+    a: ReportedCase
+    b: ReportedCase
 
     @property
     def differs(self) -> bool:
@@ -61,10 +61,10 @@ class Row:
 
 
 @dataclasses.dataclass(frozen=True)
-class Comparison:
+class ReportDiff:
     paths: tuple                 # (A path, B path) as given
     reports: tuple               # (A data, B data)
-    rows: tuple                  # Row per case, in run order
+    rows: tuple                  # DiffRow per case, in run order
 
     @property
     def differing(self) -> list:
@@ -73,6 +73,28 @@ class Comparison:
     @property
     def exit_status(self) -> int:
         return 1 if self.differing else 0
+
+
+#: The version before this one, which compare still reads (:func:`upgraded`): a run of the suite before
+#: its kernels ran under a supervisor, so that two kernels (or two suite versions) can be compared across it.
+PREVIOUS_SCHEMA_ID = "pfa-verify-run-report/4"
+
+
+def upgraded(data: dict) -> dict:
+    """A report of :data:`PREVIOUS_SCHEMA_ID` in this version's form, saying only what it said: it was not
+    interrupted and wrote its evidence (its run fails otherwise, and it knew neither), and its kernel ran
+    in the process that judged it (``in-process``: before the supervisor, every executor did)."""
+    out = json.loads(json.dumps(data))
+    out["schema"] = "pfa-verify-run-report/5"
+    summary = out.get("summary")
+    if isinstance(summary, dict):
+        summary.setdefault("interrupted", None)
+        summary.setdefault("not_run", [])
+        summary.setdefault("write_failures", [])
+    execution = out.get("execution")
+    if isinstance(execution, dict) and execution.get("executor") in ("here", "local"):
+        execution["executor"] = "in-process"
+    return out
 
 
 def load_report(path) -> dict:
@@ -87,6 +109,9 @@ def load_report(path) -> dict:
     except json.JSONDecodeError as exc:
         raise UsageError(f"report {str(path)!r} is not JSON ({exc})") from None
     schema = data.get("schema") if isinstance(data, dict) else None
+    if schema == PREVIOUS_SCHEMA_ID:
+        data = upgraded(data)
+        schema = SCHEMA_ID
     if schema != SCHEMA_ID:
         raise UsageError(f"report {str(path)!r} has schema {schema!r}; compare reads {SCHEMA_ID!r} (written by "
                          "`pfa-verify run --json` of this version; earlier reports carry no selection fingerprint)")
@@ -97,7 +122,7 @@ def load_report(path) -> dict:
     return data
 
 
-def case_verdict(results: list) -> CaseVerdict:
+def case_verdict(results: list) -> ReportedCase:
     """The verdict of one case from its result objects (one per comparison), as the run's rule decides it."""
     verdicts = {r["verdict"] for r in results}
     counted_fail = [r for r in results if r["verdict"] == "fail" and r.get("counts", True)]
@@ -113,7 +138,7 @@ def case_verdict(results: list) -> CaseVerdict:
         verdict, detail = "pass", ""
     ratios = tuple((r["reference"], r.get("worst_ratio"), bool(r.get("counts", True)))
                    for r in results if r["verdict"] in ("pass", "fail"))
-    return CaseVerdict(verdict, detail, ratios)
+    return ReportedCase(verdict, detail, ratios)
 
 
 def _by_case(data: dict) -> dict:
@@ -140,7 +165,7 @@ def _mismatch(paths, a: dict, b: dict) -> str:
               "shapes, started with the same captured regressions (--no-capture keeps the folder as it was)")
 
 
-def compare(a: dict, b: dict, *, paths=("A", "B")) -> Comparison:
+def compare(a: dict, b: dict, *, paths=("A", "B")) -> ReportDiff:
     """Pair the cases of reports ``a`` and ``b`` (dicts from :func:`load_report`); SelectionMismatch
     when their selection fingerprints differ."""
     if a["selection"]["fingerprint"] != b["selection"]["fingerprint"]:
@@ -148,8 +173,8 @@ def compare(a: dict, b: dict, *, paths=("A", "B")) -> Comparison:
     ca, cb = _by_case(a), _by_case(b)
     if list(ca) != list(cb):   # the same fingerprint and other names: a report edited by hand
         raise UsageError(f"{paths[0]} and {paths[1]} carry the same selection fingerprint but list different cases")
-    rows = tuple(Row(name, ca[name][0]["source"], case_verdict(ca[name]), case_verdict(cb[name])) for name in ca)
-    return Comparison(tuple(str(p) for p in paths), (a, b), rows)
+    rows = tuple(DiffRow(name, ca[name][0]["source"], case_verdict(ca[name]), case_verdict(cb[name])) for name in ca)
+    return ReportDiff(tuple(str(p) for p in paths), (a, b), rows)
 
 
 def format_ratio(x: float | None) -> str:
@@ -159,7 +184,7 @@ def format_ratio(x: float | None) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
-def _ratio_text(v: CaseVerdict) -> str:
+def _ratio_text(v: ReportedCase) -> str:
     other = [f"{ref} {format_ratio(r)}" for ref, r, counts in v.ratios if not counts]
     return format_ratio(v.worst) + (f" [{', '.join(other)}, not counted]" if other else "")
 
@@ -170,7 +195,7 @@ def _who(data: dict) -> str:
     return be["name"] + (f" (sha256 {kernel['sha256'][:12]})" if kernel else "")
 
 
-def summary_line(c: Comparison) -> str:
+def summary_line(c: ReportDiff) -> str:
     """One line: how many cases, how many verdicts differ and how, the shared fingerprint."""
     n = len(c.rows)
     ways: dict = {}
@@ -182,11 +207,11 @@ def summary_line(c: Comparison) -> str:
             + f" -> {'DIFFERENT' if c.differing else 'SAME VERDICTS'}")
 
 
-def _ordered(c: Comparison) -> list:
+def _ordered(c: ReportDiff) -> list:
     return c.differing + [r for r in c.rows if not r.differs]
 
 
-def render_table(c: Comparison):
+def render_table(c: ReportDiff):
     """A rich Table: one row per case, verdicts that differ first."""
     from rich.markup import escape
     from rich.table import Table
@@ -205,7 +230,7 @@ def render_table(c: Comparison):
     return table
 
 
-def print_comparison(c: Comparison, console) -> None:
+def print_comparison(c: ReportDiff, console) -> None:
     console.print(render_table(c))
     for label, path, data in zip("AB", c.paths, c.reports):
         console.print(f"{label}: {path}: {data['summary']['verdict']}", highlight=False, markup=False)
@@ -223,7 +248,7 @@ border-bottom:1px solid #e3e3e8;text-align:left;vertical-align:top;white-space:n
 """
 
 
-def _side_rows(c: Comparison) -> list:
+def _side_rows(c: ReportDiff) -> list:
     """(fact, A's, B's) for the header table: where each report came from and what it checked."""
     def facts(d: dict) -> dict:
         be, kernel, proj = d["backend"], d["backend"].get("kernel"), d["project"]
@@ -239,7 +264,7 @@ def _side_rows(c: Comparison) -> list:
     return [(k, fa[k], fb[k]) for k in fa]
 
 
-def scatter(c: Comparison) -> dict:
+def scatter(c: ReportDiff) -> dict:
     """The scatter's geometry: worst error over tolerance, A (x) against B (y), log scales from 1e-4 to
     1e4; the tolerance (1) marked on both axes; a case whose verdicts differ in red."""
     size, pad, lo, hi = 320, 44, -4.0, 4.0
@@ -255,7 +280,7 @@ def scatter(c: Comparison) -> dict:
     return {"size": size, "pad": pad, "one": one, "one_y": 16 + size - (one - pad), "ticks": ticks, "points": points}
 
 
-def render_html(c: Comparison) -> str:
+def render_html(c: ReportDiff) -> str:
     """The comparison as one self-contained HTML string (cases/templates/compare.html.j2; inline CSS and
     SVG, no scripts)."""
     from cases.reporting import html_pages
@@ -265,7 +290,7 @@ def render_html(c: Comparison) -> str:
                              ratio_text=_ratio_text)
 
 
-def write_html(c: Comparison, path) -> Path:
+def write_html(c: ReportDiff, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(c), encoding="utf-8")

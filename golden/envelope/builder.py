@@ -78,7 +78,7 @@ class AttentionEnvelope:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Chunk:
+class TileChunk:
     """One chunk of the golden's evaluation, as golden/attention.py hands it over (its own operands and
     results, never recomputed here). Block layout [Q, N, R, BS] for the MM1 operands and results, tile
     layout [P, N, R, T] for the softmax; ``to_tiles``, ``to_blocks`` and ``per_tile_sum`` map between
@@ -326,13 +326,13 @@ class EnvelopeBuilder:
         """float64 [..., 1]: each query row's grid (the smallest power of two dividing its codes' values)."""
         return column_grids(self.codec, q_codes)[..., None]
 
-    def chunk(self, c: Chunk) -> None:
+    def chunk(self, c: TileChunk) -> None:
         """Bound one chunk of (batch, tile) pairs (steps 1-5) and keep the per-tile results at ``c.index``."""
         # numpy as torch computes: inf - inf is NaN, overflow inf, without a warning.
         with np.errstate(all="ignore"):
             self._chunk(c)
 
-    def _chunk(self, c: Chunk) -> None:
+    def _chunk(self, c: TileChunk) -> None:
         """:meth:`chunk`'s work (tensors from the chunk, numpy arrays between the steps)."""
         abs_sum = torch.matmul(torch.from_numpy(np.abs(c.q_blocks.numpy())), SCRATCH.abs("|K| or |V|", c.k_blocks))
         # The exactness certificate needs M1 <= 2**24 g. A column's grid is at most the lowbit of any of its
@@ -381,7 +381,7 @@ class EnvelopeBuilder:
         self._states[index] = np.where(any_visible, state, 0.0)
         self._spread[index] = np.where(any_visible, spread, 0.0)
 
-    def _sharpen(self, c: Chunk, abs_sum: torch.Tensor, e1: torch.Tensor, distance: np.ndarray,
+    def _sharpen(self, c: TileChunk, abs_sum: torch.Tensor, e1: torch.Tensor, distance: np.ndarray,
                  blocks: tuple[torch.Tensor, torch.Tensor], s_lo: np.ndarray, s_hi: np.ndarray,
                  bounds: TileBounds) -> tuple[np.ndarray, np.ndarray, TileBounds]:
         """Step 1's sharper bound where it matters: for the scores whose code may flip, or whose row is

@@ -32,7 +32,7 @@ import torch
 
 from golden.paging import blocks_needed, ceil_div, visible_lengths
 
-__all__ = ["Estimate", "Chunk", "estimate", "plan", "chunk_inputs", "MEMORY_CAP_BYTES"]
+__all__ = ["Estimate", "BatchChunk", "estimate", "plan", "chunk_inputs", "MEMORY_CAP_BYTES"]
 
 # Fitted to the six upstream cases (one process per case, OMP_NUM_THREADS=1, 2026-11-30; per call,
 # chunked as planned below): units = tile iterations x cache MB of one call.
@@ -66,7 +66,7 @@ class Estimate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Chunk:
+class BatchChunk:
     """One call of an execute: its ``batches``, tile ``iterations`` and ``units`` (module docstring)."""
     batches: range
     iterations: int
@@ -82,7 +82,7 @@ class Chunk:
 
 
 def plan(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: int, head_dim: int,
-         num_blocks: int, cap: float = MEMORY_CAP_BYTES) -> list[Chunk]:
+         num_blocks: int, cap: float = MEMORY_CAP_BYTES) -> list[BatchChunk]:
     """The calls of one execute of batches with kv_act_seqs ``lengths``: the whole batch when it fits
     ``cap``, else the fewest equal batch chunks whose largest fits, on compacted caches (a single batch
     each is the floor, taken even when it does not fit). ``g_steps`` is group / g_tile."""
@@ -90,10 +90,10 @@ def plan(lengths, *, s1: int, nkv: int, g_steps: int, s2_tile: int, block_size: 
     steps = ceil_div(visible_lengths(lengths, s1), s2_tile).sum(dim=1).tolist()
     need = blocks_needed(lengths, block_size).tolist()
 
-    def chunk(batches: range, blocks: int) -> Chunk:
+    def chunk(batches: range, blocks: int) -> BatchChunk:
         iterations = nkv * g_steps * sum(steps[b] for b in batches)
         cache_mb = max(1, blocks) * block_size * nkv * (2 * head_dim + 4) / 2**20
-        return Chunk(batches, iterations, iterations * cache_mb)
+        return BatchChunk(batches, iterations, iterations * cache_mb)
 
     for count in range(1, batch + 1):
         size = ceil_div(batch, count)

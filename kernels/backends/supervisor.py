@@ -720,8 +720,9 @@ class SupervisedBackend:
 class GuardedBackend:
     """A backend run in this process (``--in-process``, for a debugger): its calls' SystemExit,
     KeyboardInterrupt and other exceptions become :class:`KernelRaised` (kernels.KernelRunError and
-    BackendUnavailable pass as they are). A kernel that ends the process (``os._exit``) ends this one:
-    only the supervisor guards against that."""
+    BackendUnavailable pass as they are), and so does a call of ``os._exit`` (the name raises while the
+    kernel runs). A kernel that ends the process another way (``posix._exit``, a signal, a crash) ends
+    this one: only the supervisor guards against that."""
 
     def __init__(self, backend: Any) -> None:
         self.inner = backend
@@ -730,13 +731,25 @@ class GuardedBackend:
         return getattr(self.inner, name)
 
     def _guarded(self, method: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+        real_exit = os._exit
+
+        def refused_exit(status: int) -> None:
+            raise SystemExit(f"os._exit({status})")
+        # os._exit cannot be caught; while the kernel runs here its name raises instead (posix._exit, a
+        # signal or a crash still end the process: only a supervised run is safe from those).
+        os._exit = refused_exit  # type: ignore[assignment]
         try:
             return method(*args, **kwargs)
         except (KernelRunError, BackendUnavailable):
             raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt of the kernel too
-            raise KernelRaised(str(exc).strip() if not isinstance(exc, SystemExit) else
-                               f"the kernel called sys.exit({exc.code!r})", type_name=type(exc).__name__) from exc
+            text = str(exc).strip()
+            if isinstance(exc, SystemExit):
+                text = (f"the kernel called {exc.code}" if str(exc.code).startswith("os._exit(")
+                        else f"the kernel called sys.exit({exc.code!r})")
+            raise KernelRaised(text, type_name=type(exc).__name__) from exc
+        finally:
+            os._exit = real_exit
 
     def paged_attention_fp8(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self._guarded(self.inner.paged_attention_fp8, *args, **kwargs)
