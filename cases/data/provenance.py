@@ -48,14 +48,24 @@ def catalog_fingerprint() -> dict:
 def regressions_fingerprint(directory=None) -> dict:
     """``{"directory", "cases", "fingerprint"}`` of a captured-regressions folder: ``fingerprint`` is
     ``sha256:`` of one line ``name sha256`` per .json and .npz file, sorted by name (an empty or missing
-    folder has the fingerprint of nothing)."""
-    from cases.data import regressions
+    folder has the fingerprint of nothing). Read as the captures are (cases/data/capture_files.py): only
+    regular files, within their size limits; anything else stands in the line as ``unreadable``, so a
+    FIFO or a link to /dev/zero can neither hang the run's start nor go unnoticed in the fingerprint."""
+    from cases.data import capture_files, regressions
+    from golden.errors import UsageError
     folder = regressions.directory(directory)
-    files = sorted(p for p in folder.glob("*") if p.suffix in (".json", ".npz") and p.is_file()) \
-        if folder.is_dir() else []
-    lines = "".join(f"{p.name} {_sha256(p)}\n" for p in files)
-    return {"directory": str(folder), "cases": sum(p.suffix == ".json" for p in files),
-            "fingerprint": "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()}
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".json", ".npz")
+                   and capture_files.is_plain_name(p.name)) if folder.is_dir() else []
+    lines = []
+    for name in names:
+        limit = regressions.MAX_FILE_BYTES if name.endswith(".json") else regressions.MAX_NPZ_BYTES
+        try:
+            digest = hashlib.sha256(capture_files.read_regular(folder / name, limit)).hexdigest()
+        except UsageError:
+            digest = "unreadable"
+        lines.append(f"{name} {digest}\n")
+    return {"directory": str(folder), "cases": sum(n.endswith(".json") for n in names),
+            "fingerprint": "sha256:" + hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()}
 
 
 def run_provenance(backend, *, regressions_dir=None) -> dict:

@@ -56,6 +56,14 @@ def die_with_parent(parent: int) -> None:
         os._exit(3)
 
 
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or why it has none: an exception's own ``__str__`` is the kernel's code too."""
+    try:
+        return str(exc)
+    except BaseException as inner:  # noqa: BLE001 - a __str__ that raises must not take the reply with it
+        return f"<its text could not be made: {type(inner).__name__}>"
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
     """``raised``/``refused`` fields of an exception: kind, its type's name and its text."""
     from golden.errors import UsageError
@@ -63,16 +71,19 @@ def _error(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, BackendUnavailable):
         kind, text = "unavailable", exc.reason
     elif isinstance(exc, KernelRunError):
-        kind, text = "kernel_run", str(exc)
+        kind, text = "kernel_run", _text(exc)
     elif isinstance(exc, UsageError):
-        kind, text = "usage", str(exc)
+        kind, text = "usage", _text(exc)
     elif isinstance(exc, SystemExit):
         kind, text = "exit", f"the kernel called sys.exit({exc.code!r})"
     elif isinstance(exc, KeyboardInterrupt):
         kind, text = "interrupt", "the kernel raised KeyboardInterrupt"
     else:
-        kind, text = "raised", str(exc).strip()
-    where = "".join(traceback.format_exception(exc)[-6:])
+        kind, text = "raised", _text(exc).strip()
+    try:
+        where = "".join(traceback.format_exception(exc)[-6:])
+    except BaseException:  # noqa: BLE001 - the traceback renders the exception's text too
+        where = ""
     return {"kind": kind, "type_name": type(exc).__name__, "message": text[:_TEXT], "traceback": where[-_TEXT:]}
 
 
