@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .codec import Fp8Codec, get_codec
-from .envelope import AttentionEnvelope, TileChunk, EnvelopeBuilder
+from .envelope import AttentionEnvelope, EnvelopeBuilder, TileChunk
 from .matmul import exact_matmul
 from .model import SPEC_MODEL, ConformanceModel
 from .paging import TileLayout, blocks_needed, ceil_div, token_slots, visible_lengths

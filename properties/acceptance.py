@@ -40,35 +40,55 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import torch
 
+import golden
+from golden.codec import Fp8Codec
+from golden.envelope import AttentionEnvelope
 from golden.model import ConformanceModel, declared_model
+from kernels.backends.golden_backend import GoldenBackend
 from properties import compare as cmp
-from properties.attribution import Attribution, attribute, query_positions
+from properties.attribution import Attribution, attribute, error_picture, query_positions
+from properties.case import Case
 
 __all__ = ["CATEGORIES", "InputsModified", "CodecVerdict", "EnvelopeFigures", "Judgement", "call", "check_unchanged",
            "split_bundle", "judge", "hold", "reference_backend", "attribution_of", "backend_model"]
 
 CATEGORIES = ("pass", "kernel logic", "backend codec")
 
+#: A call's tensors by SPEC §1 name, and its scalars (softmax_scale, s2_tile, g_tile) by name.
+Tensors: TypeAlias = dict[str, torch.Tensor]
+Scalars: TypeAlias = dict[str, Any]
+
+
+class JudgedBackend(Protocol):
+    """What the rule reads of a backend: its ``name``; the rest by getattr, with defaults (``codec``,
+    ``spec_codec_not_applicable``, the declared ``model``), and the kernel it calls by name (:func:`call`).
+    kernels.Backend, kernels.KernelBackend and a supervised backend have it, and so does a double."""
+
+    @property
+    def name(self) -> str: ...
+
 
 class InputsModified(AssertionError):
     """A backend call changed one of its input tensors (SPEC: inputs are never modified)."""
 
 
-def call(backend, tensors: dict, *, op: str = "paged_attention_fp8", tags: dict | None = None, **scalars):
+def call(backend: JudgedBackend, tensors: Tensors, *, op: str = "paged_attention_fp8", tags: dict[str, object] | None = None,
+         **scalars: Any) -> torch.Tensor:
     """``backend.<op>(**tensors, **scalars)`` on clones; InputsModified unless the clones come back
     bit-identical to the originals. ``tensors`` itself is never handed to the backend."""
     __tracebackhide__ = True
     given = {k: v.clone() for k, v in tensors.items()}
-    out = getattr(backend, op)(**given, **scalars)
+    out: torch.Tensor = getattr(backend, op)(**given, **scalars)
     check_unchanged(given, tensors, backend_name=backend.name, tags=tags)
     return out
 
 
-def check_unchanged(given: dict, tensors: dict, *, backend_name: str, tags: dict | None = None) -> None:
+def check_unchanged(given: Tensors, tensors: Tensors, *, backend_name: str, tags: dict[str, object] | None = None) -> None:
     """InputsModified, its message made by the comparison core, unless every tensor of ``given`` (what a
     call was handed, after it) has the bits of the same tensor of ``tensors`` (the originals)."""
     __tracebackhide__ = True
@@ -102,16 +122,15 @@ _INTEGER_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int
 _TORCH_EQUAL_MOST = 4096
 
 
-def split_bundle(bundle) -> tuple[dict, dict]:
+def split_bundle(bundle: golden.InputBundle) -> tuple[Tensors, Scalars]:
     """(tensor kwargs, scalar kwargs) of an InputBundle, scalars taken from its config."""
     kw = bundle.kwargs()
     tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}
     return tensors, {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
 
 
-def reference_backend(backend):
+def reference_backend(backend: JudgedBackend) -> GoldenBackend:
     """The golden every law compares ``backend`` with: vectorized, under the backend's own codec."""
-    from kernels.backends.golden_backend import GoldenBackend
     return GoldenBackend(codec=getattr(backend, "codec", None), loop=False)
 
 
@@ -129,7 +148,7 @@ class EnvelopeFigures:
     outside_by: float | None
     note: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -146,15 +165,15 @@ class CodecVerdict:
     attribution_text: str | None       # Attribution.render(), or why it is unavailable
     message: str                       # the rule's failure text ("" on a pass)
     worst_ratio: float                 # max error over what the rule allows (1 = its edge; inf: misplaced non-finite)
-    worst_index: dict | None = None    # {"row", "b", "i", "head", "d"} of the greatest absolute difference
+    worst_index: dict[str, int] | None = None    # {"row", "b", "i", "head", "d"} of the greatest absolute difference
     max_abs_err: float | None = None   # over the mismatched elements on a failure, over all on a pass
     max_rel_err: float | None = None
     envelope_figures: EnvelopeFigures | None = None    # None: no element needed the envelope
-    error_map: list | None = None      # [B*S1][NQ] worst error over allowed, over d (failures only)
-    ratio_histogram: list | None = None  # counts per properties.attribution.RATIO_BINS interval, then non-finite
+    error_map: list[list[float | None]] | None = None      # [B*S1][NQ] worst error over allowed, over d (failures only)
+    ratio_histogram: list[int] | None = None  # counts per properties.attribution.RATIO_BINS interval, then non-finite
     expected: torch.Tensor = dataclasses.field(repr=False, compare=False)
     ratio: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)  # per element
-    envelope: object = dataclasses.field(default=None, repr=False, compare=False)   # golden.envelope.AttentionEnvelope
+    envelope: AttentionEnvelope | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -210,23 +229,24 @@ class Judgement:
         return "\n\n".join(r.message for r in self.references if r.counts and not r.passed)
 
 
-def attribution_of(res, tensors, scalars) -> tuple[Attribution | None, str]:
+def attribution_of(res: cmp.Comparison, tensors: Tensors, scalars: Scalars) -> tuple[Attribution | None, str]:
     """(Attribution, its rendered line) of a failed attention Comparison; on an error inside attribution
     (None, why it is unavailable): attribution never hides the failure."""
     try:
+        assert res.mismatch_mask is not None, "the attributes differ: no element to attribute"
         a = attribute(res.mismatch_mask, tensors, s2_tile=scalars["s2_tile"])
         return a, a.render()
     except Exception as exc:  # noqa: BLE001 - attribution must never hide the failure it describes
         return None, f"unavailable ({type(exc).__name__}: {exc})"
 
 
-def backend_model(backend) -> ConformanceModel:
+def backend_model(backend: JudgedBackend) -> ConformanceModel:
     """The conformance model ``backend`` is judged by: golden.model.declared_model (SPEC §4.1 unless it
     declares a narrower one; a wider declaration is a UsageError naming the field, never used)."""
     return declared_model(backend)
 
 
-def _worst_index(res: cmp.Comparison, s1: int) -> dict | None:
+def _worst_index(res: cmp.Comparison, s1: int) -> dict[str, int] | None:
     index = res.max_abs_index
     if index is None and res.nonfinite:
         index = res.nonfinite[0].first_index
@@ -236,7 +256,7 @@ def _worst_index(res: cmp.Comparison, s1: int) -> dict | None:
     return {"row": row, "b": row // s1, "i": row % s1, "head": h, "d": d}
 
 
-def _figures(envelope, res: cmp.Comparison, note: str) -> EnvelopeFigures | None:
+def _figures(envelope: AttentionEnvelope | None, res: cmp.Comparison, note: str) -> EnvelopeFigures | None:
     if envelope is None or not res.envelope:
         return None
     return EnvelopeFigures(inside_only=res.by_envelope, flippable=envelope.flippable, p_elements=envelope.p_elements,
@@ -245,23 +265,25 @@ def _figures(envelope, res: cmp.Comparison, note: str) -> EnvelopeFigures | None
                            outside_by=res.outside_envelope if res.outside_index is not None else None, note=note)
 
 
-def _reference(out, tensors, scalars, *, checked, codec, model, name: str, s1: int, tags) -> CodecVerdict:
+def _reference(out: torch.Tensor, tensors: Tensors, scalars: Scalars, *, checked: golden.PagedAttentionCall,
+               codec: Fp8Codec, model: ConformanceModel, name: str, s1: int,
+               tags: dict[str, object] | None) -> CodecVerdict:
     """One comparison under ``codec``: the golden and SPEC §4's tolerance first; the envelope (SPEC §4.2)
     only for the output rows that hold an element outside the tolerance, bit-identical there to the full
     envelope's (golden.paged_attention_envelope's ``rows``), since nothing else can change the verdict.
     ``checked``: the case's arguments as golden.checked_call checked them (once for every codec)."""
-    from properties.attribution import error_picture
     expected = checked.golden(codec)
     res = cmp.compare(out, expected, kind="attention", s1=s1)
     envelope = None
     if not res.passed and res.attribute is None:
+        assert res.mismatch_mask is not None       # compare sets the mask whenever the attributes agree
         needs = res.mismatch_mask.reshape(out.shape[0], -1).any(dim=1)          # output rows b * S1 + i
         envelope = checked.envelope(codec, model, rows=needs)
         res = cmp.compare(out, expected, kind="attention", s1=s1, envelope=(envelope.lo, envelope.hi))
     bounds = None if envelope is None else (envelope.lo, envelope.hi)
     ratio = cmp.error_ratio(out, expected, kind="attention", envelope=bounds) if res.attribute is None else None
     worst = float(ratio.max()) if ratio is not None and ratio.numel() else (0.0 if res.passed else math.inf)
-    common = dict(reference=name, comparison=res, counts=True, worst_ratio=worst, worst_index=_worst_index(res, s1),
+    common: dict[str, Any] = dict(reference=name, comparison=res, counts=True, worst_ratio=worst, worst_index=_worst_index(res, s1),
                   expected=expected, ratio=ratio, envelope=envelope)
     if res.passed:
         # The comparison core reports maxima over mismatches only; a pass still shows its float32 noise.
@@ -282,7 +304,8 @@ def _reference(out, tensors, scalars, *, checked, codec, model, name: str, s1: i
     return dataclasses.replace(record, envelope_figures=_figures(envelope, res, record.envelope_note()))
 
 
-def judge(backend, case, *, tags: dict | None = None, bundle=None) -> Judgement:
+def judge(backend: JudgedBackend, case: Case, *, tags: dict[str, object] | None = None,
+          bundle: golden.InputBundle | None = None) -> Judgement:
     """Run ``backend`` on ``case`` (a :class:`~properties.case.Case`) and hold it to the golden.
 
     ``bundle``: the case's inputs (``case.inputs()``) when the caller has built them already. Raises
@@ -295,11 +318,11 @@ def judge(backend, case, *, tags: dict | None = None, bundle=None) -> Judgement:
     return hold(out, tensors, scalars, backend=backend, label=case.label(), tags=tags)
 
 
-def hold(out: torch.Tensor, tensors: dict, scalars: dict, *, backend, label: str, tags: dict | None = None) -> Judgement:
+def hold(out: torch.Tensor, tensors: Tensors, scalars: Scalars, *, backend: JudgedBackend, label: str,
+         tags: dict[str, object] | None = None) -> Judgement:
     """The one rule on an output ``out`` that ``backend`` already gave for ``tensors`` and ``scalars``
     (:func:`judge` is :func:`call` then this): the laws that compare two calls hold each call to its own
     golden with it, to say which call is wrong."""
-    import golden
     tags = tags or {"case": label, "backend": backend.name}
     s1 = query_positions(tensors)
     spec = golden.SPEC_CODEC
@@ -309,7 +332,8 @@ def hold(out: torch.Tensor, tensors: dict, scalars: dict, *, backend, label: str
     # at all: that comparison would measure the platform, never the kernel (the report says so once).
     codecs = ([] if not_applicable else [("spec", spec)]) + ([(own.name, own)] if own is not spec else [])
     model = backend_model(backend)
-    checked = golden.checked_call(**tensors, **scalars)
+    by_name: dict[str, Any] = tensors       # mypy cannot match a dict's keys to the tensor parameters
+    checked = golden.checked_call(**by_name, **scalars)
     refs = [_reference(out, tensors, scalars, checked=checked, codec=codec, model=model, name=name, s1=s1, tags=tags)
             for name, codec in codecs]
     if len(refs) == 2 and refs[1].passed and not refs[0].passed:

@@ -39,9 +39,9 @@ def get_tolerance(kind: str = "attention", rtol: float | None = None,
         # the table, and the author would believe they had set the whole rule.
         raise ValueError(f"rtol and atol must both be given or both omitted; got rtol={rtol!r}, "
                          f"atol={'<tensor>' if isinstance(atol, torch.Tensor) else atol!r}")
-    if rtol is None:
+    if rtol is None or atol is None:       # both None (checked above): the table's rule
         t = TOLERANCES[kind]
-        if t.rtol is None:
+        if t.rtol is None or t.atol is None:
             raise ValueError(f"kind={kind!r} takes the bound from the caller: pass both rtol and atol")
         return t.rtol, t.atol
     if kind == "exact":
@@ -100,7 +100,7 @@ class Comparison:
             row, h, d = index
             return f"(b={row // self.s1}, i={row % self.s1}, h={h}, d={d})"
         if self.index_names and len(self.index_names) == len(index):
-            return "(" + ", ".join(f"{n}={v}" for n, v in zip(self.index_names, index)) + ")"
+            return "(" + ", ".join(f"{n}={v}" for n, v in zip(self.index_names, index, strict=True)) + ")"
         return str(tuple(index))
 
 

@@ -26,9 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import torch
+
+import golden
+from golden.codec import Fp8Codec
+from kernels.backends.contract import KernelBackend
+from kernels.mutants.golden_level import GOLDEN_MUTANTS
+from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
+from properties import compare as cmp
+from properties.acceptance import Judgement, Scalars, Tensors
 
 __all__ = ["FaultModel", "Candidate", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "EXPLAINS",
            "DEFAULT_BUDGET_S"]
@@ -39,6 +48,11 @@ EXPLAINS = 0.9
 #: Seconds of model evaluation per case (the report says how many models ran within it).
 DEFAULT_BUDGET_S = 20.0
 
+#: A fault model's output: (tensors, scalars, codec) -> the bf16 output of a kernel with the defect.
+ModelOutput: TypeAlias = Callable[[Tensors, Scalars, Fp8Codec | str | None], torch.Tensor]
+#: An input-level defect: (tensors, scalars) -> the changed (tensors, scalars).
+Change: TypeAlias = Callable[[Tensors, Scalars], tuple[Tensors, Scalars]]
+
 
 @dataclasses.dataclass(frozen=True)
 class FaultModel:
@@ -47,7 +61,7 @@ class FaultModel:
     name: str
     stage: str                      # the SPEC §2 stage it changes, as a reader would look for it
     description: str
-    output: Callable = dataclasses.field(repr=False, compare=False)
+    output: ModelOutput = dataclasses.field(repr=False, compare=False)
     cost: int = 1                   # 1: one vectorized golden call; 2: the staged (loop) golden
 
 
@@ -74,7 +88,7 @@ class Candidate:
     def explains(self) -> bool:
         return self.explained_share >= EXPLAINS and self.broken_share <= 1 - EXPLAINS
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"explains": self.explains}
 
 
@@ -115,7 +129,7 @@ class Diagnosis:
         cut = f", budget {self.budget_s:g} s reached" if self.evaluated < self.available else ""
         return f"{self.evaluated} of {self.available} models in {self.seconds:.1f} s{cut}"
 
-    def to_dict(self, top: int = 5) -> dict:
+    def to_dict(self, top: int = 5) -> dict[str, Any]:
         return {"explained": self.explained, "candidates": [c.to_dict() for c in self.candidates[:top]],
                 "evaluated": self.evaluated, "available": self.available, "seconds": round(self.seconds, 2),
                 "budget_s": self.budget_s}
@@ -123,24 +137,24 @@ class Diagnosis:
 
 # -- the input-level models --------------------------------------------------------------------------
 
-def _golden_on(change: Callable[[dict, dict], tuple[dict, dict]]) -> Callable:
+def _golden_on(change: Change) -> ModelOutput:
     """A model output: the golden on inputs changed by ``change(tensors, scalars)`` (copies)."""
-    def output(tensors: dict, scalars: dict, codec):
-        import golden
+    def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
         t, s = change(dict(tensors), dict(scalars))
-        return golden.paged_attention_fp8(**t, **s, codec=codec)
+        by_name: dict[str, Any] = t         # mypy cannot match a dict's keys to the tensor parameters
+        return golden.paged_attention_fp8(**by_name, **s, codec=codec)
     return output
 
 
-def _with(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    def change(t, s):
+def _with(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Change:
+    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         t[name] = value(t[name])
         return t, s
     return change
 
 
 def _roll(dims: int, shift: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def value(x):
+    def value(x: torch.Tensor) -> torch.Tensor:
         if x.shape[dims] < 2:
             raise ValueError("only one entry along that axis: no neighbour to read")
         return x.roll(shift, dims=dims).contiguous()
@@ -148,31 +162,31 @@ def _roll(dims: int, shift: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _first(dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def value(x):
+    def value(x: torch.Tensor) -> torch.Tensor:
         if x.shape[dims] < 2:
             raise ValueError("only one entry along that axis: reading the first is no defect")
         return x.narrow(dims, 0, 1).expand_as(x).contiguous()
     return value
 
 
-def _heads_of_zero(*names: str) -> Callable:
-    def change(t, s):
+def _heads_of_zero(*names: str) -> Change:
+    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         for name in names:
             t[name] = _first(2)(t[name])
         return t, s
     return change
 
 
-def _softmax(factor: Callable[[float], float]) -> Callable:
-    def change(t, s):
+def _softmax(factor: Callable[[float], float]) -> Change:
+    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         scale = s.get("softmax_scale") or t["q"].shape[-1] ** -0.5
         s["softmax_scale"] = factor(scale)
         return t, s
     return change
 
 
-def _lengths(value: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    def change(t, s):
+def _lengths(value: Callable[[torch.Tensor], torch.Tensor]) -> Change:
+    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         t["kv_act_seqs"] = value(t["kv_act_seqs"]).clamp(min=0).to(torch.int32)
         return t, s
     return change
@@ -232,8 +246,6 @@ _STAGE_OF_MUTANT = {"p_quantized_per_column": "P quantization, SPEC §2.3 and §
 
 
 def _stage_models() -> list[FaultModel]:
-    from kernels.mutants.golden_level import GOLDEN_MUTANTS
-    from kernels.mutants.staged import StagedGolden
     models = []
     for name, cls in GOLDEN_MUTANTS.items():
         if cls.equivalent is not None:
@@ -243,8 +255,13 @@ def _stage_models() -> list[FaultModel]:
         changed = [m for k in own for m in _STAGE_OF_METHOD if m in vars(k)]
         stage = _STAGE_OF_MUTANT.get(name) or (_STAGE_OF_METHOD[changed[0]] if changed else "SPEC §2")
 
-        def output(tensors, scalars, codec, cls=cls):
-            return cls(codec=codec).paged_attention_fp8(**tensors, **scalars)
+        def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None,
+                   cls: type[StagedGolden] = cls) -> torch.Tensor:
+            backend: KernelBackend = cls(codec=codec)
+            by_name: dict[str, Any] = tensors   # as in _golden_on
+            return backend.paged_attention_fp8(**by_name, **scalars)
+        # kernels.mutants' catalog refuses, at import, a golden mutant without a docstring (it names the bug).
+        assert cls.__doc__ is not None
         models.append(FaultModel(name, stage, " ".join(cls.__doc__.split()), output, cost=2))
     return models
 
@@ -252,19 +269,18 @@ def _stage_models() -> list[FaultModel]:
 def _own_stage_models() -> list[FaultModel]:
     """Stage models written here, for defects the golden-level catalog does not hold (the staged golden of
     kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column."""
-    from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 
     class PScaleNotInverted(StagedGolden):
-        def quantize_p(self, p, valid):
-            p8, p_scale = super().quantize_p(p, valid)
+        def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
             return p8, torch.reciprocal(p_scale)
 
     class PClamped(StagedGolden):
         top = 240.0
 
-        def quantize_p(self, p, valid):
+        def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             # round(min(y, c)) = min(round(y), c) for an E4M3 value c: the rounding is monotone
-            p8, p_scale = super().quantize_p(p, valid)
+            p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
             return p8.clamp(max=self.top), p_scale
 
     class RunningMaxNotUpdated(WrittenOutUpdate):
@@ -273,7 +289,8 @@ def _own_stage_models() -> list[FaultModel]:
     class TableColumnShifted(StagedGolden):
         shift = 1
 
-        def token_slots(self, block_table, b, tokens, start):
+        def token_slots(self, block_table: torch.Tensor, b: int, tokens: torch.Tensor,
+                        start: int) -> tuple[torch.Tensor, torch.Tensor]:
             bs, width = self.dims.block_size, block_table.shape[1]
             columns = (tokens // bs + self.shift).clamp(0, width - 1)
             return block_table[b, columns].long().clamp(min=0), tokens % bs
@@ -281,9 +298,11 @@ def _own_stage_models() -> list[FaultModel]:
     class TableColumnShiftedBack(TableColumnShifted):
         shift = -1
 
-    def run(cls):
-        def output(tensors, scalars, codec):
-            return cls(codec=codec).paged_attention_fp8(**tensors, **scalars)
+    def run(cls: type[StagedGolden]) -> ModelOutput:
+        def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
+            backend: KernelBackend = cls(codec=codec)
+            by_name: dict[str, Any] = tensors   # as in _golden_on
+            return backend.paged_attention_fp8(**by_name, **scalars)
         return output
     return [
         FaultModel("p_scale_not_inverted", "P quantization, SPEC §2.3 and §3",
@@ -309,18 +328,19 @@ def fault_models() -> list[FaultModel]:
 
 # -- matching -------------------------------------------------------------------------------------------
 
-def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: dict, scalars: dict, *, codec=None,
+def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalars: Scalars, *,
+             codec: Fp8Codec | str | None = None,
              budget_s: float = DEFAULT_BUDGET_S, models: list[FaultModel] | None = None) -> Diagnosis:
     """Score every fault model (``models``, default :func:`fault_models`) against the kernel's output ``out``
     on the case's inputs, within ``budget_s`` seconds; ``expected`` is the golden's output under ``codec``
     (the comparison that failed). Candidates come best first: most of the mismatch explained, then fewest
     matching elements broken, then the cheaper model."""
-    from properties import compare as cmp
     models = fault_models() if models is None else models
     against_golden = cmp.compare(out, expected, kind="attention")
     if against_golden.attribute is not None:
         return Diagnosis((), 0, len(models), 0.0, budget_s)
     mismatch = against_golden.mismatch_mask
+    assert mismatch is not None       # compare sets the mask whenever the attributes agree
     mismatched, matching = int(mismatch.sum()), int((~mismatch).sum())
     scored, start, evaluated = [], time.perf_counter(), 0
     for model in models:
@@ -336,17 +356,18 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: dict, scalars: 
         if res.attribute is not None:
             continue
         differs = res.mismatch_mask
+        assert differs is not None        # as above: the attributes agree
         scored.append((Candidate(model.name, model.stage, model.description, int((mismatch & ~differs).sum()),
                                  mismatched, int((~mismatch & differs).sum()), matching), model.cost))
     scored.sort(key=lambda sc: (-sc[0].explained_share, sc[0].broken_share, sc[1]))
     return Diagnosis(tuple(c for c, _ in scored), evaluated, len(models), time.perf_counter() - start, budget_s)
 
 
-def diagnose_verdict(verdict, tensors: dict, scalars: dict, *, budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
+def diagnose_verdict(verdict: Judgement, tensors: Tensors, scalars: Scalars, *,
+                     budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
     """:func:`diagnose` of a failed properties.acceptance.Judgement, on its first counted failing comparison
     under that comparison's codec; None when nothing counted failed, or the failure is not one of values
     (shape, dtype or non-finite placement: the message already says what)."""
-    import golden
     failing = [r for r in verdict.references if r.counts and not r.passed]
     if not failing or failing[0].comparison.attribute is not None:
         return None

@@ -26,11 +26,20 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+import torch
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis.control import currently_in_test_context
 
-from properties.generation import pin_local_constants
+import kernels
+from cases.data import regressions
+from cases.data.versions import versions
+from golden.errors import UsageError
+from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
+from properties.coverage import Coverage, classify
+from properties.generation import pin_local_constants, reported_example
 
 pytest_plugins = ("pytester",)
 
@@ -88,7 +97,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # One torch thread per xdist worker: the workers share the cores, and the sim backend's
         # calculator runs thousands of tiny ops between which extra threads only spin (its
         # measurements: kernels/backends/sim_cost.py). A backend never sets this itself.
-        import torch
         torch.set_num_threads(1)
     config.addinivalue_line("markers", "npu: needs an Ascend 950 and torch_npu")
     config.addinivalue_line("markers", "sim: needs pypto 0.2.0 (SIM mode on the CPU)")
@@ -103,17 +111,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    import torch
 
-    from cases.data.versions import versions
 
     # From its metadata, never imported: pypto must first be imported by kernels.pypto_workarounds.
     pypto_version = versions()["pypto"] or "not installed"
     seed = config.getoption("hypothesis_seed", None)
     profile = settings.get_current_profile_name()
     lines = [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
-             f"pfa-verify: hypothesis profile={profile} "
-             f"seed={seed if seed is not None else ('derandomized' if settings.default.derandomize else 'random')}"]
+             (f"pfa-verify: hypothesis profile={profile} "
+             f"seed={seed if seed is not None else ('derandomized' if settings.default.derandomize else 'random')}")]
     if config.option.markexpr:
         # Under xdist the summary line does not count deselected tests: say here what is left out.
         lines.append(f"pfa-verify: only tests matching -m {config.option.markexpr!r} run; the rest are not checked "
@@ -140,10 +146,7 @@ def backend(request: pytest.FixtureRequest):
     """The backend named by --backend (kernels.get_backend). One that cannot run here fails the
     tests that need it, with the reason (no torch_npu, no 950, pypto not installed...); with
     --allow-unavailable they are skipped instead, counted in the summary."""
-    import kernels
 
-    from golden.errors import UsageError
-    from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
     name = request.config.getoption("--backend")
     device = request.config.getoption("--device")
     supervised = name != "golden" and not request.config.getoption("--in-process")
@@ -174,8 +177,6 @@ def check_law(backend, request: pytest.FixtureRequest):
     """``check_law(name, case, **params)``: law ``name`` on the backend under test; a failure is
     captured in cases/regressions (named so that a fresh process rebuilds the backend) before it is
     reported, and the message ends with the replay command."""
-    from cases.data import regressions
-    from properties.generation import reported_example
 
     option = request.config.getoption("--backend")
     name_in_files = backend.name if option == "auto" else option
@@ -184,7 +185,6 @@ def check_law(backend, request: pytest.FixtureRequest):
 
     def check(name: str, case, **params) -> None:
         __tracebackhide__ = True
-        import kernels
         test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
         _record_coverage(case)
         if budget is not None and after_failure.get(test, -1) >= budget and not reported_example():
@@ -215,13 +215,10 @@ def _record_coverage(case) -> None:
     config = getattr(case, "config", None)
     if config is None or not hasattr(config, "block_table"):
         return
-    from properties.coverage import classify
     bins = classify(config)
     _COVERAGE_HITS.update(bins)
     _COVERAGE_CASES[0] += 1
-    from hypothesis.control import currently_in_test_context
     if currently_in_test_context():
-        from hypothesis import event
         for name in sorted(bins):
             event(f"coverage: {name}")
 
@@ -243,7 +240,6 @@ def pytest_testnodedown(node, error) -> None:                        # xdist's c
 def _coverage_summary(terminalreporter) -> None:
     if not _COVERAGE_CASES[0]:
         return
-    from properties.coverage import Coverage
     terminalreporter.section("pfa-verify: coverage of the law runs (properties/coverage.py)")
     terminalreporter.write_line(Coverage.from_hits(_COVERAGE_HITS, _COVERAGE_CASES[0]).line("law examples"))
 
@@ -252,10 +248,11 @@ def _coverage_summary(terminalreporter) -> None:
 def suite_pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """pytest's ``pytester`` for tests that run a pytest session of their own (``runpytest_subprocess``):
     its folder has a conftest.py that is this one (options, fixtures, profiles), the project root is on
-    the import path, and the session is not taken for an xdist worker of ours."""
-    from pathlib import Path
+    the import path, the session is not taken for an xdist worker of ours, and its captures stay in its folder."""
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    # its laws capture into its own folder, never into the checkout's cases/regressions/
+    monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(pytester.path / "regressions"))
     pytester.makeconftest("from tests.conftest import *  # noqa: F401,F403\n")
     return pytester

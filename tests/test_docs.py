@@ -5,12 +5,15 @@ shows. The checks are plain functions of a tree, so a planted broken reference i
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+
+from cases import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases", "tests")
@@ -98,9 +101,7 @@ def test_a_planted_broken_reference_and_link_are_found(tmp_path):
 
 def _options() -> dict[str, set[str]]:
     """Every subcommand of ``pfa-verify`` (and ``cases`` sub-subcommand) with the options it takes."""
-    import argparse
 
-    from cases import cli
 
     def walk(parser: argparse.ArgumentParser, prefix: str, out: dict) -> None:
         out[prefix] = {s for a in parser._actions for s in a.option_strings}
@@ -157,7 +158,6 @@ def test_every_command_and_option_the_docs_name_exists():
 def test_the_readme_recipe_runs_and_fails_as_the_readme_shows(tmp_path, capsys):
     """docs/examples/my_backend.py: the correct backend passes; the buggy one fails, and the failure the
     README walks through is what the command prints (all but the replay line, whose folder differs)."""
-    from cases import cli
     example = "docs/examples/my_backend.py"
     report = tmp_path / "ok.json"
     assert cli.main(["run", "--backend", f"{example}:make_backend", "--cases", "pfa_fp8_b2_s1_1_s2_1k",
@@ -167,12 +167,13 @@ def test_the_readme_recipe_runs_and_fails_as_the_readme_shows(tmp_path, capsys):
     assert cli.main(["run", "--backend", f"{example}:make_buggy_backend", "--cases", "pfa_fp8_b2_s1_1_s2_1k",
                      "--examples", "3", "--regressions", str(tmp_path / "regs")]) == 1
     printed = capsys.readouterr().out
-    head, name, rest = re.split(r"^    FAIL (generated_\d\d) \(spec\)\n", (ROOT / "README.md").read_text(), maxsplit=1,
+    _head, name, rest = re.split(r"^    FAIL (generated_\d\d) \(spec\)\n", (ROOT / "README.md").read_text(), maxsplit=1,
                                 flags=re.M)
     shown = rest.split("\n\n", 1)[0]
     lines = [f"FAIL {name} (spec)"] + [line.strip() for line in shown.splitlines() if "Replay:" not in line]
     flat = " ".join(printed.split())          # the terminal wraps long lines at its width
-    for line in lines:
+    for printed_line in lines:
+        line = printed_line
         if line.startswith("Diagnosis:"):        # all but the seconds it took
             line = line.rsplit(" models in ", 1)[0]
         assert " ".join(line.split()) in flat, line

@@ -31,7 +31,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(root))
     return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
                            "--config", str(root / "pyproject.toml"), "--no-cache"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_the_import_contracts_hold():

@@ -26,31 +26,36 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
+from cases.cli import captured
+from cases.cli.interrupt import Interruption
 from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
 from cases.cli.run_commands import add_compare, add_run, add_search, run_options
+from golden.errors import UsageError
+from golden.inputs import MAX_BYTES_ENV
+from kernels import BackendUnavailable
 
 __all__ = ["build_parser", "main", "run_options", "SUBCOMMANDS"]
 
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
-    from cases.cli import captured
     captured.add_arguments(parser)
 
 
 SUBCOMMANDS = {
     "run": ("run regressions, catalog and generated cases on a backend against the golden", add_run),
-    "compare": ("two reports of the same selection side by side: verdicts that differ, worst error over the "
-                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)", add_compare),
+    "compare": (("two reports of the same selection side by side: verdicts that differ, worst error over the "
+                "tolerance per case (exit 1 when verdicts differ, 2 when the selections differ)"), add_compare),
     "bench": ("the golden self-check: vectorized vs loop golden, times and bit agreement", add_bench),
     "cases": ("list, show, replay and prune captured regression cases", add_cases),
     "mutants": ("the kill matrix: every mutant of a level through every law and the catalog", add_mutants),
-    "conforming": ("the false reds of correct kernels: every conforming variant (SPEC §4.1) through every law and "
-                   "the catalog; any failure is a false red of the suite (options as mutants)", add_conforming),
-    "tightness": ("how wide the acceptance envelope is, per value distribution, on kernel-sized cases "
-                  "(cases/tightness.json holds the recorded figures)", add_tightness),
-    "search": ("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
-               "cluster; failures shrunk and captured once per signature", add_search),
+    "conforming": (("the false reds of correct kernels: every conforming variant (SPEC §4.1) through every law and "
+                   "the catalog; any failure is a false red of the suite (options as mutants)"), add_conforming),
+    "tightness": (("how wide the acceptance envelope is, per value distribution, on kernel-sized cases "
+                  "(cases/tightness.json holds the recorded figures)"), add_tightness),
+    "search": (("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
+               "cluster; failures shrunk and captured once per signature"), add_search),
 }
 
 
@@ -58,7 +63,6 @@ class _HelpFormatter(argparse.HelpFormatter):
     """argparse's help layout, without line breaks inside names such as pypto-gym:FILE.py."""
 
     def _split_lines(self, text, width):
-        import textwrap
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
@@ -76,11 +80,7 @@ def main(argv=None) -> int:
     arguments) or a backend that cannot start is one line on stderr and exit 2; anything else is a bug
     of ours and propagates with its traceback (never reported as "could not run")."""
     args = build_parser().parse_args(argv)
-    from cases.cli.interrupt import Interruption
-    from golden.errors import UsageError
-    from kernels import BackendUnavailable
     if getattr(args, "max_bytes", None):
-        from golden.inputs import MAX_BYTES_ENV
         os.environ[MAX_BYTES_ENV] = str(args.max_bytes)   # spawned workers inherit it
     # pfa-verify run winds down by itself (it asks args.interruption.stop() between steps); the others stop at once.
     args.interruption = Interruption(cooperative=args.command == "run")

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable, overload
+import sys
+from collections.abc import Callable
+from typing import overload
+
+from cases.running.pool import parse_cluster
+from golden import DISTRIBUTIONS
+from golden.errors import UsageError
+from golden.inputs import parse_byte_count
+from kernels import SKIP_KINDS
+from properties.coverage import bin_names
 
 __all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
            "coverage_bins", "RUN_EXAMPLES", "SEARCH_EXAMPLES", "MATRIX_EXAMPLES", "SEARCH_TASKS", "SHRINK_SECONDS",
@@ -35,14 +44,14 @@ def worker_bound() -> int:
 
 
 @overload
-def count(text: str) -> int: ...
+def count(text: str, *, at_most: int | None = None) -> int: ...
 
 
 @overload
 def count(*, at_most: int) -> Callable[[str], int]: ...
 
 
-def count(text=None, *, at_most=None):
+def count(text: str | None = None, *, at_most: int | None = None) -> int | Callable[[str], int]:
     """An argparse type: a count, an integer >= 0 (``type=count``: --seed, --device); ``type=count(at_most=N)``
     also refuses more than N (the bounds above), naming the bound."""
     if text is None:
@@ -73,8 +82,6 @@ def fraction(text: str) -> float:
 def byte_count(text: str) -> int:
     """An argparse type: a positive number of bytes, written as an integer or as 8e9 (--max-bytes), parsed
     as $PFA_VERIFY_MAX_BYTES is (golden.inputs.parse_byte_count)."""
-    from golden.errors import UsageError
-    from golden.inputs import parse_byte_count
     try:
         return parse_byte_count(text, "value")
     except UsageError as exc:
@@ -82,7 +89,6 @@ def byte_count(text: str) -> int:
 
 
 def skip_kinds(text: str) -> tuple[str, ...]:
-    from kernels import SKIP_KINDS
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     bad = [k for k in kinds if k not in SKIP_KINDS + ("all",)]
     if bad or not kinds:
@@ -91,7 +97,6 @@ def skip_kinds(text: str) -> tuple[str, ...]:
 
 
 def distributions(text: str) -> tuple[str, ...]:
-    from golden import DISTRIBUTIONS
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if n not in DISTRIBUTIONS]
     if bad or not names:
@@ -101,7 +106,6 @@ def distributions(text: str) -> tuple[str, ...]:
 
 def add_cluster_argument(parser, what: str) -> None:
     """``--cluster ray[=HOST:PORT]`` on an argparse parser (run, mutants, search)."""
-    from cases.running.pool import parse_cluster
 
     def cluster(text: str) -> str:
         try:
@@ -116,14 +120,12 @@ def add_cluster_argument(parser, what: str) -> None:
 
 def cluster_refused(exc) -> int:
     """A cluster that cannot take the work: one line, exit 2, before any case ran (cases/running/pool.py)."""
-    import sys
     print(f"pfa-verify: error: {exc}", file=sys.stderr)
     return 2
 
 
 def coverage_bins(text: str) -> tuple[str, ...]:
     """``--coverage``: ``all``, or bin names of properties.coverage (unknown names: a usage error)."""
-    from properties.coverage import bin_names
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     known = bin_names()
     bad = [n for n in names if n != "all" and n not in known]

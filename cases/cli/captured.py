@@ -9,14 +9,19 @@ import json
 
 from cases.cli import preflight
 from cases.cli.arguments import byte_count, count
+from cases.data import regressions
+from cases.running.run import open_backend
+from golden.errors import UsageError
+from kernels import BackendUnavailable
+from kernels.backends.supervisor import KernelFault, describe_failure
+from properties import ledger
+from properties.coverage import BINS, classify
 
 __all__ = ["add_arguments"]
 
 
 def _cmd_list(args) -> int:
     preflight.check_command(args)
-    from cases.data import regressions
-    from golden.errors import UsageError
     ids = regressions.list_ids(directory=args.dir)
     if not ids:
         print(f"no captured regressions in {regressions.directory(args.dir)}")
@@ -35,7 +40,6 @@ def _cmd_list(args) -> int:
 
 def _cmd_show(args) -> int:
     preflight.check_command(args)
-    from cases.data import regressions
     reg = regressions.load(args.id, directory=args.dir)
     data = reg.to_json()
     message = data.pop("message")
@@ -50,8 +54,6 @@ def _cmd_show(args) -> int:
 
 def _cmd_replay(args) -> int:
     preflight.check_command(args)
-    from cases.data import regressions
-    from cases.running.run import open_backend
     reg = regressions.load(args.id, directory=args.dir)
     name = args.backend or reg.backend
     # The kernel runs under a supervisor (kernels/backends/supervisor.py): whatever it does, this process decides.
@@ -64,14 +66,10 @@ def _cmd_replay(args) -> int:
 
 
 def _replayed(args, reg, name: str, backend) -> int:
-    from cases.data import regressions
-    from kernels import BackendUnavailable
-    from kernels.backends.supervisor import KernelFault, describe_failure
     print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
     if name != reg.backend:
         print(f"note: this checks {name}, not {reg.backend}, on the captured case")
     if reg.case.get("kind") == "paged":           # the coverage of a replay is the replayed case's
-        from properties.coverage import BINS, classify
         hit = classify(reg.to_case().config)
         singles = [b.name for b in BINS if b.name in hit]
         print(f"covers {len(singles)} bins and {len(hit) - len(singles)} crosses (properties/coverage.py): "
@@ -97,7 +95,6 @@ def _replayed(args, reg, name: str, backend) -> int:
 
 def _cmd_prune(args) -> int:
     preflight.check_command(args)
-    from cases.data import regressions
     folder = regressions.directory(args.dir)
     backends: dict = {}
     try:
@@ -109,12 +106,6 @@ def _cmd_prune(args) -> int:
 
 
 def _pruned(args, folder, backends: dict) -> int:
-    from cases.data import regressions
-    from cases.running.run import open_backend
-    from golden.errors import UsageError
-    from kernels import BackendUnavailable
-    from kernels.backends.supervisor import describe_failure
-    from properties import ledger
     removed = 0
     for rid in regressions.list_ids(directory=args.dir):
         try:
@@ -162,7 +153,6 @@ def _pruned(args, folder, backends: dict) -> int:
 
 def _changing(folder, action, *args, **kwargs):
     """``action`` on the folder's files: one the OS refuses (a read-only folder) is one line and exit 2."""
-    from golden.errors import UsageError
     try:
         return action(*args, **kwargs)
     except OSError as exc:

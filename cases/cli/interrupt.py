@@ -20,6 +20,7 @@ import threading
 from types import FrameType
 
 from cases.reporting.report import EXIT_INTERRUPTED
+from kernels.backends.supervisor import kill_all
 
 __all__ = ["Interruption"]
 
@@ -54,7 +55,6 @@ class Interruption:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.signal is not None:                       # the second one: end now
-            from kernels.backends.supervisor import kill_all
             kill_all()
             os.write(2, f"\npfa-verify: {name} again: ending at once\n".encode())
             os._exit(EXIT_INTERRUPTED.get(self.signal, 130))

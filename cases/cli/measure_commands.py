@@ -5,21 +5,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import json as json_module
 import sys
+from pathlib import Path
 
+from rich.console import Console
+
+import golden
 from cases.cli import preflight
-from cases.cli.arguments import BENCH_CASES, BENCH_REPEATS, MATRIX_EXAMPLES, SHRINK_SECONDS, TIGHTNESS_CASES
-from cases.cli.arguments import add_cluster_argument, cluster_refused, count, fraction, worker_bound
+from cases.cli.arguments import (
+    BENCH_CASES,
+    BENCH_REPEATS,
+    MATRIX_EXAMPLES,
+    SHRINK_SECONDS,
+    TIGHTNESS_CASES,
+    add_cluster_argument,
+    cluster_refused,
+    count,
+    fraction,
+    worker_bound,
+)
+from cases.measuring import bench, conforming, kill_latency, tightness
+from cases.measuring import mutants as matrix
+from cases.measuring.bench import WORKLOADS
+from cases.measuring.tightness import measure, record, render_table
+from cases.running.pool import ClusterError
+from golden.errors import UsageError
+from kernels import BackendUnavailable
+from kernels.conforming import VARIANTS
+from kernels.mutants import MUTANTS
 
 __all__ = ["add_mutants", "add_conforming", "add_bench", "add_tightness"]
 
 
 def _conforming(args, console, names, laws) -> int:
     """``--level conforming``: the false reds of the correct variants (cases/measuring/conforming.py)."""
-    import json as json_module
-    from pathlib import Path
 
-    from cases.measuring import conforming
     run = conforming.false_reds(examples=args.examples, seed=args.seed, names=names, laws=laws,
                                 catalog=not args.no_catalog, workers=args.workers, cluster=args.cluster)
     console.print(conforming.render_table(run))
@@ -39,11 +60,9 @@ def _conforming(args, console, names, laws) -> int:
 def _list_catalog(args, console) -> int:
     """``mutants --list``: the catalog of the level (the conforming variants for --level conforming)."""
     if args.level == "conforming":
-        from kernels.conforming import VARIANTS
         for v in VARIANTS.values():
             console.print(f"conforming {v.name:<40} {v.description}", highlight=False, markup=False)
         return 0
-    from kernels.mutants import MUTANTS
     for m in MUTANTS.values():
         tag = " (equivalent)" if m.equivalent else ""
         console.print(f"{m.level:<6} {m.name:<40} {m.bug}{tag}", highlight=False, markup=False)
@@ -52,11 +71,8 @@ def _list_catalog(args, console) -> int:
 
 def _cmd_mutants(args) -> int:
     preflight.check_command(args)
-    import json as json_module
 
-    from rich.console import Console
 
-    from cases.measuring import mutants as matrix
     console = Console() if sys.stdout.isatty() else Console(width=240, force_terminal=False)
     if args.list:
         return _list_catalog(args, console)
@@ -67,7 +83,6 @@ def _cmd_mutants(args) -> int:
 
     names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
     laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
-    from cases.running.pool import ClusterError
     if getattr(args, "latency", False):
         try:
             return _latency(args, console, names)
@@ -81,7 +96,6 @@ def _cmd_mutants(args) -> int:
             return _conforming(args, console, names, laws)
         except ClusterError as exc:
             return cluster_refused(exc)
-    from kernels import BackendUnavailable
     try:
         run = matrix.kill_matrix(args.level, examples=args.examples, seed=args.seed, names=names, laws=laws,
                                  catalog=not args.no_catalog, goal=args.goal, workers=args.workers,
@@ -102,12 +116,10 @@ def _cmd_mutants(args) -> int:
                           f"{smallest}", highlight=False, markup=False)
     console.print(matrix.summary_line(run), highlight=False, markup=False)
     if args.json:
-        from pathlib import Path
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json_module.dumps(matrix.to_json(run), indent=2) + "\n")
         console.print(f"JSON report: {args.json}", highlight=False)
     if args.html:
-        from pathlib import Path
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)
         Path(args.html).write_text(matrix.render_html(run), encoding="utf-8")
         console.print(f"HTML report: {args.html}", highlight=False)
@@ -116,8 +128,6 @@ def _cmd_mutants(args) -> int:
 
 def _latency(args, console, names) -> int:
     """``mutants --latency``: generated cases to each mutant's first kill, directed and plain order."""
-    from cases.measuring import kill_latency
-    from kernels import BackendUnavailable
     ignored = [option for option, given in (("--html", args.html), ("--laws", args.laws), ("--no-catalog", args.no_catalog),
                                             ("--goal", args.goal is not None), ("--allow-survivors", args.allow_survivors),
                                             ("--shrink-seconds", args.shrink_seconds != 30), ("--verbose", args.verbose))
@@ -137,7 +147,6 @@ def _latency(args, console, names) -> int:
     for r in broken:
         console.print(f"{r.name}: broken: {r.error}", highlight=False, markup=False)
     if args.json:
-        from pathlib import Path
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         data = {"level": args.level, "examples": args.examples, "seed": args.seed,
                 "rows": [dataclasses.asdict(r) for r in rows], "summary": kill_latency.summary(rows)}
@@ -192,7 +201,6 @@ def add_conforming(parser: argparse.ArgumentParser) -> None:
 
 
 def add_bench(parser: argparse.ArgumentParser) -> None:
-    from cases.measuring.bench import WORKLOADS
     parser.add_argument("--workload", choices=WORKLOADS, default="all")
     parser.add_argument("--repeat", type=count(at_most=BENCH_REPEATS), default=3,
                         help=f"timed repetitions; the best is kept (default 3, at most {BENCH_REPEATS})")
@@ -211,7 +219,6 @@ def add_bench(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     preflight.check_command(args)
-    from cases.measuring import bench
     return bench.main(workload=args.workload, repeat=args.repeat, small_cases=args.small_cases,
                       kernel_cases=args.kernel_cases, stages=args.stages, tightness=args.tightness, json_path=args.json)
 
@@ -229,17 +236,13 @@ def add_tightness(parser) -> None:
 
 def _cmd_tightness(args) -> int:
     """``pfa-verify tightness``: the table, or with ``--record`` the recorded shares rewritten."""
-    from cases.measuring.tightness import RECORDED, measure, record, render_table
-    from golden.errors import UsageError
     preflight.check_command(args)
-    preflight.check_output_file("--record", RECORDED if args.record else None)
+    preflight.check_output_file("--record", tightness.RECORDED if args.record else None)
     if args.cases < 1:
         raise UsageError(f"--cases {args.cases}: expected at least 1 case per distribution")
     if args.record:
         print(json.dumps(record(seed=args.seed), indent=1))
         return 0
-    from rich.console import Console
 
-    import golden
     Console(width=160).print(render_table([measure(d, args.cases, args.seed) for d in golden.DISTRIBUTIONS]))
     return 0

@@ -17,6 +17,12 @@ import stat
 import tempfile
 from pathlib import Path
 
+from cases.data.regressions import REGRESSIONS_ENV, directory
+from golden.errors import UsageError
+from golden.inputs import memory_limit
+from kernels.pypto_workarounds import CACHE_ENV
+from properties.strategies import max_len
+
 __all__ = ["check_command", "check_environment", "check_output_file", "check_regressions_folder",
            "PSEUDO_FILESYSTEMS", "MIN_FREE_BYTES"]
 
@@ -50,9 +56,6 @@ def check_environment() -> None:
     ``PFA_VERIFY_CACHE`` (kernels.pypto_workarounds.cache_root: a folder, or one that can be created).
     ``PFA_VERIFY_REGRESSIONS`` is the regressions folder's, checked by :func:`check_regressions_folder`
     for the commands that use it."""
-    from golden.inputs import memory_limit
-    from kernels.pypto_workarounds import CACHE_ENV
-    from properties.strategies import max_len
     memory_limit()
     max_len()
     cache = os.environ.get(CACHE_ENV)         # as cache_root reads it: unset or empty is the default
@@ -97,7 +100,6 @@ def check_regressions_folder(path=None, *, option: str = "--regressions", writes
     else cases/regressions (cases.data.regressions.directory). Not under /proc, /sys or /dev, a folder
     (readable) or not there yet; where the command ``writes`` (captures, prune), writable and with
     :data:`MIN_FREE_BYTES` free. ``instead`` is the option that spares the writes, named in the fix."""
-    from cases.data.regressions import REGRESSIONS_ENV, directory
     folder = directory(path)
     env = os.environ.get(REGRESSIONS_ENV)
     if path is not None:
@@ -131,7 +133,6 @@ def _check_folder(shown: str, folder: Path, *, writes: bool, fix: str, spare: st
 def _refused(message: str) -> Exception:
     """The UsageError of ``message`` (imported here: the golden package brings torch, which
     ``pfa-verify --help`` does not need)."""
-    from golden.errors import UsageError
     return UsageError(message)
 
 
@@ -174,7 +175,10 @@ def _probe(shown: str, folder: Path, fix: str) -> None:
     except OSError as exc:
         raise _refused(f"{shown}: cannot write in {folder} ({exc.strerror}); {fix}") from None
     os.close(handle)
-    os.unlink(name)
+    try:
+        os.unlink(name)
+    except OSError as exc:                  # it can create files but not remove them: prune and captures would fail
+        raise _refused(f"{shown}: cannot remove files in {folder} ({exc.strerror}); {fix}") from None
 
 
 def _free_space(shown: str, folder: Path, fix: str) -> None:

@@ -2,12 +2,40 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cases.cli import preflight
-from cases.cli.arguments import RUN_EXAMPLES, RUN_SECONDS, SEARCH_EXAMPLES, SEARCH_TASKS, SHRINK_SECONDS, worker_bound
-from cases.cli.arguments import add_cluster_argument, byte_count, cluster_refused, count, coverage_bins, distributions
-from cases.cli.arguments import skip_kinds
+from cases.cli.arguments import (
+    RUN_EXAMPLES,
+    RUN_SECONDS,
+    SEARCH_EXAMPLES,
+    SEARCH_TASKS,
+    SHRINK_SECONDS,
+    add_cluster_argument,
+    byte_count,
+    cluster_refused,
+    count,
+    coverage_bins,
+    distributions,
+    skip_kinds,
+    worker_bound,
+)
+from cases.data.collect import SOURCES, aimed
+from cases.reporting import html_report, report
+from cases.reporting.report import result_rows
+from cases.reporting.report_compare import compare, load_report, print_comparison, write_html
+from cases.running import run as runner
+from cases.running.pool import ClusterError
+from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR, RunOptions
+from cases.running.search import render_table, search, summary_line, to_json
+from kernels import SKIP_KINDS
+from properties.law_examples import PAGED_LAWS
 
 __all__ = ["run_options", "add_run", "add_compare", "add_search"]
 
@@ -26,7 +54,6 @@ class _Progress:
                 self.bar.update(self.task, description=item.name)
             return
         self.done += 1
-        from cases.reporting.report import result_rows
         verdicts = ",".join(sorted({row.verdict for row in result_rows(result)}))
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=item.name)
@@ -38,9 +65,7 @@ class _Progress:
 def run_options(args: argparse.Namespace, command: str | None = None):
     """The typed :class:`cases.running.run.RunOptions` of parsed ``pfa-verify run`` arguments; ``command``
     (default: this process's own command line) is how the report quotes the run."""
-    import dataclasses
 
-    from cases.running.run import RunOptions
     fields = {f.name for f in dataclasses.fields(RunOptions)} - {"command"}
     given = {k: v for k, v in vars(args).items() if k in fields}
     given["allow_skips"] = tuple(given.get("allow_skips") or ())
@@ -52,7 +77,6 @@ def run_options(args: argparse.Namespace, command: str | None = None):
 
 def _aimed(items) -> str:
     """What directed generation aimed at (properties/directed.py), for the line that announces the cases."""
-    from cases.data.collect import aimed
     holes = list(aimed(items).values())
     if not holes:
         return ""
@@ -61,13 +85,7 @@ def _aimed(items) -> str:
 
 def _cmd_run(args) -> int:
     preflight.check_command(args)
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
 
-    from cases.reporting import html_report, report
-    from cases.running import run as runner
-    from cases.data.collect import SOURCES
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
     progress = _Progress(console)
 
@@ -77,18 +95,18 @@ def _cmd_run(args) -> int:
         console.print(f"{len(items)} cases: " + ", ".join(
             f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items), highlight=False)
 
-    from cases.running.pool import ClusterError
     stop = args.interruption.stop
     try:
         if console.is_terminal:
             with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
                           transient=True) as bar:
-                progress.bar, progress.task = bar, bar.add_task("choosing backend", total=None)
+                task = bar.add_task("choosing backend", total=None)
+                progress.bar, progress.task = bar, task
 
                 def hook(event, item, result):
                     if progress.total is not None and bar.tasks[0].total is None:
-                        bar.update(progress.task, total=progress.total)
+                        bar.update(task, total=progress.total)
                     progress(event, item, result)
                 run = runner.execute(run_options(args), progress=hook, on_items=announce, stop=stop)
         else:
@@ -106,9 +124,7 @@ def _write_reports(run, args):
     """``(run, its summary, lines to print)`` after writing ``--json`` and ``--html``: a report that cannot be
     written is one line naming the path and fails the run (its summary says so, and the report that could
     be written is written again with that summary)."""
-    import dataclasses
 
-    from cases.reporting import html_report, report
     writers = [(label, path, write) for label, path, write in
                (("JSON report", args.json, report.write_json), ("HTML report", args.html, html_report.write_html)) if path]
     failed: list[str] = []
@@ -129,12 +145,10 @@ def _write_reports(run, args):
 
 
 def runner_limit_text() -> str:
-    from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR
     return f"{CASE_LIMIT_BASE_S:g} s plus {CASE_LIMIT_FACTOR:g} times the case's estimate"
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
-    from kernels import SKIP_KINDS
     parser.add_argument("--backend", default="auto", help="auto | golden | sim | npu | pypto-gym:FILE.py[:FUNCTION] "
                         "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
                         "mutant:NAME | package.module:factory | path/file.py:factory (default: auto = npu, else sim; "
@@ -191,11 +205,8 @@ def _cmd_compare(args) -> int:
     :attr:`ReportDiff.exit_status`. A report that cannot be read, or a selection mismatch, is a
     UsageError, which the command line prints as one line with exit 2."""
     preflight.check_command(args)
-    import sys
 
-    from rich.console import Console
 
-    from cases.reporting.report_compare import compare, load_report, print_comparison, write_html
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
     comparison = compare(load_report(args.a), load_report(args.b), paths=(args.a, args.b))
     print_comparison(comparison, console)
@@ -217,16 +228,9 @@ def _cmd_search(args) -> int:
     (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
     that cannot take the tasks)."""
     preflight.check_command(args)
-    import json
-    import sys
-    from pathlib import Path
 
-    from rich.console import Console
 
-    from cases.running.pool import ClusterError
-    from properties.law_examples import PAGED_LAWS
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    from cases.running.search import render_table, search, summary_line, to_json
     laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws is not None else PAGED_LAWS
 
     def progress(payload, result):

@@ -33,6 +33,7 @@ import secrets
 import stat
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -182,14 +183,16 @@ def locked_folder(folder: Path, *, create: bool = False, timeout: float = LOCK_T
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder)) from None
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
+        locking: ModuleType | None        # fcntl, where there is one
         try:
-            import fcntl
+            import fcntl  # noqa: PLC0415 - POSIX only; the except below is the other platforms
+            locking = fcntl
         except ImportError:      # Windows: no flock; unique temporary names still keep captures apart
-            fcntl = None
+            locking = None
         deadline = time.monotonic() + timeout
-        while fcntl is not None:
+        while locking is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locking.flock(fd, locking.LOCK_EX | locking.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
@@ -242,6 +245,7 @@ def commit(folder: Path, record: str, text: bytes, npz: str | None, blob: bytes 
         _, old = pointer(folder / record, record_limit)
         try:
             if blob is not None:
+                assert npz is not None     # the caller names the .npz of the bytes it gives
                 write_durably(folder, npz, blob)
                 fsync_folder(fd)       # the .npz is on disk before a record names it
             write_durably(folder, record, text)

@@ -22,6 +22,7 @@ import zlib
 import numpy as np
 import torch
 
+import golden
 from golden.errors import UsageError
 
 __all__ = ["expected", "describe", "npz_bytes", "read_npz", "MARKER_PREFIX"]
@@ -34,7 +35,6 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)     # the earliest time a zip entry can hold: no 
 
 
 def _order() -> tuple[str, ...]:
-    import golden
     return golden.InputBundle.TENSORS
 
 

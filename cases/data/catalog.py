@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cases.data import schemas
+import golden
+from cases.data import FOLDER, schemas
 from golden.errors import UsageError
-from cases.data import FOLDER
+from properties.case import Case
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
 
@@ -55,7 +56,6 @@ def _schema_error(error) -> str:
 def entry_config(name: str, entry: dict, defaults: dict):
     """(golden.PagedAttentionConfig, seed) of one catalog entry (already valid by the schema) laid
     over ``defaults``."""
-    import golden
     missing = [k for k in _REQUIRED if k not in entry and k not in defaults]
     if missing:
         raise UsageError(f"case {name!r}: missing key(s) {missing}")
@@ -71,7 +71,6 @@ def entry_config(name: str, entry: dict, defaults: dict):
 
 def parse_catalog(text: str) -> dict:
     """Cases by name from the catalog's JSON text (see the module docstring for what is rejected)."""
-    from properties.case import Case
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:

@@ -15,6 +15,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from typing import Any
+
+from cases.data import regressions
+from cases.data.catalog import load_catalog
+from golden.errors import UsageError
+from kernels.backends import unsupported_shape
+from properties import ledger
+from properties.case import Case
+from properties.coverage import classify
+from properties.directed import Aim, directed_cases, draw, plain_draws
 
 __all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "aimed",
            "case_record", "fingerprint", "selection"]
@@ -27,17 +37,17 @@ class Item:
     """One thing to run: a paged-attention :class:`~properties.case.Case`, or a captured regression."""
     name: str
     source: str                    # one of SOURCES
-    case: object = None            # properties.case.Case for paged cases
+    case: Case | None = None       # for paged cases
     regression: str | None = None  # id, for source == "regression"
     law: str = "acceptance"
     load_error: str | None = None  # why a captured case could not be loaded
-    record: object = dataclasses.field(default=None, compare=False, repr=False)  # its Regression (another law)
-    aim: object = dataclasses.field(default=None, compare=False, repr=False)     # properties.directed.Aim that drew it
+    record: regressions.Regression | None = dataclasses.field(default=None, compare=False, repr=False)  # another law's
+    aim: Aim | None = dataclasses.field(default=None, compare=False, repr=False)     # what drew a generated case
 
     @property
-    def config(self) -> dict | None:
+    def config(self) -> dict[str, Any] | None:
         cfg = getattr(self.case, "config", None)
-        return cfg.to_dict() if hasattr(cfg, "to_dict") else None
+        return cfg.to_dict() if cfg is not None and hasattr(cfg, "to_dict") else None
 
     @property
     def seed(self) -> int | None:
@@ -51,7 +61,6 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None,
     process imported (generation phase only, no database; properties/generation.py pins Hypothesis'
     local constants). ``supported`` (a backend's ``supported_shapes``) narrows them to what its kernel is
     built for; ``distributions`` to those value distributions."""
-    from properties.directed import Aim, draw, plain_draws
     if n <= 0:
         return []
     found: list = []
@@ -65,8 +74,6 @@ def catalog_coverage(items: list, supported: dict | None) -> frozenset:
     """The bins and crosses (properties.coverage) the catalog cases among ``items`` hit, counting only
     those the backend's ``supported`` shapes run: what directed generation need not aim at. Captured
     regressions are left out, so a capture never changes what a seed generates."""
-    from kernels.backends import unsupported_shape
-    from properties.coverage import classify
     hit: set = set()
     for item in items:
         if item.source == "catalog" and unsupported_shape(item.case.config, supported) is None:
@@ -81,10 +88,6 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, or a comma-separated
     list of catalog names and regression ids.
     """
-    from properties import ledger
-    from cases.data import regressions
-    from cases.data.catalog import load_catalog
-    from golden.errors import UsageError
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)
     ledger.check(regression_ids=ids, where=str(regressions.directory(regressions_dir)))   # a known failure must exist
@@ -110,7 +113,6 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
         case = reg.to_case() if reg.case.get("kind") == "paged" else None
         items.append(Item(rid, "regression", case, rid, reg.law, record=None if reg.law == "acceptance" else reg))
     items += [Item(name, "catalog", catalog[name]) for name in want_cat]
-    from properties.directed import directed_cases
     drawn = directed_cases(examples, seed, supported=supported, distributions=distributions,
                            covered=catalog_coverage(items, supported))
     items += [Item(f"generated_{k:02d}", "generated", case, aim=aim) for k, (case, aim) in enumerate(drawn)]

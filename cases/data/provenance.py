@@ -21,6 +21,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from cases.data import capture_files, regressions
+from cases.data.catalog import CATALOG_PATH
+from cases.data.versions import project
+from golden.errors import UsageError
+from properties.acceptance import backend_model
+
 __all__ = ["backend_provenance", "catalog_fingerprint", "regressions_fingerprint", "run_provenance"]
 
 
@@ -31,7 +37,6 @@ def _sha256(path: Path) -> str:
 def backend_provenance(backend) -> dict:
     """``{"model", "kernel", ...}`` of ``backend`` (module docstring): the model that judges it (``declared``
     says whether the backend declared it; else it is SPEC §4.1 as written), the kernel file (null when none)."""
-    from properties.acceptance import backend_model
     model = backend_model(backend)
     source = getattr(backend, "kernel_source", None)
     return {"model": {**model.to_dict(), "describe": model.describe(), "declared": getattr(backend, "model", None) is not None},
@@ -41,7 +46,6 @@ def backend_provenance(backend) -> dict:
 
 def catalog_fingerprint() -> dict:
     """``{"path", "sha256"}`` of cases/catalog.json."""
-    from cases.data.catalog import CATALOG_PATH
     return {"path": "cases/catalog.json", "sha256": _sha256(CATALOG_PATH)}
 
 
@@ -51,8 +55,6 @@ def regressions_fingerprint(directory=None) -> dict:
     folder has the fingerprint of nothing). Read as the captures are (cases/data/capture_files.py): only
     regular files, within their size limits; anything else stands in the line as ``unreadable``, so a
     FIFO or a link to /dev/zero can neither hang the run's start nor go unnoticed in the fingerprint."""
-    from cases.data import capture_files, regressions
-    from golden.errors import UsageError
     folder = regressions.directory(directory)
     names = sorted(p.name for p in folder.iterdir() if p.suffix in (".json", ".npz")
                    and capture_files.is_plain_name(p.name)) if folder.is_dir() else []
@@ -70,6 +72,5 @@ def regressions_fingerprint(directory=None) -> dict:
 
 def run_provenance(backend, *, regressions_dir=None) -> dict:
     """Everything above for one run, read when it starts (before any capture)."""
-    from cases.data.versions import project
     return {"backend": backend_provenance(backend), "project": project(),
             "inputs": {"catalog": catalog_fingerprint(), "regressions": regressions_fingerprint(regressions_dir)}}

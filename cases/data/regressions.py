@@ -44,9 +44,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import golden
+from cases.data import FOLDER, capture_files, capture_tensors, schemas
+from cases.data.capture_files import MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS, CaptureWriteError, Leftover
+from cases.data.schemas import check_written
+from cases.data.versions import versions
 from golden.errors import UsageError
-from cases.data import FOLDER, capture_files, capture_tensors
-from cases.data.capture_files import CaptureWriteError, Leftover, MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS
+from kernels import KernelRunError, get_backend
+from properties import laws
+from properties.case import Case
+from properties.compare import TOLERANCES
+from properties.generation import reported_example
+from properties.laws import LAWS
+from properties.strategies import At12Case
 
 __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers",
@@ -72,8 +82,6 @@ def directory(path=None) -> Path:
 
 
 def _case_to_dict(case) -> dict:
-    from properties.case import Case
-    from properties.strategies import At12Case
     if isinstance(case, Case):
         return {"kind": "paged", "config": case.config.to_dict(), "seed": case.seed, "name": case.name}
     if isinstance(case, At12Case):
@@ -83,11 +91,8 @@ def _case_to_dict(case) -> dict:
 
 
 def _case_from_dict(d: dict, explicit: dict | None):
-    from properties.case import Case
-    from properties.strategies import At12Case
     kind = d.get("kind")
     if kind == "paged":
-        import golden
         return Case(golden.PagedAttentionConfig.from_dict(d["config"]), d["seed"], d.get("name"), explicit)
     if kind == "at12":
         return At12Case(**{k: v for k, v in d.items() if k != "kind"})
@@ -97,8 +102,6 @@ def _case_from_dict(d: dict, explicit: dict | None):
 
 
 def _tolerance(law: str) -> dict:
-    from properties.compare import TOLERANCES
-    from properties.laws import LAWS
     kind = LAWS[law].tolerance if law in LAWS else "attention"
     t = TOLERANCES[kind]
     return {"kind": kind, "rtol": t.rtol, "atol": t.atol}
@@ -122,7 +125,7 @@ class Regression:
     arrays: list | None = None          # each stored tensor's name, dtype, stored_as and shape
 
     @classmethod
-    def from_failure(cls, law: str, backend: str, case, params: dict, message: str) -> "Regression":
+    def from_failure(cls, law: str, backend: str, case, params: dict, message: str) -> Regression:
         case_d = _case_to_dict(case)
         key = json.dumps([law, backend, case_d, params], sort_keys=True, default=str)
         rid = hashlib.sha256(key.encode()).hexdigest()[:10]
@@ -131,9 +134,8 @@ class Regression:
             tensors = {k: v for k, v in case.inputs().kwargs().items() if isinstance(v, torch.Tensor)}
             if sum(t.numel() * t.element_size() for t in tensors.values()) <= _TENSOR_BUDGET:
                 explicit, stored = tensors, _stored(rid, tensors)[1]
-        from cases.data.versions import versions
         return cls(rid, law, backend, case_d, dict(params), _tolerance(law), message, versions(),
-                   datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                    explicit=explicit, **stored)
 
     def to_json(self) -> dict:
@@ -167,7 +169,6 @@ def save(reg: Regression, *, directory=None) -> Path:
     left behind and an earlier capture of ``reg.id`` intact; so is an interrupt before the record is
     renamed (after it, the capture is made, and the old .npz may stay, an orphan for ``cases prune``).
     """
-    from cases.data.schemas import check_written
     blob, stored = (_stored(reg.id, reg.explicit) if reg.explicit
                     else (None, dict.fromkeys(("tensors", "tensors_sha256", "arrays"))))
     data = {**reg.to_json(), **stored}
@@ -213,7 +214,7 @@ def _load_tensors(folder: Path, record: str, data: dict, config) -> dict:
     name = data["tensors"]
     want = capture_tensors.expected(config)
     if data.get("arrays") is not None and data["arrays"] != want:
-        differ = next((f"{a}" for a, w in zip(data["arrays"], want) if a != w), f"{len(data['arrays'])} arrays")
+        differ = next((f"{a}" for a, w in zip(data["arrays"], want, strict=True) if a != w), f"{len(data['arrays'])} arrays")
         raise UsageError(f"{record}: its arrays are not those its config implies (first: {differ})")
     try:
         blob = capture_files.read_regular(folder / name, MAX_NPZ_BYTES,
@@ -233,7 +234,6 @@ def _load_tensors(folder: Path, record: str, data: dict, config) -> dict:
 def _check_schema(name: str, data) -> None:
     """The file against cases/regression.schema.json, then what a schema cannot say (an array case's
     values fill its shape)."""
-    from cases.data import schemas
     found = schemas.violations(data, "regression")
     if found:
         e = found[0]
@@ -280,10 +280,8 @@ def _load_record(p: Path, id_or_path) -> Regression:
         probe = _case_from_dict(case, None)          # validates the config; allocates nothing
     except (TypeError, ValueError, KeyError) as exc:
         raise UsageError(f"{p.name}: {exc}") from None
-    from properties.laws import LAWS
     if reg.law not in LAWS:
         raise UsageError(f"{p.name}: law {reg.law!r} is not a law; expected one of {sorted(LAWS)}")
-    import golden
     if case.get("kind") == "paged":
         try:
             golden.check_size(probe.config, name=reg.id)
@@ -315,7 +313,6 @@ def list_ids(*, directory=None) -> list[str]:
 
 def should_capture() -> bool:
     """Capture outside hypothesis, and inside it only on the final run of the shrunk example."""
-    from properties.generation import reported_example
     return reported_example()
 
 
@@ -356,8 +353,6 @@ def check(law: str, backend, case, *, backend_name: str | None = None, capture_f
     a line saying so: the law's failure is the news, not the disk's). ``backend_name`` is how a fresh
     process rebuilds the backend (default: ``backend.name``)."""
     __tracebackhide__ = True
-    from kernels import KernelRunError
-    from properties import laws
     name = backend_name or getattr(backend, "name", "golden")
     try:
         laws.run(law, backend, case, **params)
@@ -391,8 +386,6 @@ def replay(reg: Regression, backend=None, *, directory=None) -> None:
     """Run the captured law again, under the rule it was captured under (raises AssertionError ending
     with the replay line, naming ``directory`` when given, when it still fails)."""
     __tracebackhide__ = True
-    from kernels import get_backend
-    from properties import laws
     be = get_backend(reg.backend) if backend is None else backend
     try:
         laws.run(reg.law, be, reg.to_case(), **reg.params)

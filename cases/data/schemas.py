@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import functools
 import json
+
+import jsonschema
+
 from cases.data import FOLDER
 
 __all__ = ["SCHEMA_DIR", "schema", "violations", "errors", "describe", "where", "and_more", "check_written"]
@@ -29,7 +32,6 @@ SCHEMA_DIR = FOLDER
 @functools.cache
 def schema(name: str) -> dict:
     """The schema ``<name>.schema.json`` beside this module (checked against its metaschema once)."""
-    import jsonschema
     data = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(data)
     return data
@@ -38,7 +40,6 @@ def schema(name: str) -> dict:
 def violations(instance, name: str) -> list:
     """The ``jsonschema.ValidationError`` s of ``instance`` against ``<name>.schema.json`` (draft 2020-12),
     ordered by their paths."""
-    import jsonschema
     found = jsonschema.Draft202012Validator(schema(name)).iter_errors(instance)
     return sorted(found, key=lambda e: [str(p) for p in e.absolute_path])
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
 from cases.data import FOLDER
 
 __all__ = ["versions", "project"]
@@ -14,7 +19,6 @@ _ROOT = FOLDER.parent
 
 
 def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version(name)
     except PackageNotFoundError:
@@ -24,11 +28,9 @@ def _dist_version(name: str) -> str | None:
 def versions() -> dict:
     """Versions of pfa-verify, torch, pypto (null when not installed), torch_npu, hypothesis, python
     and the platform."""
-    import torch
     own = _dist_version("pfa-verify")
     if own is None:  # running from a source tree that is not installed
         try:
-            import tomllib
             own = tomllib.loads((_ROOT / "pyproject.toml").read_text())["project"]["version"]
         except Exception:  # noqa: BLE001 - best effort
             own = None

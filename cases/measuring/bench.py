@@ -22,13 +22,30 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any
 
 import torch
+from rich.console import Console
 
-from golden import (DISTRIBUTIONS, InputBundle, PagedAttentionConfig, make_inputs, paged_attention_fp8,
-                    paged_attention_fp8_loop)
+import golden
+from cases.data.catalog import SPEC_CASE_NAMES, load_catalog
+from cases.data.collect import generated_cases
+from cases.measuring import bench_stages as bs
+from cases.measuring import tightness as tightness_module
+from cases.measuring.bench_stages import conforming_workload
+from golden import (
+    DISTRIBUTIONS,
+    InputBundle,
+    PagedAttentionConfig,
+    make_inputs,
+    paged_attention_fp8,
+    paged_attention_fp8_loop,
+)
+from golden.errors import UsageError
+from kernels.config import KERNEL_SHAPES
+from properties.case import Case
 
 __all__ = ["WORKLOADS", "upstream_cases", "kernel_workload", "small_workload", "BenchRow", "run_bench",
            "run_stages", "main"]
@@ -37,7 +54,6 @@ WORKLOADS = ("upstream", "kernel", "small", "conforming", "all")
 
 def upstream_cases() -> dict[str, InputBundle]:
     """The six upstream cases of SPEC §5, by name, from the case catalog (cases/catalog.json)."""
-    from cases.data.catalog import SPEC_CASE_NAMES, load_catalog
 
     catalog = load_catalog()
     return {name: catalog[name].inputs() for name in SPEC_CASE_NAMES}
@@ -46,8 +62,6 @@ def upstream_cases() -> dict[str, InputBundle]:
 def kernel_workload(count: int = 20, seed: int = 0) -> list:
     """``count`` kernel-sized cases (properties.case.Case) as ``pfa-verify run`` generates them for a
     kernel built for ``kernels.config.KERNEL_SHAPES`` (cases.data.collect.generated_cases; same seed, same cases)."""
-    from cases.data.collect import generated_cases
-    from kernels.config import KERNEL_SHAPES
     return generated_cases(count, seed, supported=KERNEL_SHAPES)
 
 
@@ -130,7 +144,7 @@ def _bench(name: str, bundles: Sequence[InputBundle], repeat: int) -> BenchRow:
     for _ in range(repeat - 1):
         vec_s = min(vec_s, _time(lambda: [paged_attention_fp8(**kw) for kw in calls])[0])
         loop_s = min(loop_s, _time(lambda: [paged_attention_fp8_loop(**kw) for kw in calls])[0])
-    non_identical = sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(vec, loop))
+    non_identical = sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(vec, loop, strict=True))
     finite = all(bool(torch.isfinite(a.float()).all()) for a in vec)
     return BenchRow(name, len(bundles), loop_s, vec_s, non_identical, sum(a.numel() for a in vec),
                     _shape(bundles[0].config) if len(bundles) == 1 else f"{len(bundles)} configs", finite)
@@ -142,7 +156,6 @@ def _shape(c: PagedAttentionConfig) -> str:
 
 def _check_workload(workload: str) -> None:
     if workload not in WORKLOADS:
-        from golden.errors import UsageError
         raise UsageError(f"workload={workload!r} must be one of {WORKLOADS}")
 
 
@@ -164,7 +177,6 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
         rows.append(_bench(f"small ragged workload ({small_cases} cases)", bundles, repeat))
         report(_format_row(rows[-1]))
     if workload == "conforming":
-        from cases.measuring.bench_stages import conforming_workload
         bundles = [case.inputs() for case in conforming_workload(kernel_cases)[0]]
         rows.append(_bench(f"kernel-sized outlier_channels ({kernel_cases} cases)", bundles, repeat))
         report(_format_row(rows[-1]))
@@ -172,17 +184,14 @@ def run_bench(workload: str = "all", *, repeat: int = 3, small_cases: int = 200,
 
 
 def run_stages(workload: str = "all", *, repeat: int = 1, small_cases: int = 200, kernel_cases: int = 20,
-               report: Callable[[str], None] = print) -> tuple[list, list]:
+               report: Callable[[str], None] = print) -> tuple[list[bs.StageRow], list[bs.CodecRow]]:
     """(stage rows, codec rows) of cases/measuring/bench_stages.py for the chosen workload; prints as it goes."""
-    from cases.measuring import bench_stages as bs
-    from cases.data.catalog import SPEC_CASE_NAMES, load_catalog
-    from properties.case import Case
 
     _check_workload(workload)
     report(bs.CODEC_HEADER)
     codecs = bs.codec_rows()
-    for row in codecs:
-        report(bs.format_codec_row(row))
+    for codec_row in codecs:
+        report(bs.format_codec_row(codec_row))
     workloads = []
     if workload in ("kernel", "all"):
         workloads.append(("kernel", kernel_workload(kernel_cases)))
@@ -196,7 +205,7 @@ def run_stages(workload: str = "all", *, repeat: int = 1, small_cases: int = 200
         cases, outputs["conforming"] = bs.conforming_workload(kernel_cases)
         workloads.append(("conforming", cases))
     report(bs.STAGE_HEADER)
-    stages = []
+    stages: list[bs.StageRow] = []
     for name, cases in workloads:
         for row in bs.stage_rows(name, cases, repeat=repeat, outputs=outputs.get(name)):
             stages.append(row)
@@ -222,26 +231,24 @@ def main(*, workload: str = "all", repeat: int = 3, small_cases: int = 200, kern
         raise SystemExit("pfa-verify bench: --repeat, --small-cases and --kernel-cases must be >= 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {repeat}")
     print(_HEADER)
-    sizes = {"small_cases": small_cases, "kernel_cases": kernel_cases}
-    rows = run_bench(workload, repeat=repeat, **sizes)
-    stage_list, codecs = [], []
+    rows = run_bench(workload, repeat=repeat, small_cases=small_cases, kernel_cases=kernel_cases)
+    stage_list: list[bs.StageRow] = []
+    codecs: list[bs.CodecRow] = []
     if stages:
         print(f"\nThe suite's cost per example, on one core (torch 1 thread), best of {repeat} per stage and case:")
-        stage_list, codecs = run_stages(workload, repeat=repeat, **sizes)
+        stage_list, codecs = run_stages(workload, repeat=repeat, small_cases=small_cases, kernel_cases=kernel_cases)
     tight = []
     if tightness:
         print("pfa-verify: note: 'bench --tightness N' is now 'pfa-verify tightness --cases N'", file=sys.stderr)
-        from rich.console import Console
 
-        import golden
-        from cases.measuring import tightness as tightness_module
         tight = [tightness_module.measure(d, tightness) for d in golden.DISTRIBUTIONS]
         Console(width=160).print(tightness_module.render_table(tight))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
-            data = [r.to_dict() for r in rows]
+            goldens: list[dict[str, Any]] = [r.to_dict() for r in rows]
+            data: list[dict[str, Any]] | dict[str, list[dict[str, Any]]] = goldens
             if stages or tight:
-                data = {"goldens": data, "stages": [r.to_dict() for r in stage_list], "codecs": [r.to_dict() for r in codecs],
+                data = {"goldens": goldens, "stages": [r.to_dict() for r in stage_list], "codecs": [r.to_dict() for r in codecs],
                         "tightness": [r.to_dict() for r in tight]}
             json.dump(data, f, indent=2)
     disagree = sum(r.non_identical for r in rows)

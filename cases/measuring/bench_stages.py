@@ -25,24 +25,33 @@ benchmarks, not in tests) and never change the exit status.
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 import golden
+from cases.data.collect import generated_cases
 from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
 from golden.codec import get_codec
 from golden.inputs import drawn_values
 from golden.quant import quantize_rows
 from golden.validate import check_paged_attention_args
+from kernels.config import KERNEL_SHAPES
+from kernels.conforming import VARIANTS, get_variant
+from properties import acceptance
 from properties import compare as cmp
+from properties.case import Case
 
 __all__ = ["GOALS", "StageRow", "CodecRow", "fp32_loop_oracle", "conforming_workload",
            "stage_rows", "codec_rows", "format_stage_row", "format_codec_row", "STAGE_HEADER", "CODEC_HEADER"]
+
+T = TypeVar("T")
 
 #: The per-example budget of issue 17: (stage, workload) -> (kind, figure), where kind ``max_s`` is
 #: at most that many seconds per case (every case), ``min_speedup`` at least that loop-oracle / golden
@@ -166,8 +175,10 @@ def fp32_loop_oracle(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table
     return out.bfloat16()
 
 
-def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    best, result = float("inf"), None
+def _timed(fn: Callable[[], T], repeat: int) -> tuple[float, T | None]:
+    """The best seconds of ``repeat`` calls of ``fn`` and what the last returned (None: no call)."""
+    best: float = float("inf")
+    result: T | None = None
     for _ in range(repeat):
         start = time.perf_counter()
         result = fn()
@@ -202,24 +213,26 @@ def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1, outputs: Call
     the output ``outputs(case, kwargs)`` returns, by default the golden's own (a passing kernel: no
     envelope needed), under the spec codec and SPEC_MODEL. The full envelope keeps its own line, under
     both codecs."""
-    from properties.acceptance import judge
 
     stages = ("inputs", "torch.rand", "golden spec", "golden calculator", "envelope", "comparison", "rule")
     times: dict[str, list[float]] = {k: [] for k in stages + (("fp32 loop oracle",) if workload == "upstream" else ())}
     with one_thread():
         for case in cases:
             t_inputs, bundle = _timed(case.inputs, repeat)
+            assert bundle is not None       # repeat >= 1 (main checks it): each stage ran at least once
             generator = torch.Generator().manual_seed(0)
             t_rand, _ = _timed(lambda: torch.rand(drawn_values(case.config), generator=generator), repeat)
             kwargs = bundle.kwargs()
             t_spec, spec = _timed(lambda: golden.paged_attention_fp8(**kwargs), repeat)
             t_calc, calc = _timed(lambda: golden.paged_attention_fp8(**kwargs, codec=PYPTO_CALCULATOR_CODEC), repeat)
-            t_env = sum(_timed(lambda c=c: golden.paged_attention_envelope(**kwargs, codec=c), repeat)[0]
+            assert spec is not None and calc is not None
+            t_env = sum(_timed(functools.partial(golden.paged_attention_envelope, **kwargs, codec=c), repeat)[0]
                         for c in (SPEC_CODEC, PYPTO_CALCULATOR_CODEC))
             t_cmp, _ = _timed(lambda: cmp.compare(calc, spec, kind="attention", s1=bundle.config.s1), repeat)
             backend = _FixedOutput(spec if outputs is None else outputs(case, kwargs), workload)
-            t_rule, _ = _timed(lambda: judge(backend, case, bundle=bundle), repeat)
-            for key, t in zip(stages, (t_inputs, t_rand, t_spec, t_calc, t_env, t_cmp, t_rule)):
+            # looked up at each call (as the import inside this function did): a test replaces it
+            t_rule, _ = _timed(lambda: acceptance.judge(backend, case, bundle=bundle), repeat)
+            for key, t in zip(stages, (t_inputs, t_rand, t_spec, t_calc, t_env, t_cmp, t_rule), strict=True):
                 times[key].append(t)
             if workload == "upstream":
                 times["fp32 loop oracle"].append(_timed(lambda: fp32_loop_oracle(**kwargs), repeat)[0])
@@ -227,15 +240,15 @@ def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1, outputs: Call
     rows.append(_ratio(workload, "inputs / torch.rand (issue 26)", times["inputs"], times["torch.rand"],
                        "make_inputs s / torch.rand of as many values as it draws s"))
     # An example costs its inputs and the rule (which computes the golden itself), besides the backend.
-    totals = [a + b for a, b in zip(times["inputs"], times["rule"])]
+    totals = [a + b for a, b in zip(times["inputs"], times["rule"], strict=True)]
     rows.append(_per_case(workload, "inputs + rule", totals, "the rule: golden, comparison, envelope where needed"))
     rows.append(_ratio(workload, "rule / golden (issue 26)", times["rule"], times["golden spec"],
                        "judge but the backend call s / golden spec s" + ("" if outputs is None else "; conforming outputs")))
-    goldens = [a + b for a, b in zip(times["golden spec"], times["golden calculator"])]
+    goldens = [a + b for a, b in zip(times["golden spec"], times["golden calculator"], strict=True)]
     rows.append(_ratio(workload, "envelope / golden (issue 16)", times["envelope"], goldens,
                        "all cases' full envelope s / golden s, both codecs"))
     if workload == "upstream":
-        ratios = [o / g for o, g in zip(times["fp32 loop oracle"], times["golden spec"])]
+        ratios = [o / g for o, g in zip(times["fp32 loop oracle"], times["golden spec"], strict=True)]
         rows.append(StageRow(workload, "golden spec speed-up over FP32 loop oracle", len(ratios),
                              statistics.fmean(ratios), min(ratios), unit="x", note="oracle s / golden s"))
     return rows
@@ -252,15 +265,12 @@ def conforming_workload(count: int = 20, seed: int = 0) -> tuple[list, Callable]
     """(cases, outputs): ``count`` kernel-sized ``outlier_channels`` cases (where some rows need the
     envelope) and the output of a conforming variant for each (kernels/conforming, in turn), computed
     once: the rule's cost where the envelope is built."""
-    from cases.data.collect import generated_cases
-    from kernels.config import KERNEL_SHAPES
-    from kernels.conforming import VARIANTS, get_variant
 
     cases = generated_cases(count, seed, supported=KERNEL_SHAPES, distributions=("outlier_channels",))
     names = sorted(VARIANTS)
-    computed = {}
+    computed: dict[Case, torch.Tensor] = {}
 
-    def outputs(case, kwargs):
+    def outputs(case: Case, kwargs: dict[str, Any]) -> torch.Tensor:
         if case not in computed:
             computed[case] = get_variant(names[len(computed) % len(names)]).paged_attention_fp8(**kwargs)
         return computed[case]

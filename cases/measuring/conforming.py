@@ -15,7 +15,17 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as fixed_seed
+from rich.table import Table
+
 from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
+from cases.running.pool_worker import worker_backend
+from golden.errors import check_known
+from kernels.conforming import VARIANTS
+from properties import law_examples, laws
+from properties.acceptance import judge
+from properties.law_examples import PAGED_LAWS
 
 __all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "summary_line"]
 
@@ -62,10 +72,7 @@ class ConformingRun:
 
 def _law_cell(law: str, backend, *, examples: int, seed: int) -> Cell:
     """Every one of ``examples`` examples of ``law`` (generate and target phases), failures counted."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
 
-    from properties import law_examples, laws
     cell = Cell(law, 0, 0, 0.0)
     start = time.perf_counter()
 
@@ -89,9 +96,9 @@ def _law_cell(law: str, backend, *, examples: int, seed: int) -> Cell:
 
 
 def _catalog_cell(backend) -> Cell:
-    from properties.acceptance import judge
     cell = Cell(CATALOG, 0, 0, 0.0)
     start = time.perf_counter()
+    error: Exception                    # what failed: the rule's verdict as an AssertionError, or what was raised
     for case in catalog_cases(backend):
         cell.examples += 1
         try:
@@ -109,8 +116,6 @@ def _catalog_cell(backend) -> Cell:
 
 
 def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool) -> VariantResult:
-    from cases.running.pool_worker import worker_backend
-    from kernels.conforming import VARIANTS
     start = time.perf_counter()
     try:
         backend = worker_backend(f"conforming:{name}")       # under a supervisor (kernels/backends/supervisor.py)
@@ -123,14 +128,17 @@ def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool)
                              error=f"{type(exc).__name__}: {exc}")
 
 
+def _broken(name: object, error: str) -> VariantResult:
+    """The row of a variant whose worker died twice (run_rows' ``broken``)."""
+    assert isinstance(name, str)        # run_rows gives back one of the variant names it was given
+    return VariantResult(name, VARIANTS[name].description, [], error=error)
+
+
 def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, catalog: bool = True,
                workers: int = 1, cluster=None) -> ConformingRun:
     """Every conforming variant (or ``names``) through every paged-attention law (or ``laws``) and the
     catalog, ``examples`` examples per law; ``workers`` processes or ``cluster`` (cases/running/pool.py), one
     variant each at a time. A variant whose worker died twice is a broken row (exit 1)."""
-    from kernels.conforming import VARIANTS
-    from properties.law_examples import PAGED_LAWS
-    from golden.errors import check_known
     chosen = list(names or VARIANTS)
     check_known("--mutants", "conforming variant", chosen, sorted(VARIANTS))
     laws = tuple(laws or PAGED_LAWS)
@@ -138,7 +146,7 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
     start = time.perf_counter()
     options = dict(examples=examples, seed=seed, laws=laws, catalog=catalog)
     results = run_rows(_variant, chosen, options=options, workers=workers, cluster=cluster,
-                       broken=lambda name, error: VariantResult(name, VARIANTS[name].description, [], error=error))
+                       broken=_broken)
     return ConformingRun(examples, seed, results, time.perf_counter() - start)
 
 
@@ -154,7 +162,6 @@ def to_json(run: ConformingRun) -> dict:
 
 def render_table(run: ConformingRun):
     """A rich Table: one row per variant, failures / examples per law and the catalog."""
-    from rich.table import Table
     columns = [c.law for c in max(run.variants, key=lambda v: len(v.cells)).cells] if run.variants else []
     table = Table(title=f"pfa-verify mutants: level conforming (false reds), {run.examples} examples per law",
                   title_justify="left")

@@ -17,7 +17,15 @@ import statistics
 import time
 from typing import TYPE_CHECKING
 
+from rich.table import Table
+
+from cases.data.collect import collect_items, generated_cases
 from cases.measuring.matrix import run_rows
+from cases.running.pool_worker import worker_backend
+from golden.errors import check_known
+from golden.paging import positive_int
+from kernels import Backend, BackendUnavailable, KernelRunError, mutants
+from properties.acceptance import judge
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -46,7 +54,6 @@ class Latency:
 
 def _cases(backend, order: str, examples: int, seed: int) -> list:
     """The generated cases of ``pfa-verify run --cases catalog`` for ``backend``'s shapes, in run order."""
-    from cases.data.collect import collect_items, generated_cases
     supported = getattr(backend, "supported_shapes", None)
     if order == "plain":
         return generated_cases(examples, seed, supported=supported)
@@ -58,20 +65,16 @@ def kills(backend, case) -> bool:
     """Whether ``case`` kills ``backend`` under the one rule, as in the kill matrix: a counted failure, an
     AssertionError (the inputs came back changed: properties.acceptance.InputsModified) or a
     KernelRunError; any other exception is a broken cell and propagates."""
-    from kernels import KernelRunError
-    from properties.acceptance import judge
     try:
         return not judge(backend, case).passed
     except (AssertionError, KernelRunError):
         return True
 
 
-def latency_cell(task: tuple, *, examples: int, seed: int) -> tuple:
+def latency_cell(task: tuple, *, examples: int, seed: int) -> tuple[int | None, float] | str:
     """``(position or None, seconds)`` of one (mutant, order): the cases judged in order to the first kill;
     a one-line error when the cell broke. Each (mutant, order) is its own task, so a kernel error that
     spoils a sim process ends only its cell."""
-    from cases.running.pool_worker import worker_backend
-    from kernels import BackendUnavailable
     name, order = task
     start = time.perf_counter()
     try:
@@ -89,20 +92,19 @@ def latency_cell(task: tuple, *, examples: int, seed: int) -> tuple:
 def latency_rows(level: str = "golden", *, examples: int = 20, seed: int = 0, names=None, workers: int = 1,
                  cluster=None) -> list[Latency]:
     """A :class:`Latency` row for every non-equivalent mutant of ``level`` (or ``names``)."""
-    from golden.errors import check_known
-    from kernels import mutants
     check_known("--level", "level", [level], mutants.LEVELS)
     chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
     check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint="`pfa-verify mutants --list` shows the catalog")
-    from golden.paging import positive_int
     positive_int(examples, "examples", minimum=1)
     mutants.reference(level)        # here, first: a level that cannot run here raises BackendUnavailable
-    fresh = mutants.level_backend_class(level).kernel_errors_spoil_process
+    backend_class = mutants.level_backend_class(level)
+    assert issubclass(backend_class, Backend)       # StagedGolden or the sim backend
+    fresh = backend_class.kernel_errors_spoil_process
     tasks = [(name, order) for name in chosen for order in ORDERS]
     cells = run_rows(latency_cell, tasks, options={"examples": examples, "seed": seed},
                      broken=lambda task, error: error, workers=workers, cluster=cluster, fresh=fresh)
     rows = {name: Latency(name, examples) for name in chosen}
-    for (name, order), cell in zip(tasks, cells):
+    for (name, order), cell in zip(tasks, cells, strict=True):
         row = rows[name]
         if isinstance(cell, str):
             row.error = row.error or cell
@@ -126,9 +128,8 @@ def summary(rows: list[Latency]) -> dict:
     return out
 
 
-def render_table(rows: list[Latency], *, level: str, examples: int, seed: int) -> "Table":
+def render_table(rows: list[Latency], *, level: str, examples: int, seed: int) -> Table:
     """A rich table: mutant, position of the first failing case in each order; then the summary rows."""
-    from rich.table import Table
     table = Table(title=f"Generated cases to the first kill, {level} level, --examples {examples} --seed {seed} "
                         f"({examples + 1} = not killed)")
     table.add_column("mutant", no_wrap=True)

@@ -10,7 +10,11 @@ cases are :func:`catalog_cases`, and a failing example is recorded by :func:`exa
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from cases.data.catalog import load_catalog
+from cases.running.pool import Pool
 
 __all__ = ["run_rows", "catalog_cases", "example_record", "CATALOG"]
 
@@ -28,11 +32,10 @@ def run_rows(row: Callable[..., R], names: Sequence, *, options: dict, broken: C
     module-level function (it travels to the workers by name)."""
     if workers <= 1 and cluster is None and not fresh:
         return [row(name, **options) for name in names]
-    from cases.running.pool import Pool
     with Pool(workers=workers, cluster=cluster, fresh=fresh) as pool:
         tasks = pool.map(_row_task, [(row, name, options) for name in names])
     return [task.value if task.error is None else broken(name, task.error.splitlines()[0])
-            for name, task in zip(names, tasks)]
+            for name, task in zip(names, tasks, strict=True)]
 
 
 def _row_task(payload):
@@ -43,7 +46,6 @@ def _row_task(payload):
 def catalog_cases(backend) -> list:
     """The catalog's cases ``backend`` runs (its skip_reason says None), smallest first: a kill is found
     on the cheapest case that shows it."""
-    from cases.data.catalog import load_catalog
     cases = [c for c in load_catalog().values() if backend.skip_reason(c.config) is None]
     return sorted(cases, key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)
 

@@ -24,7 +24,18 @@ import dataclasses
 import statistics
 import time
 
+from rich.table import Table
+
+from cases.data.schemas import check_written
 from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
+from cases.reporting import html_pages
+from cases.running.pool_worker import worker_backend
+from cases.running.shrink import hunt
+from golden.errors import check_known
+from kernels import Backend, KernelRunError, mutants
+from properties import law_examples, laws, ledger
+from properties.acceptance import judge
+from properties.law_examples import PAGED_LAWS
 
 __all__ = ["LawKill", "MutantResult", "MutantsRun", "search", "catalog_kill", "kill_matrix", "to_json",
            "render_table", "render_html", "GOALS"]
@@ -104,7 +115,6 @@ class MutantsRun:
 def _kill_kind(error: BaseException) -> str:
     """``"law"`` (an AssertionError: the law failed) or ``"error"`` (a kernels.KernelRunError: the kernel
     did not deliver); any other exception is not a kill and is raised again: the row is broken."""
-    from kernels import KernelRunError
     if isinstance(error, AssertionError):
         return "law"
     if isinstance(error, KernelRunError):
@@ -117,8 +127,6 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
     at the first failure, an AssertionError of the law (``by="law"``) or a KernelRunError of the
     backend (``by="error"``), then let Hypothesis shrink it for ``shrink_s`` seconds. Any other
     exception propagates (:func:`_kill_kind`)."""
-    from cases.running.shrink import hunt
-    from properties import law_examples, laws
 
     def check(example):
         case, params = example
@@ -128,6 +136,7 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
     if found.error is None:
         return LawKill(law, False, found.examples, found.seconds)
     by = _kill_kind(found.error)
+    assert found.example is not None        # hunt sets the failing example with its error
     case, params = found.example
     text = str(found.error)
     return LawKill(law, True, found.examples, found.seconds, example_record(case, params),
@@ -137,7 +146,6 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
 def catalog_kill(backend) -> LawKill:
     """The catalog's cases the backend runs, smallest first, under the one rule, to the first failure
     (a kill as in :func:`search`: a failed rule, an AssertionError or a KernelRunError)."""
-    from properties.acceptance import judge
     start = time.perf_counter()
     cases = catalog_cases(backend)
     for count, case in enumerate(cases, 1):
@@ -156,15 +164,13 @@ def _one(name: str | None, *, level: str, examples: int, seed: int, laws: tuple,
          shrink_s: float = 30.0, first_kill_only: bool = False, progress=None) -> MutantResult:
     """One row of the matrix: ``name`` (None: the baseline) through ``laws``, then the catalog; with
     ``first_kill_only``, the laws after the first that kills are not run (tests/meta: killed or not)."""
-    from cases.running.pool_worker import worker_backend
-    from kernels import mutants
     if level not in mutants.LEVELS:
         raise ValueError(f"level={level!r} must be one of {mutants.LEVELS}")
     entry = None if name is None else mutants.MUTANTS[name]
     # The mutant's kernel runs under a supervisor, in a worker process of this one (kernels/backends/supervisor.py).
     backend = worker_backend("mutant:" + (name or ("none" if level == "golden" else "sim/none")))
     start = time.perf_counter()
-    cells = []
+    cells: list[LawKill] = []
     columns = list(laws) + ([CATALOG] if catalog else [])
     spoils = getattr(backend, "kernel_errors_spoil_process", False)
     for column in columns:
@@ -197,7 +203,6 @@ def _one_or_error(name: str | None, **options) -> MutantResult:
     try:
         return _one(name, **options)
     except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
-        from kernels import mutants
         entry = None if name is None else mutants.MUTANTS.get(name)
         return MutantResult(name or "none (baseline)", options["level"], entry.bug if entry else "the unmutated reference",
                             None, [], error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -205,7 +210,6 @@ def _one_or_error(name: str | None, **options) -> MutantResult:
 
 def _broken(level: str):
     def broken(name, error: str) -> MutantResult:
-        from kernels import mutants
         entry = None if name is None else mutants.MUTANTS.get(name)
         return MutantResult(name or "none (baseline)", level, entry.bug if entry else "the unmutated reference",
                             None, [], error=error)
@@ -217,9 +221,10 @@ def rows(names: list, *, level: str, workers: int = 1, progress=None, cluster=No
     matrix driver (cases/measuring/matrix.py): here, in ``workers`` processes or on ``cluster``; a fresh
     process per row where the level's backend says a kernel error can spoil one (the sim). A row whose
     worker died twice is a broken row (its error), never a kill."""
-    from kernels import mutants
     note = progress or (lambda *a: None)
-    fresh = mutants.level_backend_class(level).kernel_errors_spoil_process
+    backend_class = mutants.level_backend_class(level)
+    assert issubclass(backend_class, Backend)       # StagedGolden or the sim backend
+    fresh = backend_class.kernel_errors_spoil_process
     in_process = workers <= 1 and cluster is None and not fresh
     results = run_rows(_one_or_error, names, options=dict(options, level=level, progress=note if in_process else None),
                        broken=_broken(level), workers=workers, cluster=cluster, fresh=fresh)
@@ -236,15 +241,11 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     """The baseline and every mutant of ``level`` (or ``names``) through every paged-attention law,
     in ``workers`` processes or on ``cluster`` (cases/running/pool.py; one mutant each at a time); each first
     kill shrunk for ``shrink_s`` s."""
-    from golden.errors import check_known
-    from kernels import mutants
-    from properties.law_examples import PAGED_LAWS
     check_known("--level", "level", [level], mutants.LEVELS)
     chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
     listing = "`pfa-verify mutants --list` shows the catalog"
     check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint=listing)
     if "ledger" in allowed_survivors:      # the ledger's survivors of this level (properties/ledger.py)
-        from properties import ledger
         ledger.check(mutants=mutants.MUTANTS)
         allowed_survivors = [n for n in allowed_survivors if n != "ledger"] + list(ledger.survivors(level))
     check_known("--allow-survivors", "mutant", allowed_survivors, mutants.MUTANTS, hint=listing)
@@ -276,7 +277,7 @@ def to_json(run: MutantsRun) -> dict:
                 "killing_laws": m.killing_laws,
                 "examples_to_kill": first.examples if first else (kills[0].examples if kills else None),
                 "seconds": round(first.seconds if first else (kills[0].seconds if kills else m.seconds), 3),
-                "counterexample": (first or (kills[0] if kills else None)).counterexample if kills else None,
+                "counterexample": (first or kills[0]).counterexample if kills else None,
                 "cells": [_cell_json(c) for c in m.cells]}
     counted = [m for m in run.mutants if m.equivalent is None]
     to_kill = [one(m)["examples_to_kill"] for m in counted if m.killed]
@@ -290,7 +291,6 @@ def to_json(run: MutantsRun) -> dict:
             "worst_examples_to_kill": max(to_kill) if to_kill else None,
             "allowed_survivors": list(run.allowed_survivors),
             "seconds": round(run.seconds, 1), "exit_status": run.exit_status}
-    from cases.data.schemas import check_written
     check_written(data, "mutants")
     return data
 
@@ -307,7 +307,6 @@ def _columns(run: MutantsRun) -> list[str]:
 
 def render_table(run: MutantsRun):
     """A rich Table: one row per mutant, one column per law and the catalog."""
-    from rich.table import Table
     columns = _columns(run)
     table = Table(title=f"pfa-verify mutants: level {run.level}, {run.examples} examples per law", title_justify="left")
     table.add_column("mutant", no_wrap=True)
@@ -372,7 +371,6 @@ _CSS = ("body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:c
 
 def render_html(run: MutantsRun) -> str:
     """The kill matrix as one self-contained HTML page (cases/templates/mutants.html.j2; no scripts, no network)."""
-    from cases.reporting import html_pages
     rows = []
     for m in [run.baseline] + run.mutants:
         first = m.first_kill

@@ -19,7 +19,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+
+import torch
+from rich.table import Table
+
+import golden
 from cases.data import FOLDER
+from cases.data.collect import generated_cases
+from kernels.config import KERNEL_SHAPES
+from properties.compare import get_tolerance
 
 __all__ = ["Tightness", "measure", "render_table", "RECORDED"]
 
@@ -55,18 +63,13 @@ class Tightness:
 def _cases(distribution: str, count: int, seed: int) -> list:
     """The cases the table measures: ``pfa-verify run``'s generated cases for our kernel's shapes, of
     ``distribution`` only (cases.data.collect.generated_cases: the same whatever else the process imported)."""
-    from kernels.config import KERNEL_SHAPES
 
-    from cases.data.collect import generated_cases
     return generated_cases(count, seed, supported=KERNEL_SHAPES, distributions=(distribution,))
 
 
 def measure(distribution: str, count: int = 20, seed: int = 0) -> Tightness:
     """The envelope's tightness on ``count`` kernel-sized cases of ``distribution`` (``seed``)."""
-    import torch
 
-    import golden
-    from properties.compare import get_tolerance
     rtol, atol = get_tolerance("attention")
     row = Tightness(distribution, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0.0, 0.0)
     halves = []
@@ -99,7 +102,6 @@ def measure(distribution: str, count: int = 20, seed: int = 0) -> Tightness:
 
 def render_table(rows: list):
     """A rich Table of :class:`Tightness` rows."""
-    from rich.table import Table
     table = Table(title="envelope tightness (kernel-sized cases, spec codec, SPEC §4.1 model)", title_justify="left")
     for col in ("distribution", "cases", "flippable P", "widened", "p99 half-width / tol", "max", "degenerate rows",
                 "envelope / golden time"):
@@ -118,7 +120,6 @@ def recorded() -> dict:
 
 def record(count: int = 4, seed: int = 0) -> dict:
     """Measure every distribution and write cases/tightness.json (what tests/cases/test_tightness.py holds)."""
-    import golden
     rows = {d: measure(d, count, seed) for d in golden.DISTRIBUTIONS}
     data = {"cases": count, "seed": seed,
             "distributions": {d: {k: v for k, v in r.to_dict().items()

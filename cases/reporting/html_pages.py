@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import functools
 import math
+
+import jinja2
+
 from cases.data import FOLDER
 
 __all__ = ["TEMPLATES", "render", "ratio_colour", "slug"]
@@ -23,7 +26,6 @@ TEMPLATES = FOLDER / "templates"
 
 @functools.cache
 def _environment():
-    import jinja2
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)

@@ -19,12 +19,21 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from cases.data.versions import versions
 from cases.reporting import html_pages
 from cases.reporting.html_pages import ratio_colour, slug
-from cases.reporting.report import (RunSummary, cells, coverage_line, failure_text, provenance_lines, skipped_groups,
-                                    summarize, table_rows)
+from cases.reporting.report import (
+    RunSummary,
+    cells,
+    coverage_line,
+    failure_text,
+    provenance_lines,
+    skipped_groups,
+    summarize,
+    table_rows,
+    write_text_atomically,
+)
 from properties.attribution import RATIO_BINS
-from cases.data.versions import versions
 
 __all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]
 
@@ -168,5 +177,4 @@ def render_html(run, summary: RunSummary | None = None) -> str:
 
 def write_html(run, path, summary: RunSummary | None = None) -> Path:
     """Write the page through a temporary file renamed into place (cases.reporting.report.write_text_atomically)."""
-    from cases.reporting.report import write_text_atomically
     return write_text_atomically(Path(path), render_html(run, summary))

@@ -27,9 +27,17 @@ import dataclasses
 import datetime
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 
+from rich.table import Table
+
+from cases.data import schemas
+from cases.data.schemas import check_written
 from cases.data.versions import versions
+from cases.running.verdict import CaseVerdict
+from properties.acceptance import CodecVerdict
 
 __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "check_schema", "ResultRow",
            "result_rows", "failure_text", "table_rows", "skipped_groups", "render_table", "print_report",
@@ -48,13 +56,13 @@ class ResultRow:
     """One outcome of one case: a comparison under one codec (``codec``: its
     properties.acceptance.CodecVerdict), or the case's one outcome when it made none (a skip, an error, a
     changed input, another law's replay). ``first``: the case's first row."""
-    case: object                 # cases.running.verdict.CaseVerdict
+    case: CaseVerdict
     first: bool
     reference: str
     verdict: str                 # pass | fail | error | skipped
     counts: bool
     skip_kind: str | None = None
-    codec: object = None         # properties.acceptance.CodecVerdict
+    codec: CodecVerdict | None = None
     attribution: str | None = None          # kernel logic | backend codec, for failures
     attribution_detail: str | None = None
     text: str = ""               # the rule's failure text, the error, the skip's reason, the law's line
@@ -240,7 +248,7 @@ def to_json(run, summary: RunSummary | None = None) -> dict:
     summary = summary or summarize(run)
     prov = run.provenance or {}
     return {"schema": SCHEMA_ID,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": run.command,
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
@@ -260,7 +268,6 @@ def execution(run) -> dict:
 def write_json(run, path, summary: RunSummary | None = None) -> Path:
     """Write the report, checked against cases/report.schema.json first (a report that breaks it is a
     bug of ours: RuntimeError, nothing written), through a temporary file renamed into place."""
-    from cases.data.schemas import check_written
     data = to_json(run, summary)
     check_written(data, "report")
     # inf / nan are not JSON: the maxima of a comparison are finite or null by construction
@@ -270,8 +277,6 @@ def write_json(run, path, summary: RunSummary | None = None) -> Path:
 def write_text_atomically(path: Path, text: str) -> Path:
     """``text`` into ``path`` through a unique temporary name in its folder, flushed and renamed: a
     reader sees the old file or the new one, never half of one. OSError on failure, nothing left behind."""
-    import os
-    import tempfile
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -290,7 +295,6 @@ def write_text_atomically(path: Path, text: str) -> Path:
 def check_schema(instance) -> list[str]:
     """Errors of ``instance`` against cases/report.schema.json, as ``"$.path: message"`` lines; [] when
     valid (cases/data/schemas.py: the jsonschema package, draft 2020-12)."""
-    from cases.data import schemas
     return schemas.errors(instance, "report")
 
 
@@ -342,7 +346,6 @@ _STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped
 
 def render_table(run):
     """A rich Table of :func:`table_rows`."""
-    from rich.table import Table
     table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold")
     nodes = (run.execution or {}).get("executor") == "ray"     # a cluster run names each case's node
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("backend", {"overflow": "fold"}), ("reference", {}),

@@ -21,6 +21,13 @@ import json
 import math
 from pathlib import Path
 
+from rich.markup import escape
+from rich.table import Table
+
+from cases.data.schemas import and_more
+from cases.reporting import html_pages
+from cases.reporting.html_report import CSS
+from cases.reporting.report import SCHEMA_ID, check_schema
 from golden.errors import UsageError
 
 __all__ = ["SelectionMismatch", "ReportedCase", "DiffRow", "ReportDiff", "PREVIOUS_SCHEMA_ID", "upgraded", "load_report", "case_verdict", "compare",
@@ -100,7 +107,6 @@ def upgraded(data: dict) -> dict:
 def load_report(path) -> dict:
     """The JSON run report at ``path``, checked against cases/report.schema.json; a UsageError naming
     the file when it is missing, not JSON, from another schema version, or invalid."""
-    from cases.reporting.report import SCHEMA_ID, check_schema
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -117,7 +123,6 @@ def load_report(path) -> dict:
                          "`pfa-verify run --json` of this version; earlier reports carry no selection fingerprint)")
     errors = check_schema(data)
     if errors:
-        from cases.data.schemas import and_more
         raise UsageError(f"report {str(path)!r} does not match {SCHEMA_ID}: {errors[0]}" + and_more(errors))
     return data
 
@@ -213,8 +218,6 @@ def _ordered(c: ReportDiff) -> list:
 
 def render_table(c: ReportDiff):
     """A rich Table: one row per case, verdicts that differ first."""
-    from rich.markup import escape
-    from rich.table import Table
     table = Table(title=escape(f"pfa-verify compare: A = {_who(c.reports[0])}, B = {_who(c.reports[1])}"),
                   title_justify="left", header_style="bold")
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("A verdict", {}), ("A worst/tol", {"justify": "right"}),
@@ -232,7 +235,7 @@ def render_table(c: ReportDiff):
 
 def print_comparison(c: ReportDiff, console) -> None:
     console.print(render_table(c))
-    for label, path, data in zip("AB", c.paths, c.reports):
+    for label, path, data in zip("AB", c.paths, c.reports, strict=True):
         console.print(f"{label}: {path}: {data['summary']['verdict']}", highlight=False, markup=False)
     console.print(summary_line(c), highlight=False, markup=False)
 
@@ -283,8 +286,6 @@ def scatter(c: ReportDiff) -> dict:
 def render_html(c: ReportDiff) -> str:
     """The comparison as one self-contained HTML string (cases/templates/compare.html.j2; inline CSS and
     SVG, no scripts)."""
-    from cases.reporting import html_pages
-    from cases.reporting.html_report import CSS
     return html_pages.render("compare.html.j2", css=CSS + _EXTRA_CSS, differ=bool(c.differing),
                              summary=summary_line(c), sides=_side_rows(c), plot=scatter(c), rows=_ordered(c),
                              ratio_text=_ratio_text)

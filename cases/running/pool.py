@@ -26,14 +26,30 @@ cluster pool connects first: unreachable, or without a resource the tasks need, 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
+import signal
 import socket
-from typing import Callable
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.process import BaseProcess
+from types import ModuleType
+from typing import Any
 
 # The worker side (what runs in a worker process) is cases/running/pool_worker.py; its public names are
 # re-exported here, where run, mutants and search import them.
-from cases.running.pool_worker import call_in_worker, local_init, ray_call, retire_if_spoiled, WorkerSpoiled
-from cases.running.pool_worker import worker_backend, worker_setup, worker_slot
+from cases.running.pool_worker import (
+    WorkerSpoiled,
+    call_in_worker,
+    local_init,
+    ray_call,
+    retire_if_spoiled,
+    worker_backend,
+    worker_setup,
+    worker_slot,
+)
+from kernels.backends import runs_on_npu
 
 __all__ = ["ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
            "worker_setup", "worker_backend", "RETRIES"]
@@ -76,7 +92,6 @@ class TaskResult:
 def task_resources(backend) -> dict:
     """What one task of ``backend`` asks a cluster for: ``{"NPU": 1}`` for the npu backends (ours,
     pypto-gym-npu and anything built on kernels.backends.npu.NpuBackend), else ``{"CPU": 1}``."""
-    from kernels.backends import runs_on_npu
     return {"NPU": 1} if runs_on_npu(backend) else {"CPU": 1}
 
 
@@ -98,10 +113,10 @@ class Pool:
         self.executor = "ray" if cluster else ("local" if self.workers > 1 or fresh or spawn else "here")
         self.cluster_resources: dict | None = None
         self.nodes: list = []
-        self._ray = None
+        self._ray: ModuleType | None = None      # the ray module, once connected
 
     # -- connecting --
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         if self.executor == "ray":
             self._connect()
         return self
@@ -117,11 +132,12 @@ class Pool:
             import ray
         except ImportError:
             raise ClusterError(f"{where}: Ray is not installed here (pip install 'pfa-verify[ray]')") from None
+        assert self.cluster is not None        # the "ray" executor is the one of a cluster
         address = self.cluster.partition("=")[2] or None
         if address and address != "auto":
             _reachable(address, where)
         env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-        options = dict(log_to_driver=False, include_dashboard=False, configure_logging=False)
+        options: dict[str, Any] = dict(log_to_driver=False, include_dashboard=False, configure_logging=False)
         if address:
             options.update(address=address, runtime_env={"env_vars": env} if env else None)
         else:   # a local Ray on loopback for this command: no token (it would replace ~/.ray/auth_token)
@@ -182,7 +198,7 @@ class Pool:
             done(k, results[-1])
             if retire_if_spoiled() and k + 1 < len(payloads):
                 rest = Pool(workers=1, spawn=True)._local_tasks(
-                    fn, payloads[k + 1:], lambda j: start(k + 1 + j), lambda j, r: done(k + 1 + j, _shifted(r, k + 1)))
+                    fn, payloads[k + 1:], lambda j, at=k + 1: start(at + j), lambda j, r, at=k + 1: done(at + j, _shifted(r, at)))
                 return results + [_shifted(r, k + 1) for r in rest]
         return results
 
@@ -193,9 +209,6 @@ class Pool:
         again, alone when several died, so only a task that kills its worker dies twice. One function on
         purpose: the submit loop and the death handling share the retry state (attempts, causes, alone,
         died, retired), which split parts would have to pass back and forth."""
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-        from concurrent.futures.process import BrokenProcessPool
 
         ctx = multiprocessing.get_context("spawn")
         results: dict = {}
@@ -207,7 +220,9 @@ class Pool:
             slots = ctx.Queue()
             for s in range(self.workers):
                 slots.put(s)
-            died, retired, processes = [], False, {}
+            died: list[int] = []
+            retired = False
+            processes: dict[int, BaseProcess] = {}
             with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=local_init, initargs=(slots,),
                                      max_tasks_per_child=1 if self.fresh else None) as pool:
                 running: dict = {}
@@ -252,6 +267,7 @@ class Pool:
 
     def _ray_tasks(self, fn, payloads, start, done) -> list:
         ray = self._ray
+        assert ray is not None                 # a cluster pool connects as it is entered (__enter__)
         custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
         remote = ray.remote(num_cpus=self.resources.get("CPU", 0), resources=custom or None, max_retries=0,
                             max_calls=1 if self.fresh else 0)(ray_call)
@@ -308,7 +324,6 @@ def _death(processes: dict) -> str:
 
     A worker killed by a signal is the cause; a sibling that exits with a status after the pool broke
     (its result pipe closed under it) is a consequence, named only when no worker was killed."""
-    import signal
     codes = {p.exitcode for p in processes.values() if getattr(p, "exitcode", None) not in (None, 0, -signal.SIGTERM)}
     codes = {c for c in codes if c < 0} or codes
     return ("a worker process ended: " + ", ".join(sorted(f"killed by {signal.Signals(-c).name}" if c < 0 else

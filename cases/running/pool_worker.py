@@ -9,7 +9,17 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Callable
+import threading
+from collections.abc import Callable
+from multiprocessing.util import Finalize
+
+import torch
+
+from golden.errors import UsageError
+from kernels.backends import runs_on_npu
+from kernels.backends.sandbox import die_with_parent
+from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+from kernels.pypto_workarounds import spoiled
 
 __all__ = ["worker_setup", "worker_slot", "worker_backend"]
 
@@ -19,7 +29,6 @@ _SLOT: dict = {}
 def worker_setup() -> None:
     """Once per worker process: one OpenMP thread (parallelism comes from processes)."""
     if not _SLOT.get("setup"):
-        import torch
         torch.set_num_threads(1)
         _SLOT["setup"] = True
 
@@ -41,9 +50,6 @@ def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
     a Ray task takes the one device Ray made visible (ASCEND_RT_VISIBLE_DEVICES,
     kernels.backends.resolve_device_index). A backend that cannot start raises the same one-line error on
     every call (RuntimeError naming the worker and the reason); a contract violation is a UsageError."""
-    from golden.errors import UsageError
-    from kernels.backends import runs_on_npu
-    from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
     slot = worker_slot()
     dev = ((device or 0) + slot if slot is not None else None) if runs_on_npu(name) else device
     spec = BackendSpec(name=name, device=dev, max_seconds=max_seconds)
@@ -83,9 +89,7 @@ def local_init(slots) -> None:
     kept its slot would leave the next one waiting in ``slots.get()`` for ever (a hung kill matrix).
     multiprocessing runs a Finalize with an exit priority when its child process ends normally; a worker
     that dies breaks the whole pool, which Pool replaces with fresh slots."""
-    from multiprocessing.util import Finalize
 
-    from kernels.backends.sandbox import die_with_parent
     die_with_parent(os.getppid())          # a killed driver leaves no worker behind
     worker_setup()
     _SLOT["slot"] = slots.get()
@@ -105,7 +109,6 @@ def retire_if_spoiled() -> str | None:
     kernels.pypto_workarounds.spoiled), or None."""
     if "kernels.pypto_workarounds" not in sys.modules:
         return None
-    from kernels.pypto_workarounds import spoiled
     return spoiled()
 
 
@@ -126,7 +129,6 @@ def ray_call(fn: Callable, payload) -> tuple:
     if why:
         # Ray cannot retire a task's worker on request: this one refuses the task (the driver hands it
         # out again, uncharged) and exits a moment later, once the refusal has gone back.
-        import threading
         threading.Timer(0.5, os._exit, args=(0,)).start()
         raise WorkerSpoiled(why)
     return call_in_worker(fn, payload)

@@ -34,10 +34,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+import kernels
+from cases.data import regressions
 from cases.data.collect import Item, collect_items, selection
+from cases.data.provenance import run_provenance
 from cases.running.capture import capture_case, write_failure
-from cases.running.verdict import CaseError, CaseVerdict, LawReplay, RunResult
+from cases.running.pool import Pool, task_resources, worker_backend
+from cases.running.shrink import capture_generated, signature
+from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
+from kernels import BackendUnavailable, Skip
+from kernels.backends import limit_time, use_backend_threads
+from kernels.backends.contract import capabilities_of
+from kernels.backends.supervisor import (
+    BackendSpec,
+    GuardedBackend,
+    KernelFault,
+    Reply,
+    SupervisedBackend,
+    Supervisor,
+    describe_failure,
+)
+from properties import ledger
+from properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
 from properties.coverage import coverage
+from properties.diagnosis import diagnose_verdict
 
 __all__ = ["RunOptions", "execute", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
            "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]
@@ -86,11 +108,7 @@ def open_backend(name: str, *, device=None, max_seconds: float | None = None, wo
     processes (or, ``in_process``, the backend itself behind a GuardedBackend). ``auto`` is
     kernels.get_backend's: npu, else sim, else the golden (``fallback``). Raises kernels.BackendUnavailable
     or golden.errors.UsageError (one line) when the backend cannot start or breaks the contract."""
-    from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
     if in_process:
-        import kernels
-        from kernels.backends import limit_time, use_backend_threads
-        from kernels.backends.contract import capabilities_of
         raw = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
         capabilities_of(raw, source=name)
         use_backend_threads(raw)
@@ -162,9 +180,6 @@ def _verdict(item: Item, backend_name: str, seconds: float = 0.0, **fields) -> C
 def _prepare(backend, item: Item, *, deadline: float | None) -> CaseVerdict | _Call:
     """The verdict of a case that does not reach the kernel (cannot load, over budget, quarantined, a
     backend skip), or its call."""
-    from kernels import Skip
-    from properties import ledger
-    from properties.acceptance import split_bundle
     start = time.perf_counter()
     if item.load_error is not None:
         return _verdict(item, backend.name, error=CaseError(kind="case file", message=f"the captured case cannot be "
@@ -179,15 +194,15 @@ def _prepare(backend, item: Item, *, deadline: float | None) -> CaseVerdict | _C
         skip = backend.skip_reason(item.case.config)
     if skip is not None:
         return _verdict(item, backend.name, skip=skip)
+    # what reaches the kernel is a paged case: collect_items gives one to every catalog and generated
+    # item and to every acceptance record (another law's record is replayed instead, run_item)
+    assert item.case is not None
     tensors, scalars = split_bundle(item.case.inputs())
     return _Call(item, tensors, {k: v.clone() for k, v in tensors.items()}, scalars, known, start)
 
 
 def _judged(backend, call: _Call, reply) -> CaseVerdict:
     """The verdict of one kernel call's reply (kernels.backends.supervisor.Reply), by the one rule."""
-    from kernels import BackendUnavailable, Skip
-    from kernels.backends.supervisor import KernelFault, describe_failure
-    from properties.acceptance import InputsModified, check_unchanged, hold
     item = call.item
     seconds = time.perf_counter() - call.started
     facts = dict(seconds=seconds, attempts=reply.attempts, retry_cause=reply.retry_cause)
@@ -206,6 +221,7 @@ def _judged(backend, call: _Call, reply) -> CaseVerdict:
         check_unchanged(call.given, call.tensors, backend_name=backend.name, tags=tags)
     except InputsModified as exc:
         return _ledgered(_verdict(item, backend.name, inputs_modified=str(exc), **facts), call.known)
+    assert item.case is not None                  # a call is made of a paged case (_prepare)
     judgement = hold(reply.output, call.tensors, call.scalars, backend=backend, label=item.case.label(), tags=tags)
     return _ledgered(_verdict(item, backend.name, judgement=judgement, **facts), call.known)
 
@@ -222,10 +238,8 @@ def _ledgered(verdict: CaseVerdict, known) -> CaseVerdict:
 
 def _law_replay(backend, item: Item, regressions_dir) -> CaseVerdict:
     """A captured case of another law (``item.record``), replayed through the backend (blocking calls)."""
-    from cases.data import regressions
-    from kernels import BackendUnavailable, Skip
-    from kernels.backends.supervisor import KernelFault, describe_failure
     reg, start = item.record, time.perf_counter()
+    assert reg is not None                        # called for the items that carry a record only
     try:
         regressions.replay(reg, backend, directory=regressions_dir)
     except AssertionError as exc:
@@ -246,10 +260,6 @@ def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call 
     """A counted failure's verdict with what the driver adds as it arrives: a catalog failure diagnosed
     and captured, a regression's failure its own replay line, a generated one its group signature
     (captured once shrunk, cases/running/shrink.py)."""
-    from cases.data import regressions
-    from cases.running.shrink import signature
-    from cases.running.verdict import Capture
-    from properties.diagnosis import diagnose_verdict
     if not verdict.failed or verdict.ledger_broken is not None:
         return verdict
     if item.source == "generated":
@@ -257,9 +267,12 @@ def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call 
     if verdict.judgement is not None and call is not None:
         verdict = dataclasses.replace(verdict, diagnosis=diagnose_verdict(verdict.judgement, call.tensors, call.scalars))
     if item.source == "regression":
+        assert item.regression is not None        # collect_items names every regression item by its id
         command = regressions.replay_command(item.regression, regressions_dir)
         return dataclasses.replace(verdict, capture=Capture(replay=command, line=f"Replay: {command}"))
     message = verdict.judgement.message() if verdict.judgement is not None else verdict.inputs_modified
+    # a counted failure without a judgement changed its inputs (a law's verdict is a regression's, above)
+    assert message is not None
     return dataclasses.replace(verdict, capture=capture_case("acceptance", backend_name, item.case, message,
                                                               enabled=capture, directory=regressions_dir))
 
@@ -270,7 +283,6 @@ def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, de
     GuardedBackend in this process): the path of a Ray task and of an in-process run. Never raises for
     what the kernel does. A catalog failure is captured only when ``capture`` (a Ray task leaves that
     to the driver)."""
-    from kernels.backends.supervisor import Reply
     if item.record is not None:
         return _law_replay(backend, item, regressions_dir)
     prepared = _prepare(backend, item, deadline=deadline)
@@ -346,7 +358,7 @@ def _run_supervised(backend, supervisor, backend_name: str, items: list, *, work
 
 def _rebuilt(item: Item) -> _Call:
     """A case's inputs built again here (for the diagnosis of a verdict judged elsewhere)."""
-    from properties.acceptance import split_bundle
+    assert item.case is not None                  # called for catalog cases only
     tensors, scalars = split_bundle(item.case.inputs())
     return _Call(item, tensors, {}, scalars, None, 0.0)
 
@@ -368,7 +380,6 @@ def _run_here(backend, backend_name: str, items: list, *, capture: bool, regress
 
 def _case_task(payload) -> CaseVerdict:
     """One case in a Ray task (cases/running/pool.py): the task's supervised backend, then the item."""
-    from cases.running.pool import worker_backend
     name, options, item = payload
     try:
         backend = worker_backend(name, device=options["device"], max_seconds=options["max_seconds"])
@@ -416,9 +427,6 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     verdict)`` sees ``start`` and ``done``; ``stop()`` names the signal that interrupts the run (None:
     go on). kernels.BackendUnavailable and golden.errors.UsageError propagate (a backend that cannot
     start checks nothing), and so does cases.running.pool.ClusterError, all before any case runs."""
-    from cases.data.provenance import run_provenance
-    from cases.running.pool import Pool, task_resources
-    from cases.running.shrink import capture_generated
     if not isinstance(options, RunOptions):
         raise TypeError(f"options must be a cases.running.run.RunOptions (cases.cli.run_options builds one from the "
                         f"command's arguments), got {type(options).__name__}")
@@ -432,7 +440,6 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     with contextlib.ExitStack() as stack:
         if supervisor is not None:
             stack.callback(supervisor.close)
-        import torch
         torch.set_num_threads(1)     # this process judges while the workers compute: one thread each
         pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
         if cluster:
@@ -477,7 +484,7 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
                      "nodes": [socket.gethostname()], "processes": None if supervisor is None else supervisor.started,
                      "refused": [] if supervisor is None else [f"worker {slot}: {why}" for slot, why in
                                                               sorted(supervisor.refused.items())]}
-    checked = [items[k].case.config for k, v in zip(ran, results) if items[k].case is not None and v.checked]
+    checked = [items[k].case.config for k, v in zip(ran, results, strict=True) if items[k].case is not None and v.checked]
     failures = tuple(f for v in results if v.capture is not None and (f := write_failure(v.capture)))
     return RunResult(backend=backend.name, backend_note=why, codec=getattr(getattr(backend, "codec", None), "name", None),
                      seed=options.seed, results=tuple(results), seconds=time.perf_counter() - start,

@@ -23,13 +23,18 @@ import dataclasses
 import hashlib
 import math
 import time
+from collections import Counter
 
-from typing import TYPE_CHECKING
+from hypothesis.database import DirectoryBasedExampleDatabase
+from rich.table import Table
 
+from cases.running.capture import capture_case
+from cases.running.pool import Pool, task_resources, worker_backend
+from cases.running.shrink import hunt
 from golden.errors import UsageError, check_known
-
-if TYPE_CHECKING:
-    from properties.coverage import Coverage
+from properties import law_examples, laws
+from properties.coverage import Coverage, classify
+from properties.law_examples import PAGED_LAWS
 
 __all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
            "summary_line", "render_table"]
@@ -64,11 +69,9 @@ class SearchRun:
     seconds: float
     execution: dict | None = None
 
-    def coverage(self) -> "Coverage":
+    def coverage(self) -> Coverage:
         """The coverage (properties.coverage.Coverage) of every example the tasks drew."""
-        from collections import Counter
 
-        from properties.coverage import Coverage
         hits: Counter = Counter()
         for t in self.tasks:
             hits.update(t.hits)
@@ -98,11 +101,10 @@ def open_database(spec: str | None):
     if spec.startswith(("redis://", "rediss://")):
         try:
             import redis
+            from hypothesis.extra.redis import RedisExampleDatabase  # noqa: PLC0415 - it imports redis
         except ImportError:
             raise UsageError(f"--database {spec!r}: the redis package is not installed (pip install redis)") from None
-        from hypothesis.extra.redis import RedisExampleDatabase
         return RedisExampleDatabase(redis.Redis.from_url(spec))
-    from hypothesis.database import DirectoryBasedExampleDatabase
     return DirectoryBasedExampleDatabase(spec)
 
 
@@ -112,11 +114,7 @@ def _key(law: str, backend_name: str) -> str:
 
 def _search_task(payload) -> TaskReport:
     """One task in a worker (cases/running/pool.py): the worker's backend, then the law's search."""
-    from cases.running.pool import worker_backend
-    from cases.running.shrink import hunt
-    from properties import law_examples, laws
     law, task, seed, examples, backend_name, database = payload
-    from properties.coverage import classify
     report = TaskReport(law, task, seed)
     backend = worker_backend(backend_name)
 
@@ -128,6 +126,7 @@ def _search_task(payload) -> TaskReport:
                  database=open_database(database), key=_key(law, backend_name))
     report.examples, report.seconds = found.examples, found.seconds
     if found.error is not None:
+        assert found.example is not None        # hunt sets the failing example with its error
         case, params = found.example
         kind = "law" if isinstance(found.error, AssertionError) else "error"
         text = str(found.error).strip()
@@ -139,22 +138,23 @@ def _search_task(payload) -> TaskReport:
 def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples: int, database, shrink_s: float):
     """``(case, params, message, how)`` of the group's first failure, shrunk by Hypothesis when it
     reproduces (the task's seed, or the database, replayed here on the driver); else as the task found it."""
-    from cases.running.shrink import hunt
-    from properties import law_examples, laws
     if shrink_s > 0:
         def check(example):
             try:
                 laws.run(law, backend, example[0], **example[1])
-            except Exception as exc:  # noqa: BLE001 - judged by its signature below
+            except Exception as exc:
                 kind = "law" if isinstance(exc, AssertionError) else "error"
                 if failure_signature(law, kind, f"{type(exc).__name__}: {exc}") == signature:
                     raise
         found = hunt(law_examples.examples(law, backend), check, seed=first.seed, examples=examples,
                      shrink_s=shrink_s, database=database, key=_key(law, backend.name))
         if found.error is not None:
+            assert found.example is not None    # hunt sets the failing example with its error
             case, params = found.example
             return case, dict(params), str(found.error), "shrunk by Hypothesis on the driver"
-    return first.failure["case"], first.failure["params"], first.failure["message"], "not shrunk"
+    failure = first.failure
+    assert failure is not None                  # a group's first member is a task that failed
+    return failure["case"], failure["params"], failure["message"], "not shrunk"
 
 
 def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: int = 0, database: str | None = None,
@@ -162,9 +162,6 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
            progress=None) -> SearchRun:
     """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool; failures grouped,
     the first of each group shrunk and captured once, here."""
-    from cases.running.capture import capture_case
-    from cases.running.pool import Pool, task_resources, worker_backend
-    from properties.law_examples import PAGED_LAWS
     if not laws:
         raise UsageError(f"--laws: none given; expected some of {', '.join(PAGED_LAWS)}")
     check_known("--laws", "law", laws, PAGED_LAWS)
@@ -179,7 +176,7 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     with Pool(workers=workers, cluster=cluster, resources=task_resources(backend)) as pool:
         results = pool.map(_search_task, payloads, on_done=progress and (lambda n, r: progress(payloads[n], r)))
     reports = []
-    for payload, r in zip(payloads, results):
+    for payload, r in zip(payloads, results, strict=True):
         rep = r.value if r.error is None else TaskReport(payload[0], payload[1], payload[2], error=r.error)
         rep.node = r.node
         reports.append(rep)
@@ -245,7 +242,6 @@ def summary_line(run: SearchRun) -> str:
 
 def render_table(run: SearchRun):
     """A rich Table: one row per task."""
-    from rich.table import Table
     table = Table(title=f"pfa-verify search: backend {run.backend}", title_justify="left")
     for col in ("law", "task", "seed", "examples", "s", "node", "result"):
         table.add_column(col)

@@ -13,17 +13,34 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as fixed_seed
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import HypothesisException
+from hypothesis.strategies import SearchStrategy
+
+from cases.running.capture import capture_case
+from properties.acceptance import judge, split_bundle
+from properties.case import Case
+from properties.diagnosis import diagnose_verdict
 
 __all__ = ["Hunt", "hunt", "signature", "capture_generated"]
 
 
+#: What the searched strategy draws (properties.law_examples.Example, properties.case.Case).
+T = TypeVar("T")
+
+
 @dataclasses.dataclass
-class Hunt:
+class Hunt(Generic[T]):
     """What :func:`hunt` found: ``examples`` drawn up to the first failure (all, when none failed),
     ``seconds`` to it, and the smallest failing ``example`` with its ``error`` (None: none failed)."""
     examples: int = 0
     seconds: float = 0.0
-    example: object = None
+    example: T | None = None
     error: BaseException | None = None
 
 
@@ -35,8 +52,8 @@ def _kind(exc: BaseException) -> str:
     return "law" if isinstance(exc, AssertionError) else "error"
 
 
-def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0, database=None,
-         key: str | None = None) -> Hunt:
+def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int, examples: int,
+         shrink_s: float = 0.0, database: ExampleDatabase | None = None, key: str | None = None) -> Hunt[T]:
     """Draw up to ``examples`` from ``strategy`` under ``seed`` and call ``check(example)`` (it raises
     on failure) until one fails; then let Hypothesis shrink it for ``shrink_s`` seconds (0: not
     shrunk). While shrinking, only a failure of the first one's kind (an AssertionError, or another
@@ -46,11 +63,8 @@ def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0, da
     ``database`` (a Hypothesis ExampleDatabase) is read first (failures saved there by any search
     under the same ``key``, on any node, are replayed before the seed's draws) and receives the
     failure found; without it nothing is saved."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
-    from hypothesis.errors import HypothesisException
 
-    found = Hunt()
+    found: Hunt[T] = Hunt()
     start = time.perf_counter()
 
     phases = ([Phase.reuse] if database is not None else []) + [Phase.generate] + ([Phase.shrink] if shrink_s > 0 else [])
@@ -77,8 +91,9 @@ def hunt(strategy, check, *, seed: int, examples: int, shrink_s: float = 0.0, da
 
     if key is not None:
         # The database key is the test's digest; this extra part (what the pytest plugin uses to tell
-        # parametrized tests apart) keeps each law's saved failures under its own key.
-        run.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
+        # parametrized tests apart) keeps each law's saved failures under its own key. (@given sets
+        # ``.hypothesis`` on the test it returns at run time; its type, Callable[..., None], has no such attribute.)
+        run.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     try:
         run()
     except (_Failed, HypothesisException):
@@ -138,14 +153,10 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
     the case captured, and every member given the group's Capture and diagnosis (new copies). With
     ``shrink_s`` 0 (or ``why_not_shrunk``: the run was interrupted) the first member is captured as it is.
     ``stop()`` naming a signal ends a shrink at once (its best case so far stands)."""
-    import dataclasses
 
-    from cases.running.capture import capture_case
-    from properties.acceptance import judge, split_bundle
-    from properties.diagnosis import diagnose_verdict
     stop = stop or (lambda: None)
     groups: dict = {}
-    for k, (item, verdict) in enumerate(zip(items, results)):
+    for k, (_item, verdict) in enumerate(zip(items, results, strict=True)):
         if verdict.signature is not None:
             groups.setdefault(verdict.signature, []).append(k)
     out = list(results)
@@ -167,14 +178,19 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
             raise ValueError(f"generated case(s) {[items[k].name for k in members if items[k].aim is None]} carry no "
                              "Aim: cases.data.collect.Item.aim must say which draws made a generated case")
         first = items[members[0]]
-        found = Hunt()
+        found: Hunt[Case] = Hunt()
         if shrink_s > 0 and not why_not_shrunk and not stop():
             aim = next((a for a in aims if a.target is None), aims[0])
             found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
                          shrink_s=shrink_s)
         shrunk = found.error is not None
-        case = found.example if shrunk else first.case
-        judgement = found.error.verdict if shrunk else out[members[0]].judgement
+        if found.error is not None:
+            # hunt keeps what its check raised with the example that raised it, and fails_like raises
+            # only _FailsLikeTheGroup (any other failure returns)
+            assert isinstance(found.error, _FailsLikeTheGroup) and found.example is not None
+            case, judgement = found.example, found.error.verdict
+        else:
+            case, judgement = first.case, out[members[0]].judgement
         names = tuple(items[k].name for k in members)
         how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
                f"lengths={list(case.config.lengths)}" if shrunk else

@@ -46,6 +46,6 @@ it is ``properties.acceptance.judge``. The package in three modules:
 The float32 rounding and any-order sum bounds they all read are golden/intervals.py (shared with AT-12
 and the laws).
 """
-from .builder import AttentionEnvelope, TileChunk, EnvelopeBuilder, TileBounds
+from .builder import AttentionEnvelope, EnvelopeBuilder, TileBounds, TileChunk
 
 __all__ = ["AttentionEnvelope", "TileChunk", "EnvelopeBuilder", "TileBounds"]

@@ -31,11 +31,20 @@ loaded by kernels/backends/loader.py.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
 
+import torch
+
+from golden.attention import visible_lengths
+from golden.codec import get_codec
 from golden.errors import UsageError
+from golden.model import declared_model
+from golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "spec_codec_options", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
@@ -62,7 +71,6 @@ UNWRITTEN = {"bfloat16": 0x7FAB, "float32": 0x7FABCDEF}
 
 def unwritten_output(shape, *, dtype=None, device=None):
     """A new output tensor of ``shape`` (bf16 unless ``dtype``) filled with the UNWRITTEN sentinel."""
-    import torch
 
     dtype = torch.bfloat16 if dtype is None else dtype
     name = str(dtype).removeprefix("torch.")
@@ -74,9 +82,7 @@ def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str]
     """``out`` (on the CPU) after checking that the kernel wrote it: KernelRunError when an element
     that must be computed still holds UNWRITTEN (``details()``, when given and not empty, is appended). For paged attention (``kv_act_seqs`` given) the rows
     with ``cur == 0`` are the caller's zeros, SPEC §2 item 5: their untouched elements become 0."""
-    import torch
 
-    from golden.attention import visible_lengths
 
     bits = UNWRITTEN[str(out.dtype).removeprefix("torch.")]
     unwritten = out.view({2: torch.int16, 4: torch.int32}[out.element_size()]) == bits
@@ -125,16 +131,14 @@ class KernelSource:
     function: str | None
 
     @classmethod
-    def of_file(cls, path, function: str | None, source: str | None = None) -> "KernelSource":
-        import hashlib
-        from pathlib import Path
+    def of_file(cls, path, function: str | None, source: str | None = None) -> KernelSource:
 
         file = Path(path).resolve()
         return cls(str(source if source is not None else path), str(file),
                    hashlib.sha256(file.read_bytes()).hexdigest(), function)
 
     @classmethod
-    def of_module(cls, module, function: str | None, source: str | None = None) -> "KernelSource | None":
+    def of_module(cls, module, function: str | None, source: str | None = None) -> KernelSource | None:
         """The source of an imported module's file; None for a module without one (built in, namespace)."""
         file = getattr(module, "__file__", None)
         return cls.of_file(file, function, source or module.__name__) if file else None
@@ -179,7 +183,6 @@ class Backend:
     def _check_codec(self, codec) -> None:
         if codec is None:
             return
-        from golden.codec import get_codec
 
         if get_codec(codec) is not self.codec:
             raise ValueError(f"codec={codec!r}: the {self.name} backend computes with {self.codec!r}; "
@@ -188,7 +191,6 @@ class Backend:
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                             kv_act_seqs, *, softmax_scale=None, s2_tile=128, g_tile=None, codec=None):
         """bf16 [B*S1, NQ, D] on the CPU: the kernel's output for SPEC §2 (arguments as in §1)."""
-        from golden.validate import check_paged_attention_args
 
         self._check_codec(codec)
         dims = check_paged_attention_args(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
@@ -199,7 +201,6 @@ class Backend:
 
     def qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None, codec=None):
         """fp32 [q_tile, k_tile] on the CPU: AT-12 scores (SPEC §6)."""
-        from golden.validate import check_qk_matmul_scale_args
 
         self._check_codec(codec)
         _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
@@ -222,12 +223,12 @@ def use_backend_threads(backend) -> None:
     constructing one must not change the process it is made in."""
     threads = getattr(backend, "threads", None)
     if threads:
-        import torch
+        import torch  # noqa: PLC0415 - it subclasses Backend, defined here
 
         torch.set_num_threads(threads)
 
 
-def unsupported_shape(config, supported: dict | None) -> Skip | None:
+def unsupported_shape(config, supported: Mapping[str, Collection[object]] | None) -> Skip | None:
     """A Skip("unsupported") when ``config`` has a head_dim or block_size outside ``supported``."""
     if not supported:
         return None
@@ -248,7 +249,7 @@ def runs_on_npu(backend) -> bool:
     it: the worker pool gives such a backend a device per worker, and a cluster one NPU per task."""
     if isinstance(backend, str):
         return backend == "npu" or backend.startswith("pypto-gym-npu:")
-    from kernels.backends.npu import NpuBackend
+    from kernels.backends.npu import NpuBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return isinstance(backend, NpuBackend)
 
 
@@ -294,20 +295,19 @@ def resolve_device_index(device: int | str | None = None, environ=None) -> tuple
 
 
 def _golden(**options):
-    from kernels.backends.golden_backend import GoldenBackend
+    from kernels.backends.golden_backend import GoldenBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return GoldenBackend(**options)
 
 
 def _our_kernel(backend):
     """``backend`` with the KernelSource of our kernel, kernels/pfa_fp8.py (read, not imported)."""
-    from pathlib import Path
     backend.kernel_source = KernelSource.of_file(Path(__file__).resolve().parents[1] / "pfa_fp8.py", "make_kernel",
                                                  "kernels/pfa_fp8.py")
     return backend
 
 
 def _sim(**options):
-    from kernels.backends.sim import SimBackend
+    from kernels.backends.sim import SimBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return _our_kernel(SimBackend(**options))
 
 
@@ -322,12 +322,12 @@ def spec_codec_options(options: dict, name: str, plain: str) -> dict:
 
 def _sim_spec_codec(**options):
     """The sim backend with the spec's E4M3 in the calculator (kernels/pypto_workarounds/, W13)."""
-    from kernels.backends.sim import SimBackend
+    from kernels.backends.sim import SimBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return SimBackend(**spec_codec_options(options, "sim-spec-codec", "sim"))
 
 
 def _npu(device=None, **options):
-    from kernels.backends.npu import NpuBackend
+    from kernels.backends.npu import NpuBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return _our_kernel(NpuBackend(device=device, **options))
 
 
@@ -356,9 +356,8 @@ def _auto(device=None, **options):
 def _load_file_factory(name: str):
     """(module, attribute) named by 'path/to/file.py:factory' (a test double kept outside any package),
     the path relative to the working directory or the project root (kernels/backends/loader.py)."""
-    from pathlib import Path
 
-    from kernels.backends.loader import load_file_module
+    from kernels.backends.loader import load_file_module  # noqa: PLC0415 - it subclasses Backend, defined here
 
     path, _, attr = name.rpartition(":")
     candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
@@ -373,7 +372,7 @@ BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim":
 
 
 def _pypto_gym(name: str, *, device=None, **options):
-    from kernels.backends.upstream import make_backend
+    from kernels.backends.upstream import make_backend  # noqa: PLC0415 - it subclasses Backend, defined here
     return make_backend(name, device=device, **options)
 
 
@@ -419,7 +418,7 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if ":" not in name:
         raise UsageError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
                          "or an import path 'package.module:factory'")
-    from kernels.backends.loader import import_named_module
+    from kernels.backends.loader import import_named_module  # noqa: PLC0415 - it subclasses Backend, defined here
     try:
         if ".py:" in name:
             module, attr = _load_file_factory(name)
@@ -430,14 +429,13 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
             module, source = import_named_module(module_name), module_name
     except ValueError as exc:
         raise UsageError(str(exc) if str(exc).startswith("name=") else f"name={name!r}: {exc}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
+    named = getattr(module, attr, None)     # the user's factory: what it returns is checked below
+    if not callable(named):
         raise UsageError(f"name={name!r}: {module_name} has no callable {attr!r}")
-    backend = factory(device=device, **options) if device is not None else factory(**options)
+    backend = named(device=device, **options) if device is not None else named(**options)
     missing = [a for a in ("name", "codec", "paged_attention_fp8", "qk_matmul_scale") if not hasattr(backend, a)]
     if missing:
         raise UsageError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
-    from golden.model import declared_model
     declared_model(backend)              # a wider model is refused when the backend is loaded, naming the field
     if getattr(backend, "kernel_source", None) is None:
         try:

@@ -22,7 +22,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from golden.codec import CODECS, SPEC_CODEC, Fp8Codec, get_codec
 from golden.errors import UsageError
+from golden.model import SPEC_MODEL, ConformanceModel
+from kernels.backends import KernelSource, runs_on_npu
 
 if TYPE_CHECKING:
     import torch
@@ -121,13 +124,11 @@ class Capabilities:
     @property
     def codec_object(self) -> Fp8Codec:
         """The golden.codec codec named by ``codec``."""
-        from golden.codec import get_codec
         return get_codec(self.codec)
 
     @property
     def judged_model(self) -> ConformanceModel:
         """The model the backend is judged by: its declared one, else SPEC §4.1 (golden.model.SPEC_MODEL)."""
-        from golden.model import SPEC_MODEL
         return self.model if self.model is not None else SPEC_MODEL
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,7 +144,6 @@ class Capabilities:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
         """The inverse of :meth:`to_dict`, checked as :func:`capabilities_of` checks a backend."""
-        from golden.model import ConformanceModel
         if not isinstance(data, Mapping):
             raise UsageError(f"capabilities must be a mapping, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -169,7 +169,6 @@ def capabilities_of(backend: object, *, source: str | None = None) -> Capabiliti
     """The :class:`Capabilities` of ``backend``, every field checked: a UsageError naming each wrong one
     in one line (``source``: how the user named the backend, for that line). The one reader of a
     backend's optional attributes."""
-    from kernels.backends import KernelSource, runs_on_npu
     owner = source or getattr(backend, "name", None) or type(backend).__name__
     missing = [a for a in ("paged_attention_fp8", "qk_matmul_scale") if not callable(getattr(backend, a, None))]
     if missing:
@@ -211,7 +210,6 @@ _MISSING: Any = _Missing()
 def _codec_name(codec: object) -> object:
     """The name of ``codec`` when it is None or one of golden.codec.CODECS (by object or name), else itself
     (refused by :func:`_checked`, which names it)."""
-    from golden.codec import CODECS, SPEC_CODEC, Fp8Codec
     if codec is None:
         return SPEC_CODEC.name
     if isinstance(codec, Fp8Codec) and CODECS.get(codec.name) is codec:
@@ -228,8 +226,6 @@ def _is_count(value: object, *, least: int = 0) -> bool:
 def _checked(owner: str, fields: dict[str, Any]) -> Capabilities:
     """``Capabilities(**fields)`` once every field is what the contract says; else one UsageError naming
     each wrong field, its value and what is expected."""
-    from golden.codec import CODECS
-    from golden.model import ConformanceModel
     wrong: list[str] = []
 
     def bad(field: str, expected: str) -> None:

@@ -20,7 +20,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 
 from golden.errors import UsageError
 
@@ -41,7 +41,7 @@ class _HashedSourceLoader(importlib.machinery.SourceFileLoader):
         super().__init__(fullname, path)
         self._source = source
 
-    def get_code(self, fullname: str):
+    def get_code(self, fullname: str) -> CodeType:
         return compile(self._source, self.path, "exec", dont_inherit=True)
 
 
@@ -58,12 +58,14 @@ def load_file_module(path: str | Path, *, prefix: str = "_pfa_file_") -> ModuleT
     name = prefix + re.sub(r"\W", "_", str(file)) + "_" + hashlib.sha256(source).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file, loader=_HashedSourceLoader(name, str(file), source))
+    loader = _HashedSourceLoader(name, str(file), source)
+    spec = importlib.util.spec_from_file_location(name, file, loader=loader)
+    assert spec is not None            # None only when no loader is given and none fits the suffix
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module         # as Python's import does: the module may import itself
     try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:       # noqa: BLE001 - SystemExit and KeyboardInterrupt in a module too
+        loader.exec_module(module)
+    except BaseException as exc:
         sys.modules.pop(name, None)
         if not isinstance(exc, Exception):
             raise

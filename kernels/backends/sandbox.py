@@ -38,6 +38,15 @@ import time
 import traceback
 from typing import Any
 
+import torch
+
+import kernels
+from golden import PagedAttentionConfig
+from golden.errors import UsageError
+from kernels.backends import BackendUnavailable, KernelRunError, limit_time, wire
+from kernels.backends.contract import capabilities_of
+from kernels.pypto_workarounds import spoiled
+
 __all__ = ["main", "die_with_parent"]
 
 #: An error's text is cut to this many characters (the header limit of kernels/backends/wire.py).
@@ -66,8 +75,6 @@ def _text(exc: BaseException) -> str:
 
 def _error(exc: BaseException) -> dict[str, Any]:
     """``raised``/``refused`` fields of an exception: kind, its type's name and its text."""
-    from golden.errors import UsageError
-    from kernels.backends import BackendUnavailable, KernelRunError
     if isinstance(exc, BackendUnavailable):
         kind, text = "unavailable", exc.reason
     elif isinstance(exc, KernelRunError):
@@ -88,11 +95,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 def _load(header: dict[str, Any]) -> tuple[object, dict[str, Any]]:
-    import torch
 
-    import kernels
-    from kernels.backends import limit_time
-    from kernels.backends.contract import capabilities_of
     name, options = header["backend"], dict(header.get("options") or {})
     device = header.get("device")
     backend = kernels.get_backend(name, device=device, **options) if device is not None else \
@@ -106,9 +109,7 @@ def _load(header: dict[str, Any]) -> tuple[object, dict[str, Any]]:
 
 
 def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> tuple[dict[str, Any], list]:
-    import torch
 
-    from kernels.backends import wire
     tensors = wire.unpack_tensors(header["tensors"], buffers)
     before = {k: bytes(wire.raw_bytes(t)) for k, t in tensors.items()}
     op = header["op"]
@@ -135,7 +136,6 @@ def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> 
 
 
 def _answers(backend: object, header: dict[str, Any]) -> dict[str, Any]:
-    from golden import PagedAttentionConfig
     method = getattr(backend, header["type"], None)
     answers: list[Any] = []
     for config in header["configs"]:
@@ -152,13 +152,11 @@ def _answers(backend: object, header: dict[str, Any]) -> dict[str, Any]:
 def _spoiled() -> str | None:
     if "kernels.pypto_workarounds" not in sys.modules:
         return None
-    from kernels.pypto_workarounds import spoiled
     return spoiled()
 
 
 def serve(requests: int, replies: int) -> None:
     """Answer requests until the pipe closes (or the load fails)."""
-    from kernels.backends import wire
     backend: object = None
     while True:
         try:

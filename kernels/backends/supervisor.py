@@ -49,8 +49,7 @@ from typing import Any
 import torch
 
 from golden.errors import UsageError
-from kernels.backends import BackendUnavailable, KernelRunError, Skip
-from kernels.backends import wire
+from kernels.backends import BackendUnavailable, KernelRunError, Skip, runs_on_npu, unsupported_shape, wire
 from kernels.backends.contract import Capabilities, CostEstimate
 
 __all__ = ["BackendSpec", "KernelFault", "KernelRaised", "Reply", "Supervisor", "SupervisedBackend",
@@ -146,7 +145,6 @@ class _Job:
 
 def _load_header(spec: BackendSpec, slot: int) -> dict[str, Any]:
     """The load request of worker ``slot``: an npu backend's worker k takes NPU ``device + k``."""
-    from kernels.backends import runs_on_npu
     device = (int(spec.device or 0) + slot) if runs_on_npu(spec.name) else spec.device
     return {"type": "load", "backend": spec.name, "device": device, "options": dict(spec.options),
             "threads": spec.threads, "max_seconds": spec.max_seconds}
@@ -431,12 +429,13 @@ class Supervisor:
 
     # -- the machinery ---------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        for slot, w in enumerate(self._slots):
+        for slot, held in enumerate(self._slots):
             if not self._queue:
                 return
             if slot in self.refused:
                 continue                          # this slot's worker could not load the backend: not again
-            if w is None or w.process.poll() is not None and w.job is None:
+            w = held
+            if w is None or (w.process.poll() is not None and w.job is None):
                 w = self._spawn(slot)
             if w.job is None and w.capabilities is not None:
                 w.send(self._queue.pop(0))
@@ -691,13 +690,15 @@ class SupervisedBackend:
             if not todo:
                 continue
             answers = self.supervisor.query(kind, [c.to_dict() for c in todo.values()])
-            for key, answer in zip(todo, answers):
-                cache[key] = (None if answer is None else Skip(answer["kind"], answer["reason"]) if kind == "skip_reason"
-                              else CostEstimate(seconds=answer["seconds"], text=answer["text"]))
+            for key, answer in zip(todo, answers, strict=True):
+                if kind == "skip_reason":
+                    self._skips[key] = None if answer is None else Skip(answer["kind"], answer["reason"])
+                else:
+                    self._estimates[key] = (None if answer is None
+                                            else CostEstimate(seconds=answer["seconds"], text=answer["text"]))
 
     def skip_reason(self, config: Any) -> Skip | None:
         """The backend's own skip_reason (asked of a worker once per config), or its shape limits."""
-        from kernels.backends import unsupported_shape
         if not self.capabilities.has_skip_reason:
             return unsupported_shape(config, self.supported_shapes)
         key = self._key(config)
@@ -742,7 +743,7 @@ class GuardedBackend:
             return method(*args, **kwargs)
         except (KernelRunError, BackendUnavailable):
             raise
-        except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt of the kernel too
+        except BaseException as exc:
             text = str(exc).strip()
             if isinstance(exc, SystemExit):
                 text = (f"the kernel called {exc.code}" if str(exc.code).startswith("os._exit(")

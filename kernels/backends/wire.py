@@ -93,7 +93,8 @@ def read_message(fd: int, *, max_bytes: int) -> tuple[dict[str, Any], list[bytea
         raise WireError(f"the header is not JSON ({type(exc).__name__})") from None
     if not isinstance(header, dict) or not isinstance(header.get("buffers"), int) or header["buffers"] < 0:
         raise WireError("the header is not an object with a buffer count")
-    buffers, total = [], 0
+    buffers: list[bytearray] = []
+    total = 0
     for _ in range(header["buffers"]):
         (n,) = _LENGTH.unpack(bytes(_read_exactly(fd, _LENGTH.size)))
         total += n
@@ -106,7 +107,8 @@ def read_message(fd: int, *, max_bytes: int) -> tuple[dict[str, Any], list[bytea
 def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], list[memoryview]]:
     """(entries for a header's ``tensors``, their buffers) of CPU tensors; strides are kept so that the
     other side rebuilds the same layout."""
-    entries, buffers = [], []
+    entries: list[dict[str, Any]] = []
+    buffers: list[memoryview] = []
     for name, t in tensors.items():
         dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in DTYPES:
@@ -126,7 +128,7 @@ def raw_bytes(t: torch.Tensor) -> memoryview:
         return memoryview(b"")
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data      # the array's own buffer, as memoryview(array) gives
 
 
 def unpack_tensors(entries: object, buffers: Sequence[bytearray]) -> dict[str, torch.Tensor]:

@@ -9,9 +9,20 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+
 import torch
 
+from golden.codec import PYPTO_CALCULATOR_CODEC
+from golden.model import EXACT_MODEL, SPEC_MODEL
+from kernels import BackendUnavailable, KernelRunError, Skip, get_backend
+from kernels.backends import finish_output, unwritten_output
 from kernels.backends.golden_backend import GoldenBackend
+from kernels.backends.sim_cost import Estimate
 
 
 class PerturbOne(GoldenBackend):
@@ -32,7 +43,6 @@ class SmallOnly(GoldenBackend):
     name = "tests/cases/run_doubles.py:SmallOnly"
 
     def skip_reason(self, config):
-        from kernels import Skip
         scores = config.batch * config.s1 * config.nq * config.s2
         return Skip("limit", f"{scores} scores is over this double's limit of 10000") if scores > 10_000 else None
 
@@ -42,16 +52,13 @@ class CalculatorCodec(GoldenBackend):
     name = "tests/cases/run_doubles.py:CalculatorCodec"
 
     def __init__(self) -> None:
-        from golden.codec import PYPTO_CALCULATOR_CODEC
         super().__init__(codec=PYPTO_CALCULATOR_CODEC)
 
 
 def golden_on_worker_0_only(**options):
     """The golden in the supervisor's worker 0; BackendUnavailable in any other (a device only worker 0
     has): the other workers run nothing, worker 0 runs every case, and the report says so."""
-    import os
 
-    from kernels import BackendUnavailable
     if os.environ.get("PFA_VERIFY_WORKER_SLOT", "0") != "0":
         raise BackendUnavailable("no device for this worker")
     return GoldenBackend()
@@ -59,7 +66,6 @@ def golden_on_worker_0_only(**options):
 
 def no_device_anywhere(**options):
     """A backend that cannot start in any worker: the run cannot start (one line, exit 2)."""
-    from kernels import BackendUnavailable
     raise BackendUnavailable("no device for this worker")
 
 
@@ -67,8 +73,6 @@ def calculator_codec_logic_bug(**options):
     """A kernel on the calculator with a real logic bug: tests/properties/doubles.py's DropLastS2Tile
     (the KV walk stops before the last s2 tile) under the calculator's codec. Fails under its own
     codec too."""
-    from golden.codec import PYPTO_CALCULATOR_CODEC
-    from kernels import get_backend
     backend = get_backend("tests/properties/doubles.py:DropLastS2Tile", codec=PYPTO_CALCULATOR_CODEC)
     backend.name = "tests/cases/run_doubles.py:calculator_codec_logic_bug"
     return backend
@@ -79,7 +83,6 @@ class WritesNothing(GoldenBackend):
     name = "tests/cases/run_doubles.py:WritesNothing"
 
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
-        from kernels.backends import finish_output, unwritten_output
         return finish_output(unwritten_output(q.shape), kv_act_seqs, q.shape[0] // kv_act_seqs.shape[0])
 
 
@@ -88,7 +91,6 @@ class EstimatedSlow(GoldenBackend):
     name = "tests/cases/run_doubles.py:EstimatedSlow"
 
     def estimate(self, config):
-        from kernels.backends.sim_cost import Estimate
         return Estimate(seconds=1000.0, peak_bytes=1e9, chunks=1)
 
 
@@ -97,7 +99,6 @@ class DeclaresExactModel(GoldenBackend):
     name = "tests/cases/run_doubles.py:DeclaresExactModel"
 
     def __init__(self) -> None:
-        from golden.model import EXACT_MODEL
         super().__init__()
         self.model = EXACT_MODEL
 
@@ -110,9 +111,6 @@ class DiesOnTheTailCase(GoldenBackend):
     name = "tests/cases/run_doubles.py:DiesOnTheTailCase"
 
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
-        import os
-        import signal
-        from pathlib import Path
         deaths = Path(os.environ.get("PFA_VERIFY_TEST_DEATHS", "/nonexistent"))
         worker = str(os.getpid()) != os.environ.get("PFA_VERIFY_TEST_DRIVER")
         if worker and deaths.is_dir() and tuple(block_table.shape) == (1, 5) and q.shape[1] == 8:
@@ -129,9 +127,6 @@ class Slow(GoldenBackend):
     name = "tests/cases/run_doubles.py:Slow"
 
     def paged_attention_fp8(self, *args, **kwargs):
-        import os
-        import time
-        from pathlib import Path
         folder = Path(os.environ.get("PFA_VERIFY_TEST_PIDS", "/nonexistent"))
         busy = folder / str(os.getpid())
         if folder.is_dir():
@@ -151,9 +146,7 @@ class DeclaresNoModel(GoldenBackend):
 
 def loose_exp(**options):
     """A user backend that declares exp within 63 ulp (SPEC §4.1 F3 allows 2): never judged by it."""
-    import dataclasses
 
-    from golden.model import SPEC_MODEL
     backend = GoldenBackend(**options)
     backend.name = "tests/cases/run_doubles.py:loose_exp"
     backend.model = dataclasses.replace(SPEC_MODEL, name="loose exp", exp_ulps=63)
@@ -166,7 +159,6 @@ class RaisesKernelRunError(GoldenBackend):
     name = "tests/cases/run_doubles.py:RaisesKernelRunError"
 
     def paged_attention_fp8(self, *args, **kwargs):
-        from kernels import KernelRunError
         raise KernelRunError("scalar read of block_table outside its shape: index (0, 7) of (1, 5)")
 
 
@@ -178,7 +170,6 @@ class FailsFromTwoBatches(GoldenBackend):
     shrink_calls = 3
 
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw):
-        import os
         with open(os.environ["PFA_VERIFY_TEST_CALLS"], "a") as calls:
             calls.write(f"{block_table.shape[0]}\n")
         out = super().paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kw)

@@ -3,9 +3,17 @@ documents, and a bench run reports the two goldens' agreement (timings are not a
 goals live in the benchmark itself)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from cases.measuring.bench import BenchRow, run_bench, small_workload
+import golden
+from cases.measuring import bench_stages as bs
+from cases.measuring.bench import BenchRow, kernel_workload, run_bench, small_workload
+from cases.measuring.bench_stages import fp32_loop_oracle
+from kernels.config import KERNEL_SHAPES
+from properties import acceptance
+from properties import compare as cmp
+from properties.case import Case
 
 
 def test_small_workload_is_deterministic_and_in_its_documented_space():
@@ -39,8 +47,6 @@ def test_run_bench_reports_agreement_of_the_two_goldens():
 
 
 def test_kernel_workload_is_the_runs_kernel_sized_generation():
-    from cases.measuring.bench import kernel_workload
-    from kernels.config import KERNEL_SHAPES
     cases = kernel_workload(3)
     assert len(cases) == 3 and cases == kernel_workload(3)
     for case in cases:
@@ -48,11 +54,7 @@ def test_kernel_workload_is_the_runs_kernel_sized_generation():
 
 
 def test_stage_rows_time_every_stage_and_total_them():
-    import pytest
 
-    from cases.measuring import bench_stages as bs
-    from cases.measuring.bench import small_workload
-    from properties.case import Case
     cases = [Case(c, seed=i) for i, c in enumerate(small_workload(3))]
     rows = {r.stage: r for r in bs.stage_rows("small", cases)}
     assert list(rows) == ["inputs", "torch.rand", "golden spec", "golden calculator", "envelope", "comparison", "rule",
@@ -72,22 +74,16 @@ def test_stage_rows_time_every_stage_and_total_them():
 def test_the_rule_is_timed_on_the_outputs_given(monkeypatch):
     """The conforming workload's rule judges the conforming variants' outputs (the envelope built where
     needed), not the golden's."""
-    from cases.measuring import bench_stages as bs
-    from properties import acceptance
     cases, outputs = bs.conforming_workload(2)
     assert [c.config.distribution for c in cases] == ["outlier_channels"] * 2
     judged = []
     real = acceptance.judge
     monkeypatch.setattr(acceptance, "judge", lambda backend, case, **kw: judged.append(backend.out) or real(backend, case, **kw))
     bs.stage_rows("conforming", cases, outputs=outputs)
-    assert all(torch.equal(out, outputs(case, None)) for out, case in zip(judged, cases))
+    assert all(torch.equal(out, outputs(case, None)) for out, case in zip(judged, cases, strict=True))
 
 
 def test_stage_rows_time_the_envelope_under_both_codecs(monkeypatch):
-    import golden
-    from cases.measuring import bench_stages as bs
-    from cases.measuring.bench import small_workload
-    from properties.case import Case
     calls = []
     real = golden.paged_attention_envelope
     monkeypatch.setattr(golden, "paged_attention_envelope", lambda **kw: calls.append(kw["codec"]) or real(**kw))
@@ -96,9 +92,6 @@ def test_stage_rows_time_the_envelope_under_both_codecs(monkeypatch):
 
 
 def test_the_fp32_loop_oracle_is_timed_on_upstream_only():
-    from cases.measuring import bench_stages as bs
-    from cases.measuring.bench import small_workload
-    from properties.case import Case
     cases = [Case(small_workload(1)[0], seed=0)]
     small = {r.stage for r in bs.stage_rows("small", cases)}
     upstream = {r.stage: r for r in bs.stage_rows("upstream", cases)}
@@ -109,7 +102,6 @@ def test_the_fp32_loop_oracle_is_timed_on_upstream_only():
 
 
 def test_goal_lines_are_judged_on_the_worst_case():
-    from cases.measuring import bench_stages as bs
     met = bs.StageRow("kernel", "inputs", 2, 0.01, 0.04)
     missed = bs.StageRow("kernel", "inputs", 2, 0.01, 0.06)
     assert "<= 0.05 s per case: met" in bs.format_stage_row(met)
@@ -121,7 +113,6 @@ def test_goal_lines_are_judged_on_the_worst_case():
 
 
 def test_codec_rows_cover_both_codecs_and_every_operation():
-    from cases.measuring import bench_stages as bs
     rows = bs.codec_rows(repeat=1, elements=1 << 12)
     assert [(r.codec, r.operation) for r in rows] == [
         (c, op) for c in ("e4m3fn-sat", "pypto-0.2.0-calculator")
@@ -132,9 +123,6 @@ def test_codec_rows_cover_both_codecs_and_every_operation():
 def test_fp32_loop_oracle_is_within_spec_tolerance_of_the_golden():
     """The speed baseline computes SPEC §2 (in float32 sums): on uniform inputs it passes SPEC §4
     against the golden, on ragged, causal, GQA and multi-tile cases."""
-    import golden
-    from cases.measuring.bench_stages import fp32_loop_oracle
-    from properties import compare as cmp
     for config in (golden.PagedAttentionConfig(batch=3, s1=2, s2=300, nq=4, nkv=2, head_dim=64, block_size=32,
                                                s2_tile=64, kv_act_seqs=(300, 1, 0), num_blocks=12, garbage="nan"),
                    golden.PagedAttentionConfig(batch=2, s1=1, s2=1024, nq=12, nkv=1)):

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 import golden
+import kernels
 from cases import cli
-from cases.data import capture_files, regressions
+from cases.data import regressions
+from cases.data.catalog import load_catalog
 from properties.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
@@ -70,7 +72,7 @@ def _inject(at: int | None, fault, calls: list, *, after: bool = False):
 
 
 def _restore(saved):
-    for (module, name), real in zip(STEPS, saved):
+    for (module, name), real in zip(STEPS, saved, strict=True):
         setattr(module, name, real)
 
 
@@ -191,8 +193,8 @@ def test_an_error_at_every_write_step_leaves_nothing_behind(tmp_path, capsys, fi
             assert isinstance(raised, regressions.CaptureWriteError if isinstance(fault, OSError) else KeyboardInterrupt)
             assert _files(folder) == before, (at, calls[at])           # nothing left behind, the old one intact
             if isinstance(raised, OSError):
-                assert str(raised) == f"cannot write the captured case {folder / f'{OLD.id}.json'}: " \
-                                      "Input/output error (EIO)"
+                assert str(raised) == (f"cannot write the captured case {folder / f'{OLD.id}.json'}: "
+                                       "Input/output error (EIO)")
         _listing_is_honest(folder, capsys)
 
 
@@ -270,7 +272,7 @@ def small_tmpfs(tmp_path):
         pytest.skip("mounting a tmpfs needs root and mount(8): a full folder is covered by the ENOSPC test above")
     folder = tmp_path / "small"
     folder.mkdir()
-    done = subprocess.run([mount, "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True, text=True)
+    done = subprocess.run([mount, "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here ({done.stderr.strip()}): the ENOSPC test above covers it")
     try:
@@ -303,8 +305,6 @@ def test_a_really_full_folder(small_tmpfs):
 def test_a_law_failure_whose_capture_cannot_be_written_still_fails_and_says_so(tmp_path):
     """regressions.check: the law's failure is raised as always; its last line says why it was not
     captured (one line), instead of a CaptureWriteError hiding the failure."""
-    import kernels
-    from cases.data.catalog import load_catalog
     (tmp_path / "regs").write_text("a file where the folder should be")
     backend = kernels.get_backend("tests/cases/run_doubles.py:RaisesKernelRunError")
     with pytest.raises(AssertionError) as failed:

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import io
 import json
+import json as json_module
 import os
 import signal
 import threading
@@ -20,6 +21,7 @@ import torch
 import golden
 from cases import cli
 from cases.data import capture_files, capture_tensors, regressions
+from cases.data.catalog import load_catalog
 from properties.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
@@ -49,7 +51,6 @@ def _deadline(seconds=10):
 def test_expected_arrays_are_those_make_inputs_builds():
     """capture_tensors.expected derives names, dtypes and shapes from the config alone: it must be what
     golden.make_inputs returns, on every small catalog case and on explicit tables and spare blocks."""
-    from cases.data.catalog import load_catalog
     configs = [c.config for c in load_catalog().values() if c.config.estimated_bytes() < 8 * 2**20]
     configs += [CASE.config, CASE.config.replace(num_blocks=9, max_blocks=5),
                 CASE.config.replace(block_table=((1, 0, 2), (3, -1, -1)), num_blocks=5)]
@@ -171,7 +172,6 @@ def test_ids_that_leave_the_folder_are_refused(tmp_path):
 
 def test_a_deep_record_is_refused_before_json_recurses(monkeypatch):
     """The depth is counted without recursion: json.loads is never reached on a 100,000-deep text."""
-    import json as json_module
     monkeypatch.setattr(json_module, "loads", lambda *a, **k: pytest.fail("json.loads reached"))
     text = ('{"a": "[[[[", "b": ' + "[" * 100_000 + "]" * 100_000 + "}").encode()
     with pytest.raises(ValueError, match="nested 100001 levels deep"):
@@ -218,14 +218,22 @@ def test_prune_removes_leftovers_and_says_each(tmp_path, capsys):
     assert regressions.load(reg.id, directory=tmp_path) == reg
 
 
-def test_prune_in_a_folder_it_cannot_change_is_one_line(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("probe_too", [False, True], ids=["the captures refused", "the up-front probe refused too"])
+def test_prune_in_a_folder_it_cannot_change_is_one_line(tmp_path, capsys, monkeypatch, probe_too):
     (tmp_path / "0123456789.npz").write_bytes(b"x")
+    unlink = os.unlink
     def refuse(path, *args, **kwargs):
+        if not probe_too and ".pfa-verify-probe-" in str(path):
+            return unlink(path, *args, **kwargs)
         raise OSError(30, "Read-only file system", str(path))
     monkeypatch.setattr(os, "unlink", refuse)
     assert cli.main(["cases", "--dir", str(tmp_path), "prune"]) == 2
     err = capsys.readouterr().err
-    assert err == f"pfa-verify: error: cases prune: cannot remove files in {tmp_path}: Read-only file system\n"
+    if probe_too:       # cases/cli/preflight.py: a folder where files cannot be removed, before any case runs
+        assert err == (f"pfa-verify: error: --dir {tmp_path}: cannot remove files in {tmp_path} (Read-only file "
+                       f"system); give --dir another folder, or --dry-run\n")
+    else:
+        assert err == f"pfa-verify: error: cases prune: cannot remove files in {tmp_path}: Read-only file system\n"
 
 
 def test_prune_waits_for_a_capture_between_its_npz_and_its_record(tmp_path, monkeypatch):

@@ -6,8 +6,10 @@ import json
 import math
 
 import pytest
+import torch
 
-from cases.data import catalog
+from cases.data import catalog, schemas
+from golden.errors import UsageError
 
 
 def test_catalog_holds_the_six_spec_cases_by_name():
@@ -36,7 +38,6 @@ def test_edge_cases_build_the_inputs_their_entries_describe(name):
     """Each edge case builds inputs of the SPEC §1 shapes for its entry: its lengths, its table width
     (-1 past each batch's valid blocks, SPEC §2 item 2), its physical blocks (every valid column a
     distinct block in range), and, where it asks for garbage, NaN in the cache blocks nothing reads."""
-    import torch
     c = catalog.load_catalog()[name].config
     b = catalog.load_catalog()[name].inputs()
     nb, maxb = c.physical_blocks, c.table_columns
@@ -83,7 +84,6 @@ def doc(**entry):
     ("{", "not valid JSON"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 60 else None)
 def test_loader_rejects_bad_input_naming_the_key(text, match):
-    from golden.errors import UsageError
     with pytest.raises(UsageError, match=match):
         catalog.parse_catalog(text)
 
@@ -93,5 +93,4 @@ def test_loader_accepts_a_minimal_entry():
 
 
 def test_the_catalog_file_matches_its_schema():
-    from cases.data import schemas
     assert schemas.errors(json.loads(catalog.CATALOG_PATH.read_text()), "catalog") == []

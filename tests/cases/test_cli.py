@@ -2,6 +2,7 @@
 replay | prune``; a backend that cannot start is one line and exit 2, not a traceback."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import pytest
 import golden
 from cases import cli
 from cases.data import regressions
-from properties.case import Case, REPO_ROOT
+from cases.reporting import html_report
+from properties.case import REPO_ROOT, Case
+from properties.coverage import classify
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
 
@@ -32,7 +35,6 @@ def test_cases_subcommands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "PASS" in out
     # the coverage of a replay is the replayed case's (issue 30): S1 = 1, one KV head, a row of 20 tokens
-    from properties.coverage import classify
     covers = out.split("(properties/coverage.py): ", 1)[1].splitlines()[0].split(", ")
     assert set(covers) == set(classify(CASE.config)) and {"s1_1", "nkv_1", "two_tile_row"} <= set(covers)
     assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--dry-run"]) == 0
@@ -56,7 +58,7 @@ def test_unknown_id_is_an_error(tmp_path, capsys):
 def _module(*argv):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run([sys.executable, "-m", "cases.cli", *argv], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_python_m_cases_cli_is_the_same_program():
@@ -81,7 +83,6 @@ def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):
 def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch):
     """Issue 18: a TypeError inside the report or HTML code is a bug of ours, not "could not run":
     it propagates (a traceback and exit 1 from Python), never one line and exit 2."""
-    from cases.reporting import html_report
 
     def broken(run, summary=None):
         return len(run.seed)                  # TypeError: an int has no len()
@@ -122,7 +123,6 @@ def test_prune_keeps_cases_captured_on_another_backend(tmp_path, capsys):
 
 
 def test_oversized_case_file_is_rejected_before_anything_is_allocated(tmp_path, capsys):
-    import json
     rid = _capture(tmp_path)
     path = tmp_path / f"{rid}.json"
     data = json.loads(path.read_text())
@@ -154,7 +154,6 @@ def test_a_kernel_that_writes_nothing_is_an_error_everywhere(tmp_path, capsys):
     report = tmp_path / "r.json"
     assert cli.main(["run", "--backend", backend, "--cases", "edge_causal_s1_3_short", "--examples", "0",
                      "--regressions", str(tmp_path / "regs"), "--json", str(report)]) == 1
-    import json
     result = json.loads(report.read_text())["results"][0]
     assert result["verdict"] == "error" and "KernelRunError" in result["message"]
 

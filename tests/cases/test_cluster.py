@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from cases import cli
+from cases.data import regressions
+from cases.running.search import search
 
 pytestmark = pytest.mark.cluster
 
@@ -148,7 +150,6 @@ def test_a_case_whose_worker_dies_once_runs_again_and_passes(head, tmp_path):
 
 
 def test_failures_are_captured_once_by_the_driver(head, tmp_path, monkeypatch):
-    from cases.data import regressions
     saved = []
     real = regressions.save
     monkeypatch.setattr(regressions, "save", lambda reg, **kw: saved.append(reg.id) or real(reg, **kw))
@@ -159,7 +160,6 @@ def test_failures_are_captured_once_by_the_driver(head, tmp_path, monkeypatch):
 
 
 def test_a_two_law_search_with_2_tasks_per_law(head, tmp_path):
-    from cases.running.search import search
     run = search("tests/cases/run_doubles.py:PerturbOne", ("acceptance", "outputs_finite"), examples=20, tasks=2,
                  cluster=head["address"], shrink_s=5, regressions_dir=tmp_path / "regs")
     assert [(t.law, t.task) for t in run.tasks] == [("acceptance", 0), ("acceptance", 1), ("outputs_finite", 0),

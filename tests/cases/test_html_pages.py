@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 
+import jinja2
 import pytest
 import torch
 from rich.console import Console
 
-from cases.reporting import html_pages, html_report, report
 from cases.measuring import mutants
+from cases.reporting import html_pages, html_report, report
 from cases.running.verdict import CaseError, CaseVerdict, RunResult
 from kernels import Skip
 from properties.acceptance import CodecVerdict, EnvelopeFigures, Judgement
@@ -60,7 +61,6 @@ def test_values_are_escaped_in_every_page():
 
 
 def test_a_name_the_template_lacks_is_an_error_not_an_empty_cell():
-    import jinja2
     with pytest.raises(jinja2.UndefinedError, match="'css' is undefined"):
         html_pages.render("mutants.html.j2", level="golden", summary="s", columns=[], rows=[])
 
@@ -81,7 +81,7 @@ def test_the_terminal_and_the_page_render_the_same_rows():
     page = html_report.render_html(run)
     cells = re.findall(r'<td class="v">(.*?)</td></tr>', page)
     assert len(cells) == len(rows)
-    for row, cell, note in zip(rows, cells, notes):
+    for row, cell, note in zip(rows, cells, notes, strict=True):
         shown = row.shown_verdict + (f": {note}" if row.verdict == "fail" and note else "")
         mismatched = report.cells(row)["mismatched"]
         assert shown in terminal and re.sub(r"<[^>]+>", "", cell).startswith(row.shown_verdict)

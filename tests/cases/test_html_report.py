@@ -1,13 +1,17 @@
 """cases/reporting/html_report.py: one self-contained file, one table, one heat map and histogram per failure."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from cases import cli
 from cases.reporting import html_report
+from cases.reporting.report import table_rows
 from cases.running import run as runner
+from kernels import Skip
+from properties.coverage import BINS, CROSSES
 
 
 def _run(tmp, backend, examples=0):
@@ -26,7 +30,6 @@ def failing_html(tmp_path_factory):
 
 def test_one_table_and_a_picture_per_failure(failing_html):
     run, text = failing_html
-    from cases.reporting.report import table_rows
     failing = [row for row in table_rows(run) if row.verdict == "fail"]
     assert failing
     assert text.count('<table class="results"') == 1 and text.count('<table class="coverage"') == 1
@@ -61,9 +64,7 @@ def test_skips_are_listed_with_their_reason(tmp_path):
     args = cli.build_parser().parse_args(["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short",
                                           "--examples", "0", "--regressions", str(tmp_path)])
     run = runner.execute(cli.run_options(args))
-    import dataclasses
 
-    from kernels import Skip
     skipped = dataclasses.replace(run.results[0], judgement=None, skip=Skip("limit", "too big here"))
     text = html_report.render_html(dataclasses.replace(run, results=(skipped,) + run.results[1:]))
     assert "<h2>Not checked: skipped (1)</h2>" in text
@@ -87,7 +88,6 @@ def test_a_failure_card_says_what_the_diagnosis_found(failing_html):
 
 
 def test_the_coverage_table_lists_every_bin_and_marks_the_holes(failing_html):
-    from properties.coverage import BINS, CROSSES
     run, text = failing_html
     table = text.split('<table class="coverage"', 1)[1].split("</table>", 1)[0]
     assert table.count("<tr") == len(BINS) + len(CROSSES) + 1        # and the header row

@@ -5,17 +5,29 @@ The Ray executor's own tests (a local Ray) are in tests/cases/test_cluster.py, m
 (``tox -e cluster``: Ray is an optional extra, 79 MB)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import golden
+import kernels
 from cases import cli
-from cases.running.pool import Pool, parse_cluster, task_resources
+from cases.cli.arguments import count as count_argument
+from cases.data import regressions
+from cases.running.pool import Pool, _death, parse_cluster, task_resources, worker_slot
+from kernels import KernelRunError
+from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+from properties.acceptance import judge
+from properties.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens,edge_constant_rows"
 DIES = "tests/cases/run_doubles.py:DiesOnTheTailCase"
@@ -31,7 +43,6 @@ def refuse(x):
 
 def die_unless_marked(folder):
     """SIGKILL this worker the first time (a marker file says it happened), return its pid after."""
-    from pathlib import Path
     marker = Path(folder) / "died"
     if not marker.exists():
         marker.write_text(str(os.getpid()))
@@ -54,7 +65,6 @@ def test_tasks_come_back_in_payload_order_with_the_node_that_ran_them():
 
 
 def slot_and_pid(_):
-    from cases.running.pool import worker_slot
     return worker_slot(), os.getpid()
 
 
@@ -62,7 +72,6 @@ def test_a_fresh_pool_runs_more_tasks_than_workers_each_in_a_new_process_with_a_
     """fresh (a new process per task, the sim kill matrix): each process gives its slot back when it
     ends, so the third task's process gets one. Before, it waited in the initializer for ever and
     `pfa-verify mutants --level sim --workers 2` hung after its first two rows."""
-    import threading
     got: list = []
 
     def run():
@@ -123,8 +132,8 @@ def test_a_case_whose_worker_was_killed_runs_again_and_the_run_passes(tmp_path, 
     assert names == SMALL.split(",") and status == 0
     tail = data["results"][1]
     assert (tail["verdict"], tail["attempts"]) == ("pass", 2) and len(list(deaths.glob("died-*"))) == 1
-    assert "ran again: its first run was lost when its worker process ended: the kernel's worker process was " \
-           "killed by SIGKILL during the call" in tail["message"]
+    assert ("ran again: its first run was lost when its worker process ended: the kernel's worker process was "
+            "killed by SIGKILL during the call") in tail["message"]
     # the cases running beside it in the other worker were not touched
     assert [r["verdict"] for r in data["results"]] == ["pass"] * 3 and data["summary"]["cases"] == 3
     assert [r["attempts"] for r in data["results"]] == [1, 2, 1]
@@ -135,15 +144,14 @@ def test_a_case_whose_worker_dies_every_time_is_an_error_and_fails_the_run(tmp_p
     status, data = _run(tmp_path, "--workers", "2")
     tail = data["results"][1]
     assert status == 1 and (tail["name"], tail["verdict"], tail["attempts"]) == ("edge_tail_tile_3_tokens", "error", 2)
-    assert "the kernel's worker process was killed by SIGKILL during the call; so did the 1 new process(es) it ran " \
-           "again in" in tail["message"]
+    assert ("the kernel's worker process was killed by SIGKILL during the call; so did the 1 new process(es) it ran "
+            "again in") in tail["message"]
     assert [r["verdict"] for r in data["results"][::2]] == ["pass", "pass"]
     assert data["summary"]["errors"] == 1 and "1 case failed or ended in an error" in data["summary"]["verdict"]
 
 
 def test_failures_are_captured_by_the_driver_once(tmp_path, monkeypatch):
     """The workers judge; the one writer (cases/data/regressions.py) runs in this process, once per case."""
-    from cases.data import regressions
     saved = []
     real = regressions.save
     monkeypatch.setattr(regressions, "save", lambda reg, **kw: saved.append((os.getpid(), reg.id)) or real(reg, **kw))
@@ -155,7 +163,6 @@ def test_failures_are_captured_by_the_driver_once(tmp_path, monkeypatch):
 
 
 def test_task_resources_follow_the_backend():
-    import kernels
     assert task_resources(kernels.get_backend("golden")) == {"CPU": 1}
 
 
@@ -187,12 +194,6 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
     views k_cache at a negative row, W12, while the calculator verifies the graph) leaves pypto unusable
     in its process (W7: "function nested is not allowed", or a crash). In one worker: an error, then a
     pass, the pass in a new process; and the same in a serial run."""
-    import golden
-    from cases.data import regressions
-    from kernels import KernelRunError
-    from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
-    from properties.acceptance import judge
-    from properties.case import Case
     bad = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=512, nq=4, nkv=1, s2_tile=256, kv_act_seqs=(512, 100)), 1)
     good = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=4, nkv=1, kv_act_seqs=(300, 5)), 2)
     name = "mutant:sim/minus_one_not_clamped"
@@ -208,7 +209,7 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
     report = tmp_path / "serial.json"
     proc = subprocess.run([sys.executable, "-m", "cases.cli", "run", "--backend", name, "--cases",
                            f"{reg.id},edge_lengths_0_1_bs_bs1", "--examples", "0", "--regressions", str(regs),
-                           "--no-capture", "--json", str(report)], capture_output=True, text=True, timeout=900)
+                           "--no-capture", "--json", str(report)], capture_output=True, text=True, timeout=900, check=False)
     data = json.loads(report.read_text())
     verdicts = [(r["name"], r["verdict"]) for r in data["results"] if r["counts"]]
     assert verdicts == [(reg.id, "error"), ("edge_lengths_0_1_bs_bs1", "pass")], proc.stdout[-3000:]
@@ -217,9 +218,7 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
 
 def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exited_after_it():
     """A sibling ending with a status once the pool broke is a consequence; with no worker killed, it is named."""
-    from types import SimpleNamespace
 
-    from cases.running.pool import _death
     procs = lambda *codes: {i: SimpleNamespace(exitcode=c) for i, c in enumerate(codes)}  # noqa: E731
     assert _death(procs(-signal.SIGKILL, 1, 0, None, -signal.SIGTERM)) == "a worker process ended: killed by SIGKILL"
     assert _death(procs(1, 0)) == "a worker process ended: exit status 1"
@@ -228,9 +227,7 @@ def test_a_broken_pool_is_blamed_on_the_killed_worker_not_on_siblings_that_exite
 
 @pytest.mark.parametrize("text, message", [("x", "'x' is not an integer"), ("-1", "'-1' must be >= 0"), ("2.5", "'2.5' is not an integer")])
 def test_a_bad_count_names_the_value(text, message):
-    import argparse
 
-    from cases.cli.arguments import count as count_argument
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         count_argument(text)
     assert count_argument("3") == 3

@@ -19,6 +19,9 @@ import pytest
 
 from cases import cli
 from cases.cli import arguments
+from cases.measuring import tightness
+from golden.errors import UsageError
+from properties import strategies
 from properties.case import REPO_ROOT
 
 RUN = ["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short", "--examples", "0"]
@@ -83,7 +86,7 @@ def _mount(*argv: str) -> bool:
     """Mount as asked where this process may (root, and a mount that is permitted here)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    return subprocess.run(["mount", *argv], capture_output=True, timeout=30).returncode == 0
+    return subprocess.run(["mount", *argv], capture_output=True, timeout=30, check=False).returncode == 0
 
 
 @pytest.fixture
@@ -164,7 +167,6 @@ def test_a_bad_input_is_one_line_and_exit_2_before_anything_runs(argv, env, mess
 
 
 def test_tightness_record_checks_the_recorded_file(tmp_path, monkeypatch, capsys):
-    from cases.measuring import tightness
     monkeypatch.setattr(tightness, "RECORDED", tmp_path)
     assert cli.main(["tightness", "--record"]) == 2
     out, err = capsys.readouterr()
@@ -177,18 +179,16 @@ def test_a_bad_max_len_neither_breaks_the_import_nor_the_command():
     traceback out of any import of the suite. It is read when a strategy is built, and checked first."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PFA_VERIFY_MAX_LEN="junk")
     imported = subprocess.run([sys.executable, "-c", "import properties.strategies"], cwd=REPO_ROOT, env=env,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
     assert imported.returncode == 0 and imported.stderr == "", imported.stderr
     ran = subprocess.run([sys.executable, "-m", "cases.cli", *RUN, "--no-capture"], cwd=REPO_ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == 2 and ran.stdout == "", ran.stdout
-    assert ran.stderr.splitlines() == ["pfa-verify: error: PFA_VERIFY_MAX_LEN='junk': expected a whole number of "
-                                       "tokens from 1 to 131072 (default 640)"], ran.stderr
+    assert ran.stderr.splitlines() == [("pfa-verify: error: PFA_VERIFY_MAX_LEN='junk': expected a whole number of "
+                                       "tokens from 1 to 131072 (default 640)")], ran.stderr
 
 
 def test_max_len_is_read_when_a_strategy_is_built(monkeypatch):
-    from golden.errors import UsageError
-    from properties import strategies
     monkeypatch.setenv("PFA_VERIFY_MAX_LEN", "64")
     assert strategies.max_len() == 64
     monkeypatch.setenv("PFA_VERIFY_MAX_LEN", "6.4")

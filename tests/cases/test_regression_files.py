@@ -1,15 +1,21 @@
 """cases/data/regressions.py and cases/ledger.py: the capture file round trip, no pickle, bad files."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import io
 import json
+import zipfile
 
 import numpy as np
 import pytest
 import torch
 
 import golden
+import kernels
+from cases.data import regressions, schemas
+from cases.data.catalog import load_catalog
 from properties import ledger
-from cases.data import regressions
 from properties.case import Case
 from properties.strategies import At12Case
 
@@ -60,7 +66,6 @@ class _Tripwire:
 def test_npz_is_loaded_without_pickle(tmp_path):
     """An .npz member holding pickled objects is refused from its header (dtype object), and never
     unpickled: the tripwire inside it would record it."""
-    import hashlib
     reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
     path = regressions.save(reg, directory=tmp_path)
     data = json.loads(path.read_text())
@@ -104,15 +109,13 @@ def test_bad_regression_files_are_rejected(tmp_path, edit, match):
 def test_a_case_file_breaking_its_schema_is_never_written(tmp_path):
     """cases/regression.schema.json is checked where files are written too: a record our own code got
     wrong (here a message that is not text) is a bug, raised before anything lands in the folder."""
-    import dataclasses
     reg = dataclasses.replace(regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m"), message=5)
-    with pytest.raises(RuntimeError, match="breaks cases/regression.schema.json: \\$.message: 5 is not of type"):
+    with pytest.raises(RuntimeError, match=r"breaks cases/regression.schema.json: \$.message: 5 is not of type"):
         regressions.save(reg, directory=tmp_path)
     assert not list(tmp_path.iterdir())
 
 
 def test_the_captured_cases_match_their_schema():
-    from cases.data import schemas
     for rid in regressions.list_ids():
         data = json.loads((regressions.directory() / f"{rid}.json").read_text())
         assert schemas.errors(data, "regression") == [], rid
@@ -149,8 +152,6 @@ def test_bad_cases_of_other_kinds_are_value_errors(tmp_path, case):
 def test_npz_whose_header_declares_huge_arrays_is_refused_unread(tmp_path):
     """The .npy header says the shape: a member claiming 2^42 float32 (in an old record, which carries
     no sha256) is refused from its header, before any of its data is read."""
-    import io
-    import zipfile
     reg = regressions.Regression.from_failure("acceptance", "golden", CASE, {}, "m")
     path = regressions.save(reg, directory=tmp_path)
     data = json.loads(path.read_text())
@@ -173,8 +174,6 @@ def test_a_law_whose_kernel_raised_is_captured_named_and_replayed(tmp_path):
     """A kernel that does not deliver (KernelRunError: an out-of-bounds read on the sim) fails the law like
     any other failure: the message names the law, the case and the backend, and the case is captured; its
     replay raises the kernel's error again (``cases replay`` and ``run`` call that an error, not a pass)."""
-    import kernels
-    from cases.data.catalog import load_catalog
     backend = kernels.get_backend("tests/cases/run_doubles.py:RaisesKernelRunError")
     case = load_catalog()["edge_causal_s1_3_short"]
     with pytest.raises(AssertionError) as failed:

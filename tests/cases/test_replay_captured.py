@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from properties import ledger
 from cases.data import regressions
+from properties import ledger
 
 
 def _params():

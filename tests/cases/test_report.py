@@ -2,16 +2,24 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import socket
+from pathlib import Path
 
 import pytest
+from markupsafe import escape
 from rich.console import Console
 
 import golden
-
 from cases import cli
-from cases.reporting import report
+from cases.data import regressions
+from cases.data.catalog import CATALOG_PATH
+from cases.data.collect import collect_items, fingerprint, selection
+from cases.data.provenance import regressions_fingerprint
+from cases.reporting import html_report, report
 from cases.running import run as runner
+from golden.model import EXACT_MODEL, SPEC_MODEL
 
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"
 CODEC = "tests/cases/run_doubles.py:CalculatorCodec"
@@ -72,14 +80,13 @@ def test_schema_check_rejects(failing_run, mutate, expected):
 
 def test_every_result_names_its_node_and_the_report_its_executor(failing_run):
     """Issue 19: each case names the host that ran it; the report says what executed the cases."""
-    import socket
     data = report.to_json(failing_run)
     assert {r["node"] for r in data["results"]} == {socket.gethostname()}
     assert {r["attempts"] for r in data["results"]} == {1}
     assert data["execution"]["executor"] == "supervised" and data["execution"]["cluster"] is None
     assert data["execution"]["cases_per_node"] == {socket.gethostname(): len(failing_run.results)}
-    assert report.execution_line(failing_run) == f"Kernel calls in 1 supervised worker process on " \
-                                                 f"{socket.gethostname()} {len(failing_run.results)}"
+    assert report.execution_line(failing_run) == (f"Kernel calls in 1 supervised worker process on "
+                                                  f"{socket.gethostname()} {len(failing_run.results)}")
 
 
 def test_table_has_the_columns_and_verdicts(failing_run):
@@ -104,12 +111,7 @@ def test_uncounted_codec_difference_is_shown(codec_run):
 def test_report_names_what_it_checked_by_content(failing_run):
     """Provenance (issue 20): the kernel file by sha256 and function, the catalog's sha256, the
     regressions as the run found them (before its own captures), the selection's fingerprint."""
-    import hashlib
-    from pathlib import Path
 
-    from cases.data import regressions
-    from cases.data.catalog import CATALOG_PATH
-    from cases.data.collect import fingerprint
     data = report.to_json(failing_run)
     assert report.check_schema(data) == []
     kernel = data["backend"]["kernel"]
@@ -136,22 +138,18 @@ def test_report_names_what_it_checked_by_content(failing_run):
 
 
 def test_a_declared_model_is_reported(tmp_path):
-    from golden.model import EXACT_MODEL
     run = runner.execute(_args(tmp_path, "tests/cases/run_doubles.py:DeclaresExactModel", cases="edge_causal_s1_3_short",
                                examples=0))
     data = report.to_json(run)
     assert report.check_schema(data) == []
     assert data["backend"]["model"] == {**EXACT_MODEL.to_dict(), "describe": EXACT_MODEL.describe(), "declared": True}
-    from markupsafe import escape      # what the page templates escape with (cases/reporting/html_pages.py)
 
-    from cases.reporting import html_report
     assert str(escape(f"Model: {EXACT_MODEL.describe()} (declared by the backend)")) in html_report.render_html(run)
 
 
 def test_the_model_that_judged_the_run_is_reported_when_none_is_declared(tmp_path):
     """A backend that declares no model is judged by SPEC §4.1 as written: the report names that model and
     says it was not declared (README: a kernel loaded from a file is judged by SPEC_MODEL)."""
-    from golden.model import SPEC_MODEL
     run = runner.execute(_args(tmp_path, "tests/cases/run_doubles.py:DeclaresNoModel", cases="edge_causal_s1_3_short",
                                examples=0))
     data = report.to_json(run)
@@ -166,7 +164,6 @@ def test_the_model_that_judged_the_run_is_reported_when_none_is_declared(tmp_pat
     ({}, True), ({"seed": 1}, False), ({"examples": 3}, False), ({"supported": {"head_dim": (128,), "block_size": (128,)}}, False),
     ({"cases": "edge_causal_s1_3_short"}, False)], ids=["same", "seed", "examples", "supported shapes", "cases"])
 def test_the_selection_fingerprint_follows_the_selection(tmp_path, change, same):
-    from cases.data.collect import collect_items, selection
     base = {"cases": "edge_causal_s1_3_short,edge_tail_tile_3_tokens", "examples": 2, "seed": 0, "supported": None}
 
     def fp(opts):
@@ -177,7 +174,6 @@ def test_the_selection_fingerprint_follows_the_selection(tmp_path, change, same)
 
 
 def test_regressions_fingerprint_is_over_the_files(tmp_path):
-    from cases.data.provenance import regressions_fingerprint
     empty = regressions_fingerprint(tmp_path / "none")
     assert empty["cases"] == 0
     (tmp_path / "abc.json").write_text("{}")

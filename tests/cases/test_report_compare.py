@@ -14,8 +14,8 @@ import torch
 
 import golden
 from cases import cli
-from cases.reporting import report_compare as rc
 from cases.data.catalog import load_catalog
+from cases.reporting import report_compare as rc
 
 CASES = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"
@@ -82,8 +82,8 @@ def test_different_selections_are_refused_in_one_line(reports, capsys):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (None, "cannot read it"), ("{not json", "is not JSON"), ('{"schema": "pfa-verify-run-report/2"}', "has schema "
-     "'pfa-verify-run-report/2'"), ('{"schema": "pfa-verify-run-report/5"}', "does not match pfa-verify-run-report/5")],
+    (None, "cannot read it"), ("{not json", "is not JSON"), ('{"schema": "pfa-verify-run-report/2"}', ("has schema "
+     "'pfa-verify-run-report/2'")), ('{"schema": "pfa-verify-run-report/5"}', "does not match pfa-verify-run-report/5")],
     ids=["missing", "not json", "older schema", "invalid"])
 def test_unreadable_reports_are_one_line_errors(reports, tmp_path, capsys, content, expected):
     bad = tmp_path / "bad.json"

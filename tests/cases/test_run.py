@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
+
 import golden
+import kernels.backends as kb
 from cases import cli
 from cases.data import regressions
-from cases.running import run as runner
+from cases.data import regressions as regs
 from cases.data.catalog import load_catalog
-from cases.data.collect import generated_cases
+from cases.data.collect import Item, generated_cases
+from cases.running import run as runner
+from kernels import BackendUnavailable
+from kernels.backends.golden_backend import GoldenBackend
+from kernels.backends.sim import SimBackend
+from kernels.backends.sim_cost import MEMORY_CAP_BYTES, Estimate
+from properties import ledger
 from properties.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
@@ -93,8 +103,6 @@ def test_generated_cases_repeat_for_a_seed():
 
 
 def test_sim_backend_owns_its_limits():
-    from kernels.backends.sim import SimBackend
-    from kernels.backends.sim_cost import MEMORY_CAP_BYTES
     sim = SimBackend.__new__(SimBackend)     # the limits need no pypto
     sim.max_seconds, sim.memory_cap = None, MEMORY_CAP_BYTES
     cat = load_catalog()
@@ -104,13 +112,11 @@ def test_sim_backend_owns_its_limits():
     sim.max_seconds = 1
     skip = sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config)
     assert skip.kind == "limit" and skip.reason.startswith("estimated about ") and "over --max-seconds 1" in skip.reason
-    from kernels.backends.golden_backend import GoldenBackend
     assert GoldenBackend().skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
 
 
 def _clock_jumping_after(monkeypatch, calls: int):
     """cases.running.run's time.time: the real clock for ``calls`` calls, then an hour later (a spent budget)."""
-    import time
     real, seen = time.time, []
 
     def fake_time():
@@ -139,7 +145,6 @@ def test_a_run_whose_allowed_skips_left_nothing_checked_still_fails(tmp_path):
 
 def _ledger_case(tmp_path, monkeypatch, backend: str, **finding):
     """A captured acceptance case of the two small catalog shapes, in a ledger entry of its own."""
-    from properties import ledger
     reg = regressions.Regression.from_failure("acceptance", backend, load_catalog()["edge_causal_s1_3_short"], {},
                                               "captured")
     regressions.save(reg, directory=tmp_path / "regs")
@@ -190,7 +195,6 @@ def test_ledger_quarantined_case_is_not_launched(tmp_path, monkeypatch):
 def test_ledger_domain_finding_covers_cases_by_their_config(tmp_path, monkeypatch):
     """A domain finding matches by a predicate over the config, whatever the case's source: quarantined,
     the catalog case it matches is not launched; tolerated, its failure is a strict xfail."""
-    from properties import ledger
     causal = lambda c: c.s1 == 3    # noqa: E731 - edge_causal_s1_3_short, not edge_tail_tile_3_tokens
     monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, issue 9", match=causal, quarantined=True),))
     status, data = _run(tmp_path, backend="golden", cases="edge_causal_s1_3_short,edge_tail_tile_3_tokens")
@@ -203,7 +207,6 @@ def test_ledger_domain_finding_covers_cases_by_their_config(tmp_path, monkeypatc
 
 
 def test_a_ledger_id_that_matches_no_file_stops_the_run(tmp_path, monkeypatch, capsys):
-    from properties import ledger
     monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, issue 9", ids=("0123456789",)),))
     status = cli.main(["run", "--backend", "golden", "--cases", "catalog", "--regressions", str(tmp_path / "regs")])
     err = capsys.readouterr().err
@@ -227,8 +230,6 @@ def test_a_run_with_skipped_cases_fails_unless_that_kind_is_allowed(tmp_path):
 
 def test_auto_falling_back_to_the_golden_fails_unless_allowed(tmp_path, monkeypatch):
     # In this process (--in-process), where the test can make every kernel backend unavailable.
-    import kernels.backends as kb
-    from kernels import BackendUnavailable
 
     def unavailable(**options):
         raise BackendUnavailable("not on this machine")
@@ -285,9 +286,6 @@ def test_a_budget_does_not_start_a_case_its_estimate_says_would_end_after_it(tmp
 
 
 def test_workers_take_regressions_first_then_the_longest_cases():
-    from kernels.backends.sim_cost import Estimate
-    from types import SimpleNamespace
-    from cases.data.collect import Item
     cat = load_catalog()
     items = [Item("g", "generated", cat["pfa_fp8_b2_s1_1_s2_1k"]), Item("r", "regression", cat["edge_tail_tile_3_tokens"]),
              Item("c", "catalog", cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"])]
@@ -333,7 +331,6 @@ def test_comparisons_count_only_the_ones_made_and_a_skip_names_no_reference(tmp_
 def test_a_captured_case_of_another_law_names_that_law_as_its_reference(tmp_path):
     """A captured case of a law other than acceptance is checked by that law (two calls of the backend, not a
     golden under some codec): its row says so ('law NAME'), under any backend's codec."""
-    from cases.data import regressions as regs
     (rid,) = [r for r in regs.list_ids() if regs.load(r).law != "acceptance"][:1]
     law = regs.load(rid).law
     report = tmp_path / "law.json"

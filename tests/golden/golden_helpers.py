@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from golden import SPEC_CODEC
+from golden import SPEC_CODEC, contiguous_to_paged
 from properties import compare as cmp
 
 __all__ = ["bits", "assert_identical", "HandCase", "hand_case", "call_id", "clone_tensors", "assert_unchanged"]
@@ -60,7 +60,7 @@ class HandCase:
         return (self.q, self.q_scale, self.k_cache, self.k_scale, self.v_cache, self.v_scale,
                 self.block_table, self.kv_act_seqs)
 
-    def replace(self, **changes: torch.Tensor) -> "HandCase":
+    def replace(self, **changes: torch.Tensor) -> HandCase:
         return replace(self, **changes)
 
 
@@ -78,7 +78,6 @@ def hand_case(*, q, q_scale, k, k_scale, v, v_scale, block_table, kv_act_seqs, b
     K and V are paged through ``block_table`` (int32 [B, MAXB]) with NB = 1 + the largest entry;
     unread cells hold 0.
     """
-    from golden import contiguous_to_paged
 
     table = torch.tensor(block_table, dtype=torch.int32)
     lengths = torch.tensor(kv_act_seqs, dtype=torch.int32)

@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import golden  # noqa: E402
+from cases.data.catalog import load_catalog  # noqa: E402
 
 __all__ = ["DIGESTS_PATH", "tensor_digest", "bundle_digests", "entries", "load", "main"]
 
@@ -81,7 +82,7 @@ def _grid_entries() -> list[dict]:
         for garbage in golden.GARBAGE:
             batch, s1, nq, nkv, d, bs, tile, lengths, extra, spare = _SHAPES[i % len(_SHAPES)]
             need = [-(-n // bs) for n in lengths]
-            s2 = max(max(lengths), 1)
+            s2 = max(*lengths, 1)
             config = golden.PagedAttentionConfig(
                 batch=batch, s1=s1, s2=s2, nq=nq, nkv=nkv, head_dim=d, block_size=bs, s2_tile=tile,
                 kv_act_seqs=lengths, max_blocks=max(need + [1]) + extra, num_blocks=max(1, sum(need) + spare),
@@ -98,7 +99,6 @@ def _kernel_sized_entries() -> list[dict]:
 
 
 def _catalog_entries() -> list[dict]:
-    from cases.data.catalog import load_catalog
     return [{"name": f"catalog_{name}", "config": case.config.to_dict(), "seed": case.seed,
              "slow": name in SLOW_CATALOG} for name, case in load_catalog().items()]
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import math
 
+import golden_helpers as gh
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
-import golden_helpers as gh
-from golden import (SPEC_CODEC, PagedAttentionConfig, make_inputs, paged_attention_fp8, paged_to_contiguous,
-                    qk_matmul_scale, quantize_per_token)
+from golden import (
+    SPEC_CODEC,
+    PagedAttentionConfig,
+    make_inputs,
+    paged_attention_fp8,
+    paged_to_contiguous,
+    qk_matmul_scale,
+    quantize_per_token,
+)
 from golden.attention import tile_values
 from golden.softmax_state import local_softmax
 from properties import compare as cmp
@@ -28,7 +35,7 @@ def decode_independently(x8: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("q_tile, k_tile, d", [(1, 1, 1), (16, 37, 64), (5, 128, 128)], ids=lambda v: str(v))
+@pytest.mark.parametrize("q_tile, k_tile, d", [(1, 1, 1), (16, 37, 64), (5, 128, 128)], ids=str)
 def test_half_precision_equals_float64_reference(dtype, q_tile, k_tile, d):
     q, k = draw((q_tile, d), dtype, 1), draw((k_tile, d), dtype, 2)
     scores = qk_matmul_scale(q, k)
@@ -123,6 +130,6 @@ def test_agrees_with_the_mm1_stage_of_attention(length):
         scores = qk_matmul_scale(bundle.q[0, heads].contiguous(), k8[:, n].contiguous(),
                                  q_scale=bundle.q_scale[0, heads].contiguous(), k_scale=k_scale[:, n].contiguous(),
                                  scale=16 ** -0.5)
-        m_j, p, l_j = local_softmax(scores)
+        _m_j, p, l_j = local_softmax(scores)
         o = tile_values(p, v[:, n], bundle.v_scale[0, n][None, :], SPEC_CODEC)
         gh.assert_identical((o / l_j).bfloat16(), out[0, heads], f"kv head {n}: AT-12 + softmax vs attention")

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import math
 
+import golden_helpers as gh
 import pytest
 import torch
 
-import golden_helpers as gh
-from golden import (PYPTO_CALCULATOR_CODEC, PagedAttentionConfig, checked_call, make_inputs, paged_attention_envelope,
-                    paged_attention_fp8, paged_attention_fp8_loop)
+from golden import (
+    PYPTO_CALCULATOR_CODEC,
+    PagedAttentionConfig,
+    checked_call,
+    make_inputs,
+    paged_attention_envelope,
+    paged_attention_fp8,
+    paged_attention_fp8_loop,
+)
 from golden.attention import read_cells, visible_lengths
 
 C = PagedAttentionConfig

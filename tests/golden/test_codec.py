@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 
+import golden_helpers as gh
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
-import golden_helpers as gh
-from properties import compare as cmp
 from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
+from properties import compare as cmp
 
 ALL_CODES = torch.arange(256, dtype=torch.int64).to(torch.uint8)
 CODECS = [SPEC_CODEC, PYPTO_CALCULATOR_CODEC]

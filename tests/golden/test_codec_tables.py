@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 
+import codec_reference as ref
+import golden_helpers as gh
 import numpy as np
 import pytest
 import torch
 
-import codec_reference as ref
-import golden_helpers as gh
 from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
 
 CODECS = [SPEC_CODEC, PYPTO_CALCULATOR_CODEC]

@@ -7,6 +7,9 @@ P can flip, the envelope is within a bf16 step of the golden and the rule is SPE
 """
 from __future__ import annotations
 
+import types
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +19,14 @@ from hypothesis import strategies as st
 import golden
 import kernels
 from golden.at12 import qk_matmul_scale_envelope
-from kernels.conforming import VARIANTS
+from golden.envelope import EnvelopeBuilder
+from golden.envelope.fold import signed_weighted_sum
+from golden.errors import UsageError
+from golden.intervals import float64_sum_slack
+from golden.model import declared_model
+from golden.validate import SCORE_LIMIT
 from kernels.config import KERNEL_SHAPES
+from kernels.conforming import VARIANTS
 from properties import strategies as ps
 
 ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
@@ -123,7 +132,7 @@ def test_codec_round_is_monotone(codec):
 def test_bad_model_is_a_type_error():
     kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
                                                             block_size=16, s2_tile=16), 0).kwargs()
-    with pytest.raises(TypeError, match="model must be a golden.model.ConformanceModel"):
+    with pytest.raises(TypeError, match=r"model must be a golden.model.ConformanceModel"):
         golden.paged_attention_envelope(**kwargs, model="spec")
 
 
@@ -170,7 +179,6 @@ def test_scores_that_can_leave_float32_are_refused_naming_the_entries():
     outside SPEC §2: the golden (both routes) and the envelope refuse it, naming the two scale entries. One
     float32 step below the limit the envelope is finite and holds the vertex kernels (whose raw scores
     reach the ends of their intervals)."""
-    from golden.validate import SCORE_LIMIT
     limit = SCORE_LIMIT / (16 * 448.0 ** 2)               # D = 16, q_scale = softmax_scale = 1
     at = float(np.float32(limit))
     at = at if at >= limit else float(np.nextafter(np.float32(at), np.float32(np.inf)))
@@ -237,8 +245,6 @@ def test_a_negative_dequant_scale_is_a_value_error(name):
 def test_a_wider_model_is_refused_naming_the_field(field, value, named):
     """SPEC §4.1: a backend may declare a narrower model, never a wider one; a wider one is refused with an
     error naming the field (a UsageError: one line, exit 2 on the command line), wherever it is read."""
-    from golden.errors import UsageError
-    from golden.model import declared_model
 
     wide = golden.ConformanceModel(name="loose", **{field: value})
     assert not wide.conforming
@@ -253,7 +259,7 @@ def test_a_wider_model_is_refused_naming_the_field(field, value, named):
     Declares.model = narrower
     assert declared_model(Declares()) is narrower
     Declares.model = "spec"
-    with pytest.raises(UsageError, match="declares model='spec'; expected a golden.model.ConformanceModel"):
+    with pytest.raises(UsageError, match=r"declares model='spec'; expected a golden.model.ConformanceModel"):
         declared_model(Declares())
 
 
@@ -297,10 +303,7 @@ def test_fold_sum_bound_holds_under_cancellation():
     to cancel (pairs of large values of opposite sign with weights one ulp apart) and on random ones.
     What it can catch: a slack far too small (1 * 2**-53 fails). It cannot tell the derived count from a
     few units less: BLAS's sums stay far from the worst case; the derivation is float64_sum_slack's."""
-    from fractions import Fraction
 
-    from golden.envelope.fold import signed_weighted_sum
-    from golden.intervals import float64_sum_slack
     rng = np.random.default_rng(7)
     tiles = 65
     worst = 0.0
@@ -381,9 +384,7 @@ def test_the_sum_of_l_holds_a_token_whose_wide_interval_reaches_the_max():
     """Step 6's bound on a tile's l (EnvelopeBuilder.denominator): a token whose score may lie anywhere in
     [m - 2**24, m] may still be the max, with P = 1. A first version dropped such terms (an argument-rounding
     factor past 1/2) from L's upper end and gave 1.0000005 where two tokens at m give 2."""
-    import types
 
-    from golden.envelope import EnvelopeBuilder
     builder = types.SimpleNamespace(exp_rel=golden.SPEC_MODEL.exp_ulps * 2.0 ** -23, model=golden.SPEC_MODEL)
     m = 1.0e7
     s_lo = torch.tensor([[m - 2.0 ** 24, m - 1.0]], dtype=torch.float32)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import golden
-from golden.envelope.stages import NO_GRID, mm2_bounds, boundary_distance, column_grid_exponents
+from golden.envelope.stages import NO_GRID, boundary_distance, column_grid_exponents, mm2_bounds
 from golden.intervals import down32, lowbit, up32
 
 CODECS = [golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC]

@@ -4,10 +4,10 @@ as before its speed-up (issue 17). The sha256 digests of every tensor were store
 regressions store only a config and a seed, so any change here would change what they replay."""
 from __future__ import annotations
 
+import input_digests as idg
 import pytest
 
 import golden
-import input_digests as idg
 
 STORED = idg.load()
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import golden_helpers as gh
 import pytest
 import torch
 
 import golden
-import golden_helpers as gh
+import golden.inputs as gi
 from golden import SPEC_CODEC, InputBundle, PagedAttentionConfig, make_inputs, paged_to_contiguous
 from golden.inputs import DISTRIBUTIONS, GARBAGE
 
@@ -136,7 +137,6 @@ def test_clone_is_deep():
 def test_large_logit_distributions_reach_past_exp_range(distribution):
     """Rows with a few very large logits (attention sinks, outlier channels): some |S| is well past 88,
     where exp over- or underflows unless the row max is subtracted (SPEC §2.3)."""
-    import golden
     config = C(batch=2, s1=1, s2=64, nq=4, nkv=2, head_dim=64, block_size=16, s2_tile=32, distribution=distribution)
     b = make_inputs(config, 3)
     q = SPEC_CODEC.from_fp8(b.q) * b.q_scale                                  # [B*S1, NQ, D]
@@ -180,7 +180,6 @@ def test_a_config_with_a_block_table_round_trips_and_one_without_keeps_its_dict(
 def test_drawn_values_counts_what_make_inputs_draws(distribution, monkeypatch):
     """golden.inputs.drawn_values, the yardstick of make_inputs' speed (pfa-verify bench --stages), is the
     number of random values its draws of Q, K and V take from the generator."""
-    import golden.inputs as gi
     drawn = []
     for name in ("rand", "randn", "randint"):
         real = getattr(torch, name)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
-from golden.intervals import down32, down32_add, lowbit, ulp32, up32, up32_add
+from golden.intervals import down32, down32_add, lowbit, outward_sums, ulp32, up32, up32_add, within_ulps
 from golden.sum_bounds import residue_bound, sum_error_bound
 
 
@@ -53,7 +53,7 @@ def test_ulp32_of_zero_is_the_smallest_subnormal():
 
 def test_lowbit_of_every_e4m3_value():
     values = golden.SPEC_CODEC.decode_table[:0x7F]          # the non-negative finite codes
-    for v, g in zip(values.tolist(), lowbit(values).tolist()):
+    for v, g in zip(values.tolist(), lowbit(values).tolist(), strict=True):
         if v == 0:
             assert g == math.inf
             continue
@@ -129,7 +129,7 @@ def test_lowbit_matches_the_integer_definition_on_random_float32_patterns():
     x = bits.to(torch.int32).view(torch.float32)
     x = x[torch.isfinite(x)]
     got = lowbit(x)
-    for value, power in zip(x.double().tolist(), got.tolist()):
+    for value, power in zip(x.double().tolist(), got.tolist(), strict=True):
         if value == 0:
             assert power == math.inf
             continue
@@ -180,7 +180,7 @@ def _edge_operands(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     b = np.where(rng.random(count) < 0.5, tiny, rng.standard_normal(count))
     specials = [(0.0, -0.0), (-0.0, 0.0), (3.4028234663852886e38, 1e31), (-3.4028234663852886e38, -1e31),
                 (math.inf, 1.0), (1.0, -math.inf), (2.0 ** -149, -(2.0 ** -150)), (1.0, 2.0 ** -24)]
-    a[:len(specials)], b[:len(specials)] = zip(*specials)
+    a[:len(specials)], b[:len(specials)] = zip(*specials, strict=True)
     return a, b
 
 
@@ -188,7 +188,6 @@ def _edge_operands(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def test_outward_sums_are_the_two_directed_sums_bit_for_bit(count):
     """golden.intervals.outward_sums (both ends in one pass, direction per element) against down32_add and
     up32_add (one end each, direction a constant): the same float32 bits, also with broadcast operands."""
-    from golden.intervals import outward_sums
     a_lo, b_lo = _edge_operands(count, 1)
     a_hi, b_hi = _edge_operands(count, 2)
     t = [torch.from_numpy(x) for x in (a_lo, b_lo, a_hi, b_hi)]
@@ -205,7 +204,6 @@ def test_outward_sums_are_the_two_directed_sums_bit_for_bit(count):
 def test_within_ulps_gives_the_same_bits_in_one_pass_and_in_two(ulps):
     """within_ulps pairs both ends in one pass up to _PAIRED_MOST elements and runs them apart above: a
     large array and its small pieces give the same bits, at binade edges and zeros included."""
-    from golden.intervals import within_ulps
     rng = np.random.default_rng(3)
     edges = np.concatenate([[0.0, -0.0, 2.0 ** -149, 2.0 ** -126, 1.0, 0.5, -1.0, 2.0 ** 127]] * 10)
     lo = np.concatenate([edges, rng.standard_normal(6000) * 2.0 ** rng.integers(-130, 120, 6000)])
@@ -223,7 +221,6 @@ def test_float32_steps_give_the_same_bits_below_and_above_the_nextafter_threshol
     _NEXTAFTER_MOST): the directed sums, both ends in one pass and apart, and down32/up32, on delicate
     operands (zeros of both signs, subnormals, the overflow edge, infinities) give the same bits whole
     (patterns) and in pieces of 50 (nextafter)."""
-    from golden.intervals import outward_sums
     a, b = (torch.from_numpy(x) for x in _edge_operands(3000, 5))     # 50 per end, paired: 100 <= 1024 < 3000
     pieces = range(0, 3000, 50)
     for whole, piece in ((lambda: down32_add(a, b), lambda k: down32_add(a[k:k + 50], b[k:k + 50])),

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 
+import golden_helpers as gh
+import numpy as np
 import pytest
 import torch
 
-import golden_helpers as gh
 from golden import SPEC_CODEC, contiguous_to_paged, gen_block_table, paged_to_contiguous
-from golden.paging import blocks_needed, token_slots
+from golden.paging import blocks_needed, ceil_div, positive_int, token_slots
 
 TABLES = [  # (kv_act_seqs, block_size, max_blocks_per_query, num_blocks)
     ([5, 0, 8, 1], 4, 3, None),
@@ -71,7 +72,7 @@ def test_blocks_needed_and_token_slots():
     assert blocks_needed(lengths.numpy(), 2).tolist() == [2, 0, 3]  # the golden's numpy path
     table = torch.tensor([[4, 1, -1], [-1, -1, -1], [0, 2, 3]], dtype=torch.int32)
     b, t, block, row = token_slots(table, lengths, 2)
-    assert list(zip(b.tolist(), t.tolist(), block.tolist(), row.tolist())) == [
+    assert list(zip(b.tolist(), t.tolist(), block.tolist(), row.tolist(), strict=True)) == [
         (0, 0, 4, 0), (0, 1, 4, 1), (0, 2, 1, 0),
         (2, 0, 0, 0), (2, 1, 0, 1), (2, 2, 2, 0), (2, 3, 2, 1), (2, 4, 3, 0),
     ]
@@ -141,8 +142,6 @@ def test_layouts_do_not_modify_inputs():
 
 def test_ceil_div_is_exact_for_ints_arrays_and_tensors():
     """golden.paging.ceil_div: integer arithmetic only, so no float rounding even past 2**53."""
-    import numpy as np
-    from golden.paging import ceil_div
     assert [ceil_div(n, 4) for n in (0, 1, 3, 4, 5, 8, 9)] == [0, 1, 1, 1, 2, 2, 3]
     assert ceil_div(2 ** 60 + 1, 2) == 2 ** 59 + 1              # math.ceil((2**60 + 1) / 2) is 2**59
     assert ceil_div(np.array([0, 5, 128, 129]), 128).tolist() == [0, 1, 1, 2]
@@ -155,11 +154,9 @@ def test_ceil_div_is_exact_for_ints_arrays_and_tensors():
     ("3", 1, TypeError, r"^x must be an int, got str '3'$"),
 ])
 def test_positive_int_rejects(value, minimum, error, match):
-    from golden.paging import positive_int
     with pytest.raises(error, match=match):
         positive_int(value, "x", minimum=minimum)
 
 
 def test_positive_int_returns_the_value():
-    from golden.paging import positive_int
     assert positive_int(3, "x") == 3 and positive_int(0, "x", minimum=0) == 0

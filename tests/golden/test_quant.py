@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import re
 
+import golden_helpers as gh
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import golden_helpers as gh
-from golden import FP8_MAX, SPEC_CODEC, quantize_per_channel, quantize_per_token
+from golden import FP8_MAX, PYPTO_CALCULATOR_CODEC, SPEC_CODEC, quantize_per_channel, quantize_per_token
 from golden.quant import quantize_rows
 from properties import compare as cmp
 
@@ -223,7 +223,6 @@ def test_quantize_rows_valid_columns_and_nan():
 
 
 def test_quantize_rows_uses_the_codec():
-    from golden import PYPTO_CALCULATOR_CODEC
 
     p8, _ = quantize_rows(torch.tensor([[1.0, 0.5]]), codec=PYPTO_CALCULATOR_CODEC)
     assert p8.tolist() == [[240.0, 224.0]]  # 448 saturates to 240 there

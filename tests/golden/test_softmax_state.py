@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
+import golden_helpers as gh
 import pytest
 import torch
 
-import golden_helpers as gh
 from golden import OnlineSoftmaxState
 from golden.softmax_state import exp_f32, local_softmax
 from properties import compare as cmp
@@ -31,7 +31,7 @@ def run_tiles(s: torch.Tensor, v: torch.Tensor, tile: int) -> OnlineSoftmaxState
 
 
 @pytest.mark.parametrize("tokens, tile", [(1, 1), (7, 7), (37, 8), (100, 16), (100, 1), (256, 128)],
-                         ids=lambda v: str(v))
+                         ids=str)
 def test_online_state_equals_one_shot_softmax(tokens, tile):
     s, v = scores_and_values(tokens * 31 + tile, 6, tokens, 5)
     expected = torch.softmax(s.double(), dim=-1) @ v.double()
@@ -90,7 +90,7 @@ def test_rows_without_tokens_finalize_to_zero():
     state = OnlineSoftmaxState.empty((3,), 4)
     assert (state.finalize() == 0).all() and not torch.signbit(state.finalize()).any()
     valid = torch.tensor([[True], [False], [True]])
-    m_j, p, l_j = local_softmax(torch.tensor([[0.0, 1.0], [math.nan, math.nan], [2.0, 2.0]]),
+    m_j, _p, l_j = local_softmax(torch.tensor([[0.0, 1.0], [math.nan, math.nan], [2.0, 2.0]]),
                                 valid.expand(3, 2))
     state.update(m_j, l_j, torch.ones(3, 4), valid=valid)
     out = state.finalize()

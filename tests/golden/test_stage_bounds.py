@@ -174,9 +174,9 @@ def test_exp_edge_variant_is_the_reference_edge():
     down = exp_edge(torch.tensor(xs), -1).tolist()
     up = exp_edge(torch.tensor(xs), 1).tolist()
     reach = [_exp_reach(x, 2.0) for x in xs]
-    assert sum(d == r[0] for d, r in zip(down, reach)) >= len(xs) - 2
-    assert sum(u == r[1] for u, r in zip(up, reach)) >= len(xs) - 2
-    assert all(r[0] <= d and u <= r[1] for d, u, r in zip(down, up, reach))
+    assert sum(d == r[0] for d, r in zip(down, reach, strict=True)) >= len(xs) - 2
+    assert sum(u == r[1] for u, r in zip(up, reach, strict=True)) >= len(xs) - 2
+    assert all(r[0] <= d and u <= r[1] for d, u, r in zip(down, up, reach, strict=True))
 
 
 # --- x = RN(S - m) ------------------------------------------------------------------------------------
@@ -269,8 +269,8 @@ def _check_dequant(bounds) -> None:
         sm = torch.tensor(float(np.float32(rng.choice([0.08838834764831845, 1.0, 0.3]))))
         raws = [_steps(raw, s) for s in range(-2, 3)]
         lo, hi = bounds(torch.tensor([raws[0]]), torch.tensor([raws[-1]]), q, k, sm, SPEC_MODEL)
-        for r in raws:
-            r = torch.tensor([r])
+        for stepped in raws:
+            r = torch.tensor([stepped])
             for value in ((r * q) * k * sm, (r * k) * q * sm, r * (q * k) * sm):
                 assert float(lo) <= float(value) <= float(hi), (r, q, k)
 
@@ -362,8 +362,8 @@ def _kernel_sum(maxima: list[float], values: list[float], side: int) -> tuple[fl
     """The kernel's ``l = sum_j w_j l_j`` through the online update (SPEC §2.3: ``l = a l + c l_j``, every
     product and sum rounded to float32), every exp at the edge F3 allows on ``side``, and its M."""
     m, l = torch.tensor([maxima[0]]), torch.tensor([values[0]])
-    for m_j, l_j in zip(maxima[1:], values[1:]):
-        m_j, l_j = torch.tensor([m_j]), torch.tensor([l_j])
+    for m_raw, l_raw in zip(maxima[1:], values[1:], strict=True):
+        m_j, l_j = torch.tensor([m_raw]), torch.tensor([l_raw])
         m_new = torch.maximum(m, m_j)
         l = exp_edge(m - m_new, side) * l + exp_edge(m_j - m_new, side) * l_j
         m = m_new
@@ -431,8 +431,8 @@ def test_float64_sum_slack_covers_a_cancelling_dot_product():
             w[1::2] = w[0:-1:2]                              # pairs that cancel to a few float64 ulps
             o[1::2] = -o[0:-1:2][: o[1::2].size] * (1 + 2.0 ** -52)
             got = float(torch.from_numpy(w)[None, :] @ torch.from_numpy(o)[:, None])
-            exact = sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(w, o))
-            magnitude = sum(abs(Fraction(float(a)) * Fraction(float(b))) for a, b in zip(w, o))
+            exact = sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(w, o, strict=True))
+            magnitude = sum(abs(Fraction(float(a)) * Fraction(float(b))) for a, b in zip(w, o, strict=True))
             assert abs(exact) < magnitude * Fraction(1, 2 ** 40) or t % 2     # they do cancel (even t)
             assert abs(Fraction(got) - exact) <= Fraction(float64_sum_slack(t)) * magnitude
             worst = max(worst, abs(Fraction(got) - exact) / magnitude)

@@ -6,12 +6,24 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
 import golden
-from golden import (SPEC_CODEC, PagedAttentionConfig, contiguous_to_paged, gen_block_table, get_codec,
-                    make_inputs, paged_to_contiguous, qk_matmul_scale, quantize_per_channel, quantize_per_token)
+from golden import (
+    SPEC_CODEC,
+    PagedAttentionConfig,
+    contiguous_to_paged,
+    gen_block_table,
+    get_codec,
+    make_inputs,
+    paged_to_contiguous,
+    qk_matmul_scale,
+    quantize_per_channel,
+    quantize_per_token,
+)
+from golden.validate import default_softmax_scale, group_size
 
 BASE = PagedAttentionConfig(batch=2, s1=2, s2=8, nq=4, nkv=2, head_dim=8, block_size=4, s2_tile=4,
                             kv_act_seqs=(8, 3), max_blocks=3, num_blocks=6)
@@ -349,8 +361,6 @@ def test_default_softmax_scale_is_both_spellings_of_the_spec_in_float32():
     """SPEC §1 writes the default as D^-0.5, SPEC §6 as 1/sqrt(head_dim): golden.validate.default_softmax_scale
     is the one used everywhere, and every use rounds it to float32, where the two spellings agree for every
     head_dim up to 2**20 (in float64 they differ for 218 of the first 1024)."""
-    import numpy as np
-    from golden.validate import default_softmax_scale
     d = np.arange(1, 2 ** 20, dtype=np.float64)
     assert np.array_equal(np.float32(d ** -0.5), np.float32(1.0 / np.sqrt(d)))
     assert all(default_softmax_scale(int(x)) == x ** -0.5 for x in (1, 2, 48, 128, 2 ** 20 - 1))
@@ -361,7 +371,6 @@ def test_default_softmax_scale_is_both_spellings_of_the_spec_in_float32():
 
 
 def test_group_size_names_both_head_counts():
-    from golden.validate import group_size
     assert group_size(12, 2) == 6 and group_size(4, 4) == 1
     with pytest.raises(ValueError, match=r"^nq=12 must be a multiple of nkv=5$"):
         group_size(12, 5)

@@ -11,6 +11,8 @@ import os
 import pytest
 
 import golden
+import kernels
+from kernels import pypto_workarounds as pw
 
 
 def skip_or_fail(reason: str) -> None:
@@ -24,7 +26,6 @@ def skip_or_fail(reason: str) -> None:
 @pytest.fixture(scope="session")
 def pypto_module():
     """pypto imported from the 950PR overlay, with every workaround applied (or a skip)."""
-    from kernels import pypto_workarounds as pw
 
     try:
         return pw.load_pypto()
@@ -35,7 +36,6 @@ def pypto_module():
 @pytest.fixture(scope="session")
 def sim_backend(pypto_module):
     """The sim backend at level 'execute', shared by the session (one calculator load)."""
-    import kernels
 
     try:
         return kernels.get_backend("sim")
@@ -46,7 +46,6 @@ def sim_backend(pypto_module):
 @pytest.fixture(scope="session")
 def sim_compiler(pypto_module):
     """The sim backend at level 'compile'."""
-    import kernels
 
     try:
         return kernels.get_backend("sim", level="compile")

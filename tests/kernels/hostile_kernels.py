@@ -10,6 +10,8 @@ import time
 
 import torch
 
+import properties.acceptance as acceptance
+import properties.compare as compare
 from kernels.backends.golden_backend import GoldenBackend
 
 
@@ -77,6 +79,7 @@ class _ForksAndExits(_Hostile):
 
 class _LyingTensor(torch.Tensor):
     """A tensor subclass whose comparisons and copies say the golden's bits."""
+    __hash__ = torch.Tensor.__hash__
     def __eq__(self, other):
         return torch.ones_like(torch.Tensor(self), dtype=torch.bool)
 
@@ -91,8 +94,6 @@ class _ReturnsALie(GoldenBackend):
 class _PatchesTheJudge(GoldenBackend):
     """Wrong output, after patching the suite's comparison core and rule in its own process to say pass."""
     def paged_attention_fp8(self, *args, **kwargs):
-        import properties.acceptance as acceptance
-        import properties.compare as compare
         compare.compare = lambda *a, **k: (_ for _ in ()).throw(SystemExit(0))
         acceptance.hold = lambda *a, **k: None
         out = super().paged_attention_fp8(*args, **kwargs)

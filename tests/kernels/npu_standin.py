@@ -25,10 +25,16 @@ calling convention, with tests/kernels/upstream_convention_kernels.py:paged_atte
 from __future__ import annotations
 
 import importlib.machinery
+import inspect
 import os
+import sys
 import types
 
 import torch
+
+import kernels
+from kernels import BackendUnavailable
+from kernels import pypto_workarounds as pw
 
 EVENTS: list = []          # (kind, detail...) in call order: h2d, alloc, kernel, sync, d2h
 # storage data_ptr -> (device index, the storage): holding the storage keeps its address from being
@@ -108,7 +114,6 @@ class _NpuKernel:
     """A kernel jitted for RunMode.NPU: on call, its tensors must be on one device; it runs on the sim."""
 
     def __init__(self, real_jit, fn, runtime: dict, pass_options, captured_locals):
-        from kernels import pypto_workarounds as pw
         pypto = pw.load_pypto()
         self._fn, self._mode = fn, "NPU" if runtime.get("run_mode") == pypto.RunMode.NPU else str(runtime.get("run_mode"))
         self._sim = real_jit(runtime_options=dict(runtime, run_mode=pypto.RunMode.SIM), pass_options=pass_options,
@@ -118,7 +123,6 @@ class _NpuKernel:
         self._sim._captured_locals = captured_locals
 
     def __call__(self, *args):
-        from kernels import pypto_workarounds as pw
         places = [_where(a) for a in args if isinstance(a, torch.Tensor)]
         EVENTS.append(("kernel", getattr(self._fn, "__name__", "?"), self._mode, tuple(places)))
         if None in places or len(set(places)) != 1:
@@ -133,7 +137,6 @@ def _patched_jit(real_jit, pypto):
             return real_jit(*args, runtime_options=runtime_options, **kwargs)
 
         def wrap(fn):
-            import inspect
             frame = inspect.currentframe().f_back
             kernel = _NpuKernel(real_jit, fn, dict(runtime_options), kwargs.get("pass_options"), dict(frame.f_locals))
             kernel._original_func = fn
@@ -145,8 +148,6 @@ def _patched_jit(real_jit, pypto):
 def install(monkeypatch=None) -> list:
     """Put the stand-in in place (through ``monkeypatch`` when given, so a test undoes it); returns EVENTS.
     Needs pypto 0.2.0 (the sim backend's overlay); raises kernels.BackendUnavailable without it."""
-    from kernels import BackendUnavailable
-    from kernels import pypto_workarounds as pw
     try:
         pypto = pw.load_pypto()
     except pw.PyptoUnavailable as exc:
@@ -156,14 +157,13 @@ def install(monkeypatch=None) -> list:
     module = types.ModuleType("torch_npu")
     module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)
     module.__version__ = "stand-in"
-    npu = types.SimpleNamespace(is_available=lambda: device_count() > 0, device_count=lambda: device_count(),
+    npu = types.SimpleNamespace(is_available=lambda: device_count() > 0, device_count=device_count,
                                 synchronize=lambda device=None: EVENTS.append(("sync", _npu_index(device))))
     real_jit = _STATE.setdefault("jit", pypto.frontend.jit)
     patches = [(torch.Tensor, "to", _patched_to(_STATE.setdefault("to", torch.Tensor.to))),
                (torch.Tensor, "cpu", _patched_cpu(_STATE.setdefault("cpu", torch.Tensor.cpu))),
                (torch, "full", _patched_full(_STATE.setdefault("full", torch.full))),
                (torch, "npu", npu), (pypto.frontend, "jit", _patched_jit(real_jit, pypto))]
-    import sys
     if monkeypatch is not None:
         monkeypatch.setitem(sys.modules, "torch_npu", module)
         for owner, name, value in patches:
@@ -179,7 +179,6 @@ def install(monkeypatch=None) -> list:
 
 def npu(device=None, **options):
     """``--backend tests/kernels/npu_standin.py:npu``: our kernel's npu backend, under the stand-in."""
-    import kernels
     install()
     backend = kernels.get_backend("npu", device=device, **options) if device is not None else \
         kernels.get_backend("npu", **options)
@@ -190,7 +189,6 @@ def npu(device=None, **options):
 def pypto_gym_npu(device=None, **options):
     """``--backend tests/kernels/npu_standin.py:pypto_gym_npu``: PyPTO-Gym's convention on the npu
     backend (tests/kernels/upstream_convention_kernels.py:paged_attention), under the stand-in."""
-    import kernels
     install()
     name = "pypto-gym-npu:tests/kernels/upstream_convention_kernels.py:paged_attention"
     return kernels.get_backend(name, device=device, **options) if device is not None else kernels.get_backend(name, **options)

@@ -5,12 +5,20 @@ part only records that it was reached, so each bad call must be stopped by golde
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
 import golden
 import kernels
-from kernels.backends import Backend, BackendUnavailable, resolve_device_index
+from golden.errors import UsageError
+from kernels import backends
+from kernels.backends import Backend, BackendUnavailable, KernelSource, resolve_device_index
+from kernels.config import PagedAttentionKernelConfig
+from properties import compare as cmp
 
 
 class RecordingBackend(Backend):
@@ -133,7 +141,6 @@ def test_codec_argument_must_be_the_backends_own(small_bundle):
 
 def test_golden_backend_is_the_golden_with_the_spec_codec(small_bundle):
     """The golden backend runs the loop golden; it must equal the vectorized golden bit for bit."""
-    from properties import compare as cmp
 
     backend = kernels.get_backend("golden")
     assert backend.name == "golden" and backend.codec is golden.SPEC_CODEC
@@ -162,7 +169,6 @@ BAD_KERNEL_CONFIGS = [
 def test_kernel_config_rejects_bad_fields_with_the_goldens_checks(changes, error, match):
     """kernels.config (issue 18 item 8): the positive-int checks are golden.paging.positive_int's, so the
     kernel's configuration raises what the golden raises (TypeError for a non-int, ValueError for <= 0)."""
-    from kernels.config import PagedAttentionKernelConfig
     PagedAttentionKernelConfig(**_KERNEL_CONFIG)
     with pytest.raises(error, match=match):
         PagedAttentionKernelConfig(**{**_KERNEL_CONFIG, **changes})
@@ -178,13 +184,11 @@ def test_import_path_backend():
                                   "no_such_module_xyz:factory"],
                          ids=lambda n: e("get_backend", name=n))
 def test_get_backend_rejects_unknown_names(name):
-    from golden.errors import UsageError
     with pytest.raises(UsageError, match="name="):
         kernels.get_backend(name)
 
 
 def test_get_backend_rejects_a_factory_that_returns_no_backend():
-    from golden.errors import UsageError
     with pytest.raises(UsageError, match="lacks"):
         kernels.get_backend("builtins:object")
 
@@ -196,10 +200,7 @@ def test_device_applies_to_npu_only(name):
 
 
 def test_a_backend_loaded_from_a_file_or_module_names_its_source_by_content():
-    import hashlib
-    from pathlib import Path
 
-    from kernels.backends import KernelSource
     by_file = kernels.get_backend("tests/cases/run_doubles.py:PerturbOne")
     digest = hashlib.sha256(Path("tests/cases/run_doubles.py").read_bytes()).hexdigest()
     assert by_file.kernel_source == KernelSource("tests/cases/run_doubles.py",
@@ -233,14 +234,13 @@ def test_device_choice(device, environ, expected):
 @pytest.mark.parametrize("device,environ", [(-1, {}), ("npu:x", {}), (True, {}), (None, {"TILE_FWK_DEVICE_ID": "one"})],
                          ids=["device=-1", "device='npu:x'", "device=True", "TILE_FWK_DEVICE_ID='one'"])
 def test_bad_device_is_a_value_error_naming_its_source(device, environ):
-    with pytest.raises(ValueError, match="device|TILE_FWK_DEVICE_ID"):
+    with pytest.raises(ValueError, match=r"device|TILE_FWK_DEVICE_ID"):
         resolve_device_index(device, environ)
 
 
 # --- skip reasons -------------------------------------------------------------------------------
 
 def test_npu_unavailable_says_what_is_missing():
-    import importlib.util
 
     if importlib.util.find_spec("torch_npu") is not None:
         pytest.skip("torch_npu is installed here; this checks the reason given without it")
@@ -250,14 +250,12 @@ def test_npu_unavailable_says_what_is_missing():
 
 
 def test_auto_falls_back_to_the_golden_with_every_reason(monkeypatch):
-    from kernels import backends
 
     def no_sim(**options):
         raise BackendUnavailable("pypto is not installed")
 
     monkeypatch.setitem(backends.BUILTIN_BACKENDS, "sim", no_sim)
     monkeypatch.setattr(backends, "_sim", no_sim)
-    import importlib.util
 
     if importlib.util.find_spec("torch_npu") is not None:
         pytest.skip("torch_npu is installed here")
@@ -268,11 +266,9 @@ def test_auto_falls_back_to_the_golden_with_every_reason(monkeypatch):
 
 
 def test_auto_says_what_it_chose(monkeypatch):
-    from kernels import backends
 
     chosen = kernels.get_backend("golden")
     monkeypatch.setattr(backends, "_sim", lambda **options: chosen)
-    import importlib.util
 
     if importlib.util.find_spec("torch_npu") is not None:
         pytest.skip("torch_npu is installed here")

@@ -7,11 +7,15 @@ catalog case ``edge_tail_tile_3_tokens`` (issue 20). Our kernel clamps that colu
 """
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 import kernels
+from cases.data.catalog import load_catalog
 from kernels import pypto_workarounds as pw
+from properties.acceptance import judge
 
 pytestmark = pytest.mark.sim
 
@@ -21,7 +25,6 @@ ROWS = 32
 
 @pytest.fixture(scope="module")
 def row_gather(pypto_module):
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location("_pfa_test_oob_kernels", OOB_FILE)
     module = importlib.util.module_from_spec(spec)
@@ -68,7 +71,6 @@ def test_a_view_clipped_at_the_end_is_the_tail_idiom(row_gather):
 
 
 def _edge_tail_case():
-    from cases.data.catalog import load_catalog
 
     case = load_catalog()["edge_tail_tile_3_tokens"]
     assert case.config.s2 == 515 and case.config.s2_tile == 256      # a [1, 5] table, walked in 3 tiles of 2
@@ -85,7 +87,6 @@ def test_a_table_column_past_the_row_is_an_error(pypto_module):
 
 
 def test_our_kernel_passes_edge_tail_tile_3_tokens(sim_backend):
-    from properties.acceptance import judge
 
     verdict = judge(sim_backend, _edge_tail_case())
     assert verdict.passed, verdict.message()

@@ -16,6 +16,9 @@ import math
 import pytest
 import torch
 
+from golden.codec import SPEC_CODEC, get_codec
+from kernels import pypto_workarounds as pw
+
 pytestmark = pytest.mark.sim
 
 COLS = 256
@@ -26,12 +29,10 @@ MODES = [("pypto", "pypto-0.2.0-calculator"), ("spec", "e4m3fn-sat")]
 
 
 def _codec(name: str):
-    from golden.codec import get_codec
     return get_codec(name)
 
 
 def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
-    from kernels import pypto_workarounds as pw
     from kernels.codec_probe import make_decode_probe
 
     rows = codes.numel() // COLS
@@ -42,7 +43,6 @@ def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
 
 
 def _run_encode(x: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
-    from kernels import pypto_workarounds as pw
     from kernels.codec_probe import make_encode_probe
 
     n = x.numel()
@@ -57,7 +57,6 @@ def _run_encode(x: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
 
 def _encode_inputs() -> dict[str, torch.Tensor]:
     """Named FP32 value classes (each class a 1-D float32 tensor, both signs)."""
-    from golden.codec import SPEC_CODEC
 
     grid = SPEC_CODEC.decode(torch.arange(0, 0x7F, dtype=torch.uint8))  # every finite E4M3FN >= 0
     mids = (grid[1:] + grid[:-1]) / 2
@@ -92,12 +91,11 @@ def test_decode_all_256_codes(pypto_module, mode, codec):
     modelled = _codec(codec).decode(codes)
     same = (measured == modelled) | (measured.isnan() & modelled.isnan())
     assert torch.equal(torch.signbit(measured[same]), torch.signbit(modelled[same]))
-    bad = [(hex(int(c)), float(m), float(e)) for c, m, e in zip(codes[~same], measured[~same], modelled[~same])]
+    bad = [(hex(int(c)), float(m), float(e)) for c, m, e in zip(codes[~same], measured[~same], modelled[~same], strict=True)]
     assert not bad, f"{len(bad)} of 256 codes decode differently (code, calculator, model): {bad[:16]}"
 
 
 def test_decode_differs_from_e4m3fn_exactly_in_the_top_binade(pypto_module):
-    from golden.codec import SPEC_CODEC
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     measured = _run_decode(codes)
@@ -124,7 +122,6 @@ def test_encode_every_value_class(pypto_module, mode, codec):
 def test_the_spec_mode_is_off_outside_its_block(pypto_module):
     """W13's switch is process-wide: e4m3_codec('spec') puts pypto's own E4M3 back, also after an error,
     so `--backend sim` in the same process still computes with pypto's codec."""
-    from kernels import pypto_workarounds as pw
 
     with pytest.raises(RuntimeError, match="inside"):
         with pw.e4m3_codec("spec"):

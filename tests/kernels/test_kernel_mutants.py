@@ -7,10 +7,10 @@ goes. The unmutated kernel passing every law is `tox -e sim`'s job and pfa-verif
 from __future__ import annotations
 
 import pytest
+from ledger_marks import survivor_params
 
 from cases.measuring import mutants as matrix
 from kernels.mutants.kernel_level import KERNEL_MUTANTS
-from ledger_marks import survivor_params
 from properties.law_examples import PAGED_LAWS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]

@@ -9,13 +9,19 @@ and the one rule on the result. Not checked, and cannot be here: the chip itself
 """
 from __future__ import annotations
 
+import json
+
+import npu_standin
 import pytest
 import torch
 
 import golden
 import kernels
+from cases import cli
+from properties import laws
 from properties.acceptance import judge
 from properties.case import Case
+from properties.strategies import At12Case
 
 pytestmark = pytest.mark.sim
 
@@ -26,7 +32,6 @@ GYM = "pypto-gym-npu:tests/kernels/upstream_convention_kernels.py:paged_attentio
 @pytest.fixture
 def standin(pypto_module, monkeypatch):
     """The stand-in, undone after the test, in an environment that names no device."""
-    import npu_standin
     for name in ("ASCEND_RT_VISIBLE_DEVICES", "TILE_FWK_DEVICE_ID", "PYTEST_XDIST_WORKER", "PFA_VERIFY_STANDIN_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     return npu_standin.install(monkeypatch)
@@ -58,8 +63,8 @@ def test_the_npu_backend_moves_inputs_runs_the_kernel_and_copies_the_output_back
 @pytest.mark.parametrize("environ, index, source", [
     ({"PYTEST_XDIST_WORKER": "gw3"}, 3, "PYTEST_XDIST_WORKER"),
     ({"TILE_FWK_DEVICE_ID": "6", "PYTEST_XDIST_WORKER": "gw3"}, 6, "TILE_FWK_DEVICE_ID"),
-    ({"ASCEND_RT_VISIBLE_DEVICES": "5", "TILE_FWK_DEVICE_ID": "5"}, 0, "ASCEND_RT_VISIBLE_DEVICES=5 (the one NPU "
-                                                                       "this process sees)"),
+    ({"ASCEND_RT_VISIBLE_DEVICES": "5", "TILE_FWK_DEVICE_ID": "5"}, 0, ("ASCEND_RT_VISIBLE_DEVICES=5 (the one NPU "
+                                                                       "this process sees)")),
 ], ids=["xdist worker gw3", "TILE_FWK_DEVICE_ID", "a Ray task given NPU 5"])
 def test_each_worker_finds_its_device(standin, monkeypatch, environ, index, source):
     for name, value in environ.items():
@@ -73,8 +78,8 @@ def test_each_worker_finds_its_device(standin, monkeypatch, environ, index, sour
 @pytest.mark.parametrize("environ, match", [
     ({"PYTEST_XDIST_WORKER": "gw9"}, r"device 9 \(from PYTEST_XDIST_WORKER\) does not exist; this host has 8 NPU"),
     ({"PFA_VERIFY_STANDIN_DEVICES": "0"}, "torch_npu is installed but no NPU is available"),
-    ({"ASCEND_RT_VISIBLE_DEVICES": "2,3", "TILE_FWK_DEVICE_ID": "2"}, r"device 2 \(from TILE_FWK_DEVICE_ID\) does "
-                                                                       r"not exist; this host has 2 NPU"),
+    ({"ASCEND_RT_VISIBLE_DEVICES": "2,3", "TILE_FWK_DEVICE_ID": "2"}, (r"device 2 \(from TILE_FWK_DEVICE_ID\) does "
+                                                                       r"not exist; this host has 2 NPU")),
 ], ids=["worker past the devices", "no device", "a physical id among two visible"])
 def test_a_device_that_is_not_there_is_unavailable_with_the_reason(standin, monkeypatch, environ, match):
     for name, value in environ.items():
@@ -84,16 +89,13 @@ def test_a_device_that_is_not_there_is_unavailable_with_the_reason(standin, monk
 
 
 def test_a_kernel_that_writes_nothing_is_a_kernel_run_error(standin, monkeypatch):
-    import npu_standin
     monkeypatch.setattr(npu_standin._NpuKernel, "__call__", lambda self, *args: None)
     backend = kernels.get_backend("npu")
-    with pytest.raises(kernels.KernelRunError, match="left .* output elements it must compute unwritten"):
+    with pytest.raises(kernels.KernelRunError, match=r"left .* output elements it must compute unwritten"):
         backend.paged_attention_fp8(**CASE.inputs().kwargs())
 
 
 def test_at12_runs_on_the_npu_backend(standin):
-    from properties import laws
-    from properties.strategies import At12Case
     backend = kernels.get_backend("npu")
     laws.run("at12_acceptance", backend, At12Case(4, 40, 128, "uniform", 3), fp8=True)
     assert _kinds(standin) == ["alloc", "h2d", "h2d", "h2d", "h2d", "kernel", "sync", "d2h"]
@@ -107,17 +109,15 @@ def test_pypto_gym_s_convention_runs_on_the_npu_backend(standin):
     assert kernel[1:3] == ("paged_attention", "NPU") and kernel[3] == (0,) * 9
     assert _kinds(standin) == ["alloc"] + ["h2d"] * 8 + ["kernel", "sync", "d2h"]
     with pytest.raises(kernels.BackendUnavailable, match="no AT-12 entry"):
-        from properties.strategies import At12Case
         backend.qk_matmul_scale(*At12Case(4, 8, 128, "uniform", 0).operands())
 
 
 def test_a_run_on_the_npu_backend_reports_the_spec_codec_only(standin, tmp_path):
     """pfa-verify run on the stand-in: the one rule, one comparison per case, a pass."""
-    import json
 
-    from cases import cli
     report = tmp_path / "r.json"
-    status = cli.main(["run", "--backend", "npu", "--cases", "edge_lengths_0_1_bs_bs1,edge_constant_rows",
+    # --in-process: the stand-in torch_npu is installed in this process only, not in a worker's
+    status = cli.main(["run", "--backend", "npu", "--in-process", "--cases", "edge_lengths_0_1_bs_bs1,edge_constant_rows",
                        "--examples", "0", "--regressions", str(tmp_path / "regs"), "--json", str(report)])
     data = json.loads(report.read_text())
     assert status == 0 and [(r["reference"], r["verdict"]) for r in data["results"]] == [("spec", "pass")] * 2
@@ -128,7 +128,6 @@ def test_a_host_tensor_never_reads_as_on_the_device(standin):
     tensor is freed (the allocator reuses addresses) must not read as on the device, or its ``.cpu()``
     is recorded as a copy back (a flake seen under pytest-xdist, where an earlier test's tensor had been
     recorded at the address of a later test's block table)."""
-    import npu_standin
     reused = 0
     for rows in range(1, 200):          # some sizes get the freed address back at once (5 of these did)
         freed = torch.zeros(rows, 3, dtype=torch.int32)     # the premise, shown on a plain host tensor

@@ -12,7 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from golden.model import SPEC_MODEL, ConformanceModel
+import kernels
+from golden.codec import SPEC_CODEC
+from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL, ConformanceModel
 from kernels import probes
 
 
@@ -49,7 +51,6 @@ class TorchRunner:
         return out
 
     def matmul_fp8(self, q8, k8, q_scale, k_scale, out):
-        from golden.codec import SPEC_CODEC
         self.calls += 1
         exact = SPEC_CODEC.decode(q8, torch.float64) @ SPEC_CODEC.decode(k8, torch.float64).T
         out.copy_(probes._round_f32(exact, self.mode).float())
@@ -104,7 +105,7 @@ def test_probes_never_narrow_a_model():
 
 
 def test_exp_of_zero_must_be_one():
-    model, report = probes.measured_model(_backend(), runner=TorchRunner(exp_zero_off=True))
+    _model, report = probes.measured_model(_backend(), runner=TorchRunner(exp_zero_off=True))
     assert "exp_zero" in report["failed"] and not report["conforming"]
     assert any("exp(0)" in line for line in report["not_expressible"])
 
@@ -120,7 +121,6 @@ def test_results_are_cached_per_platform():
 
 
 def test_only_kernel_platforms_have_probes():
-    import kernels
     with pytest.raises(ValueError, match="run on the sim and npu backends only"):
         probes.probe_runner(kernels.get_backend("golden"))
 
@@ -128,7 +128,6 @@ def test_only_kernel_platforms_have_probes():
 @pytest.mark.sim
 def test_the_sim_meets_spec_model(sim_backend):
     """The sim declares SPEC §4.1 with fixed choices (DETERMINISTIC_MODEL); its probes keep it."""
-    from golden.model import DETERMINISTIC_MODEL
     report = probes.calibrate(sim_backend)
     assert report["failed"] == [] and report["conforming"], report
     assert sim_backend.model is DETERMINISTIC_MODEL and sim_backend.probe_report is report

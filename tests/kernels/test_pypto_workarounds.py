@@ -1,12 +1,15 @@
 """kernels/pypto_workarounds/: each pypto 0.2.0 workaround, proved on the CPU (W1-W10)."""
 # No `from __future__ import annotations`: pypto.frontend.jit reads tensor annotations as objects.
 
+import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from kernels import pypto_workarounds as pw
+from kernels.pypto_workarounds import bridge
 
 pytestmark = pytest.mark.sim
 
@@ -100,7 +103,7 @@ def test_compile_captures_cost_model_text(pypto_module, capfd):
 def test_compile_after_failed_compile(pypto_module):
     """W7: a compile that fails leaves pypto usable for the next one."""
     x = torch.ones(8, 16)
-    with pytest.raises(Exception, match="F21004|tile shape") as info:
+    with pytest.raises(Exception, match=r"F21004|tile shape") as info:
         with pw.sim_session():
             _axpy_kernel(pypto_module, 16, fail=True)(x, x.clone(), torch.zeros(8, 16))
     notes = [n for n in getattr(info.value, "__notes__", []) if "pypto output" in n]
@@ -113,8 +116,6 @@ def test_compile_after_failed_compile(pypto_module):
 
 def test_load_pypto_refuses_a_pypto_imported_elsewhere(monkeypatch):
     """Importing pypto before the overlay would bind the 910B platform: say so instead."""
-    import sys
-    import types
 
     fake = types.ModuleType("pypto")
     fake.__file__ = "/somewhere/else/pypto/__init__.py"
@@ -195,7 +196,6 @@ def test_precision_type_bridge(pypto_module):
         pw.execute_kernel(ratio, [x, y, out])
     assert torch.equal(x, x0) and torch.equal(y, y0), "the kernel's inputs changed"
     assert torch.equal(out, x0 / y0)
-    from kernels.pypto_workarounds import bridge
     assert pypto_module.PrecisionType is bridge.PrecisionType
-    with pytest.raises(TypeError, match="must be a pypto.PrecisionType"):
+    with pytest.raises(TypeError, match=r"must be a pypto.PrecisionType"):
         pypto_module.div(None, None, precision_type="fast")

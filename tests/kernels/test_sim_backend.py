@@ -7,19 +7,30 @@ skip reasons). The tests marked ``sim`` need pypto (tests/kernels/conftest.py); 
 """
 from __future__ import annotations
 
+import hashlib
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import golden
 import kernels
-
+from cases.data.catalog import load_catalog
+from cases.running.run import open_backend
+from kernels import pypto_workarounds as pw
+from kernels.backends import KernelRunError, finish_output, sim_cost, unwritten_output, use_backend_threads
+from kernels.backends.sim import SimBackend, calculator_error
+from kernels.pypto_workarounds import native
+from kernels.pypto_workarounds.session import RunCapture
+from properties import compare as cmp
 
 # --- outputs the kernel did not write ---------------------------------------------------------------
 
 def test_finish_output_turns_untouched_rows_into_zeros_or_an_error():
     """Outputs start as the UNWRITTEN sentinel: rows with cur == 0 that stay untouched are the
     caller's zeros (SPEC §2 item 5); an untouched element anywhere else is a KernelRunError."""
-    from kernels.backends import KernelRunError, finish_output, unwritten_output
 
     lengths = torch.tensor([3, 0], dtype=torch.int32)            # B=2, S1=2: rows 0..3, cur = 2, 3, 0, 0
     out = unwritten_output((4, 2, 8))
@@ -36,11 +47,7 @@ def test_finish_output_turns_untouched_rows_into_zeros_or_an_error():
 
 def test_an_unwritten_output_shows_pypto_output_only_when_there_is_some():
     """Issue 20: a KernelRunError used to end with an empty "pypto output:" when the run printed nothing."""
-    from types import SimpleNamespace
 
-    from kernels.backends import KernelRunError, finish_output, unwritten_output
-    from kernels.backends.sim import SimBackend
-    from kernels.pypto_workarounds.session import RunCapture
 
     lengths = torch.tensor([1], dtype=torch.int32)
     quiet = SimpleNamespace(last_report=RunCapture(text=" \n"))
@@ -55,7 +62,6 @@ def test_an_unwritten_output_shows_pypto_output_only_when_there_is_some():
 
 
 def test_calculator_errors_are_found_in_the_captured_output():
-    from kernels.backends.sim import calculator_error
 
     text = ("Unrecognized DataTypeDT_FP8E4M3\n" * 3 + "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ\n")
     assert calculator_error(text) == "[ERROR] x:12 Errcode: FBF00C! src and ret dims differ"
@@ -67,10 +73,7 @@ def test_calculator_errors_are_found_in_the_captured_output():
 def test_batch_chunks_give_the_golden_the_same_bits():
     """kernels/backends/sim_cost.chunk_inputs: a correct kernel (the golden) run chunk by chunk on
     compacted caches gives the bits of the whole call, ragged lengths, spare blocks, garbage and all."""
-    import math
 
-    from kernels.backends import sim_cost
-    from properties import compare as cmp
 
     config = golden.PagedAttentionConfig(batch=5, s1=2, s2=300, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
                                          kv_act_seqs=(300, 0, 17, 1, 160), num_blocks=40, garbage="nan")
@@ -87,8 +90,6 @@ def test_batch_chunks_give_the_golden_the_same_bits():
 
 
 def test_chunks_are_planned_to_fit_the_memory_cap():
-    from kernels.backends import sim_cost
-    from cases.data.catalog import load_catalog
 
     cat = load_catalog()
     small = sim_cost.estimate(cat["pfa_fp8_b2_s1_1_s2_1k"].config)
@@ -108,8 +109,6 @@ def test_chunks_are_planned_to_fit_the_memory_cap():
 
 @pytest.mark.sim
 def test_our_sim_kernel_is_named_by_content(sim_backend):
-    import hashlib
-    from pathlib import Path
 
     source = sim_backend.kernel_source
     assert source.source == "kernels/pfa_fp8.py" and source.function == "make_kernel"
@@ -121,9 +120,7 @@ def test_our_sim_kernel_is_named_by_content(sim_backend):
 def test_making_a_sim_backend_leaves_the_threads_to_the_process(pypto_module):
     """Issue 18 item 7: the sim backend asks for one torch thread (``threads``); the owner of the process
     applies it (use_backend_threads: the command line, workers, the test session), never the backend."""
-    import torch
 
-    from kernels.backends import use_backend_threads
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
@@ -141,16 +138,13 @@ def test_making_a_sim_backend_leaves_the_threads_to_the_process(pypto_module):
 def test_the_run_header_says_when_w9s_fast_path_is_off(pypto_module, monkeypatch):
     """Native.why_not (kernels/pypto_workarounds/native.py) reaches the run's header and report when the
     calculator cannot re-run a kept graph (then every call traces again), and nothing is said otherwise."""
-    from cases.running.run import choose_backend
-    from kernels import pypto_workarounds as pw
-    from kernels.pypto_workarounds import native
 
     real = native.native(pypto_module, pw.cache_root())
-    _, _, note = choose_backend("sim")
+    _, _, _, note = open_backend("sim", in_process=True)     # in this process: the patch below reaches it
     assert note == "backend sim (as asked)" and real.verify is not None
     monkeypatch.setattr(native, "_NATIVE", [native.Native(real.program, real.program_data, None, None,
                                                           "building the verify shim failed: no compiler")])
-    _, _, note = choose_backend("sim")
+    _, _, _, note = open_backend("sim", in_process=True)     # in this process: the patch below reaches it
     assert note == ("backend sim (as asked); W9's re-run of a traced graph is off here (building the verify shim "
                     "failed: no compiler): every call traces the kernel again (the same numbers, a few seconds "
                     "more per call)")
@@ -166,7 +160,6 @@ def test_a_kernel_that_fails_inside_pypto_is_a_kernel_run_error(pypto_module, mo
     """Issue 18 item 5: pypto refusing the kernel while it runs (a C++ error, RuntimeError in Python) is
     the kernel's failure, a KernelRunError (a kill in the mutant matrix); any other exception is not
     (a broken row there), so it propagates as it is."""
-    from kernels import pypto_workarounds as pw
 
     if raised == "parser":     # what pypto's trace raises for an error inside the kernel (RenderedParserError)
         raised = pypto_module.frontend.parser.error.RenderedParserError(

@@ -14,14 +14,16 @@ import pytest
 import torch
 
 import golden
+import kernels
+from cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
+from cases.data.catalog import load_catalog
+from kernels.compile_inputs import compile_inputs
+from kernels.pypto_workarounds import forget_traces
 from properties import compare as cmp
 from properties import laws
 from properties.acceptance import call, judge, reference_backend
 from properties.case import Case
 from properties.strategies import At12Case
-from cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
-from cases.data.catalog import load_catalog
-from kernels.compile_inputs import compile_inputs
 
 pytestmark = pytest.mark.sim
 
@@ -37,7 +39,6 @@ def _assert_unchanged(before: dict, after: dict, what: str):
 
 
 def test_small_upstream_case_reports_cost_model_figures(pypto_module):
-    import kernels
 
     backend = kernels.get_backend("sim", level="compile", cost_model=True)
     report = backend.compile_paged_attention(**compile_inputs(upstream_config("pfa_fp8_b2_s1_1_s2_1k")))
@@ -108,7 +109,6 @@ def test_the_spec_codec_comparison_is_skipped_and_said(judged):
 def test_a_static_configuration_is_traced_once(sim_backend):
     """W9: a second call with the same static configuration (PagedAttentionKernelConfig) but another
     B, other lengths, another block table and another NB re-runs only the calculator, and is right."""
-    from kernels.pypto_workarounds import forget_traces
     first = golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=8, nkv=2, kv_act_seqs=(300, 5))
     second = golden.PagedAttentionConfig(batch=3, s1=1, s2=384, nq=8, nkv=2, kv_act_seqs=(17, 384, 0),
                                          num_blocks=7, garbage="nan")

@@ -10,7 +10,11 @@ import torch
 
 import golden
 import kernels
+from cases.data.catalog import load_catalog
 from golden.errors import UsageError
+from golden.model import DETERMINISTIC_MODEL
+from kernels.mutants import get_mutant
+from properties.acceptance import judge
 
 pytestmark = pytest.mark.sim
 
@@ -23,12 +27,10 @@ def spec_sim(pypto_module):
 
 
 def _catalog(name):
-    from cases.data.catalog import load_catalog
     return load_catalog()[name]
 
 
 def test_the_variant_names_its_codec_and_the_plain_sim_says_why_the_spec_comparison_is_not_its(spec_sim, sim_backend):
-    from golden.model import DETERMINISTIC_MODEL
 
     assert (spec_sim.name, spec_sim.codec, spec_sim.spec_codec_not_applicable) == ("sim-spec-codec", golden.SPEC_CODEC, None)
     assert sim_backend.codec is golden.PYPTO_CALCULATOR_CODEC
@@ -48,7 +50,6 @@ def test_the_variant_names_its_codec_and_the_plain_sim_says_why_the_spec_compari
 
 @pytest.mark.parametrize("name", CASES)
 def test_our_kernel_passes_under_the_spec_codec(spec_sim, name):
-    from properties.acceptance import judge
 
     case = _catalog(name)
     q = case.inputs().q.view(torch.uint8)
@@ -60,8 +61,6 @@ def test_our_kernel_passes_under_the_spec_codec(spec_sim, name):
 def test_a_mutant_only_the_spec_codec_sees(spec_sim, sim_backend):
     """p_clamped_to_240: on the plain sim its output is our kernel's, bit for bit (it survives there);
     on sim-spec-codec it fails SPEC §4 (killed)."""
-    from kernels.mutants import get_mutant
-    from properties.acceptance import judge
 
     case = _catalog("pfa_fp8_b2_s1_1_s2_1k")
     on_spec = get_mutant("sim/p_clamped_to_240")

@@ -10,12 +10,13 @@ import time
 import pytest
 import torch
 
+import golden
 from cases.data.catalog import load_catalog
 from golden.errors import UsageError
 from kernels import BackendUnavailable, KernelRunError
 from kernels.backends import wire
 from kernels.backends.supervisor import BackendSpec, KernelFault, KernelRaised, SupervisedBackend, Supervisor
-from properties.acceptance import InputsModified, judge
+from properties.acceptance import InputsModified, judge, split_bundle
 
 HOSTILE = "tests/kernels/hostile_kernels.py"
 CASE = load_catalog()["edge_tail_tile_3_tokens"]
@@ -33,8 +34,6 @@ def golden_backend():
 
 
 def test_a_supervised_golden_gives_the_golden_bits(golden_backend):
-    import golden
-    from properties.acceptance import split_bundle
     tensors, scalars = split_bundle(CASE.inputs())
     here = golden.paged_attention_fp8_loop(**tensors, **scalars)
     there = golden_backend.paged_attention_fp8(**tensors, **scalars)

@@ -4,14 +4,21 @@ The kernel under test is tests/kernels/upstream_convention_kernels.py (ours behi
 signature, and its error paths); PyPTO-Gym's own file is not in this repository."""
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
 import golden
 import kernels
+from cases import cli
 from golden.errors import UsageError
+from kernels.backends import KernelSource
 from kernels.backends.upstream import UpstreamTileConfig, parse_name, upstream_tile_config
+from properties.acceptance import judge
+from properties.case import Case
+from properties.strategies import At12Case
 
 FILE = "tests/kernels/upstream_convention_kernels.py"
 
@@ -29,7 +36,7 @@ def test_names(name, expected):
 
 @pytest.mark.parametrize("name", ["pypto-gym:", "pypto-gym", "gym:k.py", "pypto-gym-cpu:k.py"])
 def test_bad_names_are_usage_errors(name):
-    with pytest.raises(UsageError, match="must be pypto-gym:PATH.py"):
+    with pytest.raises(UsageError, match=r"must be pypto-gym:PATH.py"):
         parse_name(name)
 
 
@@ -61,15 +68,12 @@ def test_loading_errors_name_the_source(pypto_module, name, match):
 
 @pytest.mark.sim
 def test_our_kernel_behind_the_upstream_signature_passes_the_rule(pypto_module):
-    from properties.acceptance import judge
-    from properties.case import Case
 
     backend = kernels.get_backend(f"pypto-gym:{FILE}:paged_attention")
     assert backend.name == f"pypto-gym:{FILE}:paged_attention" and backend.codec is golden.PYPTO_CALCULATOR_CODEC
     config = golden.PagedAttentionConfig(batch=2, s1=2, s2=300, nq=8, nkv=2, kv_act_seqs=(300, 5), garbage="nan")
     verdict = judge(backend, Case(config, 4))
     assert verdict.passed, verdict.message()
-    from properties.strategies import At12Case
     with pytest.raises(kernels.BackendUnavailable, match="no AT-12 entry"):
         backend.qk_matmul_scale(*At12Case(4, 8, 128, "uniform", 0).operands())
 
@@ -78,7 +82,6 @@ def test_our_kernel_behind_the_upstream_signature_passes_the_rule(pypto_module):
 def test_a_failed_compile_is_an_error_and_the_next_case_passes(pypto_module, tmp_path):
     """Isolation: the kernel fails while traced for s2_tile 256; the run reports that case as an error
     and the next case, in the same process, passes (W7 resets pypto after the failure)."""
-    from cases import cli
     report = tmp_path / "r.json"
     status = cli.main(["run", "--backend", f"pypto-gym:{FILE}:fails_on_wide_tiles", "--cases",
                        "edge_tail_tile_3_tokens,pfa_fp8_b2_s1_1_s2_1k", "--examples", "0", "--regressions",
@@ -92,10 +95,7 @@ def test_a_failed_compile_is_an_error_and_the_next_case_passes(pypto_module, tmp
 
 @pytest.mark.sim
 def test_the_kernel_file_is_named_by_its_sha256_and_function(pypto_module):
-    import hashlib
-    from pathlib import Path
 
-    from kernels.backends import KernelSource
     backend = kernels.get_backend(f"pypto-gym:{FILE}:paged_attention")
     assert backend.kernel_source == KernelSource(FILE, str(Path(FILE).resolve()),
                                                  hashlib.sha256(Path(FILE).read_bytes()).hexdigest(), "paged_attention")

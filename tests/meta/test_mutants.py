@@ -11,16 +11,19 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ledger_marks import survivor_params
 
 import golden
 from cases.measuring import mutants as matrix
+from golden import PagedAttentionConfig
+from golden.matmul import exact_matmul
 from kernels import KernelRunError
-from kernels.mutants import MUTANTS, get_mutant
+from kernels.mutants import MUTANTS, get_mutant, kernel_level
 from kernels.mutants.staged import StagedGolden
 from properties import compare as cmp
-from properties.acceptance import call, split_bundle
-from ledger_marks import survivor_params
 from properties import law_examples
+from properties.acceptance import call, split_bundle
+from properties.case import Case
 
 GOLDEN = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is None]
 EQUIVALENT = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is not None]
@@ -62,7 +65,6 @@ def test_the_reference_and_the_equivalent_mutants_are_the_golden_bit_for_bit(exa
 
 
 def test_kernel_mutants_change_one_snippet_of_a_copy_never_the_kernel_file():
-    from kernels.mutants import kernel_level
     source = kernel_level._SOURCE.read_bytes()
     for name, mutant in kernel_level.KERNEL_MUTANTS.items():
         text = kernel_level.mutated_source(name)
@@ -107,9 +109,6 @@ def test_a_zero_sum_is_plus_zero_in_every_route():
     product -0 for some channels; the staged golden's float64 matmul returned -0, the vectorized golden's +0.
     Every route now adds +0 to its exact sums (golden/matmul.py), so the reference and the equivalent
     mutants are the golden bit for bit there too."""
-    from golden import PagedAttentionConfig
-    from golden.matmul import exact_matmul
-    from properties.case import Case
     p8, v = torch.full((4, 1), 448.0), torch.zeros((1, 64))
     v[0, 5] = -0.0
     assert bool(torch.signbit(torch.matmul(p8.double(), v.double()))[0, 5])       # the library gives -0 here

@@ -7,9 +7,11 @@ import jsonschema
 import pytest
 
 from cases import cli
+from cases.data.collect import collect_items, generated_cases
 from cases.measuring import mutants as matrix
-from kernels import get_backend
-from kernels.mutants import MUTANTS
+from kernels import KernelRunError, get_backend
+from kernels.mutants import MUTANTS, get_mutant
+from properties.acceptance import judge
 
 # The fields issue 12 names, and what a reader of the JSON relies on.
 SCHEMA = {
@@ -118,9 +120,6 @@ def test_the_list_names_every_mutant(capsys):
 def test_latency_counts_the_generated_cases_before_the_first_kill_in_both_orders(tmp_path, capsys):
     """`mutants --latency` (cases/measuring/kill_latency.py): the position of each mutant's first failing
     generated case, in the run's (directed) order and the plain one; a survivor is examples + 1."""
-    from cases.data.collect import collect_items, generated_cases
-    from kernels import KernelRunError
-    from properties.acceptance import judge
     report = tmp_path / "latency.json"
     status = cli.main(["mutants", "--latency", "--level", "golden", "--examples", "4",
                        "--mutants", "no_max_subtraction,softmax_scale_before_dequant", "--json", str(report)])
@@ -131,7 +130,6 @@ def test_latency_counts_the_generated_cases_before_the_first_kill_in_both_orders
     assert rows["softmax_scale_before_dequant"]["first"] == {"directed": None, "plain": None}   # the ledger survivor
     assert data["summary"]["directed"]["worst"] == 5 and data["summary"]["directed"]["killed"] == 1
     # The positions are the first failing cases of exactly those two orders.
-    from kernels.mutants import get_mutant
     mutant = get_mutant("no_max_subtraction")
     orders = {"directed": [i.case for i in collect_items("catalog", examples=4, seed=0) if i.source == "generated"],
               "plain": generated_cases(4, 0)}

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import pytest
+from doubles import DropLastS2Tile
+
+from properties import law_examples
 
 
 @pytest.fixture(scope="session")
 def examples_for(backend):
     """``examples_for(law)``: the law's ``(case, params)`` examples for the backend under test
     (kernel-sized for a kernel backend: its ``supported_shapes``), properties/law_examples.py."""
-    from properties import law_examples
 
     def strategy(law: str):
         return law_examples.examples(law, backend)
@@ -18,7 +20,6 @@ def examples_for(backend):
 @pytest.fixture
 def drop_last_tile_backend():
     """A backend that is wrong on purpose: it skips the last s2 tile (see doubles.py)."""
-    from doubles import DropLastS2Tile
     return DropLastS2Tile()
 
 

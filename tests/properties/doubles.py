@@ -5,6 +5,8 @@ Each is importable by file path, which is how a captured regression names it, so
 """
 from __future__ import annotations
 
+import torch
+
 from kernels.backends.golden_backend import GoldenBackend
 
 
@@ -49,7 +51,6 @@ class ReadsTheNextColumn(GoldenBackend):
     name = "tests/properties/doubles.py:ReadsTheNextColumn"
 
     def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kwargs):
-        import torch
         shifted = torch.cat([block_table[:, 1:], torch.full_like(block_table[:, :1], -1)], dim=1).clamp(min=0)
         return super().paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, shifted.contiguous(),
                                            kv_act_seqs, **kwargs)

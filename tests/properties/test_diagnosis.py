@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import golden
 import kernels
 from cases.data.catalog import load_catalog
 from cases.data.collect import generated_cases
+from golden import PagedAttentionConfig
 from kernels.backends.golden_backend import GoldenBackend
 from kernels.mutants import MUTANTS, get_mutant
-from golden import PagedAttentionConfig
 from properties import laws, ledger
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
@@ -60,7 +61,6 @@ def test_the_readme_example_names_the_neighbouring_kv_head():
 def test_a_defect_no_model_has_is_said_so_with_the_closest():
     case = _SMALL[0]
     tensors, scalars = split_bundle(case.inputs())
-    import golden
     expected = golden.paged_attention_fp8(**tensors, **scalars)
     out = (expected.float() * 1.02).bfloat16()               # every output 2% too large: no model does that
     found = diagnose(out, expected, tensors, scalars)
@@ -88,7 +88,6 @@ def test_every_model_names_a_spec_stage_and_the_models_leave_the_inputs_alone():
     case = _SMALL[0]
     tensors, scalars = split_bundle(case.inputs())
     before = {k: v.clone() for k, v in tensors.items()}
-    import golden
     expected = golden.paged_attention_fp8(**tensors, **scalars)
     diagnose((expected.float() + 1).bfloat16(), expected, tensors, scalars)
     assert all(torch.equal(before[k].view(torch.uint8) if before[k].dtype.itemsize == 1 else before[k], 

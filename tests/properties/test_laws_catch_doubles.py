@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 import torch
+from doubles import HalveAtWideTiles, ReadsTheNextColumn
 from hypothesis import assume, find, given, settings
 from hypothesis import strategies as st
 
 import golden
-from doubles import HalveAtWideTiles, ReadsTheNextColumn
 from properties import laws
 from properties import strategies as ps
 

@@ -3,11 +3,14 @@ and that the ledger as committed names only what exists."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import Phase, find, settings
+from hypothesis.errors import NoSuchExample
 
 import golden
+import kernels
 from cases.data import regressions
 from kernels.mutants import MUTANTS
-from properties import ledger
+from properties import law_examples, ledger
 
 CONFIG = golden.PagedAttentionConfig(batch=1, s1=3, s2=5, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16)
 
@@ -62,10 +65,6 @@ def test_an_entry_that_names_nothing_is_an_error():
 
 
 def test_property_searches_draw_no_example_a_domain_finding_matches(monkeypatch):
-    from hypothesis import Phase, find, settings
-    from hypothesis.errors import NoSuchExample
-    import kernels
-    from properties import law_examples
     golden_backend = kernels.get_backend("golden")
     in_domain = lambda c: c.s1 > 1        # noqa: E731
     causal = lambda ex: ex[0].config.s1 > 1        # noqa: E731

@@ -14,6 +14,7 @@ import kernels
 from properties import compare as cmp
 from properties.acceptance import judge
 from properties.case import Case
+from properties.case import Case as C
 
 CASE = Case(golden.PagedAttentionConfig(batch=4, s1=3, s2=513, nq=4, nkv=1, head_dim=128, block_size=128, s2_tile=256,
                                         g_tile=1, kv_act_seqs=(513, 429, 129, 36), max_blocks=7, num_blocks=15,
@@ -97,7 +98,6 @@ def test_a_kernel_that_halves_its_output_fails_on_degenerate_rows():
     admits almost any mixture of V rows; step 8 bounds the output as a near-convex combination of the V
     rows that can matter, so a kernel that halves its output fails there under SPEC_MODEL, while the
     conforming variants pass."""
-    from properties.case import Case as C
     case = C(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=2, nkv=1, head_dim=128, block_size=128, s2_tile=256,
                                          kv_act_seqs=(300, 140), distribution="wide"), seed=3)
     kwargs = case.inputs().kwargs()

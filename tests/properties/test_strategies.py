@@ -35,7 +35,7 @@ def test_configs_keep_their_promises(config):
     assert c.g_tile is None or c.g_tile < c.nq // c.nkv
     assert c.max_blocks - widest in (0, 1, 2), (c.max_blocks, widest)
     assert c.num_blocks - needed in (0, 1, 2, 3), (c.num_blocks, needed)      # needed >= 1: a token at least
-    for n, row in zip(c.lengths, c.block_table):
+    for n, row in zip(c.lengths, c.block_table, strict=True):
         assert all(p == -1 for p in row[math.ceil(n / c.block_size):]), row
 
 
@@ -77,7 +77,7 @@ def test_block_tables_are_valid(data):
     table = data.draw(ps.block_tables(lengths, block_size=bs), label="table")
     used = [p for row in table.table for p in row if p >= 0]
     assert len(used) == len(set(used)) and all(0 <= p < table.num_blocks for p in used)
-    for n, row in zip(lengths, table.table):
+    for n, row in zip(lengths, table.table, strict=True):
         k = math.ceil(n / bs)
         assert all(p >= 0 for p in row[:k]) and all(p == -1 for p in row[k:])
 
@@ -126,7 +126,7 @@ def test_configs_reach(name, predicate):
 
 
 def _valid_rows(c):
-    return [row[:math.ceil(n / c.block_size)] for n, row in zip(c.lengths, c.block_table)]
+    return [row[:math.ceil(n / c.block_size)] for n, row in zip(c.lengths, c.block_table, strict=True)]
 
 
 def _identity(c):
