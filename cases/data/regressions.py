@@ -36,9 +36,11 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -245,6 +247,9 @@ def _check_schema(name: str, data) -> None:
                          f"got {len(case['values'])}")
 
 
+RECAPTURE_WAIT_S = 5.0     # how long load() reads again while a case is being re-captured
+
+
 class _Recaptured(Exception):
     """The record named an .npz that a re-capture has since replaced."""
 
@@ -259,10 +264,18 @@ def load(id_or_path, *, directory=None) -> Regression:
             raise UsageError(f"regression {id_or_path!r}: not an id (the name of a case file in the folder, "
                              "as `pfa-verify cases list` shows it) nor a path to a .json file")
         p = globals()["directory"](directory) / f"{id_or_path}.json"
-    for _ in range(3):
+    # A capture swaps the record and its tensors in two renames: a read between them finds the tensors
+    # the record names gone and reads again. Writers in a tight loop can win a few times in a row (seen
+    # with three under load), so the reads back off, for at most RECAPTURE_WAIT_S in all.
+    deadline = time.monotonic() + RECAPTURE_WAIT_S
+    for attempt in itertools.count(1):
         with contextlib.suppress(_Recaptured):
             return _load_record(p, id_or_path)
-    raise UsageError(f"{p.name}: re-captured three times while it was read; read it again")
+        if time.monotonic() >= deadline:
+            raise UsageError(f"{p.name}: re-captured {attempt} times while it was read ({RECAPTURE_WAIT_S:g} s); "
+                             "read it again")
+        time.sleep(min(0.2, 0.005 * 2 ** attempt))
+    raise AssertionError("unreachable")
 
 
 def _load_record(p: Path, id_or_path) -> Regression:

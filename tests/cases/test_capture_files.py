@@ -222,8 +222,9 @@ def test_prune_removes_leftovers_and_says_each(tmp_path, capsys):
 def test_prune_in_a_folder_it_cannot_change_is_one_line(tmp_path, capsys, monkeypatch, probe_too):
     (tmp_path / "0123456789.npz").write_bytes(b"x")
     unlink = os.unlink
-    def refuse(path, *args, **kwargs):
-        if not probe_too and ".pfa-verify-probe-" in str(path):
+    def refuse(path, *args, **kwargs):     # in this folder only (the cache folder is probed too)
+        inside, probe = str(path).startswith(str(tmp_path)), ".pfa-verify-probe-" in str(path)
+        if not inside or (probe and not probe_too):
             return unlink(path, *args, **kwargs)
         raise OSError(30, "Read-only file system", str(path))
     monkeypatch.setattr(os, "unlink", refuse)
