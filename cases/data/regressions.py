@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -216,7 +215,7 @@ def _load_tensors(folder: Path, record: str, data: dict, config) -> dict:
     name = data["tensors"]
     want = capture_tensors.expected(config)
     if data.get("arrays") is not None and data["arrays"] != want:
-        differ = next((f"{a}" for a, w in zip(data["arrays"], want, strict=True) if a != w), f"{len(data['arrays'])} arrays")
+        differ = next((f"{a}" for a, w in zip(data["arrays"], want, strict=False) if a != w), f"{len(data['arrays'])} arrays")
         raise UsageError(f"{record}: its arrays are not those its config implies (first: {differ})")
     try:
         blob = capture_files.read_regular(folder / name, MAX_NPZ_BYTES,
@@ -267,15 +266,15 @@ def load(id_or_path, *, directory=None) -> Regression:
     # A capture swaps the record and its tensors in two renames: a read between them finds the tensors
     # the record names gone and reads again. Writers in a tight loop can win a few times in a row (seen
     # with three under load), so the reads back off, for at most RECAPTURE_WAIT_S in all.
-    deadline = time.monotonic() + RECAPTURE_WAIT_S
-    for attempt in itertools.count(1):
+    deadline, attempt = time.monotonic() + RECAPTURE_WAIT_S, 0
+    while True:
+        attempt += 1
         with contextlib.suppress(_Recaptured):
             return _load_record(p, id_or_path)
         if time.monotonic() >= deadline:
             raise UsageError(f"{p.name}: re-captured {attempt} times while it was read ({RECAPTURE_WAIT_S:g} s); "
                              "read it again")
         time.sleep(min(0.2, 0.005 * 2 ** attempt))
-    raise AssertionError("unreachable")
 
 
 def _load_record(p: Path, id_or_path) -> Regression:

@@ -45,6 +45,7 @@ from golden.codec import get_codec
 from golden.errors import UsageError
 from golden.model import declared_model
 from golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
+from kernels.backends.loader import import_named_module, load_file_module
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "spec_codec_options", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
@@ -223,8 +224,6 @@ def use_backend_threads(backend) -> None:
     constructing one must not change the process it is made in."""
     threads = getattr(backend, "threads", None)
     if threads:
-        import torch  # noqa: PLC0415 - it subclasses Backend, defined here
-
         torch.set_num_threads(threads)
 
 
@@ -357,7 +356,6 @@ def _load_file_factory(name: str):
     """(module, attribute) named by 'path/to/file.py:factory' (a test double kept outside any package),
     the path relative to the working directory or the project root (kernels/backends/loader.py)."""
 
-    from kernels.backends.loader import load_file_module  # noqa: PLC0415 - it subclasses Backend, defined here
 
     path, _, attr = name.rpartition(":")
     candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
@@ -372,7 +370,7 @@ BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim":
 
 
 def _pypto_gym(name: str, *, device=None, **options):
-    from kernels.backends.upstream import make_backend  # noqa: PLC0415 - it subclasses Backend, defined here
+    from kernels.backends.upstream import make_backend  # noqa: PLC0415 - it imports this module
     return make_backend(name, device=device, **options)
 
 
@@ -418,7 +416,6 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if ":" not in name:
         raise UsageError(f"name={name!r} is not a backend; expected one of {sorted(BUILTIN_BACKENDS)} "
                          "or an import path 'package.module:factory'")
-    from kernels.backends.loader import import_named_module  # noqa: PLC0415 - it subclasses Backend, defined here
     try:
         if ".py:" in name:
             module, attr = _load_file_factory(name)

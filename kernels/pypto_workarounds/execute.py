@@ -35,7 +35,7 @@ def _signature(wrapper, args) -> tuple:
     pypto = _common.STATE["pypto"]
     defs = wrapper._cached_signature[0]
     statics = []
-    for t, d in zip(args[:len(defs)], defs, strict=True):   # missing arguments: the wrapper's own call names them
+    for t, d in zip(args[:len(defs)], defs, strict=False):   # missing arguments: the wrapper's own call names them
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"W9: argument {d.name} must be a torch.Tensor, got {type(t).__name__}")
         dynamic = {i for i, dim in enumerate(d.shape) if isinstance(dim, pypto.SymbolicScalar)

@@ -123,6 +123,8 @@ DAMAGE = {
                                                   fix_sha=False), "records: the file was damaged or replaced"),
     "record's arrays disagree": (lambda f, d, p: d["arrays"][2]["shape"].__setitem__(0, 7),
                                  "its arrays are not those its config implies"),
+    "record lists fewer arrays": (lambda f, d, p: d["arrays"].pop(),
+                                  "its arrays are not those its config implies (first: 7 arrays)"),
     "tensors outside the folder": (lambda f, d, p: d.update(tensors="../x.npz"), "field 'tensors': '../x.npz' does not match"),
     "format 3 without sha256": (lambda f, d, p: d.pop("tensors_sha256"), "missing field(s) ['tensors_sha256']"),
     "old record, 1 of 16 arrays": (lambda f, d, p: (d.update(format=2, tensors_sha256=None, arrays=None),
