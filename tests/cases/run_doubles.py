@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,10 +58,18 @@ class CalculatorCodec(GoldenBackend):
 
 def golden_on_worker_0_only(**options):
     """The golden in the supervisor's worker 0; BackendUnavailable in any other (a device only worker 0
-    has): the other workers run nothing, worker 0 runs every case, and the report says so."""
+    has): the other workers run nothing, worker 0 runs every case, and the report says so.
 
+    Worker 0 loads only once worker 1 has refused (a marker file beside their driver's pid, at most 60 s):
+    otherwise a short run can end while worker 1 is still importing, and then it has refused nothing yet."""
+    refused = Path(tempfile.gettempdir()) / f"pfa-verify-test-refused-{os.getppid()}"
     if os.environ.get("PFA_VERIFY_WORKER_SLOT", "0") != "0":
+        refused.touch()
         raise BackendUnavailable("no device for this worker")
+    deadline = time.monotonic() + 60
+    while not refused.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    refused.unlink(missing_ok=True)
     return GoldenBackend()
 
 
