@@ -1,6 +1,7 @@
 """``pfa-verify cases list | show | replay | prune``: the captured regressions (cases/data/regressions.py)
 from the command line. cases/cli/__init__.py adds this subcommand with :func:`add_arguments`; the exit status
-follows its rule (0 passed, 1 a replayed case still fails, 2 could not run).
+follows its rule (0 passed, 1 a replayed case still fails or `list` found an unreadable case file,
+2 could not run).
 """
 from __future__ import annotations
 
@@ -25,16 +26,22 @@ def _cmd_list(args) -> int:
     ids = regressions.list_ids(directory=args.dir)
     if not ids:
         print(f"no captured regressions in {regressions.directory(args.dir)}")
+    unreadable = 0
     for rid in ids:
         try:
             print(regressions.load(rid, directory=args.dir).summary())
         except UsageError as exc:   # damaged, half-written by an older writer, or not a case file at all
+            unreadable += 1
             print(f"{rid}  unreadable: {exc}")
     stale, young = regressions.leftovers(args.dir)
     for item in stale:
         print(f"leftover {item.name}: {item.why} (`pfa-verify cases prune` removes it)")
     for item in young:
         print(f"leftover {item.name}: {item.why}")
+    if unreadable:
+        # Damaged evidence is a finding, not a listing detail: a script that checks the folder must see it.
+        print(f"{unreadable} of {len(ids)} case files unreadable")
+        return 1
     return 0
 
 

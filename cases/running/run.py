@@ -44,6 +44,7 @@ from cases.running.capture import capture_case, write_failure
 from cases.running.pool import Pool, task_resources, worker_backend
 from cases.running.shrink import capture_generated, signature
 from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
+from golden import memory_limit
 from kernels import BackendUnavailable, Skip
 from kernels.backends import limit_time, use_backend_threads
 from kernels.backends.contract import capabilities_of
@@ -165,7 +166,7 @@ class _Call:
     given: dict
     scalars: dict
     known: Any            # its properties.ledger entry, or None
-    started: float
+    prepared_in: float    # seconds to build it (the kernel's own come with its reply)
 
 
 _HOST = socket.gethostname()
@@ -177,14 +178,12 @@ def _verdict(item: Item, backend_name: str, seconds: float = 0.0, **fields) -> C
                        seconds=seconds, node=_HOST, **fields)
 
 
-def _prepare(backend, item: Item, *, deadline: float | None) -> CaseVerdict | _Call:
+def _not_run(backend, item: Item, known, *, deadline: float | None) -> CaseVerdict | None:
     """The verdict of a case that does not reach the kernel (cannot load, over budget, quarantined, a
-    backend skip), or its call."""
-    start = time.perf_counter()
+    backend skip), or None: the one check before every kernel call, a paged case's or a law replay's."""
     if item.load_error is not None:
         return _verdict(item, backend.name, error=CaseError(kind="case file", message=f"the captured case cannot be "
                                                                                       f"loaded: {item.load_error}"))
-    known = ledger.lookup(item.regression, backend.name, config=getattr(item.case, "config", None))
     skip = None
     if deadline is not None and (why_not := _over_budget(backend, item, deadline)):
         skip = Skip("budget", why_not)
@@ -192,19 +191,28 @@ def _prepare(backend, item: Item, *, deadline: float | None) -> CaseVerdict | _C
         skip = Skip("quarantined", f"quarantined: {known.reason}")
     elif item.case is not None:
         skip = backend.skip_reason(item.case.config)
-    if skip is not None:
-        return _verdict(item, backend.name, skip=skip)
+    return None if skip is None else _verdict(item, backend.name, skip=skip)
+
+
+def _prepare(backend, item: Item, *, deadline: float | None) -> CaseVerdict | _Call:
+    """The verdict of a case that does not reach the kernel (:func:`_not_run`), or its call."""
+    start = time.perf_counter()
+    known = ledger.lookup(item.regression, backend.name, config=getattr(item.case, "config", None))
+    if (verdict := _not_run(backend, item, known, deadline=deadline)) is not None:
+        return verdict
     # what reaches the kernel is a paged case: collect_items gives one to every catalog and generated
     # item and to every acceptance record (another law's record is replayed instead, run_item)
     assert item.case is not None
     tensors, scalars = split_bundle(item.case.inputs())
-    return _Call(item, tensors, {k: v.clone() for k, v in tensors.items()}, scalars, known, start)
+    return _Call(item, tensors, {k: v.clone() for k, v in tensors.items()}, scalars, known,
+                 time.perf_counter() - start)
 
 
 def _judged(backend, call: _Call, reply) -> CaseVerdict:
     """The verdict of one kernel call's reply (kernels.backends.supervisor.Reply), by the one rule."""
     item = call.item
-    seconds = time.perf_counter() - call.started
+    # preparing plus the call itself: not the time a prepared call spent queued behind another (_run_supervised)
+    seconds = call.prepared_in + reply.seconds
     facts = dict(seconds=seconds, attempts=reply.attempts, retry_cause=reply.retry_cause)
     for k, new in reply.changed.items():          # what the kernel wrote into its inputs, as it would have here
         if call.given[k].shape == new.shape and call.given[k].dtype == new.dtype:
@@ -236,10 +244,15 @@ def _ledgered(verdict: CaseVerdict, known) -> CaseVerdict:
     return dataclasses.replace(verdict, ledger_broken=known.reason)
 
 
-def _law_replay(backend, item: Item, regressions_dir) -> CaseVerdict:
-    """A captured case of another law (``item.record``), replayed through the backend (blocking calls)."""
+def _law_replay(backend, item: Item, regressions_dir, *, deadline: float | None) -> CaseVerdict:
+    """A captured case of another law (``item.record``), replayed through the backend (blocking calls),
+    after the checks every kernel call passes (:func:`_not_run`: a shape the backend declares it does
+    not support is a skip here too, not a replay of a kernel outside its contract)."""
     reg, start = item.record, time.perf_counter()
     assert reg is not None                        # called for the items that carry a record only
+    known = ledger.lookup(item.regression, backend.name, config=getattr(item.case, "config", None))
+    if (verdict := _not_run(backend, item, known, deadline=deadline)) is not None:
+        return verdict
     try:
         regressions.replay(reg, backend, directory=regressions_dir)
     except AssertionError as exc:
@@ -252,7 +265,7 @@ def _law_replay(backend, item: Item, regressions_dir) -> CaseVerdict:
         return _verdict(item, backend.name, time.perf_counter() - start, error=CaseError(kind=kind, message=text))
     else:
         law = LawReplay(law=reg.law, passed=True, message=f"law {reg.law} holds")
-    return _verdict(item, backend.name, time.perf_counter() - start, law=law)
+    return _ledgered(_verdict(item, backend.name, time.perf_counter() - start, law=law), known)
 
 
 def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call | None, *, capture: bool,
@@ -284,7 +297,7 @@ def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, de
     what the kernel does. A catalog failure is captured only when ``capture`` (a Ray task leaves that
     to the driver)."""
     if item.record is not None:
-        return _law_replay(backend, item, regressions_dir)
+        return _law_replay(backend, item, regressions_dir, deadline=deadline)
     prepared = _prepare(backend, item, deadline=deadline)
     if isinstance(prepared, CaseVerdict):
         return prepared
@@ -323,14 +336,27 @@ def _run_supervised(backend, supervisor, backend_name: str, items: list, *, work
         if stop():
             return done
         note("start", items[k], None)
-        done[k] = _annotated(backend_name, items[k], _law_replay(backend, items[k], regressions_dir), None,
+        done[k] = _annotated(backend_name, items[k], _law_replay(backend, items[k], regressions_dir, deadline=deadline), None,
                              capture=capture, regressions_dir=regressions_dir)
         note("done", items[k], done[k])
     queue = [k for k in order if items[k].record is None]
     flying: dict = {}
 
+    memory = memory_limit()
+
+    def room() -> bool:
+        # One call queued ahead per worker, so that the next case's inputs are made while the workers
+        # compute (on a host with a core to spare, the isolation then costs no wall time), but never two
+        # cases held at once that together pass the one-case memory limit (golden.inputs.check_size).
+        if supervisor.idle() > 0:
+            return True
+        if len(flying) >= 2 * workers or items[queue[0]].case is None:
+            return False
+        held = sum(items[j].case.config.estimated_bytes() for j in flying)
+        return held + items[queue[0]].case.config.estimated_bytes() <= memory
+
     def hand_out() -> None:
-        while queue and supervisor.idle() > 0 and not stop():
+        while queue and room() and not stop():
             k = queue.pop(0)
             prepared = _prepare(backend, items[k], deadline=deadline)
             if isinstance(prepared, CaseVerdict):

@@ -53,7 +53,8 @@ from kernels.backends import BackendUnavailable, KernelRunError, Skip, runs_on_n
 from kernels.backends.contract import Capabilities, CostEstimate
 
 __all__ = ["BackendSpec", "KernelFault", "KernelRaised", "Reply", "Supervisor", "SupervisedBackend",
-           "GuardedBackend", "RETRIES", "LOAD_TIMEOUT_S", "describe_failure", "kill_all"]
+           "GuardedBackend", "RETRIES", "LOAD_TIMEOUT_S", "LOG_DIR_PREFIX", "describe_failure", "kill_all",
+           "remove_orphaned_logs"]
 
 #: A call whose worker ended runs this many more times (in new processes) before it is a fault.
 RETRIES = 1
@@ -61,6 +62,40 @@ RETRIES = 1
 LOAD_TIMEOUT_S = 600.0
 #: Seconds between looks at the workers' processes (one that ended while a child it forked keeps its pipe).
 _POLL_S = 0.5
+#: The workers' log folder of a driver: ``<tmp>/pfa-verify-workers-<driver pid>-<random>``.
+LOG_DIR_PREFIX = "pfa-verify-workers-"
+
+
+def remove_orphaned_logs(root: str | None = None) -> list[Path]:
+    """Remove the workers' log folders of drivers that are gone, and return them.
+
+    :meth:`Supervisor.close` removes its own folder; a driver killed with SIGKILL cannot, and its workers
+    die by ``PR_SET_PDEATHSIG`` (SIGKILL too), so the next driver sweeps: a folder whose name carries a
+    pid that no longer runs and that belongs to this user. A live pid (the driver itself, or a reused pid)
+    keeps its folder: a leftover kept is harmless, a live run's logs removed are not."""
+    removed: list[Path] = []
+    base = Path(root or tempfile.gettempdir())
+    try:
+        entries = list(base.glob(f"{LOG_DIR_PREFIX}*"))
+    except OSError:
+        return removed
+    for folder in entries:
+        pid_text = folder.name[len(LOG_DIR_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue    # an older driver's folder (no pid in its name): its owner cannot be told
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except OSError:
+            continue    # PermissionError: the pid runs under another user
+    return removed
+
+
 #: The tail of a worker's log quoted in a fault's message.
 _LOG_TAIL = 1500
 
@@ -278,7 +313,8 @@ class Supervisor:
         self.workers = workers
         self.case_timeout = case_timeout
         self.capabilities: Capabilities | None = None
-        self._log_dir = Path(tempfile.mkdtemp(prefix="pfa-verify-workers-"))
+        remove_orphaned_logs()
+        self._log_dir = Path(tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{os.getpid()}-"))
         self._outbox: queue.Queue = queue.Queue()
         self._slots: list[_Worker | None] = [None] * workers
         self._queue: list[_Job] = []

@@ -15,6 +15,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -46,6 +47,12 @@ class SmallOnly(GoldenBackend):
     def skip_reason(self, config):
         scores = config.batch * config.s1 * config.nq * config.s2
         return Skip("limit", f"{scores} scores is over this double's limit of 10000") if scores > 10_000 else None
+
+
+class HeadDim128Only(GoldenBackend):
+    """The golden, declaring the shapes our kernel is built for (kernels/config.py KERNEL_SHAPES)."""
+    name = "tests/cases/run_doubles.py:HeadDim128Only"
+    supported_shapes: ClassVar[dict] = {"head_dim": (128,), "block_size": (128,)}
 
 
 class CalculatorCodec(GoldenBackend):

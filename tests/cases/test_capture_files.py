@@ -152,9 +152,10 @@ def test_a_damaged_capture_is_refused_by_load_and_listed_unreadable(tmp_path, ca
         with pytest.raises(ValueError) as refused:
             regressions.load(reg.id, directory=tmp_path)
         assert reason in str(refused.value) and "\n" not in str(refused.value)
-        assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(reg.id)]
-    assert lines == [f"{reg.id}  unreadable: {refused.value}"]
+        assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 1     # damaged evidence is a finding
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith(reg.id)] == [f"{reg.id}  unreadable: {refused.value}"]
+    assert out[-1] == "1 of 1 case files unreadable"
 
 
 def test_an_old_record_whose_arrays_are_right_still_loads(tmp_path):
@@ -199,8 +200,9 @@ def test_prune_removes_leftovers_and_says_each(tmp_path, capsys):
     (tmp_path / "fedcba9876.json").write_text("{")            # unreadable: its .npz may be its evidence
     kept_npz = tmp_path / "fedcba9876-0123456789ab.npz"
     kept_npz.write_bytes(b"x")
-    assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 0
+    assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 1          # fedcba9876 is unreadable
     out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "1 of 2 case files unreadable" and reg.summary() in out
     assert f"leftover {orphan.name}: an .npz no case file names (`pfa-verify cases prune` removes it)" in out
     assert f"leftover {fresh.name}: a temporary file 0 s old: a capture may be writing it" in out
     assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--dry-run", "--backend", "none"]) == 0

@@ -328,6 +328,19 @@ def test_comparisons_count_only_the_ones_made_and_a_skip_names_no_reference(tmp_
     assert "1 skipped (1 limit), 0 errors; 1 comparisons;" in data["summary"]["verdict"]
 
 
+def test_a_captured_case_of_another_law_outside_the_backends_shapes_is_skipped_not_replayed(tmp_path):
+    """A law replay passes the checks every kernel call passes: a shape the backend says it is not built for
+    is a skip (unsupported), as for a paged case, never a replay of the kernel outside its contract."""
+    paged = {r: regs.load(r).to_case() for r in regs.list_ids() if regs.load(r).law != "acceptance"}
+    rids = [r for r, case in paged.items() if getattr(case, "config", None) is not None and case.config.head_dim != 128]
+    assert rids, "the shipped captures hold a law case of another head_dim (cases/regressions/)"
+    report = tmp_path / "law.json"
+    status = cli.main(["run", "--backend", "tests/cases/run_doubles.py:HeadDim128Only", "--cases", rids[0],
+                       "--examples", "0", "--no-capture", "--json", str(report)])
+    (row,) = json.loads(report.read_text())["results"]
+    assert (row["verdict"], row["skip_kind"]) == ("skipped", "unsupported") and status == 1   # a skip not allowed
+
+
 def test_a_captured_case_of_another_law_names_that_law_as_its_reference(tmp_path):
     """A captured case of a law other than acceptance is checked by that law (two calls of the backend, not a
     golden under some codec): its row says so ('law NAME'), under any backend's codec."""

@@ -5,7 +5,10 @@ backend: none passes, each ends as the failure it is, and the next call gets a w
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,15 @@ from cases.data.catalog import load_catalog
 from golden.errors import UsageError
 from kernels import BackendUnavailable, KernelRunError
 from kernels.backends import wire
-from kernels.backends.supervisor import BackendSpec, KernelFault, KernelRaised, SupervisedBackend, Supervisor
+from kernels.backends.supervisor import (
+    LOG_DIR_PREFIX,
+    BackendSpec,
+    KernelFault,
+    KernelRaised,
+    SupervisedBackend,
+    Supervisor,
+    remove_orphaned_logs,
+)
 from properties.acceptance import InputsModified, judge, split_bundle
 
 HOSTILE = "tests/kernels/hostile_kernels.py"
@@ -165,6 +176,31 @@ def test_workers_end_with_their_supervisor(golden_backend):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_the_logs_of_a_driver_killed_with_sigkill_are_removed_by_the_next_one(tmp_path):
+    """SIGKILL leaves no time to clean up: the next supervisor removes a folder whose driver is gone, and
+    keeps a live driver's and one whose owner its name does not tell."""
+    program = ("import time\n"
+               "from kernels.backends.supervisor import BackendSpec, Supervisor\n"
+               "s = Supervisor(BackendSpec(name='golden')); s.start()\n"
+               "print(s._log_dir, flush=True); time.sleep(600)")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", program],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        killed = Path(driver.stdout.readline().strip())
+    finally:
+        driver.kill()
+        driver.wait()
+    assert killed.parent == tmp_path and killed.name.startswith(f"{LOG_DIR_PREFIX}{driver.pid}-")
+    assert killed.is_dir() and any(killed.glob("worker-0-*.log"))
+    live = tmp_path / f"{LOG_DIR_PREFIX}{os.getpid()}-abcd"
+    unnamed = tmp_path / f"{LOG_DIR_PREFIX}abcd1234"
+    for folder in (live, unnamed):
+        folder.mkdir()
+    assert remove_orphaned_logs(str(tmp_path)) == [killed]
+    assert not killed.exists() and live.is_dir() and unnamed.is_dir()
 
 
 # -- the wire: data only, bounded ---------------------------------------------------------------
