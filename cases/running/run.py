@@ -336,13 +336,16 @@ def _run_supervised(backend, supervisor, backend_name: str, items: list, *, work
         if stop():
             return done
         note("start", items[k], None)
-        done[k] = _annotated(backend_name, items[k], _law_replay(backend, items[k], regressions_dir, deadline=deadline), None,
-                             capture=capture, regressions_dir=regressions_dir)
+        replayed = _law_replay(backend, items[k], regressions_dir, deadline=deadline)
+        done[k] = _annotated(backend_name, items[k], replayed, None, capture=capture, regressions_dir=regressions_dir)
         note("done", items[k], done[k])
     queue = [k for k in order if items[k].record is None]
     flying: dict = {}
 
     memory = memory_limit()
+
+    def size(k: int) -> int:
+        return items[k].case.config.estimated_bytes() if items[k].case is not None else 0
 
     def room() -> bool:
         # One call queued ahead per worker, so that the next case's inputs are made while the workers
@@ -350,10 +353,7 @@ def _run_supervised(backend, supervisor, backend_name: str, items: list, *, work
         # cases held at once that together pass the one-case memory limit (golden.inputs.check_size).
         if supervisor.idle() > 0:
             return True
-        if len(flying) >= 2 * workers or items[queue[0]].case is None:
-            return False
-        held = sum(items[j].case.config.estimated_bytes() for j in flying)
-        return held + items[queue[0]].case.config.estimated_bytes() <= memory
+        return len(flying) < 2 * workers and sum(map(size, flying)) + size(queue[0]) <= memory
 
     def hand_out() -> None:
         while queue and room() and not stop():

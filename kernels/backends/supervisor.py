@@ -84,16 +84,24 @@ def remove_orphaned_logs(root: str | None = None) -> list[Path]:
         if not pid_text.isdigit():
             continue    # an older driver's folder (no pid in its name): its owner cannot be told
         try:
-            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(pid_text), 0)
+            mine = not folder.is_symlink() and folder.is_dir() and folder.stat().st_uid == os.getuid()
+        except OSError:
             continue
-        except ProcessLookupError:
+        if mine and not _running(int(pid_text)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
-        except OSError:
-            continue    # PermissionError: the pid runs under another user
     return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts: it is not ours to judge)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 #: The tail of a worker's log quoted in a fault's message.

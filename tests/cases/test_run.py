@@ -19,6 +19,7 @@ from kernels import BackendUnavailable
 from kernels.backends.golden_backend import GoldenBackend
 from kernels.backends.sim import SimBackend
 from kernels.backends.sim_cost import MEMORY_CAP_BYTES, Estimate
+from kernels.backends.supervisor import Supervisor
 from properties import ledger
 from properties.case import Case
 
@@ -326,6 +327,24 @@ def test_comparisons_count_only_the_ones_made_and_a_skip_names_no_reference(tmp_
     assert rows["edge_causal_s1_3_short"]["verdict"] == "pass" and rows["edge_causal_s1_3_short"]["reference"] == "spec"
     assert status == 0 and data["summary"]["comparisons"] == 1
     assert "1 skipped (1 limit), 0 errors; 1 comparisons;" in data["summary"]["verdict"]
+
+
+@pytest.mark.parametrize("limit, ahead", [(None, True), (1, False)], ids=["room for two", "room for one"])
+def test_one_call_is_queued_ahead_unless_two_cases_would_pass_the_memory_limit(tmp_path, monkeypatch, limit, ahead):
+    """The driver hands the worker its next case while it computes the last (the isolation's cost, issue 36),
+    but never holds two cases whose estimates together pass the one-case limit: the calls pending at each
+    hand-over say which it did."""
+    pending, submit = [], Supervisor.submit
+
+    def recorded(self, *args, **kwargs):
+        pending.append(self.pending)
+        return submit(self, *args, **kwargs)
+    monkeypatch.setattr(Supervisor, "submit", recorded)
+    if limit is not None:
+        monkeypatch.setattr(runner, "memory_limit", lambda: limit)
+    status, data = _run(tmp_path, examples=4)
+    assert status == 0 and len(pending) == data["summary"]["comparisons"] >= 4
+    assert (max(pending) >= 1) is ahead, pending
 
 
 def test_a_captured_case_of_another_law_outside_the_backends_shapes_is_skipped_not_replayed(tmp_path):
