@@ -27,15 +27,16 @@ from typing import Any, TypeAlias
 import golden
 from golden.paging import ceil_div
 
-__all__ = ["Bin", "Coverage", "BINS", "CROSSES", "classify", "coverage", "bin_names"]
+__all__ = ["Bin", "Coverage", "BINS", "CROSSES", "Facts", "classify", "coverage", "coverage_text", "bin_names",
+           "facts_of"]
 
-#: What the bins read of one case (:func:`_facts`): counts, lists of lengths and names, by fact.
+#: What the bins read of one case (:func:`facts_of`): counts, lists of lengths and names, by fact.
 Facts: TypeAlias = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class Bin:
-    """A named corner: ``hit(facts)`` on the facts :func:`_facts` reads from a case's config."""
+    """A named corner: ``hit(facts)`` on the facts :func:`facts_of` reads from a case's config."""
     name: str
     spec: str
     description: str
@@ -47,8 +48,8 @@ def _rows(config: golden.PagedAttentionConfig) -> list[tuple[int, int]]:
     return [(length, max(0, length - (config.s1 - 1 - i))) for length in config.lengths for i in range(config.s1)]
 
 
-def _facts(config: golden.PagedAttentionConfig) -> Facts:
-    """What the bins read, computed once per case."""
+def facts_of(config: golden.PagedAttentionConfig) -> Facts:
+    """What the bins read, computed once per case (properties/separation.py reads them too)."""
     rows = _rows(config)
     seen = [cur for _, cur in rows if cur > 0]
     bs, tile = config.block_size, config.s2_tile
@@ -165,23 +166,31 @@ def bin_names() -> tuple[str, ...]:
 
 def classify(config: golden.PagedAttentionConfig) -> frozenset[str]:
     """The names of the bins and crosses one case (a golden.PagedAttentionConfig) falls in."""
-    facts = _facts(config)
+    facts = facts_of(config)
     return frozenset(b.name for b in BINS + CROSSES if b.hit(facts))
 
 
 @dataclasses.dataclass(frozen=True)
 class Coverage:
-    """Hit counts of every bin and cross over a selection of cases."""
+    """Hit counts of every bin and cross over a selection of cases; ``errored``: the bins that no checked
+    case hit and a case that ended in an error did (those corners were tried, not checked: not holes of
+    the selection, and not evidence either)."""
     counts: dict[str, int]
     cases: int
+    errored: frozenset[str] = frozenset()
 
     @property
     def holes(self) -> tuple[str, ...]:
-        return tuple(b.name for b in BINS if not self.counts[b.name])
+        return tuple(b.name for b in BINS if not self.counts[b.name] and b.name not in self.errored)
+
+    @property
+    def not_checked(self) -> tuple[str, ...]:
+        """Bins and crosses hit only by cases that ended in an error."""
+        return tuple(b.name for b in BINS + CROSSES if not self.counts[b.name] and b.name in self.errored)
 
     @property
     def cross_holes(self) -> tuple[str, ...]:
-        return tuple(b.name for b in CROSSES if not self.counts[b.name])
+        return tuple(b.name for b in CROSSES if not self.counts[b.name] and b.name not in self.errored)
 
     @classmethod
     def from_hits(cls, hits: Mapping[str, int], cases: int) -> Coverage:
@@ -190,15 +199,7 @@ class Coverage:
 
     def line(self, what: str = "checked case(s)") -> str:
         """One line: bins and crosses hit by the ``cases`` (``what`` they are), and the holes."""
-        singles = len(BINS) - len(self.holes)
-        crosses = len(CROSSES) - len(self.cross_holes)
-        text = (f"Coverage: {singles}/{len(BINS)} bins and {crosses}/{len(CROSSES)} crosses hit by {self.cases} "
-                f"{what}")
-        if self.holes:
-            text += "; holes: " + ", ".join(self.holes)
-        if self.cross_holes:
-            text += "; cross holes: " + ", ".join(self.cross_holes)
-        return text
+        return coverage_text(self.to_dict(), what)
 
     def missing(self, required: Iterable[str]) -> tuple[str, ...]:
         """The required bins (names, or "all" for every single bin) that no case hit."""
@@ -208,15 +209,37 @@ class Coverage:
     def to_dict(self) -> dict[str, Any]:
         return {"cases": self.cases, "bins": {b.name: {"hits": self.counts[b.name], "spec": b.spec}
                                               for b in BINS + CROSSES},
-                "holes": list(self.holes), "cross_holes": list(self.cross_holes)}
+                "holes": list(self.holes), "cross_holes": list(self.cross_holes), "not_checked": list(self.not_checked)}
 
 
-def coverage(configs: Iterable[golden.PagedAttentionConfig]) -> Coverage:
-    """Hit counts of every bin and cross over ``configs`` (golden.PagedAttentionConfig values)."""
+def coverage_text(cv: Mapping[str, Any], what: str = "checked case(s)") -> str:
+    """:meth:`Coverage.line` of a :meth:`Coverage.to_dict` (as a report holds it): the bins and crosses
+    hit, the holes (no case tried them), and the corners only erroring cases reached (not checked)."""
+    singles = [n for n in cv["bins"] if " x " not in n]
+    crosses = [n for n in cv["bins"] if " x " in n]
+    unchecked = list(cv.get("not_checked", ()))
+    hit_singles = len(singles) - len(cv["holes"]) - len([n for n in unchecked if " x " not in n])
+    hit_crosses = len(crosses) - len(cv["cross_holes"]) - len([n for n in unchecked if " x " in n])
+    text = (f"Coverage: {hit_singles}/{len(singles)} bins and {hit_crosses}/{len(crosses)} crosses hit by "
+            f"{cv['cases']} {what}")
+    if cv["holes"]:
+        text += "; holes (no case drawn there): " + ", ".join(cv["holes"])
+    if cv["cross_holes"]:
+        text += "; cross holes: " + ", ".join(cv["cross_holes"])
+    if unchecked:
+        text += "; not checked (only erroring cases reached them): " + ", ".join(unchecked)
+    return text
+
+
+def coverage(configs: Iterable[golden.PagedAttentionConfig],
+             errored: Iterable[golden.PagedAttentionConfig] = ()) -> Coverage:
+    """Hit counts of every bin and cross over ``configs`` (golden.PagedAttentionConfig values, the checked
+    cases); ``errored``: the configs of cases that ended in an error (:attr:`Coverage.not_checked`)."""
     counts = {b.name: 0 for b in BINS + CROSSES}
     cases = 0
     for config in configs:
         cases += 1
         for name in classify(config):
             counts[name] += 1
-    return Coverage(counts, cases)
+    tried = frozenset(name for config in errored for name in classify(config))
+    return Coverage(counts, cases, tried)

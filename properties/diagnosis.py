@@ -1,24 +1,21 @@
-"""Diagnosis: which defect explains a failing case (issue 29).
+"""Diagnosis: which defect explains a failing case.
 
 A red verdict says where a kernel's output differs from the golden; this module says *what* could make
-it differ so. A :class:`FaultModel` is a deviation of the golden, a function of the case alone (never of a
-known kernel), named by the SPEC §2 stage it changes. Two families:
-
-- **input-level models**, parameterized: the golden run on inputs changed the way a defect reads them (a
-  scale entry of the neighbouring KV head, batch or token; a scale missing or inverted; the softmax
-  scale missing or applied twice; lengths off by one or of the next batch). Cheap: one vectorized golden
-  call each.
-- **stage models**, seeded from the golden-level mutant catalog (kernels/mutants): one stage of the
-  staged golden changed (causal offset, table column, GQA head map, the online rescale, P's
-  quantization, empty rows, ...). Each is the mutant's stage as a function of the case.
+it differ so. The candidates are the fault models of properties/fault_models.py: deviations of the golden,
+functions of the case alone, each named by the SPEC §2 stage it changes.
 
 :func:`diagnose` evaluates the models on the failing case's inputs, cheapest first, within a time budget,
 and scores each against the kernel's output with the one comparison core (properties.compare, SPEC §4's
 tolerance around the model's output): how much of the mismatch it *explains* (mismatched elements where
 the kernel lies within tolerance of the model) and how much it *breaks* (elements that matched the golden
-and do not match the model). The best few are reported with their stage and scores, or the report says
-that no model explains the failure and which comes closest. Deterministic: the same case, backend output
-and budget give the same report (the budget cuts the list at a model boundary).
+and do not match the model). Deterministic: the same case, backend output and budget give the same report
+(the budget cuts the list at a model boundary).
+
+One case cannot tell apart models that coincide on it (a shrunk case of lengths ``[0, 1]`` is as much
+"one token short" as "batch 0's length"), so properties/probes.py runs the kernel on neighbours of the case
+built to split the leading candidates, and a :class:`Probe` that a candidate does not explain refutes it.
+A candidate is *identified* only when it explains every mismatch on the case and on every probe, and no
+model of another stage does as well; otherwise the report says "not identified" and which comes closest.
 
 Never a verdict: a diagnosis is rendered beside a failure the rule already decided.
 """
@@ -26,43 +23,35 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any
 
 import torch
 
 import golden
 from golden.codec import Fp8Codec
-from kernels.backends.contract import KernelBackend
-from kernels.mutants.golden_level import GOLDEN_MUTANTS
-from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 from properties import compare as cmp
 from properties.acceptance import Judgement, Scalars, Tensors
+from properties.fault_models import FaultModel, fault_models
 
-__all__ = ["FaultModel", "Candidate", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "EXPLAINS",
-           "DEFAULT_BUDGET_S"]
+__all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "score",
+           "failing_codec", "model_output", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]
 
 #: A model *explains* a failure when it accounts for at least this share of the mismatched elements and
 #: breaks at most 1 - EXPLAINS of the matching ones.
 EXPLAINS = 0.9
-#: Seconds of model evaluation per case (the report says how many models ran within it).
-DEFAULT_BUDGET_S = 20.0
-
-#: A fault model's output: (tensors, scalars, codec) -> the bf16 output of a kernel with the defect.
-ModelOutput: TypeAlias = Callable[[Tensors, Scalars, Fp8Codec | str | None], torch.Tensor]
-#: An input-level defect: (tensors, scalars) -> the changed (tensors, scalars).
-Change: TypeAlias = Callable[[Tensors, Scalars], tuple[Tensors, Scalars]]
-
-
-@dataclasses.dataclass(frozen=True)
-class FaultModel:
-    """One defect as a deviation of the golden: ``output(tensors, scalars, codec)`` is the bf16 output a
-    kernel with this defect computes on the case (ValueError: the model does not apply to the case)."""
-    name: str
-    stage: str                      # the SPEC §2 stage it changes, as a reader would look for it
-    description: str
-    output: ModelOutput = dataclasses.field(repr=False, compare=False)
-    cost: int = 1                   # 1: one vectorized golden call; 2: the staged (loop) golden
+#: A model not identified *comes close* (is shown as the closest) when it explains at least this share of
+#: the mismatched elements and breaks at most 1 - CLOSE of the matching ones.
+CLOSE = 0.5
+#: Seconds of model evaluation per case (the report says how many models ran within it). With the probes'
+#: budget (properties/probes.py) a diagnosis stays within about 10 s on the upstream catalog's largest cases.
+DEFAULT_BUDGET_S = 7.0
+#: A case of more batches than this, and more visible work (tokens x query heads x D summed over the
+#: batches) than SCREEN_WORK, is screened first: every model on a few of its batches, the best SCREEN_KEEP
+#: on the whole case. The golden's cost grows with the tokens it gathers, so a sub-case of 3 of 16 batches
+#: costs about 3/16 of the case (measured: all 51 models on B=16, S2=8192, NKV=2 took 16 s, one thread).
+SCREEN_BATCHES = 3
+SCREEN_WORK = 50_000_000
+SCREEN_KEEP = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,240 +82,212 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True)
+class Probe:
+    """The kernel run on one neighbour of the diagnosed case (properties/probes.py): what was changed, what
+    the kernel did there against the golden, and which candidates its output refutes (it does not lie
+    within tolerance of the candidate's output wherever it differs from the golden, or the candidate
+    breaks more than 1 - EXPLAINS of what matched)."""
+    change: str                     # what differs from the diagnosed case: "kv_act_seqs [128] -> [127]"
+    outcome: str                    # "fails", "passes" or "error" (the kernel raised: refutes nothing)
+    refuted: tuple[str, ...] = ()
+    detail: str = ""                # the mismatch count, or the error's first line
+
+    def render(self) -> str:
+        said = f"{self.change}: {self.outcome}" + (f" ({self.detail})" if self.detail else "")
+        return said + (f", refutes {', '.join(self.refuted)}" if self.refuted else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "outcome": self.outcome, "refuted": list(self.refuted), "detail": self.detail}
+
+
+@dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """The best candidates (best first), how many models were evaluated and in how long, and the budget."""
+    """The best candidates (best first), how many models were evaluated and in how long, the budget, the
+    codec the failing comparison used, and the probes run on neighbours of the case (properties/probes.py)."""
     candidates: tuple[Candidate, ...]
     evaluated: int
     available: int
     seconds: float
     budget_s: float
+    codec: str = golden.SPEC_CODEC.name     # the failing comparison's codec, by golden.get_codec's name
+    probes: tuple[Probe, ...] = ()
+    probe_note: str = ""            # the probes' cost and budget, or why none ran
+    screened: str = ""              # how the models were screened on a sub-case ("": every one on the case)
+
+    @property
+    def refuted(self) -> frozenset[str]:
+        """The candidates a probe refuted."""
+        return frozenset(name for p in self.probes for name in p.refuted)
+
+    @property
+    def standing(self) -> tuple[Candidate, ...]:
+        """The candidates no probe refuted, best first."""
+        return tuple(c for c in self.candidates if c.model not in self.refuted)
+
+    @property
+    def leading(self) -> tuple[Candidate, ...]:
+        """The candidates that explain the failure on the case (what the probes set out to tell apart)."""
+        return tuple(c for c in self.candidates if c.explains)
+
+    @property
+    def identified(self) -> Candidate | None:
+        """The candidate the evidence names, or None. It explains every mismatched element (and breaks at
+        most 1 - EXPLAINS of the matching ones), no probe refuted it, and every rival that is not refuted
+        and explains the failure as well changes the same SPEC stage (models alike on this evidence: the
+        stage is named, the models listed). A rival of another stage still standing, or a best that leaves
+        a mismatch unexplained, is no name."""
+        standing = self.standing
+        if not standing:
+            return None
+        best = standing[0]
+        if not (best.explains and best.explained == best.mismatched):
+            return None
+        if any(c.explains and c.stage != best.stage for c in standing[1:]):
+            return None
+        return best
+
+    @property
+    def close(self) -> tuple[Candidate, ...]:
+        """The standing candidates that come close: they explain at least CLOSE of the mismatch and break at
+        most 1 - CLOSE of the matching elements; the most explained net of what they break first. A model
+        that explains every mismatch by breaking nearly everything else (a row written as 0 "explains" a
+        row that is wrong) is no clue to what the kernel does, and is not shown as one."""
+        close = [c for c in self.standing if c.explained_share >= CLOSE and c.broken_share <= 1 - CLOSE]
+        return tuple(sorted(close, key=lambda c: -(c.explained_share - c.broken_share)))
+
+    @property
+    def closest(self) -> Candidate | None:
+        """The identified candidate, else the first that comes close (:attr:`close`), else None."""
+        return self.identified or next(iter(self.close), None)
 
     @property
     def explained(self) -> bool:
-        return bool(self.candidates) and self.candidates[0].explains
+        return self.identified is not None
+
+    def with_probes(self, probes: tuple[Probe, ...], note: str) -> Diagnosis:
+        return dataclasses.replace(self, probes=self.probes + probes, probe_note=note)
 
     def render(self, top: int = 3, note: str = "") -> str:
-        """One line: the model that explains the failure (and the runners-up), or the closest one; ``note``
-        ends the cost in parentheses (which case the models ran on)."""
+        """One line: the model that explains the failure, or that none is identified and the closest; at most
+        ``top`` candidates named, the others counted; the probes and what they refuted; ``note`` ends the
+        cost in parentheses (which case the models ran on)."""
         if not self.candidates:
             return f"Diagnosis: no fault model applies to this case ({self._cost()}{note})"
 
         def one(c: Candidate) -> str:
             return (f"{c.model} [{c.stage}] explains {c.explained}/{c.mismatched} mismatches, breaks "
                     f"{c.broken}/{c.matching} matching elements")
-        best = self.candidates[0]
-        same = [c for c in self.candidates[1:] if (c.explained, c.broken) == (best.explained, best.broken)]
-        rest = [c for c in self.candidates[1 + len(same):top + len(same)] if c.explained]
-        head = (f"Diagnosis: {one(best)}: {best.description}" if best.explains else
-                f"Diagnosis: no fault model explains this failure; closest: {one(best)}")
-        # Models that give the same output here cannot be told apart on this case: named, not ranked.
-        alike = f"; alike on this case: {', '.join(c.model for c in same)}" if same else ""
-        tail = "; next: " + "; ".join(f"{c.model} {c.explained_share:.0%} explained, {c.broken_share:.0%} broken"
-                                      for c in rest) if rest else ""
-        return head + alike + tail + f" ({self._cost()}{note})"
+        standing = self.standing or self.candidates
+        best = standing[0]
+        fitting = [c for c in standing[1:] if c.explains]
+        if self.identified is not None:
+            # Models of the same stage that explain it as well cannot be told apart here: named, not ranked.
+            alike = fitting[:top - 1]
+            head = f"Diagnosis: {one(best)}: {best.description}"
+            head += (f"; alike on this evidence (the same stage): {', '.join(c.model for c in alike)}"
+                     if alike else "")
+            shown = 1 + len(alike)
+        elif fitting and any(c.stage != best.stage for c in fitting):
+            rivals = fitting[:top - 1]
+            head = ("Diagnosis: not identified: models of different stages explain this failure alike: "
+                    + "; ".join(f"{c.model} [{c.stage}] {c.explained_share:.0%} explained, {c.broken_share:.0%} broken"
+                                for c in [best, *rivals]))
+            shown = 1 + len(rivals)
+        else:
+            what = ("every model that explains the case is refuted by a probe" if not self.standing
+                    else "no fault model explains this failure")
+            closest = self.closest
+            if closest is None:
+                head = (f"Diagnosis: not identified: {what}, and none comes close (none explains half the mismatches "
+                        f"while breaking at most half the matching elements)")
+                shown = 0
+            else:
+                rest = [c for c in self.close if c is not closest][:top - 1]
+                head = f"Diagnosis: not identified: {what}; closest: {one(closest)}"
+                head += ("; next: " + "; ".join(f"{c.model} {c.explained_share:.0%} explained, {c.broken_share:.0%} "
+                                                "broken" for c in rest)) if rest else ""
+                shown = 1 + len(rest)
+        more = len(standing) - shown
+        tail = f"; {more} more model{'s' if more != 1 else ''} not shown" if more > 0 else ""
+        refuted = [c.model for c in self.candidates if c.model in self.refuted]
+        if self.probes:
+            tail += "; probes: " + "; ".join(p.render() for p in self.probes)
+        if refuted:
+            tail += f"; refuted by the probes: {', '.join(refuted[:top])}" + (
+                f" and {len(refuted) - top} more" if len(refuted) > top else "")
+        return head + tail + f" ({self._cost()}{note})"
 
     def _cost(self) -> str:
         cut = f", budget {self.budget_s:g} s reached" if self.evaluated < self.available else ""
-        return f"{self.evaluated} of {self.available} models in {self.seconds:.1f} s{cut}"
+        screened = f", {self.screened}" if self.screened else ""
+        probes = f"; {self.probe_note}" if self.probe_note else ""
+        return f"{self.evaluated} of {self.available} models in {self.seconds:.1f} s{screened}{cut}{probes}"
 
     def to_dict(self, top: int = 5) -> dict[str, Any]:
-        return {"explained": self.explained, "candidates": [c.to_dict() for c in self.candidates[:top]],
+        closest = self.closest
+        return {"explained": self.explained, "identified": None if self.identified is None else self.identified.model,
+                "closest": None if closest is None else closest.model,
+                "candidates": [c.to_dict() | {"refuted": c.model in self.refuted} for c in self.candidates[:top]],
                 "evaluated": self.evaluated, "available": self.available, "seconds": round(self.seconds, 2),
-                "budget_s": self.budget_s}
-
-
-# -- the input-level models --------------------------------------------------------------------------
-
-def _golden_on(change: Change) -> ModelOutput:
-    """A model output: the golden on inputs changed by ``change(tensors, scalars)`` (copies)."""
-    def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
-        t, s = change(dict(tensors), dict(scalars))
-        by_name: dict[str, Any] = t         # mypy cannot match a dict's keys to the tensor parameters
-        return golden.paged_attention_fp8(**by_name, **s, codec=codec)
-    return output
-
-
-def _with(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Change:
-    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
-        t[name] = value(t[name])
-        return t, s
-    return change
-
-
-def _roll(dims: int, shift: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def value(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[dims] < 2:
-            raise ValueError("only one entry along that axis: no neighbour to read")
-        return x.roll(shift, dims=dims).contiguous()
-    return value
-
-
-def _first(dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def value(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[dims] < 2:
-            raise ValueError("only one entry along that axis: reading the first is no defect")
-        return x.narrow(dims, 0, 1).expand_as(x).contiguous()
-    return value
-
-
-def _heads_of_zero(*names: str) -> Change:
-    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
-        for name in names:
-            t[name] = _first(2)(t[name])
-        return t, s
-    return change
-
-
-def _softmax(factor: Callable[[float], float]) -> Change:
-    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
-        scale = s.get("softmax_scale") or t["q"].shape[-1] ** -0.5
-        s["softmax_scale"] = factor(scale)
-        return t, s
-    return change
-
-
-def _lengths(value: Callable[[torch.Tensor], torch.Tensor]) -> Change:
-    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
-        t["kv_act_seqs"] = value(t["kv_act_seqs"]).clamp(min=0).to(torch.int32)
-        return t, s
-    return change
-
-
-_MM1 = "MM1 scales, SPEC §2.3"
-_MM2 = "MM2 and the V scale, SPEC §2.3"
-_PAGING = "lengths and paging, SPEC §2.1-2.2"
-
-
-def _input_models() -> list[FaultModel]:
-    ones = torch.ones_like
-    models = [
-        ("v_scale_of_kv_head_n-1", _MM2, "V's dequant scale is read from KV head n - 1", _with("v_scale", _roll(1, 1))),
-        ("v_scale_of_kv_head_n+1", _MM2, "V's dequant scale is read from KV head n + 1", _with("v_scale", _roll(1, -1))),
-        ("v_scale_of_batch_b-1", _MM2, "V's dequant scale is read from batch b - 1", _with("v_scale", _roll(0, 1))),
-        ("v_scale_of_batch_b+1", _MM2, "V's dequant scale is read from batch b + 1", _with("v_scale", _roll(0, -1))),
-        ("v_scale_missing", _MM2, "V's dequant scale is not applied", _with("v_scale", ones)),
-        ("v_scale_inverted", _MM2, "V is multiplied by its quantization scale instead of the dequant scale",
-         _with("v_scale", torch.reciprocal)),
-        ("q_scale_of_head_h-1", _MM1, "Q's dequant scale is read from query head h - 1", _with("q_scale", _roll(1, 1))),
-        ("q_scale_of_token_row-1", _MM1, "Q's dequant scale is read from the previous token row",
-         _with("q_scale", _roll(0, 1))),
-        ("q_scale_missing", _MM1, "Q's dequant scale is not applied", _with("q_scale", ones)),
-        ("q_scale_inverted", _MM1, "Q is multiplied by its quantization scale instead of the dequant scale",
-         _with("q_scale", torch.reciprocal)),
-        ("k_scale_of_kv_head_n-1", _MM1, "K's dequant scale is read from KV head n - 1", _with("k_scale", _roll(2, 1))),
-        ("k_scale_missing", _MM1, "K's dequant scale is not applied", _with("k_scale", ones)),
-        ("k_scale_inverted", _MM1, "K is multiplied by its quantization scale instead of the dequant scale",
-         _with("k_scale", torch.reciprocal)),
-        ("softmax_scale_missing", _MM1, "softmax_scale is not applied", _softmax(lambda s: 1.0)),
-        ("softmax_scale_twice", _MM1, "softmax_scale is applied twice", _softmax(lambda s: s * s)),
-        ("v_scale_of_batch_0", _MM2, "every batch reads batch 0's V scale", _with("v_scale", _first(0))),
-        ("kv_of_kv_head_0", _PAGING, "K and V are gathered from KV head 0 for every head (their scales are not)",
-         _heads_of_zero("k_cache", "v_cache")),
-        ("lengths_one_short", _PAGING, "every batch walks kv_act_seqs[b] - 1 tokens", _lengths(lambda x: x - 1)),
-        ("lengths_one_long", _PAGING, "every batch walks kv_act_seqs[b] + 1 tokens", _lengths(lambda x: x + 1)),
-    ]
-    return [FaultModel(name, stage, text, _golden_on(change)) for name, stage, text, change in models]
-
-
-# -- the stage models, seeded from the golden-level mutant catalog -------------------------------------
-
-_STAGE_OF_METHOD = {
-    "visible_length": "visible length, SPEC §2.1", "query_heads": "GQA head map, SPEC §2.2",
-    "token_slots": "paging, SPEC §2.2", "clamp": "paging (-1 entries), SPEC §2.2",
-    "tile_tokens": "the tile walk, SPEC §2.3", "cut": "the tile walk, SPEC §2.3",
-    "key_scales": _MM1, "scores": _MM1, "local_softmax": "local softmax, SPEC §2.3",
-    "quantize_p": "P quantization, SPEC §2.3 and §3", "value_scales": _MM2, "tile_values": _MM2,
-    "update": "online update, SPEC §2.3", "finalize": "output, SPEC §2.4", "write_empty_row": "empty rows, SPEC §2.5",
-}
-
-
-#: Mutants whose defect lies in another stage than the method they override (P's scale per column is a
-#: quantization defect, carried out where MM2 reads it back).
-_STAGE_OF_MUTANT = {"p_quantized_per_column": "P quantization, SPEC §2.3 and §3"}
-
-
-def _stage_models() -> list[FaultModel]:
-    models = []
-    for name, cls in GOLDEN_MUTANTS.items():
-        if cls.equivalent is not None:
-            continue
-        # The stage the class itself changes, else the one its mutant base changes (_FullTiles, _Recurrence).
-        own = [k for k in cls.__mro__ if issubclass(k, StagedGolden) and k is not StagedGolden]
-        changed = [m for k in own for m in _STAGE_OF_METHOD if m in vars(k)]
-        stage = _STAGE_OF_MUTANT.get(name) or (_STAGE_OF_METHOD[changed[0]] if changed else "SPEC §2")
-
-        def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None,
-                   cls: type[StagedGolden] = cls) -> torch.Tensor:
-            backend: KernelBackend = cls(codec=codec)
-            by_name: dict[str, Any] = tensors   # as in _golden_on
-            return backend.paged_attention_fp8(**by_name, **scalars)
-        # kernels.mutants' catalog refuses, at import, a golden mutant without a docstring (it names the bug).
-        assert cls.__doc__ is not None
-        models.append(FaultModel(name, stage, " ".join(cls.__doc__.split()), output, cost=2))
-    return models
-
-
-def _own_stage_models() -> list[FaultModel]:
-    """Stage models written here, for defects the golden-level catalog does not hold (the staged golden of
-    kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column."""
-
-    class PScaleNotInverted(StagedGolden):
-        def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
-            return p8, torch.reciprocal(p_scale)
-
-    class PClamped(StagedGolden):
-        top = 240.0
-
-        def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            # round(min(y, c)) = min(round(y), c) for an E4M3 value c: the rounding is monotone
-            p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
-            return p8.clamp(max=self.top), p_scale
-
-    class RunningMaxNotUpdated(WrittenOutUpdate):
-        store_max = False
-
-    class TableColumnShifted(StagedGolden):
-        shift = 1
-
-        def token_slots(self, block_table: torch.Tensor, b: int, tokens: torch.Tensor,
-                        start: int) -> tuple[torch.Tensor, torch.Tensor]:
-            bs, width = self.dims.block_size, block_table.shape[1]
-            columns = (tokens // bs + self.shift).clamp(0, width - 1)
-            return block_table[b, columns].long().clamp(min=0), tokens % bs
-
-    class TableColumnShiftedBack(TableColumnShifted):
-        shift = -1
-
-    def run(cls: type[StagedGolden]) -> ModelOutput:
-        def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
-            backend: KernelBackend = cls(codec=codec)
-            by_name: dict[str, Any] = tensors   # as in _golden_on
-            return backend.paged_attention_fp8(**by_name, **scalars)
-        return output
-    return [
-        FaultModel("p_scale_not_inverted", "P quantization, SPEC §2.3 and §3",
-                   "P is dequantized with its quantization scale (448 / max P) instead of its reciprocal",
-                   run(PScaleNotInverted), cost=2),
-        FaultModel("p_clamped_to_240", "P quantization, SPEC §2.3 and §3",
-                   "P's scaled values are clamped to 240 before the E4M3 cast (the IEEE-style E4M3's largest value)",
-                   run(PClamped), cost=2),
-        FaultModel("running_max_not_updated", "online update, SPEC §2.3",
-                   "the running max keeps the first tile's value (m = m' is never stored)", run(RunningMaxNotUpdated), cost=2),
-        FaultModel("table_column_plus_one", "paging, SPEC §2.2",
-                   "every block reads the block-table column one too far (-1 entries read as block 0)",
-                   run(TableColumnShifted), cost=2),
-        FaultModel("table_column_minus_one", "paging, SPEC §2.2",
-                   "every block reads the block-table column one too early", run(TableColumnShiftedBack), cost=2),
-    ]
-
-
-def fault_models() -> list[FaultModel]:
-    """Every fault model, cheapest first (input-level, then stage models)."""
-    return _input_models() + _own_stage_models() + _stage_models()
+                "budget_s": self.budget_s, "screened": self.screened, "probes": [p.to_dict() for p in self.probes],
+                "probe_note": self.probe_note}
 
 
 # -- matching -------------------------------------------------------------------------------------------
+
+def score(out: torch.Tensor, mismatch: torch.Tensor, faulty: torch.Tensor, model: FaultModel) -> Candidate | None:
+    """``model``'s :class:`Candidate` on one output: ``mismatch`` is where ``out`` differs from the golden
+    (properties.compare's mismatch mask) and ``faulty`` the model's output; None when the model's output
+    cannot be compared with the kernel's (another shape or non-finite placement: it does not apply)."""
+    res = cmp.compare(out, faulty, kind="attention")
+    if res.attribute is not None:
+        return None
+    differs = res.mismatch_mask
+    assert differs is not None        # compare sets the mask whenever the attributes agree
+    return Candidate(model.name, model.stage, model.description, int((mismatch & ~differs).sum()),
+                     int(mismatch.sum()), int((~mismatch & differs).sum()), int((~mismatch).sum()))
+
+
+def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
+                 codec: Fp8Codec | str | None) -> torch.Tensor | None:
+    """``model``'s output on the case, or None when the model does not apply. The models are the golden's
+    own code on changed inputs: they replace a tensor, never write into one, so the tensors are shared (a
+    copy of K and V per model was an eighth of a diagnosis' time on the largest upstream case)."""
+    try:
+        with torch.inference_mode():
+            return model.output(dict(tensors), dict(scalars), codec)
+    except (ValueError, TypeError, IndexError, RuntimeError):    # the model does not apply to this case
+        return None
+
+
+def _screen_batches(mismatch: torch.Tensor, tensors: Tensors) -> list[int] | None:
+    """The batches a large case is screened on (:data:`SCREEN_BATCHES` of them: batch 0, which the
+    batch-0 models read, the first batch holding a mismatch and its successor, else the next ones), or
+    None when the case is small enough for every model on it."""
+    lengths = tensors["kv_act_seqs"]
+    batch = int(lengths.shape[0])
+    q = tensors["q"]
+    if batch <= SCREEN_BATCHES or int(lengths.clamp(min=0).sum()) * q.shape[1] * q.shape[2] <= SCREEN_WORK:
+        return None
+    failing = mismatch.reshape(batch, -1).any(dim=1).nonzero().flatten().tolist()
+    first = failing[0] if failing else 0
+    chosen = [0, first, first + 1, *range(1, batch)]
+    return sorted(dict.fromkeys(b for b in chosen if b < batch))[:SCREEN_BATCHES]
+
+
+def _batches_of(tensors: Tensors, batches: list[int]) -> Tensors:
+    """The case's tensors restricted to ``batches`` (the caches and K's scale shared: blocks are global)."""
+    batch = int(tensors["kv_act_seqs"].shape[0])
+    s1 = tensors["q"].shape[0] // batch
+    rows = torch.tensor([b * s1 + i for b in batches for i in range(s1)])
+    index = torch.tensor(batches)
+    return {**tensors, "q": tensors["q"][rows], "q_scale": tensors["q_scale"][rows], "v_scale": tensors["v_scale"][index],
+            "block_table": tensors["block_table"][index], "kv_act_seqs": tensors["kv_act_seqs"][index]}
+
+
+def _rank(scored: list[tuple[Candidate, int]]) -> list[tuple[Candidate, int]]:
+    return sorted(scored, key=lambda sc: (-sc[0].explained_share, sc[0].broken_share, sc[1]))
+
 
 def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalars: Scalars, *,
              codec: Fp8Codec | str | None = None,
@@ -334,43 +295,63 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
     """Score every fault model (``models``, default :func:`fault_models`) against the kernel's output ``out``
     on the case's inputs, within ``budget_s`` seconds; ``expected`` is the golden's output under ``codec``
     (the comparison that failed). Candidates come best first: most of the mismatch explained, then fewest
-    matching elements broken, then the cheaper model."""
+    matching elements broken, then the cheaper model. A large case (:data:`SCREEN_WORK`) is screened: every
+    model on a few of its batches, the best :data:`SCREEN_KEEP` scored on the whole case (the report says so)."""
     models = fault_models() if models is None else models
+    codec_name = golden.get_codec(codec).name
     against_golden = cmp.compare(out, expected, kind="attention")
     if against_golden.attribute is not None:
-        return Diagnosis((), 0, len(models), 0.0, budget_s)
+        return Diagnosis((), 0, len(models), 0.0, budget_s, codec=codec_name)
     mismatch = against_golden.mismatch_mask
     assert mismatch is not None       # compare sets the mask whenever the attributes agree
-    mismatched, matching = int(mismatch.sum()), int((~mismatch).sum())
-    scored, start, evaluated = [], time.perf_counter(), 0
+    start = time.perf_counter()
+    screen = _screen_batches(mismatch, tensors)
+    if screen is None:
+        on, out_on, mismatch_on = tensors, out, mismatch
+    else:
+        on = _batches_of(tensors, screen)
+        s1 = out.shape[0] // int(tensors["kv_act_seqs"].shape[0])
+        rows = torch.tensor([b * s1 + i for b in screen for i in range(s1)])
+        out_on, mismatch_on = out[rows], mismatch[rows]
+    scored, evaluated = [], 0
     for model in models:
         if evaluated and time.perf_counter() - start > budget_s:      # at least one model, whatever the budget
             break
         evaluated += 1
-        try:
-            with torch.inference_mode():
-                faulty = model.output({k: v.clone() for k, v in tensors.items()}, dict(scalars), codec)
-        except (ValueError, TypeError, IndexError, RuntimeError):    # the model does not apply to this case
-            continue
-        res = cmp.compare(out, faulty, kind="attention")
-        if res.attribute is not None:
-            continue
-        differs = res.mismatch_mask
-        assert differs is not None        # as above: the attributes agree
-        scored.append((Candidate(model.name, model.stage, model.description, int((mismatch & ~differs).sum()),
-                                 mismatched, int((~mismatch & differs).sum()), matching), model.cost))
-    scored.sort(key=lambda sc: (-sc[0].explained_share, sc[0].broken_share, sc[1]))
-    return Diagnosis(tuple(c for c, _ in scored), evaluated, len(models), time.perf_counter() - start, budget_s)
+        faulty = model_output(model, on, scalars, codec)
+        if faulty is not None and (candidate := score(out_on, mismatch_on, faulty, model)) is not None:
+            scored.append((candidate, model.cost))
+    scored = _rank(scored)
+    screened = ""
+    if screen is not None:
+        by_name = {m.name: m for m in models}
+        kept, scored = scored[:SCREEN_KEEP], []
+        for candidate, cost in kept:
+            faulty = model_output(by_name[candidate.model], tensors, scalars, codec)
+            if faulty is not None and (whole := score(out, mismatch, faulty, by_name[candidate.model])) is not None:
+                scored.append((whole, cost))
+        scored = _rank(scored)
+        screened = (f"screened on batches {screen} of {int(tensors['kv_act_seqs'].shape[0])}, "
+                    f"the best {len(kept)} scored on the whole case")
+    return Diagnosis(tuple(c for c, _ in scored), evaluated, len(models), time.perf_counter() - start, budget_s,
+                     codec=codec_name, screened=screened)
+
+
+def failing_codec(verdict: Judgement) -> Fp8Codec | None:
+    """The codec of a failed Judgement's first counted failing comparison; None when nothing counted failed
+    or the failure is not one of values (shape, dtype or non-finite placement: the message already says what)."""
+    failing = [r for r in verdict.references if r.counts and not r.passed]
+    if not failing or failing[0].comparison.attribute is not None:
+        return None
+    return golden.SPEC_CODEC if failing[0].reference == "spec" else golden.get_codec(failing[0].reference)
 
 
 def diagnose_verdict(verdict: Judgement, tensors: Tensors, scalars: Scalars, *,
                      budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
     """:func:`diagnose` of a failed properties.acceptance.Judgement, on its first counted failing comparison
-    under that comparison's codec; None when nothing counted failed, or the failure is not one of values
-    (shape, dtype or non-finite placement: the message already says what)."""
-    failing = [r for r in verdict.references if r.counts and not r.passed]
-    if not failing or failing[0].comparison.attribute is not None:
+    under that comparison's codec (:func:`failing_codec`); None when that says there is none."""
+    codec = failing_codec(verdict)
+    if codec is None:
         return None
-    ref = failing[0]
-    codec = golden.SPEC_CODEC if ref.reference == "spec" else golden.get_codec(ref.reference)
+    ref = next(r for r in verdict.references if r.counts and not r.passed)
     return diagnose(verdict.output, ref.expected, tensors, scalars, codec=codec, budget_s=budget_s)

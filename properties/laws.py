@@ -48,6 +48,7 @@ from properties.law_bounds import (
     case_tags,
     e4m3_half_spacing,
 )
+from properties.probes import probe
 from properties.strategies import At12Case
 
 __all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
@@ -138,16 +139,17 @@ def acceptance(backend: Backend, case: Case) -> None:
         ratio = verdict.deciding.worst_ratio
         target(ratio if math.isfinite(ratio) else 1e30, label="worst error / allowed")
     if not verdict.passed:
-        raise AssertionError(verdict.message() + _diagnosis_line(verdict, case))
+        raise AssertionError(verdict.message() + _diagnosis_line(verdict, case, backend))
 
 
-def _diagnosis_line(verdict: Judgement, case: Case) -> str:
-    """The fault model that explains a failed judgement (properties/diagnosis.py), as a line to append;
-    only on the example Hypothesis reports (or a replay), not while it shrinks."""
+def _diagnosis_line(verdict: Judgement, case: Case, backend: Backend) -> str:
+    """The fault model that explains a failed judgement (properties/diagnosis.py), with the probes of
+    properties/probes.py run on ``backend``, as a line to append; only on the example Hypothesis reports
+    (or a replay), not while it shrinks."""
     if not reported_example():
         return ""
     found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
-    return "" if found is None else "\n" + found.render()
+    return "" if found is None else "\n" + probe(found, case, backend).render()
 
 
 @law("outputs_finite", vacuous=_nothing_visible)
@@ -233,7 +235,7 @@ def tile_invariance(backend: Backend, case: Case, s2_tile: int | None = None, g_
     if not verdict.passed:
         message = (f"At s2_tile={other.s2_tile}, g_tile={g_tile} instead of s2_tile={c.s2_tile}, "
                    f"g_tile={c.g_tile}:\n{verdict.message()}")
-        raise AssertionError(message + _diagnosis_line(verdict, alt))
+        raise AssertionError(message + _diagnosis_line(verdict, alt, backend))
 
 
 @law("batch_independence",

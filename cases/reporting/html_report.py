@@ -66,7 +66,7 @@ section.failure.uncounted{border-left-color:#e0a100}
 pre{background:#f7f7f9;border-radius:4px;padding:8px;font-size:12px;white-space:pre-wrap;margin:6px 0}
 svg text{font:11px system-ui,sans-serif;fill:#333}
 table.coverage{border-collapse:collapse;font-size:12px;columns:2}table.coverage td,table.coverage th{padding:1px 10px;text-align:left}
-table.coverage td.num{text-align:right}table.coverage tr.hole td{color:#c62828;font-weight:600}
+table.coverage td.num{text-align:right}table.coverage tr.hole td{color:#c62828;font-weight:600}table.coverage tr.unchecked td{color:#ef6c00}
 """
 
 _LEGEND = (("1e3", 1e3), ("10", 10.0), ("1 (tol)", 1.0), ("1e-2", 1e-2), ("1e-4", 1e-4), ("NaN/inf", None))
@@ -155,11 +155,15 @@ def _failure(row) -> dict:
 
 
 def _diagnosis(record: dict | None) -> dict | None:
-    """The failure card's "What:" line: the best candidate of properties.diagnosis (None: not diagnosed)."""
+    """The failure card's "What:" line and its probes: the identified candidate of properties.diagnosis, else
+    the closest (``best`` None: none comes close), or None when not diagnosed."""
     if not record or not record.get("candidates"):
         return None
-    return {"explained": record["explained"], "best": record["candidates"][0], "evaluated": record["evaluated"],
-            "available": record["available"]}
+    candidates = record["candidates"]
+    best = next((c for c in candidates if c["model"] == record.get("closest")), None)
+    return {"explained": record["explained"], "best": best, "evaluated": record["evaluated"],
+            "available": record["available"], "probes": record.get("probes", []),
+            "probe_note": record.get("probe_note", ""), "refuted": [c["model"] for c in candidates if c.get("refuted")]}
 
 
 def render_html(run, summary: RunSummary | None = None) -> str:
@@ -172,7 +176,8 @@ def render_html(run, summary: RunSummary | None = None) -> str:
         verdict=s.line, backend=run.backend, codec=run.codec, backend_note=run.backend_note, seed=run.seed,
         provenance=provenance_lines(run), versions=versions(), rows=[_row(r) for r in rows],
         nodes=(run.execution or {}).get("executor") == "ray", skipped=skipped_groups(run),
-        allowed=set(run.allowed_skips), failures=failures, coverage=run.coverage, coverage_line=coverage_line(run))
+        allowed=set(run.allowed_skips), failures=failures, coverage=run.coverage, coverage_line=coverage_line(run),
+        shared=[found["text"] for found in run.shared])
 
 
 def write_html(run, path, summary: RunSummary | None = None) -> Path:

@@ -38,6 +38,7 @@ from cases.data.schemas import check_written
 from cases.data.versions import versions
 from cases.running.verdict import CaseVerdict
 from properties.acceptance import CodecVerdict
+from properties.coverage import coverage_text
 
 __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "check_schema", "ResultRow",
            "result_rows", "failure_text", "table_rows", "skipped_groups", "render_table", "print_report",
@@ -253,7 +254,7 @@ def to_json(run, summary: RunSummary | None = None) -> dict:
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
-            "selection": run.selection, "execution": execution(run), "coverage": run.coverage,
+            "selection": run.selection, "execution": execution(run), "coverage": run.coverage, "shared": list(run.shared),
             "summary": summary.to_dict(), "results": [_result(row) for row in _all_rows(run)]}
 
 
@@ -376,18 +377,7 @@ def _required_holes(run) -> tuple[str, ...]:
 
 def coverage_line(run) -> str | None:
     """One line: bins and crosses hit by the checked cases, and the holes (properties.coverage)."""
-    cv = run.coverage
-    if not cv:
-        return None
-    singles = [n for n in cv["bins"] if " x " not in n]
-    crosses = [n for n in cv["bins"] if " x " in n]
-    text = (f"Coverage: {len(singles) - len(cv['holes'])}/{len(singles)} bins and "
-            f"{len(crosses) - len(cv['cross_holes'])}/{len(crosses)} crosses hit by {cv['cases']} checked case(s)")
-    if cv["holes"]:
-        text += "; holes: " + ", ".join(cv["holes"])
-    if cv["cross_holes"]:
-        text += "; cross holes: " + ", ".join(cv["cross_holes"])
-    return text
+    return coverage_text(run.coverage) if run.coverage else None
 
 
 def print_report(run, console, summary: RunSummary | None = None) -> None:
@@ -401,6 +391,8 @@ def print_report(run, console, summary: RunSummary | None = None) -> None:
         if row.verdict in ("fail", "error") and row.counts:
             console.print(f"\n[bold red]{row.verdict.upper()}[/] {row.case.name} ({row.reference})", highlight=False)
             console.print(failure_text(row), highlight=False, markup=False)
+    for found in run.shared:
+        console.print(f"\n{found['text']}", highlight=False, markup=False)
     if run.not_run:
         shown = ", ".join(run.not_run[:6]) + (f" and {len(run.not_run) - 6} more" if len(run.not_run) > 6 else "")
         console.print(f"\nNot run (interrupted by {run.interrupted}): {shown}", highlight=False, markup=False)

@@ -42,7 +42,7 @@ from cases.data.collect import Item, collect_items, selection
 from cases.data.provenance import run_provenance
 from cases.running.capture import capture_case, write_failure
 from cases.running.pool import Pool, task_resources, worker_backend
-from cases.running.shrink import capture_generated, signature
+from cases.running.shrink import capture_generated, probe_groups, signature
 from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
 from golden import memory_limit
 from kernels import BackendUnavailable, Skip
@@ -61,8 +61,9 @@ from properties import ledger
 from properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
 from properties.coverage import coverage
 from properties.diagnosis import diagnose_verdict
+from properties.separation import separate
 
-__all__ = ["RunOptions", "execute", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
+__all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
            "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]
 
 #: The reference of a skipped or errored case: no comparison with any golden was made.
@@ -442,6 +443,18 @@ def _run_cluster(backend, backend_name: str, items: list, pool, *, device, max_s
     return done
 
 
+def shared_facts(paged: list) -> tuple[dict, ...]:
+    """What the failing cases, and the erroring ones, share against the passing ones (properties.separation),
+    from ``(config, verdict)`` pairs of the paged cases that ran."""
+    passed = [config for config, v in paged if v.checked and not v.failed]
+    found = []
+    for kind, bad in (("failures", [c for c, v in paged if v.checked and v.failed]),
+                      ("errors", [c for c, v in paged if v.error is not None and v.error.kind != "case file"])):
+        if (separation := separate(bad, passed, kind=kind)) is not None:
+            found.append(separation.to_dict())
+    return tuple(found)
+
+
 def _never() -> str | None:
     return None
 
@@ -502,6 +515,8 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
                                     supported=supported, capture=capture, regressions_dir=options.regressions,
                                     shrink_s=0 if interrupted else options.shrink_seconds, distributions=distributions,
                                     stop=stop, why_not_shrunk="the run was interrupted" if interrupted else None)
+        if not interrupted:
+            results = probe_groups(backend, [items[k] for k in ran], results, stop=stop)
     if cluster:
         execution = pool.describe()
     else:
@@ -510,13 +525,17 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
                      "nodes": [socket.gethostname()], "processes": None if supervisor is None else supervisor.started,
                      "refused": [] if supervisor is None else [f"worker {slot}: {why}" for slot, why in
                                                               sorted(supervisor.refused.items())]}
-    checked = [items[k].case.config for k, v in zip(ran, results, strict=True) if items[k].case is not None and v.checked]
+    paged = [(items[k].case.config, v) for k, v in zip(ran, results, strict=True)
+             if items[k].case is not None and hasattr(items[k].case, "config")]
+    checked = [config for config, v in paged if v.checked]
+    errored = [config for config, v in paged if v.error is not None and v.error.kind != "case file"]
     failures = tuple(f for v in results if v.capture is not None and (f := write_failure(v.capture)))
     return RunResult(backend=backend.name, backend_note=why, codec=getattr(getattr(backend, "codec", None), "name", None),
                      seed=options.seed, results=tuple(results), seconds=time.perf_counter() - start,
                      command=options.command, fallback=bool(getattr(backend, "fallback", False)),
                      allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
                      selection=selected, provenance=provenance, execution=execution,
-                     coverage=coverage(checked).to_dict(), coverage_required=tuple(options.coverage),
+                     coverage=coverage(checked, errored).to_dict(), coverage_required=tuple(options.coverage),
+                     shared=shared_facts(paged),
                      interrupted=interrupted, not_run=tuple(items[k].name for k in range(len(items)) if k not in done),
                      write_failures=tuple(dict.fromkeys(failures)))

@@ -26,8 +26,9 @@ from cases.running.capture import capture_case
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import diagnose_verdict
+from properties.probes import probe
 
-__all__ = ["Hunt", "hunt", "signature", "capture_generated"]
+__all__ = ["Hunt", "hunt", "signature", "capture_generated", "probe_groups"]
 
 
 #: What the searched strategy draws (properties.law_examples.Example, properties.case.Case).
@@ -152,7 +153,8 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
     a member (the item's properties.directed.Aim, :func:`hunt`), its first counted failure diagnosed on
     the case captured, and every member given the group's Capture and diagnosis (new copies). With
     ``shrink_s`` 0 (or ``why_not_shrunk``: the run was interrupted) the first member is captured as it is.
-    ``stop()`` naming a signal ends a shrink at once (its best case so far stands)."""
+    ``stop()`` naming a signal ends a shrink at once (its best case so far stands). The diagnosis carries
+    the probes of properties/probes.py, run on neighbours of the case captured."""
 
     stop = stop or (lambda: None)
     groups: dict = {}
@@ -203,7 +205,34 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
         diagnosis = None
         if judgement is not None and not why_not_shrunk:
             diagnosis = diagnose_verdict(judgement, *split_bundle(case.inputs()))
+            if diagnosis is not None and not stop():
+                diagnosis = probe(diagnosis, case, backend, stop=stop)
         for k in members:
             out[k] = dataclasses.replace(out[k], capture=captured, diagnosis=diagnosis,
                                          diagnosis_note=", on the shrunk case" if shrunk else "")
+    return out
+
+
+def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
+    """``results`` with the probes of properties/probes.py run once per group of diagnosed failures that
+    were not generated (catalog cases and regressions, grouped by :func:`signature`: one bug, one group):
+    on the member of the smallest case, within the probes' budget of kernel calls, and given to every
+    member (each keeps its own candidates; the note names the case the probes ran on). A generated
+    failure already carries its group's probes (:func:`capture_generated`)."""
+    stop = stop or (lambda: None)
+    groups: dict = {}
+    for k, (item, verdict) in enumerate(zip(items, results, strict=True)):
+        d = verdict.diagnosis
+        if d is not None and not d.probe_note and item.source != "generated" and item.case is not None:
+            groups.setdefault(signature(verdict), []).append(k)
+    out = list(results)
+    for members in groups.values():
+        if stop():
+            break
+        first = min(members, key=lambda k: (items[k].case.config.estimated_bytes(), k))
+        probed = probe(out[first].diagnosis, items[first].case, backend, stop=stop)
+        for k in members:
+            diagnosis = probed if k == first else out[k].diagnosis.with_probes(
+                probed.probes, f"{probed.probe_note}, on neighbours of {items[first].name}")
+            out[k] = dataclasses.replace(out[k], diagnosis=diagnosis)
     return out

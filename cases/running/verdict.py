@@ -128,3 +128,4 @@ class RunResult:
     interrupted: str | None = None    # the signal that stopped the run (SIGINT, SIGTERM), or None
     not_run: tuple[str, ...] = ()     # cases selected but never run (the run was interrupted)
     write_failures: tuple[str, ...] = ()   # evidence the run could not write (one line each)
+    shared: tuple[dict, ...] = ()     # properties.separation.Separation.to_dict(): what the failures, the errors share

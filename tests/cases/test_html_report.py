@@ -82,9 +82,9 @@ def test_header_names_what_was_checked_by_content(failing_html):
 
 def test_a_failure_card_says_what_the_diagnosis_found(failing_html):
     """The "What:" line of properties/diagnosis.py on each counted failure (PerturbOne's one changed element
-    is no known defect: the closest model is named, and said not to explain it)."""
+    is no known defect: none is named, and none is called close)."""
     _, text = failing_html
-    assert '<p class="diagnosis">What: no fault model explains this failure; closest: ' in text
+    assert '<p class="diagnosis">What: not identified: no fault model explains this failure or comes close' in text
 
 
 def test_the_coverage_table_lists_every_bin_and_marks_the_holes(failing_html):

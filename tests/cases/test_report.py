@@ -191,5 +191,7 @@ def test_a_counted_failure_carries_its_diagnosis_in_the_json_and_the_message(fai
     fails = [r for r in data["results"] if r["verdict"] == "fail" and r["counts"]]
     assert fails and all(r["diagnosis"]["evaluated"] >= 1 and r["diagnosis"]["candidates"] for r in fails)
     assert all(not r["diagnosis"]["explained"] for r in fails)
-    assert all("Diagnosis: no fault model explains this failure; closest: " in r["message"] for r in fails)
+    assert all("Diagnosis: not identified: no fault model explains this failure, and none comes close" in r["message"]
+               and r["diagnosis"]["closest"] is None for r in fails)
+    assert all(r["diagnosis"]["probes"] == [] and r["diagnosis"]["probe_note"].startswith("no probes") for r in fails)
     assert all(r["diagnosis"] is None for r in data["results"] if r["verdict"] == "pass")

@@ -45,8 +45,12 @@ def _rank(diagnosis, name: str) -> int:
 def test_a_mutants_own_fault_is_the_top_candidate_on_its_first_failing_case(name):
     case, verdict = _first_failure(get_mutant(name))
     found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
-    assert found is not None and found.explained, found and found.render()
-    assert _rank(found, name) == 1, found.render()
+    assert found is not None and _rank(found, name) == 1, found and found.render()
+    if not found.explained:
+        # Issue 37: a model of another stage that explains this case as well leaves it unnamed (the words
+        # match the evidence), with the mutant's own model among those that tie.
+        assert found.render().startswith("Diagnosis: not identified: models of different stages explain this "
+                                         "failure alike: ") and name in found.render(), found.render()
 
 
 def test_the_readme_example_names_the_neighbouring_kv_head():
@@ -58,13 +62,32 @@ def test_the_readme_example_names_the_neighbouring_kv_head():
     assert found.render().startswith("Diagnosis: v_scale_of_kv_head_n-1 [MM2 and the V scale, SPEC §2.3] explains ")
 
 
-def test_a_defect_no_model_has_is_said_so_with_the_closest():
+def test_a_defect_no_model_has_is_said_so_and_none_is_called_close():
     case = _SMALL[0]
     tensors, scalars = split_bundle(case.inputs())
     expected = golden.paged_attention_fp8(**tensors, **scalars)
     out = (expected.float() * 1.02).bfloat16()               # every output 2% too large: no model does that
     found = diagnose(out, expected, tensors, scalars)
-    assert not found.explained and found.render().startswith("Diagnosis: no fault model explains this failure; closest: ")
+    assert not found.explained and found.closest is None and found.to_dict()["closest"] is None
+    assert found.render().startswith("Diagnosis: not identified: no fault model explains this failure, and none "
+                                     "comes close"), found.render()
+
+
+def test_a_model_that_explains_most_of_a_failure_is_the_closest_and_not_a_name():
+    """A kernel that is v_scale_missing on 70% of the elements it gets wrong and wrong in another way on the
+    rest: the model comes close (named as closest, with its figures), it is not identified."""
+    case = _SMALL[0]
+    tensors, scalars = split_bundle(case.inputs())
+    expected = golden.paged_attention_fp8(**tensors, **scalars)
+    model = next(m for m in fault_models() if m.name == "v_scale_missing")
+    out = model.output(dict(tensors), dict(scalars), None).clone()
+    wrong = (out.float() != expected.float()).flatten().nonzero().flatten()
+    other = wrong[torch.randperm(wrong.numel(), generator=torch.Generator().manual_seed(0))[:wrong.numel() * 3 // 10]]
+    out.view(-1)[other] = (expected.view(-1)[other].float() * 1.5 + 1).bfloat16()
+    found = diagnose(out, expected, tensors, scalars)
+    assert not found.explained and found.closest is not None and found.closest.model == "v_scale_missing"
+    assert found.render().startswith("Diagnosis: not identified: no fault model explains this failure; closest: "
+                                     "v_scale_missing [MM2 and the V scale, SPEC §2.3] explains "), found.render()
 
 
 def test_the_budget_cuts_at_a_model_and_says_so():

@@ -1,0 +1,212 @@
+"""Probes: the kernel run on neighbours of a diagnosed case, to tell the leading fault models apart.
+
+One case cannot separate models that coincide on it: a case shrunk to ``kv_act_seqs=[0, 1]`` is as much
+"every batch walks one token less" as "every batch walks batch 0's length", and a row of exactly one full
+tile is as much "the last tile is dropped when full" as "the table column is read one too early". The
+probes change the case the way those hypotheses differ (SPEC §2's quantities, one at a time): a length to
+or from a multiple of s2_tile, one tile against two, a second batch with another length, the batches'
+lengths in the other order, one more KV head, one more query row, other data.
+
+A neighbour is run on the kernel only when it *splits* the hypotheses: the leading candidates and the
+golden (the defect need not show on every case) do not all predict outputs that agree with one another
+under the diagnosis' rule (:func:`properties.diagnosis.score`). Neighbours that split the candidates among
+themselves come first; one that only tests a candidate against the golden comes after. On a probe, a
+candidate the kernel's output does not agree with is refuted (properties.diagnosis.Probe); an error of the
+kernel refutes nothing. Bounded by ``max_calls`` kernel calls and ``budget_s`` seconds (models and kernel),
+both stated in the diagnosis.
+
+Never a verdict: a probe's outcome only weighs the candidates of a failure the rule already decided.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+import golden
+from properties import compare as cmp
+from properties.acceptance import JudgedBackend, Scalars, Tensors, call, split_bundle
+from properties.case import Case
+from properties.diagnosis import EXPLAINS, Candidate, Diagnosis, Probe, model_output, score
+from properties.fault_models import FaultModel, models_by_name
+
+__all__ = ["probe", "neighbours", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES"]
+
+#: Kernel calls per diagnosed failure group (on the sim a kernel call costs seconds: at most 4 of them).
+MAX_CALLS = 4
+#: Seconds of probing per diagnosed failure: model evaluations on the neighbours and the kernel calls.
+PROBE_BUDGET_S = 3.0
+#: The leading candidates probed (the best that explain the case; the rest are counted, not tested).
+MAX_HYPOTHESES = 6
+
+
+def _agrees(c: Candidate | None) -> bool:
+    """A candidate agrees with an output when it explains every mismatch and breaks at most 1 - EXPLAINS
+    of the matching elements (the identification rule of properties.diagnosis, on a probe)."""
+    return c is not None and c.explained == c.mismatched and c.broken_share <= 1 - EXPLAINS
+
+
+def _config(c: golden.PagedAttentionConfig, **changes: Any) -> golden.PagedAttentionConfig | None:
+    """``c`` with ``changes``: its block table kept where it still holds the new lengths, else a table of
+    the same width drawn afresh, else any table; None when no such case is valid."""
+    attempts = [changes,
+                changes | {"block_table": None, "num_blocks": None},
+                changes | {"block_table": None, "num_blocks": None, "max_blocks": None}]
+    for attempt in attempts:
+        try:
+            return dataclasses.replace(c, **attempt)
+        except ValueError:
+            continue
+    return None
+
+
+def _lengths(c: golden.PagedAttentionConfig, lengths: list[int]) -> golden.PagedAttentionConfig | None:
+    return _config(c, batch=len(lengths), kv_act_seqs=tuple(lengths), s2=max(c.s2, *lengths, 1))
+
+
+def neighbours(case: Case) -> Iterator[tuple[str, Case]]:
+    """(what changed, the neighbour) of ``case``, SPEC §2's quantities one at a time, each config once
+    (the neighbours carry the case's seed and none of its explicit tensors)."""
+    c = case.config
+    lengths, tile = list(c.lengths), c.s2_tile
+    seen = {(c, case.seed)}
+
+    def out(change: str, near: golden.PagedAttentionConfig | None, seed: int = case.seed) -> Iterator[tuple[str, Case]]:
+        if near is not None and (near, seed) not in seen:
+            seen.add((near, seed))
+            yield change, Case(near, seed=seed)
+
+    def length(b: int, new: int) -> Iterator[tuple[str, Case]]:
+        if new >= 0 and new != lengths[b]:
+            changed = lengths[:b] + [new] + lengths[b + 1:]
+            yield from out(f"kv_act_seqs[{b}] {lengths[b]} -> {new}", _lengths(c, changed))
+
+    for b in range(min(2, len(lengths))):
+        n = lengths[b]
+        if n and n % tile == 0:                                 # a full last tile, and a partial one
+            yield from length(b, n - 1)
+            yield from length(b, n + 1)
+        else:
+            yield from length(b, n - n % tile)
+            yield from length(b, n - n % tile + tile)
+    if len(lengths) == 1:                                       # a second batch, with another length
+        other = lengths[0] // 2 + 1 if lengths[0] > 1 else lengths[0] + tile // 2 + 1
+        yield from out(f"a second batch of kv_act_seqs {other}", _lengths(c, [lengths[0], other]))
+    elif len(set(lengths)) > 1:
+        yield from out(f"kv_act_seqs {lengths} -> {lengths[::-1]}", _lengths(c, lengths[::-1]))
+    else:
+        yield from length(1, lengths[1] // 2 + 1 if lengths[1] > 1 else lengths[1] + tile // 2 + 1)
+    for b in range(min(2, len(lengths))):                      # one tile against two
+        n = lengths[b]
+        yield from length(b, n + tile if n <= tile else (n - 1) % tile + 1)
+    yield from length(0, lengths[0] + 1)
+    yield from length(0, lengths[0] - 1)
+    group = c.nq // c.nkv
+    yield from out(f"nkv {c.nkv} -> {c.nkv + 1}", _config(c, nkv=c.nkv + 1, nq=(c.nkv + 1) * group))
+    yield from out(f"s1 {c.s1} -> {c.s1 + 1}", _config(c, s1=c.s1 + 1))
+    if c.s1 > 1:
+        yield from out(f"s1 {c.s1} -> {c.s1 - 1}", _config(c, s1=c.s1 - 1))
+    yield from out(f"seed {case.seed} -> {case.seed + 1}", c, seed=case.seed + 1)
+
+
+@dataclasses.dataclass
+class _Neighbour:
+    change: str
+    case: Case
+    tensors: Tensors
+    scalars: Scalars
+    expected: torch.Tensor
+    predicted: dict[str, torch.Tensor]      # candidate -> its output here (absent: the model does not apply)
+
+
+def _refuted_by(out: torch.Tensor, n: _Neighbour, names: list[str], models: dict[str, FaultModel]) -> list[str]:
+    """The candidates among ``names`` an output ``out`` on the neighbour does not agree with."""
+    res = cmp.compare(out, n.expected, kind="attention")
+    mismatch = res.mismatch_mask
+    if mismatch is None:            # another shape or non-finite placement: no candidate's values explain it
+        return [name for name in names if name in n.predicted]
+    return [name for name in names if name in n.predicted
+            and not _agrees(score(out, mismatch, n.predicted[name], models[name]))]
+
+
+def _splits(n: _Neighbour, names: list[str], models: dict[str, FaultModel], *, with_golden: bool) -> bool:
+    """Whether some hypothesis' output on ``n`` would refute another: the candidates among themselves, or
+    (``with_golden``) also the golden's output, a kernel whose defect does not show there."""
+    outcomes = [n.predicted[name] for name in names if name in n.predicted]
+    if with_golden:
+        outcomes.append(n.expected)
+    return any(_refuted_by(o, n, names, models) for o in outcomes)
+
+
+def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls: int = MAX_CALLS,
+          budget_s: float = PROBE_BUDGET_S, stop: Callable[[], object] | None = None) -> Diagnosis:
+    """``diagnosis`` (made on ``case``) with the probes run on ``backend``, at most ``max_calls`` kernel calls
+    and about ``budget_s`` seconds (a neighbour started is finished); ``stop()`` true ends them at once."""
+    if max_calls < 0 or isinstance(max_calls, bool) or not isinstance(max_calls, int):
+        raise ValueError(f"max_calls={max_calls!r} must be an int >= 0")
+    if not (isinstance(budget_s, (int, float)) and budget_s >= 0):
+        raise ValueError(f"budget_s={budget_s!r} must be a number >= 0")
+    stop = stop or (lambda: None)
+    leading = [c.model for c in diagnosis.leading][:MAX_HYPOTHESES]
+    if not leading:
+        return diagnosis.with_probes((), "no probes: no model explains the case")
+    if max_calls == 0:
+        return diagnosis.with_probes((), "no probes (a budget of 0 kernel calls)")
+    models = models_by_name()
+    codec = golden.get_codec(diagnosis.codec)
+    skip_reason = getattr(backend, "skip_reason", None)
+    start, probes, standing = time.perf_counter(), [], list(leading)
+    later: list[_Neighbour] = []             # neighbours that test a candidate against the golden only
+    confirmed = False                        # a failing probe the standing candidates explained
+
+    def elapsed() -> float:
+        return time.perf_counter() - start
+
+    def run(n: _Neighbour) -> None:
+        nonlocal confirmed
+        try:
+            out = call(backend, n.tensors, **n.scalars)
+        except Exception as exc:  # noqa: BLE001 - the kernel is untrusted: an error on a probe refutes nothing
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            probes.append(Probe(n.change, "error", detail=f"{type(exc).__name__}: {first}"[:160]))
+            return
+        res = cmp.compare(out, n.expected, kind="attention")
+        failed = not res.passed
+        refuted = _refuted_by(out, n, standing, models)
+        probes.append(Probe(n.change, "fails" if failed else "passes", tuple(refuted),
+                            detail=f"{res.mismatched}/{res.total} mismatched" if failed else ""))
+        standing[:] = [name for name in standing if name not in refuted]
+        confirmed = confirmed or (failed and bool(standing))
+
+    def budget_left() -> bool:
+        return len(probes) < max_calls and elapsed() < budget_s and not stop() and bool(standing)
+
+    for change, near in neighbours(case):
+        if not budget_left() or (len(standing) == 1 and confirmed):
+            break
+        if skip_reason is not None and skip_reason(near.config) is not None:
+            continue                        # a shape the backend is not built for is no evidence
+        tensors, scalars = split_bundle(near.inputs())
+        by_name: dict[str, Any] = tensors    # mypy cannot match a dict's keys to the tensor parameters
+        with torch.inference_mode():
+            expected = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+        predicted = {name: o for name in standing
+                     if (o := model_output(models[name], tensors, scalars, codec)) is not None}
+        n = _Neighbour(change, near, tensors, scalars, expected, predicted)
+        if _splits(n, standing, models, with_golden=False):
+            run(n)
+        elif len(later) < max_calls and _splits(n, standing, models, with_golden=True):
+            later.append(n)
+    for n in later:
+        if not budget_left() or confirmed:
+            break
+        if _splits(n, standing, models, with_golden=True):
+            run(n)
+    note = (f"{len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed():.1f} s "
+            f"(budget {max_calls} kernel calls, {budget_s:g} s)")
+    if not probes:
+        note = f"no probe: no neighbour tells the candidates apart within the budget ({elapsed():.1f} s)"
+    return diagnosis.with_probes(tuple(probes), note)

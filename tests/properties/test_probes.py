@@ -1,0 +1,115 @@
+"""properties/probes.py: the kernel run on neighbours of a diagnosed case tells apart the fault models that
+coincide on it, within a budget of kernel calls, and an error or a refused shape is no evidence."""
+from __future__ import annotations
+
+import pytest
+from outside_defects import HandWritten
+
+import golden
+from kernels.backends.golden_backend import GoldenBackend
+from properties.acceptance import judge, split_bundle
+from properties.case import Case
+from properties.diagnosis import diagnose_verdict
+from properties.probes import MAX_CALLS, neighbours, probe
+
+
+def _case(lengths, *, s2_tile=16, s1=1, nq=2, nkv=1, seed=1) -> Case:
+    config = golden.PagedAttentionConfig(batch=len(lengths), s1=s1, s2=max(16, *lengths), nq=nq, nkv=nkv,
+                                         head_dim=16, block_size=16, s2_tile=s2_tile, kv_act_seqs=tuple(lengths))
+    return Case(config, seed=seed)
+
+
+class _Counting:
+    """A backend that counts its calls (and raises on each when ``fail``)."""
+
+    def __init__(self, inner, *, fail: bool = False, refuse: bool = False):
+        self.inner, self.fail, self.calls, self.name = inner, fail, 0, f"counting {inner.name}"
+        if refuse:
+            self.skip_reason = lambda config: "not built for this shape"
+
+    def paged_attention_fp8(self, *args, **kwargs):
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("the device went away")
+        return self.inner.paged_attention_fp8(*args, **kwargs)
+
+
+def _diagnosed(defect: str, case: Case):
+    verdict = judge(HandWritten(defect), case)
+    assert not verdict.passed
+    found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
+    assert found is not None
+    return found
+
+
+def test_a_probe_tells_apart_the_models_a_shrunk_case_cannot():
+    """Lengths [0, 1] walked as batch 0's: every batch one token short and every batch batch 0's length
+    coincide there; one probe with a longer batch 0 refutes the first, and the defect is named."""
+    case = _case([0, 1])
+    found = _diagnosed("batch_0_lengths", case)
+    assert found.identified is None and "lengths_one_short" in [c.model for c in found.leading], found.render()
+    probed = probe(found, case, HandWritten("batch_0_lengths"))
+    assert probed.identified is not None and probed.identified.model == "lengths_of_batch_0", probed.render()
+    assert "lengths_one_short" in probed.refuted and 1 <= len(probed.probes) <= MAX_CALLS
+    assert "probes: kv_act_seqs[0] 0 -> " in probed.render() and "refutes lengths_one_short" in probed.render()
+
+
+def test_a_full_last_tile_dropped_is_confirmed_and_the_table_column_refuted():
+    case = _case([32], s2_tile=32)
+    probed = probe(_diagnosed("last_tile_dropped", case), case, HandWritten("last_tile_dropped"))
+    assert probed.identified is not None and probed.identified.model == "last_tile_dropped_when_full", probed.render()
+    assert any(p.outcome == "fails" for p in probed.probes)
+    assert not {"table_column_minus_one", "partial_last_tile_dropped"} & {c.model for c in probed.standing if c.explains}
+
+
+@pytest.mark.parametrize("max_calls", [0, 1, 2])
+def test_the_kernel_calls_stay_within_the_budget(max_calls):
+    case = _case([0, 1])
+    backend = _Counting(HandWritten("batch_0_lengths"))
+    probed = probe(_diagnosed("batch_0_lengths", case), case, backend, max_calls=max_calls)
+    assert backend.calls == len(probed.probes) <= max_calls
+    assert f"budget {max_calls} kernel calls" in probed.probe_note or not probed.probes
+
+
+def test_a_kernel_that_raises_on_the_probes_refutes_nothing():
+    case = _case([0, 1])
+    found = _diagnosed("batch_0_lengths", case)
+    probed = probe(found, case, _Counting(HandWritten("batch_0_lengths"), fail=True))
+    assert probed.probes and all(p.outcome == "error" and not p.refuted for p in probed.probes)
+    assert "RuntimeError: the device went away" in probed.probes[0].detail
+    assert probed.standing == found.standing and probed.identified == found.identified
+
+
+def test_a_shape_the_backend_refuses_is_not_probed():
+    case = _case([0, 1])
+    backend = _Counting(HandWritten("batch_0_lengths"), refuse=True)
+    probed = probe(_diagnosed("batch_0_lengths", case), case, backend)
+    assert backend.calls == 0 and not probed.probes and probed.probe_note.startswith("no probe")
+
+
+def test_a_kernel_that_agrees_with_the_golden_on_the_probes_refutes_the_models():
+    """The probes weigh hypotheses against what the kernel does: a kernel that is right on every neighbour
+    (as a conforming one is) agrees with no defect's model there, so no model is left standing confirmed."""
+    case = _case([0, 1])
+    found = _diagnosed("batch_0_lengths", case)
+    probed = probe(found, case, GoldenBackend())
+    assert probed.probes and all(p.outcome == "passes" for p in probed.probes)
+    assert probed.refuted and probed.identified is None
+
+
+def test_neighbours_are_valid_cases_that_differ_from_the_case():
+    case = _case([40, 7], s2_tile=32, s1=2, nq=4, nkv=2)
+    seen = list(neighbours(case))
+    assert len(seen) >= 8 and all((n.config, n.seed) != (case.config, case.seed) for _, n in seen)
+    assert len({(n.config, n.seed) for _, n in seen}) == len(seen)
+    changes = [change for change, _ in seen]
+    assert "kv_act_seqs[0] 40 -> 32" in changes and "kv_act_seqs [40, 7] -> [7, 40]" in changes
+    assert "nkv 2 -> 3" in changes and "seed 1 -> 2" in changes
+
+
+@pytest.mark.parametrize("bad", [{"max_calls": -1}, {"max_calls": 1.5}, {"max_calls": True}, {"budget_s": -1.0},
+                                 {"budget_s": "3"}])
+def test_a_bad_budget_is_refused_by_name(bad):
+    case = _case([0, 1])
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        probe(_diagnosed("batch_0_lengths", case), case, HandWritten("batch_0_lengths"), **bad)
