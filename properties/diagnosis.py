@@ -314,8 +314,10 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         rows = torch.tensor([b * s1 + i for b in screen for i in range(s1)])
         out_on, mismatch_on = out[rows], mismatch[rows]
     scored, evaluated = [], 0
+    # Screening spends half the budget on the sub-case, the rest on the whole case (a screened case is large).
+    first_pass_s = budget_s if screen is None else budget_s / 2
     for model in models:
-        if evaluated and time.perf_counter() - start > budget_s:      # at least one model, whatever the budget
+        if evaluated and time.perf_counter() - start > first_pass_s:   # at least one model, whatever the budget
             break
         evaluated += 1
         faulty = model_output(model, on, scalars, codec)
@@ -325,14 +327,17 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
     screened = ""
     if screen is not None:
         by_name = {m.name: m for m in models}
-        kept, scored = scored[:SCREEN_KEEP], []
+        kept, scored, rescored = scored[:SCREEN_KEEP], [], 0
         for candidate, cost in kept:
+            if rescored and time.perf_counter() - start > budget_s:
+                break
+            rescored += 1
             faulty = model_output(by_name[candidate.model], tensors, scalars, codec)
             if faulty is not None and (whole := score(out, mismatch, faulty, by_name[candidate.model])) is not None:
                 scored.append((whole, cost))
         scored = _rank(scored)
         screened = (f"screened on batches {screen} of {int(tensors['kv_act_seqs'].shape[0])}, "
-                    f"the best {len(kept)} scored on the whole case")
+                    f"the best {rescored} scored on the whole case" + (f" (of {len(kept)}: budget reached)" if rescored < len(kept) else ""))
     return Diagnosis(tuple(c for c, _ in scored), evaluated, len(models), time.perf_counter() - start, budget_s,
                      codec=codec_name, screened=screened)
 

@@ -12,7 +12,9 @@ golden (the defect need not show on every case) do not all predict outputs that 
 under the diagnosis' rule (:func:`properties.diagnosis.score`). Neighbours that split the candidates among
 themselves come first; one that only tests a candidate against the golden comes after. On a probe, a
 candidate the kernel's output does not agree with is refuted (properties.diagnosis.Probe); an error of the
-kernel refutes nothing. Bounded by ``max_calls`` kernel calls and ``budget_s`` seconds (models and kernel),
+kernel refutes nothing. The probes go on while the budget lasts, also once one candidate is left: models
+coincide on more cases than one (a kernel that writes 0 agrees with "every batch walks batch 0's length"
+wherever batch 0 is empty), and a model is only as good as the neighbours it survived. Bounded by ``max_calls`` kernel calls and ``budget_s`` seconds (models and kernel),
 both stated in the diagnosis.
 
 Never a verdict: a probe's outcome only weighs the candidates of a failure the rule already decided.
@@ -160,13 +162,11 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
     skip_reason = getattr(backend, "skip_reason", None)
     start, probes, standing = time.perf_counter(), [], list(leading)
     later: list[_Neighbour] = []             # neighbours that test a candidate against the golden only
-    confirmed = False                        # a failing probe the standing candidates explained
 
     def elapsed() -> float:
         return time.perf_counter() - start
 
     def run(n: _Neighbour) -> None:
-        nonlocal confirmed
         try:
             out = call(backend, n.tensors, **n.scalars)
         except Exception as exc:  # noqa: BLE001 - the kernel is untrusted: an error on a probe refutes nothing
@@ -179,13 +179,12 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         probes.append(Probe(n.change, "fails" if failed else "passes", tuple(refuted),
                             detail=f"{res.mismatched}/{res.total} mismatched" if failed else ""))
         standing[:] = [name for name in standing if name not in refuted]
-        confirmed = confirmed or (failed and bool(standing))
 
     def budget_left() -> bool:
         return len(probes) < max_calls and elapsed() < budget_s and not stop() and bool(standing)
 
     for change, near in neighbours(case):
-        if not budget_left() or (len(standing) == 1 and confirmed):
+        if not budget_left():
             break
         if skip_reason is not None and skip_reason(near.config) is not None:
             continue                        # a shape the backend is not built for is no evidence
@@ -201,7 +200,7 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         elif len(later) < max_calls and _splits(n, standing, models, with_golden=True):
             later.append(n)
     for n in later:
-        if not budget_left() or confirmed:
+        if not budget_left():
             break
         if _splits(n, standing, models, with_golden=True):
             run(n)

@@ -181,3 +181,22 @@ def test_two_calls_that_each_pass_the_rule_are_called_so():
     text = str(failed.value)
     assert text.count("passes the one rule against its own golden") == 2
     assert "Each call passes the one rule alone" in text and "Diagnosis" not in text
+
+
+def test_a_large_case_is_screened_on_a_few_batches_and_scored_on_the_whole(monkeypatch):
+    """The screen (every model on three batches) keeps the mutant's own model, and the scores shown are the
+    whole case's: the same as without the screen, for the models it kept."""
+    from properties import diagnosis
+    backend = get_mutant("v_scale_of_next_batch")
+    case = Case(PagedAttentionConfig(batch=5, s1=1, s2=64, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=32,
+                                     kv_act_seqs=(64, 40, 17, 64, 33)), 2)
+    verdict = judge(backend, case)
+    assert not verdict.passed
+    whole = diagnose_verdict(verdict, *split_bundle(case.inputs()))
+    monkeypatch.setattr(diagnosis, "SCREEN_WORK", 0)
+    screened = diagnose_verdict(verdict, *split_bundle(case.inputs()))
+    assert "screened on batches [0, 1, 2] of 5, the best 8 scored on the whole case" in screened.render()
+    assert len(screened.candidates) == diagnosis.SCREEN_KEEP
+    by_name = {c.model: c for c in whole.candidates}
+    assert all(c == by_name[c.model] for c in screened.candidates)
+    assert screened.candidates[0] == whole.candidates[0] and screened.identified == whole.identified
