@@ -16,7 +16,7 @@ from cases.data.collect import generated_cases
 from golden import PagedAttentionConfig
 from kernels.backends.golden_backend import GoldenBackend
 from kernels.mutants import MUTANTS, get_mutant
-from properties import laws, ledger
+from properties import diagnosis, laws, ledger
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import diagnose, diagnose_verdict, fault_models
@@ -186,7 +186,6 @@ def test_two_calls_that_each_pass_the_rule_are_called_so():
 def test_a_large_case_is_screened_on_a_few_batches_and_scored_on_the_whole(monkeypatch):
     """The screen (every model on three batches) keeps the mutant's own model, and the scores shown are the
     whole case's: the same as without the screen, for the models it kept."""
-    from properties import diagnosis
     backend = get_mutant("v_scale_of_next_batch")
     case = Case(PagedAttentionConfig(batch=5, s1=1, s2=64, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=32,
                                      kv_act_seqs=(64, 40, 17, 64, 33)), 2)
