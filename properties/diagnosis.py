@@ -272,7 +272,7 @@ def _screen_batches(mismatch: torch.Tensor, tensors: Tensors) -> list[int] | Non
     failing = mismatch.reshape(batch, -1).any(dim=1).nonzero().flatten().tolist()
     first = failing[0] if failing else 0
     chosen = [0, first, first + 1, *range(1, batch)]
-    return sorted(dict.fromkeys(b for b in chosen if b < batch))[:SCREEN_BATCHES]
+    return sorted(list(dict.fromkeys(b for b in chosen if b < batch))[:SCREEN_BATCHES])
 
 
 def _batches_of(tensors: Tensors, batches: list[int]) -> Tensors:

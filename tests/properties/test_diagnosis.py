@@ -199,3 +199,19 @@ def test_a_large_case_is_screened_on_a_few_batches_and_scored_on_the_whole(monke
     by_name = {c.model: c for c in whole.candidates}
     assert all(c == by_name[c.model] for c in screened.candidates)
     assert screened.candidates[0] == whole.candidates[0] and screened.identified == whole.identified
+
+
+def test_the_screen_holds_the_first_batch_that_fails(monkeypatch):
+    """Batch 0 (the batch-0 models read it), the first failing batch and the next: a defect seen only in
+    batch 3 of 5 is screened where it shows, and its model comes out on top."""
+    case = Case(PagedAttentionConfig(batch=5, s1=1, s2=64, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=32,
+                                     kv_act_seqs=(64, 40, 17, 64, 33)), 2)
+    tensors, scalars = split_bundle(case.inputs())
+    expected = golden.paged_attention_fp8(**tensors, **scalars)
+    model = next(m for m in fault_models() if m.name == "v_scale_missing")
+    out = expected.clone()
+    out[3] = model.output(dict(tensors), dict(scalars), None)[3]          # S1 = 1: row 3 is batch 3
+    monkeypatch.setattr(diagnosis, "SCREEN_WORK", 0)
+    found = diagnose(out, expected, tensors, scalars)
+    assert "screened on batches [0, 3, 4] of 5" in found.render(), found.render()
+    assert found.candidates[0].model == "v_scale_missing" and found.candidates[0].explained_share == 1.0
