@@ -77,6 +77,11 @@ class Candidate:
     def explains(self) -> bool:
         return self.explained_share >= EXPLAINS and self.broken_share <= 1 - EXPLAINS
 
+    @property
+    def explains_every_mismatch(self) -> bool:
+        """It explains the failure and leaves no mismatched element unexplained (what a name requires)."""
+        return self.explains and self.explained == self.mismatched
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"explains": self.explains}
 
@@ -140,7 +145,7 @@ class Diagnosis:
         if not standing:
             return None
         best = standing[0]
-        if not (best.explains and best.explained == best.mismatched):
+        if not best.explains_every_mismatch:
             return None
         if any(c.explains and c.stage != best.stage for c in standing[1:]):
             return None
@@ -275,12 +280,15 @@ def _screen_batches(mismatch: torch.Tensor, tensors: Tensors) -> list[int] | Non
     return sorted(list(dict.fromkeys(b for b in chosen if b < batch))[:SCREEN_BATCHES])
 
 
+def _rows_of(tensors: Tensors, batches: list[int]) -> torch.Tensor:
+    """The output (and q) rows b * S1 + i of ``batches``."""
+    s1 = tensors["q"].shape[0] // int(tensors["kv_act_seqs"].shape[0])
+    return torch.tensor([b * s1 + i for b in batches for i in range(s1)])
+
+
 def _batches_of(tensors: Tensors, batches: list[int]) -> Tensors:
     """The case's tensors restricted to ``batches`` (the caches and K's scale shared: blocks are global)."""
-    batch = int(tensors["kv_act_seqs"].shape[0])
-    s1 = tensors["q"].shape[0] // batch
-    rows = torch.tensor([b * s1 + i for b in batches for i in range(s1)])
-    index = torch.tensor(batches)
+    rows, index = _rows_of(tensors, batches), torch.tensor(batches)
     return {**tensors, "q": tensors["q"][rows], "q_scale": tensors["q_scale"][rows], "v_scale": tensors["v_scale"][index],
             "block_table": tensors["block_table"][index], "kv_act_seqs": tensors["kv_act_seqs"][index]}
 
@@ -310,8 +318,7 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         on, out_on, mismatch_on = tensors, out, mismatch
     else:
         on = _batches_of(tensors, screen)
-        s1 = out.shape[0] // int(tensors["kv_act_seqs"].shape[0])
-        rows = torch.tensor([b * s1 + i for b in screen for i in range(s1)])
+        rows = _rows_of(tensors, screen)
         out_on, mismatch_on = out[rows], mismatch[rows]
     scored, evaluated = [], 0
     # Screening spends half the budget on the sub-case, the rest on the whole case (a screened case is large).
