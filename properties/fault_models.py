@@ -8,7 +8,9 @@ a function of the case alone (never of a known kernel), named by the SPEC §2 st
 - **stage models**: one stage of the staged golden (kernels/mutants/staged.py) changed, seeded from the
   golden-level mutant catalog (causal offset, table column, GQA head map, the online rescale, P's
   quantization, empty rows, ...) and written here from SPEC §2 for the stages the catalog does not hold
-  (the last tile's length, the softmax scale's place in the dequant chain, the table column, P's scale).
+  (the last tile's length, the softmax scale's place in the dequant chain, the table column, P's scale,
+  the causal offset's direction, the exp's base, P left unquantized, the update's factors swapped, the
+  division by l, a stale empty row).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch
 import golden
 from golden.codec import Fp8Codec
 from golden.matmul import exact_matmul
+from golden.softmax_state import exp_f32
 from kernels.backends.contract import KernelBackend
 from kernels.mutants.golden_level import GOLDEN_MUTANTS
 from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
@@ -184,7 +187,8 @@ def _stage_models() -> list[FaultModel]:
 
 def _own_stage_models() -> list[FaultModel]:
     """Stage models written here, for defects the golden-level catalog does not hold (the staged golden of
-    kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column."""
+    kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column, the
+    last tile's length, the softmax scale's place, and one natural slip of each stage the catalog lacks."""
 
     class PScaleNotInverted(StagedGolden):
         def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,6 +252,70 @@ def _own_stage_models() -> list[FaultModel]:
             folded = q_scale_rows * k_scale_tokens.T * torch.tensor(self.dims.softmax_scale, dtype=torch.float32)
             return exact_matmul(q_tile, k.T) * folded
 
+    # The stages whose one natural slip the catalog lacks, each the deviation SPEC §2 leaves room for.
+    # §2.1: the causal offset S1 - 1 - i counted from the other end (row i sees kv_act_seqs[b] - i tokens).
+    class CausalOffsetReversed(StagedGolden):
+        def visible_length(self, lengths: list[int], b: int, i: int) -> int:
+            return max(0, lengths[b] - i)
+
+    # §2.3: P = exp(S - m_j) in base 2 (an exp2 unit used without the log2(e) factor on its argument).
+    class ExpInBase2(StagedGolden):
+        def local_softmax(self, scores: torch.Tensor,
+                          valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            if valid is not None:
+                scores = torch.where(valid, scores, -torch.inf)
+            m_j = scores.amax(dim=-1, keepdim=True)
+            shifted = scores - m_j
+            if valid is not None:
+                shifted = torch.where(valid, shifted, -torch.inf)
+            p = torch.exp2(shifted.double()).float()
+            return m_j, p, p.double().sum(dim=-1, keepdim=True).float()
+
+    # §2.3 and §3: MM2 on the float32 P (no E4M3 round trip, no P scale).
+    class PNotQuantized(StagedGolden):
+        def tile_values(self, p: torch.Tensor, v: torch.Tensor, v_scale_channels: torch.Tensor,
+                        valid: torch.Tensor | None) -> torch.Tensor:
+            if valid is not None:
+                p = torch.where(valid, p, 0.0)
+            return exact_matmul(p, v) * v_scale_channels
+
+    # §2.3, the online update: O's two factors swapped (the running O times the tile's exp(m_j - m'), the
+    # tile's O_j times the old exp(m - m')), or both O's and l's. A kernel that starts from (m, l, O) =
+    # (-inf, 0, 0) and runs the update on the first tile too (the same result when the update is right)
+    # loses the first tile's O_j to the swap: exp(-inf) = 0 multiplies it.
+    class ORescaleFactorsSwapped(WrittenOutUpdate):
+        swap_l = False
+        from_empty = False
+
+        def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
+                   p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
+            if not bool(state.started.any()):
+                state.started = torch.ones_like(state.started)
+                if not self.from_empty:
+                    state.m, state.l, state.o = m_j, l_j, o_j
+                    return
+            m_new = torch.maximum(state.m, m_j)
+            a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
+            state.l = c * state.l + a * l_j if self.swap_l else a * state.l + c * l_j
+            state.o, state.m = c * state.o + a * o_j, m_new
+
+    class RescaleFactorsSwapped(ORescaleFactorsSwapped):
+        swap_l = True
+
+    class ORescaleFactorsSwappedFromEmpty(ORescaleFactorsSwapped):
+        from_empty = True
+
+    # §2.4: the output is O without the division by l.
+    class NotNormalized(StagedGolden):
+        def finalize(self, state: Any) -> torch.Tensor:
+            return torch.where(state.started, state.o, 0.0)
+
+    # §2.5: a row that sees no token is written with what the output buffer held: the row before it.
+    class EmptyRowKeepsPreviousRow(StagedGolden):
+        def write_empty_row(self, out: torch.Tensor, row: int) -> None:
+            if row > 0:
+                out[row] = out[row - 1]
+
     def run(cls: type[StagedGolden]) -> ModelOutput:
         def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
             backend: KernelBackend = cls(codec=codec)
@@ -282,6 +350,27 @@ def _own_stage_models() -> list[FaultModel]:
         FaultModel("softmax_scale_folded_into_dequant", _MM1,
                    "q_scale * k_scale * softmax_scale is formed first and applied once (SPEC F2: softmax_scale "
                    "comes last)", run(SoftmaxScaleFoldedIntoDequant), cost=2),
+        FaultModel("causal_offset_reversed", "visible length, SPEC §2.1",
+                   "query row i sees kv_act_seqs[b] - i tokens (the causal offset counted from the first row)",
+                   run(CausalOffsetReversed), cost=2),
+        FaultModel("exp_in_base_2", "local softmax, SPEC §2.3",
+                   "P = 2 ** (S - m_j): an exp2 without the log2(e) factor", run(ExpInBase2), cost=2),
+        FaultModel("p_not_quantized", "P quantization, SPEC §2.3 and §3",
+                   "MM2 takes the float32 P (no E4M3 round trip, no P scale)", run(PNotQuantized), cost=2),
+        FaultModel("o_rescale_factors_swapped", "online update, SPEC §2.3",
+                   "O' = exp(m_j - m') * O + exp(m - m') * O_j (O's two factors swapped)",
+                   run(ORescaleFactorsSwapped), cost=2),
+        FaultModel("o_rescale_factors_swapped_from_empty", "online update, SPEC §2.3",
+                   "as o_rescale_factors_swapped, the update run from (m, l, O) = (-inf, 0, 0) on the first tile too "
+                   "(the first tile's O_j is lost)", run(ORescaleFactorsSwappedFromEmpty), cost=2),
+        FaultModel("rescale_factors_swapped", "online update, SPEC §2.3",
+                   "O and l each take the other term's factor: exp(m_j - m') on the running value, exp(m - m') on "
+                   "the tile's", run(RescaleFactorsSwapped), cost=2),
+        FaultModel("output_not_normalized", "output, SPEC §2.4", "the output is O, not divided by l",
+                   run(NotNormalized), cost=2),
+        FaultModel("empty_row_keeps_previous_row", "empty rows, SPEC §2.5",
+                   "a row that sees no token is written with the previous row's output (a buffer not cleared)",
+                   run(EmptyRowKeepsPreviousRow), cost=2),
     ]
 
 

@@ -20,6 +20,7 @@ from properties import diagnosis, laws, ledger
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import diagnose, diagnose_verdict, fault_models
+from properties.fault_models import models_by_name
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
 _CASES = _SMALL + generated_cases(40, 0)
@@ -215,3 +216,49 @@ def test_the_screen_holds_the_first_batch_that_fails(monkeypatch):
     found = diagnose(out, expected, tensors, scalars)
     assert "screened on batches [0, 3, 4] of 5" in found.render(), found.render()
     assert found.candidates[0].model == "v_scale_missing" and found.candidates[0].explained_share == 1.0
+
+
+class _ModelAsKernel(GoldenBackend):
+    """A kernel whose defect is exactly one fault model (the model's output on every call)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.fault, self.name = model, f"model:{model.name}"
+
+    def paged_attention_fp8(self, **kwargs):
+        tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        scalars = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+        return self.fault.output(tensors, scalars, None)
+
+
+#: The stage models written from SPEC §2 for the stages whose natural slip the mutant catalog lacks.
+_SPEC_SLIPS = ("causal_offset_reversed", "exp_in_base_2", "p_not_quantized", "o_rescale_factors_swapped",
+               "o_rescale_factors_swapped_from_empty", "rescale_factors_swapped", "output_not_normalized",
+               "empty_row_keeps_previous_row")
+
+
+@pytest.mark.parametrize("name", [m.name for m in fault_models() if m.name not in ledger.survivors("golden")])
+def test_every_model_is_a_defect_the_rule_fails_where_a_conforming_variant_passes(name):
+    """A model is a defect, not a freedom of SPEC §4.1: the rule fails it on some case of the list, and the
+    conforming variant passes that case (so a conforming kernel is never red there, and never diagnosed).
+    The ledger's golden-level survivor is the one model the rule cannot fail (properties/ledger.py says why)."""
+    model, kernel = models_by_name()[name], _ModelAsKernel(models_by_name()[name])
+    conforming = kernels.get_backend("conforming:edges-mixed")
+    for case in _CASES:
+        try:
+            model.output(*split_bundle(case.inputs()), None)
+        except ValueError:
+            continue                        # the model does not apply to this case (no neighbour to read, ...)
+        if not judge(kernel, case).passed:
+            verdict = judge(conforming, case)
+            assert verdict.passed and diagnose_verdict(verdict, *split_bundle(case.inputs())) is None
+            return
+    raise AssertionError(f"the rule fails {name} on none of the {len(_CASES)} cases")
+
+
+@pytest.mark.parametrize("name", _SPEC_SLIPS)
+def test_a_kernel_with_a_spec_slip_has_its_model_at_the_top(name):
+    model = models_by_name()[name]
+    case, verdict = _first_failure(_ModelAsKernel(model))
+    found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
+    assert found is not None and _rank(found, name) == 1, found and found.render()
