@@ -1,4 +1,4 @@
-"""The examples each paged-attention law is checked on: its domain, where it can fail.
+"""The examples each law of the backend is checked on: its domain, where it can fail.
 
 ``examples(law, backend)`` is a strategy of ``(case, params)`` for :func:`properties.laws.run`: cases the
 backend runs (:func:`properties.strategies.cases_for`), narrowed to the law's domain (GQA needs a group
@@ -22,15 +22,19 @@ from properties import laws, ledger
 from properties import strategies as ps
 from properties.case import Case
 
-__all__ = ["PAGED_LAWS", "examples"]
+__all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "examples"]
 
 PAGED_LAWS = ("acceptance", "outputs_finite", "block_permutation", "garbage_unread", "gqa_repetition",
               "tile_invariance", "batch_independence", "causal_prefix")
+#: The laws of AT-12 QK^T MatMul Scale (SPEC §6) on the backend.
+AT12_LAWS = ("at12_acceptance", "at12_fp8_vs_bf16", "at12_default_scale")
+#: Every law that checks the backend (the quantizers' laws check the golden's SPEC §3 alone).
+BACKEND_LAWS = PAGED_LAWS + AT12_LAWS
 _GROUPS = st.sampled_from((2, 4, 3))
 _SPARE = st.integers(1, 3)       # at least one block nothing reads
 
-#: One example of a law: the case and the law's own parameters, by name.
-Example: TypeAlias = tuple[Case, dict[str, Any]]
+#: One example of a law: the case (a paged-attention Case, or an AT-12 call) and the law's own parameters.
+Example: TypeAlias = tuple[Case | ps.At12Case, dict[str, Any]]
 #: A law's parameters: strategies by name, or a function of the case giving them.
 _Params: TypeAlias = Mapping[str, st.SearchStrategy[Any]] | Callable[[Case], Mapping[str, st.SearchStrategy[Any]]]
 
@@ -60,7 +64,7 @@ def examples(law: str, backend: object = None) -> st.SearchStrategy[Example]:
     def cases(**narrowing: Any) -> st.SearchStrategy[Case]:
         return ps.cases_for(backend, **narrowing)
 
-    domains = {
+    domains: dict[str, st.SearchStrategy[Example]] = {
         "acceptance": cases().flatmap(_with({})),
         "outputs_finite": cases().flatmap(_with({})),
         "block_permutation": cases(spare_blocks=_SPARE).flatmap(_with({"perm_seed": st.integers(0, 2**16)})),
@@ -70,8 +74,15 @@ def examples(law: str, backend: object = None) -> st.SearchStrategy[Example]:
         "batch_independence": cases(batch=st.integers(2, 4)).flatmap(_with(_seen_batch)),
         "causal_prefix": cases(s1=st.integers(2, 3)).flatmap(_with({})),
     }
+    if law in AT12_LAWS:                # AT-12 calls of any shape: the stage has no supported_shapes
+        params = {"fp8": st.booleans()} if law == "at12_acceptance" else {}
+        return ps.at12_cases().flatmap(lambda case: st.fixed_dictionaries(params).map(lambda p: (case, p)))
     if law not in domains:
-        raise ValueError(f"law={law!r} is not a paged-attention law; expected one of {PAGED_LAWS}")
+        raise ValueError(f"law={law!r} is not a law of the backend; expected one of {BACKEND_LAWS}")
     name = getattr(backend, "name", "")
-    return domains[law].filter(lambda example: laws.vacuous(law, example[0], **example[1]) is None
-                               and ledger.lookup(None, name, config=example[0].config) is None)
+
+    def drawn(example: Example) -> bool:
+        case, params = example
+        assert isinstance(case, Case)           # the paged laws' domains draw paged cases
+        return laws.vacuous(law, case, **params) is None and ledger.lookup(None, name, config=case.config) is None
+    return domains[law].filter(drawn)

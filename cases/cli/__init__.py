@@ -8,6 +8,7 @@ Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are
     pfa-verify mutants [options]          the kill matrix of the mutant catalog (cases/measuring/mutants.py)
     pfa-verify conforming [options]       the false reds of the conforming variants (cases/measuring/conforming.py)
     pfa-verify tightness [--cases N]      the envelope's tightness per distribution (cases/measuring/tightness.py)
+    pfa-verify laws [options]             every law on a backend within a budget, one verdict each (cases/running/search.py)
     pfa-verify search [options]           law searches split into tasks, on a cluster too (cases/running/search.py)
     pfa-verify cases list                 captured regressions (id, law, backend, first message line;
                                           the cases subcommand is cases/cli/captured.py)
@@ -31,7 +32,7 @@ import textwrap
 from cases.cli import captured
 from cases.cli.interrupt import Interruption
 from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
-from cases.cli.run_commands import add_compare, add_run, add_search, run_options
+from cases.cli.run_commands import add_compare, add_laws, add_run, add_search, run_options
 from golden.errors import UsageError
 from golden.inputs import MAX_BYTES_ENV
 from kernels import BackendUnavailable
@@ -54,6 +55,8 @@ SUBCOMMANDS = {
                    "the catalog; any failure is a false red of the suite (options as mutants)"), add_conforming),
     "tightness": (("how wide the acceptance envelope is, per value distribution, on kernel-sized cases "
                   "(cases/tightness.json holds the recorded figures)"), add_tightness),
+    "laws": (("every law of SPEC §2-§6 on a backend, one search each within a budget of examples and seconds: a "
+              "table of verdicts, each failure shrunk, diagnosed and captured"), add_laws),
     "search": (("long law searches split into tasks with their own seeds, here, in local processes or on a Ray "
                "cluster; failures shrunk and captured once per signature"), add_search),
 }

@@ -1,4 +1,4 @@
-"""``pfa-verify run``, ``compare`` and ``search``: their options, and the typed options each hands its room."""
+"""``pfa-verify run``, ``compare``, ``laws`` and ``search``: their options, and the typed options each hands its room."""
 from __future__ import annotations
 
 import argparse
@@ -33,11 +33,11 @@ from cases.reporting.report_compare import compare, load_report, print_compariso
 from cases.running import run as runner
 from cases.running.pool import ClusterError
 from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR, RunOptions
-from cases.running.search import render_table, search, summary_line, to_json
+from cases.running.search import law_verdicts, render_law_table, render_table, search, summary_line, to_json
 from kernels import SKIP_KINDS
-from properties.law_examples import PAGED_LAWS
+from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS
 
-__all__ = ["run_options", "add_run", "add_compare", "add_search"]
+__all__ = ["run_options", "add_run", "add_compare", "add_search", "add_laws"]
 
 
 class _Progress:
@@ -284,3 +284,63 @@ def add_search(parser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the search report as JSON")
     parser.add_argument("--verbose", action="store_true", help="one line per task as it finishes")
     parser.set_defaults(func=_cmd_search)
+
+
+#: ``--laws`` of ``pfa-verify laws``: a group's name, or laws by name.
+_LAW_GROUPS = {"all": BACKEND_LAWS, "paged": PAGED_LAWS, "at12": AT12_LAWS}
+
+
+def _cmd_laws(args) -> int:
+    """``pfa-verify laws``: every law of the backend, one search each within its budget; the table, each
+    failure in full (shrunk, diagnosed, captured), the coverage, one verdict line; exit 0 only when every
+    law held."""
+    preflight.check_command(args)
+    console = Console(width=100, highlight=False)
+    names = _LAW_GROUPS.get(args.laws) or tuple(n.strip() for n in args.laws.split(",") if n.strip())
+    try:
+        run = search(args.backend, names, examples=args.examples, tasks=1, seed=args.seed, workers=args.workers,
+                     shrink_s=args.shrink_seconds, capture=not args.no_capture, regressions_dir=args.regressions,
+                     seconds=args.seconds)
+    except ClusterError as exc:
+        print(f"pfa-verify: error: {exc}", file=sys.stderr)
+        return 2
+    console.print(render_law_table(run))
+    for c in run.captured:
+        ended = "ended in an error (the kernel raised)" if c["signature"][1] == "error" else "failed"
+        console.print(f"\n{c['law']} {ended} ({c['how']}):", markup=False)
+        console.print(c["message"].strip(), markup=False)
+        console.print(c["line"], markup=False)
+    console.print(run.coverage().line("law examples"), markup=False)
+    rows = law_verdicts(run)
+    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("held", "failed", "error", "not run")}
+    said = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    hint = "; --laws paged checks the paged-attention laws alone" if counts["not run"] else ""
+    console.print(f"laws on {run.backend}: {len(rows)} laws, {said}; {sum(r['examples'] for r in rows)} examples in "
+                  f"{run.seconds:.1f} s{hint} -> {'OK' if run.exit_status == 0 else 'FAILED'}", markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(to_json(run) | {"law_verdicts": rows}, indent=2) + "\n")
+        console.print(f"JSON report: {args.json}", markup=False)
+    return run.exit_status
+
+
+def add_laws(parser) -> None:
+    """The options of ``pfa-verify laws``."""
+    parser.add_argument("--backend", default="golden", help="the backend whose laws are checked (default golden); "
+                        "any name --backend of pfa-verify run takes")
+    parser.add_argument("--laws", default="all", metavar="all|paged|at12|LAW,...",
+                        help=f"the laws: all (default), paged, at12, or names among {', '.join(BACKEND_LAWS)}")
+    parser.add_argument("--examples", type=count(at_most=SEARCH_EXAMPLES), default=200,
+                        help=f"examples per law (default 200, at most {SEARCH_EXAMPLES:,})")
+    parser.add_argument("--seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
+                        help="time per law for its examples: the search stops there and says it was cut (default 60)")
+    parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=20, metavar="S",
+                        help="time to shrink a law's failure before it is diagnosed and captured (default 20)")
+    parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
+                        help=f"laws searched at once, each in a process (default 1, at most {worker_bound()} here)")
+    parser.add_argument("--seed", type=count, default=0, help="seed of the searches (default 0: reproducible)")
+    parser.add_argument("--regressions", metavar="DIR", default=None,
+                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.set_defaults(func=_cmd_laws)

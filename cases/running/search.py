@@ -26,18 +26,20 @@ import time
 from collections import Counter
 
 from hypothesis.database import DirectoryBasedExampleDatabase
+from rich.markup import escape
 from rich.table import Table
 
 from cases.running.capture import capture_case
 from cases.running.pool import Pool, task_resources, worker_backend
 from cases.running.shrink import hunt
 from golden.errors import UsageError, check_known
+from kernels import BackendUnavailable
 from properties import law_examples, laws
 from properties.coverage import Coverage, classify
-from properties.law_examples import PAGED_LAWS
+from properties.law_examples import BACKEND_LAWS, PAGED_LAWS
 
 __all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
-           "summary_line", "render_table"]
+           "summary_line", "render_table", "law_verdicts", "render_law_table"]
 
 
 @dataclasses.dataclass
@@ -54,6 +56,8 @@ class TaskReport:
     error: str | None = None
     replay: str | None = None
     hits: dict = dataclasses.field(default_factory=dict)   # coverage bin -> examples that hit it (properties/coverage.py)
+    cut: bool = False               # the law's time budget ended the task before its examples were drawn
+    skipped: str | None = None      # why the backend cannot run this law (kernels.BackendUnavailable), or None
 
 
 @dataclasses.dataclass
@@ -75,11 +79,13 @@ class SearchRun:
         hits: Counter = Counter()
         for t in self.tasks:
             hits.update(t.hits)
-        return Coverage.from_hits(hits, sum(t.examples for t in self.tasks if t.error is None))
+        # AT-12 calls have no coverage bins: the count is of the paged-attention examples alone
+        return Coverage.from_hits(hits, sum(t.examples for t in self.tasks if t.error is None and t.law in PAGED_LAWS))
 
     @property
     def exit_status(self) -> int:
-        return 1 if any(t.failure or t.error for t in self.tasks) else 0
+        """1 when a law failed, a task broke, or a law could not run on the backend (nothing checked it)."""
+        return 1 if any(t.failure or t.error or t.skipped for t in self.tasks) else 0
 
 
 def task_seed(seed: int, law: str, task: int) -> int:
@@ -114,17 +120,21 @@ def _key(law: str, backend_name: str) -> str:
 
 def _search_task(payload) -> TaskReport:
     """One task in a worker (cases/running/pool.py): the worker's backend, then the law's search."""
-    law, task, seed, examples, backend_name, database = payload
+    law, task, seed, examples, backend_name, database, seconds = payload
     report = TaskReport(law, task, seed)
     backend = worker_backend(backend_name)
 
     def check(example):
-        for name in classify(example[0].config):       # what the search covered, failing example included
+        config = getattr(example[0], "config", None)   # a paged case (an AT-12 call has no coverage bins)
+        for name in classify(config) if config is not None else ():    # what the search covered, failing example included
             report.hits[name] = report.hits.get(name, 0) + 1
         laws.run(law, backend, example[0], **example[1])
     found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples,
-                 database=open_database(database), key=_key(law, backend_name))
-    report.examples, report.seconds = found.examples, found.seconds
+                 database=open_database(database), key=_key(law, backend_name), seconds=seconds)
+    report.examples, report.seconds, report.cut = found.examples, found.seconds, found.cut
+    if isinstance(found.error, BackendUnavailable):    # e.g. AT-12 on a paged-attention-only kernel: not run
+        report.skipped, report.examples = found.error.reason, 0
+        return report
     if found.error is not None:
         assert found.example is not None        # hunt sets the failing example with its error
         case, params = found.example
@@ -159,12 +169,12 @@ def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples:
 
 def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: int = 0, database: str | None = None,
            workers: int = 1, cluster=None, shrink_s: float = 60.0, capture: bool = True, regressions_dir=None,
-           progress=None) -> SearchRun:
-    """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool; failures grouped,
-    the first of each group shrunk and captured once, here."""
+           progress=None, seconds: float | None = None) -> SearchRun:
+    """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool, each task within
+    ``seconds`` (None: no limit); failures grouped, the first of each group shrunk and captured once, here."""
     if not laws:
-        raise UsageError(f"--laws: none given; expected some of {', '.join(PAGED_LAWS)}")
-    check_known("--laws", "law", laws, PAGED_LAWS)
+        raise UsageError(f"--laws: none given; expected some of {', '.join(BACKEND_LAWS)}")
+    check_known("--laws", "law", laws, BACKEND_LAWS)
     for option, value in (("--tasks", tasks), ("--examples", examples)):
         if value < 1:
             raise UsageError(f"{option} {value} must be at least 1")
@@ -172,7 +182,8 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     backend = worker_backend(backend_name)        # the driver shrinks: it needs the backend too (supervised)
     db = open_database(database)
     per_task = math.ceil(examples / tasks)
-    payloads = [(law, k, task_seed(seed, law, k), per_task, backend_name, database) for law in laws for k in range(tasks)]
+    payloads = [(law, k, task_seed(seed, law, k), per_task, backend_name, database, seconds)
+                for law in laws for k in range(tasks)]
     with Pool(workers=workers, cluster=cluster, resources=task_resources(backend)) as pool:
         results = pool.map(_search_task, payloads, on_done=progress and (lambda n, r: progress(payloads[n], r)))
     reports = []
@@ -196,8 +207,9 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
                             directory=regressions_dir)
         for m in members:
             m.replay = kept.replay
+        label = case.label() if hasattr(case, "label") else repr(case)
         captured.append({"signature": list(sig), "law": first.law, "tasks": names, "replay": kept.replay,
-                         "line": kept.line, "how": how})
+                         "line": kept.line, "how": how, "message": message, "case": label})
     return SearchRun(backend_name, tuple(laws), examples, tasks, seed, database, reports, captured,
                      time.perf_counter() - start, pool.describe())
 
@@ -208,18 +220,23 @@ def _law_totals(run: SearchRun) -> dict:
         mine = [t for t in run.tasks if t.law == law]
         n, s = sum(t.examples for t in mine), sum(t.seconds for t in mine)
         out[law] = {"examples": n, "task_seconds": round(s, 2), "examples_per_task_second": round(n / s, 3) if s else None,
-                    "failures": sum(1 for t in mine if t.failure), "errors": sum(1 for t in mine if t.error)}
+                    "failures": sum(1 for t in mine if t.failure), "errors": sum(1 for t in mine if t.error),
+                    "cut": sum(1 for t in mine if t.cut), "skipped": sum(1 for t in mine if t.skipped)}
     return out
 
 
 def to_json(run: SearchRun) -> dict:
     """The search report (schema ``pfa-verify-search/1``): tasks, per-law totals, captured cases."""
     def task(t: TaskReport) -> dict:
-        failure = None if t.failure is None else {
-            "config": t.failure["case"].config.to_dict(), "seed": t.failure["case"].seed,
-            "params": t.failure["params"], "kind": t.failure["kind"], "message": t.failure["message"].split("\n")[0]}
+        failure = None
+        if t.failure is not None:
+            case = t.failure["case"]
+            failure = {"config": case.config.to_dict() if hasattr(case, "config") else dataclasses.asdict(case),
+                       "seed": case.seed, "params": t.failure["params"], "kind": t.failure["kind"],
+                       "message": t.failure["message"].split("\n")[0]}
         return {"law": t.law, "task": t.task, "seed": t.seed, "examples": t.examples, "seconds": round(t.seconds, 3),
-                "node": t.node, "failure": failure, "error": t.error, "replay": t.replay}
+                "node": t.node, "failure": failure, "error": t.error, "replay": t.replay, "cut": t.cut,
+                "skipped": t.skipped}
     examples = sum(t.examples for t in run.tasks)
     return {"schema": "pfa-verify-search/1", "backend": run.backend, "laws": list(run.laws), "examples": run.examples,
             "tasks_per_law": run.tasks_per_law, "seed": run.seed, "database": run.database, "execution": run.execution,
@@ -234,10 +251,70 @@ def summary_line(run: SearchRun) -> str:
     data = to_json(run)
     failed = sum(1 for t in run.tasks if t.failure)
     broke = sum(1 for t in run.tasks if t.error)
+    skipped = sorted({t.law for t in run.tasks if t.skipped})
+    cut = sum(1 for t in run.tasks if t.cut)
     return (f"search on {run.backend}: {len(run.laws)} law(s) x {run.tasks_per_law} task(s), {data['examples_run']} examples "
             f"in {run.seconds:.1f} s ({data['examples_per_second']} per second); {failed} task(s) found a failure, "
             f"{len(run.captured)} captured once per signature" + (f", {broke} task(s) broke" if broke else "")
+            + (f", {cut} task(s) cut by the time budget" if cut else "")
+            + (f"; not run (the backend cannot run them): {', '.join(skipped)}" if skipped else "")
             + " -> " + ("OK" if run.exit_status == 0 else "FAILED"))
+
+
+def law_verdicts(run: SearchRun) -> list[dict]:
+    """One verdict per law over its tasks: ``law``, ``examples``, ``seconds`` (the tasks' own), ``verdict``
+    (``failed``, ``error``, ``not run``, ``held``) and ``detail`` (the first failure's first line, the
+    error, why it was not run, or how a held law's search ended)."""
+    rows = []
+    for law in run.laws:
+        mine = [t for t in run.tasks if t.law == law]
+        examples, seconds = sum(t.examples for t in mine), sum(t.seconds for t in mine)
+        failed = next((t for t in mine if t.failure), None)
+        broke = next((t for t in mine if t.error), None)
+        skipped = next((t for t in mine if t.skipped), None)
+        group = next((c for c in run.captured if c["law"] == law), None)
+        if failed is not None:
+            assert failed.failure is not None
+            # the kernel raised on an example: an error of the law's check, never a verdict of the law
+            verdict = "failed" if failed.failure["kind"] == "law" else "error"
+            detail = (_failure_detail(group, examples) if group is not None
+                      else failed.failure["message"].strip().splitlines()[0])
+        elif broke is not None:
+            verdict, detail = "error", str(broke.error)
+        elif skipped is not None:
+            verdict, detail = "not run", f"the backend cannot run it: {skipped.skipped}"
+        else:
+            cut = sum(1 for t in mine if t.cut)
+            verdict = "held"
+            detail = (f"{examples} examples, then cut by the time budget" if cut else f"all {examples} examples")
+        rows.append({"law": law, "examples": examples, "seconds": round(seconds, 2), "verdict": verdict,
+                     "detail": detail, "replay": next((t.replay for t in mine if t.replay), None)})
+    return rows
+
+
+def _failure_detail(group: dict, examples: int) -> str:
+    """A law's failure in one line: after how many examples, the shrunk case, the diagnosis' name (or that
+    none was identified) and the capture."""
+    said = f"at example {examples}; {'shrunk to' if group['how'].startswith('shrunk') else 'on'} {group['case']}"
+    diagnosis = next((line for line in group["message"].splitlines() if line.startswith("Diagnosis: ")), None)
+    if diagnosis is not None:
+        said += "; " + (diagnosis.split(" explains ", 1)[0] if " explains " in diagnosis else diagnosis.split(":")[0]
+                        + ": " + diagnosis.split(": ", 2)[1])
+    return said + (f"; replay {group['replay'].rsplit(' ', 1)[-1]}" if group["replay"] else "; not captured")
+
+
+def render_law_table(run: SearchRun, width: int = 100):
+    """A rich Table of :func:`law_verdicts`, one row per law, ``width`` columns at most."""
+    table = Table(title=f"laws on {run.backend}", title_justify="left", width=width)
+    table.add_column("law", no_wrap=True)
+    table.add_column("examples", justify="right")
+    table.add_column("s", justify="right")
+    table.add_column("verdict", ratio=1)
+    style = {"failed": "bold red", "error": "bold magenta", "not run": "yellow", "held": "green"}
+    for row in law_verdicts(run):
+        text = f"[{style[row['verdict']]}]{row['verdict']}[/]: " + escape(row["detail"][:240])
+        table.add_row(row["law"], str(row["examples"]), f"{row['seconds']:.1f}", text)
+    return table
 
 
 def render_table(run: SearchRun):
@@ -247,6 +324,8 @@ def render_table(run: SearchRun):
         table.add_column(col)
     for t in run.tasks:
         result = ("[bold magenta]error: " + t.error + "[/]") if t.error else (
-            f"[bold red]{t.failure['kind']}: {t.failure['message'].splitlines()[0][:80]}[/]" if t.failure else "[green]held[/]")
+            f"[bold red]{t.failure['kind']}: {t.failure['message'].splitlines()[0][:80]}[/]" if t.failure else
+            f"[yellow]not run: {t.skipped}[/]" if t.skipped else
+            "[green]held[/]" + (" (cut by the time budget)" if t.cut else ""))
         table.add_row(t.law, str(t.task), str(t.seed), str(t.examples), f"{t.seconds:.1f}", t.node or "-", result)
     return table

@@ -38,15 +38,22 @@ T = TypeVar("T")
 @dataclasses.dataclass
 class Hunt(Generic[T]):
     """What :func:`hunt` found: ``examples`` drawn up to the first failure (all, when none failed),
-    ``seconds`` to it, and the smallest failing ``example`` with its ``error`` (None: none failed)."""
+    ``seconds`` to it, and the smallest failing ``example`` with its ``error`` (None: none failed);
+    ``cut``: the search's time budget ended it before its examples were all drawn."""
     examples: int = 0
     seconds: float = 0.0
     example: T | None = None
     error: BaseException | None = None
+    cut: bool = False
 
 
 class _Failed(Exception):
     """Tells Hypothesis that ``check`` failed (its own exception is kept in the Hunt)."""
+
+
+class _OutOfTime(BaseException):
+    """Ends a search whose time budget is spent. A BaseException, as KeyboardInterrupt is: Hypothesis
+    lets it through at once instead of taking it for a failure to shrink, replay or save."""
 
 
 def _kind(exc: BaseException) -> str:
@@ -54,9 +61,11 @@ def _kind(exc: BaseException) -> str:
 
 
 def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int, examples: int,
-         shrink_s: float = 0.0, database: ExampleDatabase | None = None, key: str | None = None) -> Hunt[T]:
+         shrink_s: float = 0.0, database: ExampleDatabase | None = None, key: str | None = None,
+         seconds: float | None = None) -> Hunt[T]:
     """Draw up to ``examples`` from ``strategy`` under ``seed`` and call ``check(example)`` (it raises
-    on failure) until one fails; then let Hypothesis shrink it for ``shrink_s`` seconds (0: not
+    on failure) until one fails, or until ``seconds`` have passed (None: no limit; the Hunt says it was
+    cut, and counts only the examples checked; the first is always checked); then let Hypothesis shrink it for ``shrink_s`` seconds (0: not
     shrunk). While shrinking, only a failure of the first one's kind (an AssertionError, or another
     exception) counts: a different failure is another bug, not a smaller case of this one. Past the
     budget every attempt passes, so the shrinker stops at the smallest failure it has.
@@ -77,6 +86,9 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
     @given(strategy)
     def run(example):
         if found.error is None:
+            if seconds is not None and found.examples and time.perf_counter() - start > seconds:
+                found.cut = True
+                raise _OutOfTime      # ends Hypothesis' run at once: no draw is made past the budget
             found.examples += 1
         elif time.perf_counter() - start - found.seconds > shrink_s:
             return      # over budget (or Hypothesis' final replay without shrinking): "passes"
@@ -97,6 +109,8 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
         run.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     try:
         run()
+    except _OutOfTime:
+        pass
     except (_Failed, HypothesisException):
         # FlakyFailure when the final replay "passed" (over budget): the failure found still stands.
         if found.error is None:

@@ -66,7 +66,7 @@ def test_python_m_cases_cli_is_the_same_program():
     assert result.returncode == 0
     for name in cli.SUBCOMMANDS:
         assert name in result.stdout, result.stdout
-    assert set(cli.SUBCOMMANDS) == {"run", "compare", "bench", "tightness", "cases", "mutants", "conforming", "search"}
+    assert set(cli.SUBCOMMANDS) == {"run", "compare", "bench", "tightness", "cases", "mutants", "conforming", "laws", "search"}
 
 
 def test_a_backend_that_cannot_start_is_one_line_and_exit_2(tmp_path):

@@ -1,19 +1,14 @@
 """Laws of FP8 paged attention on the backend under test (--backend): SPEC §2 (semantics),
 §3 (quantization of P inside the kernel) and §4 (acceptance). Each test states its law; the law
 itself lives in properties/laws.py and its examples in properties/law_examples.py (the law's domain:
-every example can make it fail, tests/properties/test_vacuity.py). A failure is captured in
-cases/regressions before it is reported (the message ends with the replay command)."""
+every example can make it fail). A failure is captured in the regressions folder before it is
+reported (the message ends with the replay command)."""
 from __future__ import annotations
 
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
-
-def check(check_law, examples_for, data, law: str) -> None:
-    case, params = data.draw(examples_for(law), label=f"{law} example")
-    # --hypothesis-show-statistics lists the value distributions each law drew.
-    event(f"distribution {case.config.distribution}")
-    check_law(law, case, **params)
+from cases.laws import check
 
 
 @given(data=st.data())
