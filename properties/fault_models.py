@@ -7,10 +7,8 @@ a function of the case alone (never of a known kernel), named by the SPEC §2 st
   vectorized golden call each.
 - **stage models**: one stage of the staged golden (kernels/mutants/staged.py) changed, seeded from the
   golden-level mutant catalog (causal offset, table column, GQA head map, the online rescale, P's
-  quantization, empty rows, ...) and written here from SPEC §2 for the stages the catalog does not hold
-  (the last tile's length, the softmax scale's place in the dequant chain, the table column, P's scale,
-  the causal offset's direction, the exp's base, P left unquantized, the update's factors swapped, the
-  division by l, a stale empty row).
+  quantization, empty rows, ...) and written from SPEC §2 for the stages the catalog does not hold
+  (properties/stage_models.py).
 """
 from __future__ import annotations
 
@@ -22,12 +20,11 @@ import torch
 
 import golden
 from golden.codec import Fp8Codec
-from golden.matmul import exact_matmul
-from golden.softmax_state import exp_f32
 from kernels.backends.contract import KernelBackend
 from kernels.mutants.golden_level import GOLDEN_MUTANTS
-from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
+from kernels.mutants.staged import StagedGolden
 from properties.acceptance import Scalars, Tensors
+from properties.stage_models import WRITTEN
 
 __all__ = ["FaultModel", "ModelOutput", "fault_models", "models_by_name"]
 
@@ -111,7 +108,6 @@ def _lengths(value: Callable[[torch.Tensor], torch.Tensor]) -> Change:
 _MM1 = "MM1 scales, SPEC §2.3"
 _MM2 = "MM2 and the V scale, SPEC §2.3"
 _PAGING = "lengths and paging, SPEC §2.1-2.2"
-_TILE_WALK = "the tile walk, SPEC §2.3"
 
 
 def _input_models() -> list[FaultModel]:
@@ -145,6 +141,97 @@ def _input_models() -> list[FaultModel]:
         ("lengths_one_long", _PAGING, "every batch walks kv_act_seqs[b] + 1 tokens", _lengths(lambda x: x + 1)),
     ]
     return [FaultModel(name, stage, text, _golden_on(change)) for name, stage, text, change in models]
+
+
+# -- the layout models: a SPEC §1 tensor read or written in another axis order, or by another index -------
+
+def _rows_s1_major(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
+    """q and q_scale read, and the output written, with the [B*S1] rows taken as [S1, B] (row i*B + b)."""
+    t = dict(tensors)
+    batch = int(t["kv_act_seqs"].shape[0])
+    s1 = t["q"].shape[0] // batch
+    if batch < 2 or s1 < 2:
+        raise ValueError("one batch or one query position: both row orders are the same")
+    # logical row b*S1 + i is read from, and written to, memory row i*B + b
+    memory = torch.arange(batch * s1).reshape(s1, batch).T.reshape(-1)
+    t["q"], t["q_scale"] = t["q"][memory].contiguous(), t["q_scale"][memory].contiguous()
+    by_name: dict[str, Any] = t         # as in _golden_on
+    logical = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+    out = torch.empty_like(logical)
+    out[memory] = logical
+    return out
+
+
+def _output_heads_before_positions(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
+    """The output's memory written in [B, NQ, S1, D] order, not [B, S1, NQ, D]."""
+    by_name: dict[str, Any] = tensors   # as in _golden_on
+    out = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+    rows, nq, d = out.shape
+    batch = int(tensors["kv_act_seqs"].shape[0])
+    s1 = rows // batch
+    if s1 < 2 or nq < 2:
+        raise ValueError("one query position or one head: both orders are the same")
+    return out.reshape(batch, s1, nq, d).permute(0, 2, 1, 3).contiguous().reshape(rows, nq, d)
+
+
+def _block_heads_before_slots(*names: str) -> Change:
+    """A cache block [BS, NKV, ...] read as [NKV, BS, ...]: the kernel's (slot s, head n) is memory row n*BS + s."""
+    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+        for name in names:
+            x = t[name]
+            nb, bs, nkv = x.shape[:3]
+            if nkv < 2:
+                raise ValueError("one KV head: both block layouts are the same")
+            t[name] = x.reshape(nb, nkv, bs, *x.shape[3:]).transpose(1, 2).contiguous()
+        return t, s
+    return change
+
+
+def _k_scale_of_logical_block(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """K's scale read at block j of the table's column, not at the physical block block_table[b, j]."""
+    table, k_scale = t["block_table"], t["k_scale"]
+    changed = k_scale.clone()
+    for b, j in (table >= 0).nonzero().tolist():
+        if j >= k_scale.shape[0]:
+            raise ValueError(f"column {j} has no block {j} to read the scale of")
+        changed[int(table[b, j])] = k_scale[j]
+    if torch.equal(changed, k_scale):
+        raise ValueError("every block sits at its own column: the defect changes nothing")
+    t["k_scale"] = changed
+    return t, s
+
+
+def _q_scale_of_kv_head(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """Every query head of group n reads the q_scale of query head n (the KV head's index)."""
+    q_scale, nkv = t["q_scale"], t["k_cache"].shape[2]
+    group = q_scale.shape[1] // nkv
+    if group < 2:
+        raise ValueError("a group of one query head: its index is the KV head's")
+    t["q_scale"] = q_scale[:, torch.arange(q_scale.shape[1]) // group].contiguous()
+    return t, s
+
+
+def _layout_models() -> list[FaultModel]:
+    paging = "paging, SPEC §1 and §2.2"
+    return [
+        FaultModel("query_rows_s1_major", "lengths and paging, SPEC §1 and §2.1",
+                   "q, q_scale and the output's rows are read and written as [S1, B] (row i*B + b), not [B, S1]",
+                   _rows_s1_major),
+        FaultModel("output_heads_before_positions", "output, SPEC §1 and §2.4",
+                   "the output is written in [B, NQ, S1, D] order into its [B*S1, NQ, D] tensor",
+                   _output_heads_before_positions),
+        FaultModel("cache_block_heads_before_slots", paging,
+                   "every block of K, V and K's scale is read as [NKV, BS, D], not [BS, NKV, D]",
+                   _golden_on(_block_heads_before_slots("k_cache", "v_cache", "k_scale"))),
+        FaultModel("kv_block_heads_before_slots", paging,
+                   "every block of K and V (not their scales) is read as [NKV, BS, D], not [BS, NKV, D]",
+                   _golden_on(_block_heads_before_slots("k_cache", "v_cache"))),
+        FaultModel("k_scale_of_logical_block", "paging, SPEC §1 and §2.2",
+                   "K's scale is read at the logical block (the table's column), not at the physical block",
+                   _golden_on(_k_scale_of_logical_block)),
+        FaultModel("q_scale_of_kv_head", _MM1, "every query head of group n reads the q_scale of query head n",
+                   _golden_on(_q_scale_of_kv_head)),
+    ]
 
 
 # -- the stage models, seeded from the golden-level mutant catalog -------------------------------------
@@ -185,198 +272,20 @@ def _stage_models() -> list[FaultModel]:
     return models
 
 
-def _own_stage_models() -> list[FaultModel]:
-    """Stage models written here, for defects the golden-level catalog does not hold (the staged golden of
-    kernels/mutants with one stage changed): the P scale, P's clamp, the running max, the table column, the
-    last tile's length, the softmax scale's place, and one natural slip of each stage the catalog lacks."""
-
-    class PScaleNotInverted(StagedGolden):
-        def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
-            return p8, torch.reciprocal(p_scale)
-
-    class PClamped(StagedGolden):
-        top = 240.0
-
-        def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            # round(min(y, c)) = min(round(y), c) for an E4M3 value c: the rounding is monotone
-            p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
-            return p8.clamp(max=self.top), p_scale
-
-    class RunningMaxNotUpdated(WrittenOutUpdate):
-        store_max = False
-
-    class TableColumnShifted(StagedGolden):
-        shift = 1
-
-        def token_slots(self, block_table: torch.Tensor, b: int, tokens: torch.Tensor,
-                        start: int) -> tuple[torch.Tensor, torch.Tensor]:
-            bs, width = self.dims.block_size, block_table.shape[1]
-            columns = (tokens // bs + self.shift).clamp(0, width - 1)
-            return block_table[b, columns].long().clamp(min=0), tokens % bs
-
-    class TableColumnShiftedBack(TableColumnShifted):
-        shift = -1
-
-    # SPEC §2.3, the tile walk: a row of cur tokens is ceil(cur / s2_tile) tiles, the last holding the
-    # remainder, or a full s2_tile when cur is a multiple of it. The ways a kernel gets that length wrong,
-    # as the tokens that reach the result: the last tile's length taken as cur % s2_tile (0 when full: the
-    # tile is dropped), the tile count as cur // s2_tile (the partial tail dropped), or a full last tile
-    # one token short.
-    class LastTileDroppedWhenFull(StagedGolden):
-        def visible_length(self, lengths: list[int], b: int, i: int) -> int:
-            cur: int = super().visible_length(lengths, b, i)
-            return cur - self.dims.s2_tile if cur and cur % self.dims.s2_tile == 0 else cur
-
-    class PartialLastTileDropped(StagedGolden):
-        def visible_length(self, lengths: list[int], b: int, i: int) -> int:
-            cur: int = super().visible_length(lengths, b, i)
-            return cur - cur % int(self.dims.s2_tile)
-
-    class FullLastTileOneShort(StagedGolden):
-        def visible_length(self, lengths: list[int], b: int, i: int) -> int:
-            cur: int = super().visible_length(lengths, b, i)
-            return cur - 1 if cur and cur % self.dims.s2_tile == 0 else cur
-
-    # SPEC §2.3 and F2: the dequant scales in any order, then softmax_scale, last. A kernel that folds the
-    # softmax scale into a dequant factor rounds it with the scales, before the product it must follow.
-    class SoftmaxScaleFoldedIntoQScale(StagedGolden):
-        def scores(self, q_tile: torch.Tensor, k: torch.Tensor, q_scale_rows: torch.Tensor,
-                   k_scale_tokens: torch.Tensor) -> torch.Tensor:
-            folded = q_scale_rows * torch.tensor(self.dims.softmax_scale, dtype=torch.float32)
-            return exact_matmul(q_tile, k.T) * folded * k_scale_tokens.T
-
-    class SoftmaxScaleFoldedIntoDequant(StagedGolden):
-        def scores(self, q_tile: torch.Tensor, k: torch.Tensor, q_scale_rows: torch.Tensor,
-                   k_scale_tokens: torch.Tensor) -> torch.Tensor:
-            folded = q_scale_rows * k_scale_tokens.T * torch.tensor(self.dims.softmax_scale, dtype=torch.float32)
-            return exact_matmul(q_tile, k.T) * folded
-
-    # The stages whose one natural slip the catalog lacks, each the deviation SPEC §2 leaves room for.
-    # §2.1: the causal offset S1 - 1 - i counted from the other end (row i sees kv_act_seqs[b] - i tokens).
-    class CausalOffsetReversed(StagedGolden):
-        def visible_length(self, lengths: list[int], b: int, i: int) -> int:
-            return max(0, lengths[b] - i)
-
-    # §2.3: P = exp(S - m_j) in base 2 (an exp2 unit used without the log2(e) factor on its argument).
-    class ExpInBase2(StagedGolden):
-        def local_softmax(self, scores: torch.Tensor,
-                          valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            if valid is not None:
-                scores = torch.where(valid, scores, -torch.inf)
-            m_j = scores.amax(dim=-1, keepdim=True)
-            shifted = scores - m_j
-            if valid is not None:
-                shifted = torch.where(valid, shifted, -torch.inf)
-            p = torch.exp2(shifted.double()).float()
-            return m_j, p, p.double().sum(dim=-1, keepdim=True).float()
-
-    # §2.3 and §3: MM2 on the float32 P (no E4M3 round trip, no P scale).
-    class PNotQuantized(StagedGolden):
-        def tile_values(self, p: torch.Tensor, v: torch.Tensor, v_scale_channels: torch.Tensor,
-                        valid: torch.Tensor | None) -> torch.Tensor:
-            if valid is not None:
-                p = torch.where(valid, p, 0.0)
-            return exact_matmul(p, v) * v_scale_channels
-
-    # §2.3, the online update: O's two factors swapped (the running O times the tile's exp(m_j - m'), the
-    # tile's O_j times the old exp(m - m')), or both O's and l's. A kernel that starts from (m, l, O) =
-    # (-inf, 0, 0) and runs the update on the first tile too (the same result when the update is right)
-    # loses the first tile's O_j to the swap: exp(-inf) = 0 multiplies it.
-    class ORescaleFactorsSwapped(WrittenOutUpdate):
-        swap_l = False
-        from_empty = False
-
-        def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
-                   p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
-            if not bool(state.started.any()):
-                state.started = torch.ones_like(state.started)
-                if not self.from_empty:
-                    state.m, state.l, state.o = m_j, l_j, o_j
-                    return
-            m_new = torch.maximum(state.m, m_j)
-            a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
-            state.l = c * state.l + a * l_j if self.swap_l else a * state.l + c * l_j
-            state.o, state.m = c * state.o + a * o_j, m_new
-
-    class RescaleFactorsSwapped(ORescaleFactorsSwapped):
-        swap_l = True
-
-    class ORescaleFactorsSwappedFromEmpty(ORescaleFactorsSwapped):
-        from_empty = True
-
-    # §2.4: the output is O without the division by l.
-    class NotNormalized(StagedGolden):
-        def finalize(self, state: Any) -> torch.Tensor:
-            return torch.where(state.started, state.o, 0.0)
-
-    # §2.5: a row that sees no token is written with what the output buffer held: the row before it.
-    class EmptyRowKeepsPreviousRow(StagedGolden):
-        def write_empty_row(self, out: torch.Tensor, row: int) -> None:
-            if row > 0:
-                out[row] = out[row - 1]
-
+def _written_stage_models() -> list[FaultModel]:
+    """The stage models written from SPEC §2 (properties/stage_models.py), run as fault models."""
     def run(cls: type[StagedGolden]) -> ModelOutput:
         def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
             backend: KernelBackend = cls(codec=codec)
             by_name: dict[str, Any] = tensors   # as in _golden_on
             return backend.paged_attention_fp8(**by_name, **scalars)
         return output
-    return [
-        FaultModel("p_scale_not_inverted", "P quantization, SPEC §2.3 and §3",
-                   "P is dequantized with its quantization scale (448 / max P) instead of its reciprocal",
-                   run(PScaleNotInverted), cost=2),
-        FaultModel("p_clamped_to_240", "P quantization, SPEC §2.3 and §3",
-                   "P's scaled values are clamped to 240 before the E4M3 cast (the IEEE-style E4M3's largest value)",
-                   run(PClamped), cost=2),
-        FaultModel("running_max_not_updated", "online update, SPEC §2.3",
-                   "the running max keeps the first tile's value (m = m' is never stored)", run(RunningMaxNotUpdated), cost=2),
-        FaultModel("table_column_plus_one", "paging, SPEC §2.2",
-                   "every block reads the block-table column one too far (-1 entries read as block 0)",
-                   run(TableColumnShifted), cost=2),
-        FaultModel("table_column_minus_one", "paging, SPEC §2.2",
-                   "every block reads the block-table column one too early", run(TableColumnShiftedBack), cost=2),
-        FaultModel("last_tile_dropped_when_full", _TILE_WALK,
-                   "a row whose visible length is a multiple of s2_tile loses its last tile (its length taken as "
-                   "cur % s2_tile)", run(LastTileDroppedWhenFull), cost=2),
-        FaultModel("partial_last_tile_dropped", _TILE_WALK,
-                   "a row's partial last tile is dropped (cur // s2_tile tiles)", run(PartialLastTileDropped), cost=2),
-        FaultModel("full_last_tile_one_short", _TILE_WALK,
-                   "a full last tile reads s2_tile - 1 tokens (its last token never reaches the result)",
-                   run(FullLastTileOneShort), cost=2),
-        FaultModel("softmax_scale_folded_into_q_scale", _MM1,
-                   "softmax_scale is multiplied into q_scale before the dequant (SPEC F2: it comes last)",
-                   run(SoftmaxScaleFoldedIntoQScale), cost=2),
-        FaultModel("softmax_scale_folded_into_dequant", _MM1,
-                   "q_scale * k_scale * softmax_scale is formed first and applied once (SPEC F2: softmax_scale "
-                   "comes last)", run(SoftmaxScaleFoldedIntoDequant), cost=2),
-        FaultModel("causal_offset_reversed", "visible length, SPEC §2.1",
-                   "query row i sees kv_act_seqs[b] - i tokens (the causal offset counted from the first row)",
-                   run(CausalOffsetReversed), cost=2),
-        FaultModel("exp_in_base_2", "local softmax, SPEC §2.3",
-                   "P = 2 ** (S - m_j): an exp2 without the log2(e) factor", run(ExpInBase2), cost=2),
-        FaultModel("p_not_quantized", "P quantization, SPEC §2.3 and §3",
-                   "MM2 takes the float32 P (no E4M3 round trip, no P scale)", run(PNotQuantized), cost=2),
-        FaultModel("o_rescale_factors_swapped", "online update, SPEC §2.3",
-                   "O' = exp(m_j - m') * O + exp(m - m') * O_j (O's two factors swapped)",
-                   run(ORescaleFactorsSwapped), cost=2),
-        FaultModel("o_rescale_factors_swapped_from_empty", "online update, SPEC §2.3",
-                   "as o_rescale_factors_swapped, the update run from (m, l, O) = (-inf, 0, 0) on the first tile too "
-                   "(the first tile's O_j is lost)", run(ORescaleFactorsSwappedFromEmpty), cost=2),
-        FaultModel("rescale_factors_swapped", "online update, SPEC §2.3",
-                   "O and l each take the other term's factor: exp(m_j - m') on the running value, exp(m - m') on "
-                   "the tile's", run(RescaleFactorsSwapped), cost=2),
-        FaultModel("output_not_normalized", "output, SPEC §2.4", "the output is O, not divided by l",
-                   run(NotNormalized), cost=2),
-        FaultModel("empty_row_keeps_previous_row", "empty rows, SPEC §2.5",
-                   "a row that sees no token is written with the previous row's output (a buffer not cleared)",
-                   run(EmptyRowKeepsPreviousRow), cost=2),
-    ]
+    return [FaultModel(name, stage, text, run(cls), cost=2) for name, stage, text, cls in WRITTEN]
 
 
 def fault_models() -> list[FaultModel]:
     """Every fault model, cheapest first (input-level, then stage models)."""
-    return _input_models() + _own_stage_models() + _stage_models()
+    return _input_models() + _layout_models() + _written_stage_models() + _stage_models()
 
 
 def models_by_name() -> dict[str, FaultModel]:
