@@ -18,7 +18,7 @@ Decisions recorded here (SPEC §3), each with its test in tests/golden/test_code
   The 950's saturating cast writes 0 for NaN instead (``test_encode_keeps_nan``).
 - Signed zero keeps its sign (-0.0 -> 0x80), as every IEEE conversion does.
 
-How it runs at memory speed (issue 17). The rule of each codec is written once, as float arithmetic
+How it runs at memory speed (the budget in docs/performance.md). The rule of each codec is written once, as float arithmetic
 on the magnitude (``round_to_e4m3_grid``, ``e4m3_code_of`` in golden/e4m3.py, ``_encode_magnitude``), and ``encode``
 and ``round`` read it from a table of 2 x 65536 entries built from that rule on first use. The
 index of a float32 x is its top 16 bits (sign, exponent, 7 mantissa bits) and one more bit saying

@@ -27,14 +27,14 @@ __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KIND
 
 
 def _mutant(name: str, *, device=None, **options) -> Backend:
-    """``mutant:NAME``: a mutant of the catalog (kernels/mutants; issue 12)."""
+    """``mutant:NAME``: a mutant of the catalog (kernels/mutants)."""
     if device is not None:
         raise UsageError(f"device={device!r}: the mutants run on the CPU (golden level) or the sim; drop --device")
     return get_mutant(name.removeprefix("mutant:"), **options)
 
 
 def _conforming(name: str, *, device=None, **options) -> Backend:
-    """``conforming:NAME``: a correct variant using SPEC §4.1's freedoms (kernels/conforming; issue 16)."""
+    """``conforming:NAME``: a correct variant using SPEC §4.1's freedoms (kernels/conforming)."""
     if device is not None:
         raise UsageError(f"device={device!r}: the conforming variants run on the CPU; drop --device")
     return get_variant(name.removeprefix("conforming:"), **options)

@@ -1,4 +1,4 @@
-"""Platform probes: what SPEC §4.1's conformance model assumes, measured through a backend (issue 16).
+"""Platform probes: what SPEC §4.1's conformance model assumes, measured through a backend.
 
 SPEC §4.1 judges a kernel by a model (golden.model.ConformanceModel): float32 sums rounded to nearest
 (F1), ``exp`` within 2 ulp with ``exp(0) = 1`` exactly and ``O / l`` within 1 ulp (F3), and the bf16

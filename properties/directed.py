@@ -1,4 +1,4 @@
-"""Directed generation: a run's generated cases spent on the coverage holes first (issue 30).
+"""Directed generation: a run's generated cases spent on the coverage holes first.
 
 Hardware verification closes functional coverage by steering constrained-random stimulus at the bins no
 test has hit. Here: :func:`directed_cases` takes the bins a run's other cases already hit (the catalog's,
@@ -10,7 +10,7 @@ generation), it keeps the candidate that hits the hole and closes the most holes
 cover), then hits the most bins at all, then costs least (:func:`_worth`). Holes a candidate closes on
 the way are not aimed at again. Then it takes the plain draws in order, keeping only cases whose set of
 bins no kept case has (more rounds under derived seeds when that is not enough); only when those rounds
-found too few does a case repeat a set of bins (the issue's "unless every bin is hit": every bin these
+found too few does a case repeat a set of bins (no repeat "unless every bin is hit": every bin these
 shapes and distributions can reach is hit by then). Letting the plain draws
 compete, and preferring rich cases, matters for finding bugs, not only corners: measured with
 ``pfa-verify mutants --latency`` (docs/performance.md), aiming with narrowed draws alone, or preferring

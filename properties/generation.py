@@ -9,7 +9,7 @@ decides what is local: not the standard library, not site-packages, not a test f
 rebuilt whenever ``sys.modules`` grows, so what a seed generates depends on what else the process has
 imported: a backend module (kernels/backends/upstream.py), a user's kernel file, the mutants. The
 pool also changes how much randomness a draw consumes (one ``random.choice`` between one pool or two),
-so every later draw shifts. Measured before this pin (issue 20): ``cases.data.collect.generated_cases(12,
+so every later draw shifts. Measured before this pin (2026-11-30): ``cases.data.collect.generated_cases(12,
 0, supported=KERNEL_SHAPES)`` gave make_inputs seeds ``[53676, 1997, 2139095040, 101, 20123, 2328,
 10564, 208573, 65976, 575, 575, 108]`` in a plain process and ``[53676, 1997, 32683, 101, 20123, 2328,
 10564, 208573, 17713194, 2147483647, 0, 0]`` after importing kernels.backends.upstream, cases.measuring.mutants

@@ -1,4 +1,4 @@
-"""Known facts about failures, in one ledger. Every entry cites the issue that tracks it.
+"""Known facts about failures, in one ledger. Every entry cites where its reason is argued.
 
 A :class:`Finding` says what it matches, by its ``kind``:
 
@@ -10,7 +10,8 @@ A :class:`Finding` says what it matches, by its ``kind``:
 
 Rules:
 
-- ``reason`` must cite a tracking issue ("issue 7", "#7" or an issues URL); construction fails otherwise.
+- ``reason`` must cite where it is argued: a SPEC section ("SPEC §4.1" or "§4.1", docs/spec.md) or a docs
+  file ("docs/envelope.md"); construction fails otherwise.
 - ``backends`` scopes a case or domain finding to backends by name (empty: every backend).
 - ``case`` and ``domain`` findings are ``tolerated`` (they still run and are expected to fail: a strict
   xfail, so one that starts passing fails the run and the entry is removed once the fix lands) or
@@ -35,13 +36,13 @@ from golden.errors import UsageError
 __all__ = ["KINDS", "Finding", "LEDGER", "lookup", "survivors", "survivor", "check"]
 
 KINDS = ("case", "domain", "survivor")
-_ISSUE = re.compile(r"(issue\s+\d+|#\d+|/issues/\d+)", re.IGNORECASE)
+_ARGUED = re.compile(r"§\d+(?:\.\d+)*|\bdocs/[\w./-]+\.md\b")   # a SPEC section or a docs file
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """One known fact: what it matches (by ``kind``), why (``reason``, citing an issue), and how runs
-    treat it (``quarantined`` or tolerated; ``backends`` it applies to)."""
+    """One known fact: what it matches (by ``kind``), why (``reason``, citing where it is argued), and
+    how runs treat it (``quarantined`` or tolerated; ``backends`` it applies to)."""
     kind: str
     reason: str
     _: dataclasses.KW_ONLY       # what it matches, by name
@@ -54,8 +55,9 @@ class Finding:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r} must be one of {KINDS}")
-        if not _ISSUE.search(self.reason):
-            raise ValueError(f"reason={self.reason!r} must cite a tracking issue (e.g. 'issue 7')")
+        if not _ARGUED.search(self.reason):
+            raise ValueError(f"reason={self.reason!r} must cite where it is argued: a SPEC section "
+                             "(e.g. 'SPEC §4.1') or a docs file (e.g. 'docs/envelope.md')")
         given = {"case": bool(self.ids), "domain": self.match is not None, "survivor": bool(self.mutants)}
         selector = {"case": "ids", "domain": "match", "survivor": "mutants"}
         if not given[self.kind] or sum(given.values()) != 1:
@@ -87,8 +89,8 @@ class Finding:
 #: lets a conforming kernel move S at least as much (F2's scale orders, F1's summation orders), so its
 #: output lies inside the acceptance envelope of SPEC §4.2 (README: Verification power).
 LEDGER: tuple[Finding, ...] = (
-    Finding("survivor", "inside the acceptance envelope: the scale order moves S by at most 2 float32 ulps, which "
-                        "SPEC §4.1 lets a conforming kernel do too (F1, F2); issue 16",
+    Finding("survivor", "inside the acceptance envelope (SPEC §4.2): the scale order moves S by at most 2 float32 "
+                        "ulps, which SPEC §4.1 lets a conforming kernel do too (F1, F2)",
             mutants=("softmax_scale_before_dequant", "sim/softmax_scale_before_dequant")),
 )
 

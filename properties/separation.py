@@ -1,5 +1,5 @@
 """What the failures share: the case facts that separate a run's failing (or erroring) cases from its
-passing ones (issue 37).
+passing ones.
 
 A diagnosis reads one case; a run holds many. The facts properties/coverage.py reads from each case's
 config (its bins: a full last tile, a table width that is not a multiple of the blocks per tile, a group

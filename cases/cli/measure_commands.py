@@ -209,7 +209,7 @@ def add_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-cases", type=count(at_most=BENCH_CASES), default=20,
                         help=f"size of the kernel-sized workload (default 20, at most {BENCH_CASES:,})")
     parser.add_argument("--stages", action="store_true",
-                        help="add the suite's cost per example, stage by stage on one core, with issue 17's budget")
+                        help="add the suite's cost per example, stage by stage on one core, beside its budget")
     parser.add_argument("--tightness", type=count(at_most=TIGHTNESS_CASES), default=0, metavar="N",
                         help="the old spelling of 'pfa-verify tightness --cases N' (the envelope's tightness per "
                              f"value distribution), added after the bench (at most {TIGHTNESS_CASES:,})")

@@ -64,7 +64,7 @@ __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_i
            "CaptureWriteError", "Leftover", "FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_NPZ_BYTES", "MAX_JSON_DEPTH",
            "STALE_TEMPORARY_SECONDS"]
 
-# Format 2 (pfa-verify after issue 9): make_inputs' "tiny" distribution shrinks Q and K only. A
+# Format 2 (pfa-verify of 2026-11-30 on): make_inputs' "tiny" distribution shrinks Q and K only. A
 # format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
 # Format 3: the .npz is named by its content and the record carries its sha256 and arrays. Formats 1
 # and 2 are still read, their .npz checked for names, dtypes and shapes (they carry no sha256).

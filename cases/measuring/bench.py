@@ -10,7 +10,8 @@ s2_tile values); and ``conforming``, kernel-sized ``outlier_channels`` cases jud
 conforming variants (where the rule builds the envelope for some rows; part of ``all`` with ``--stages``
 only). For each it reports both goldens' time, the speed-up, cases per second, and whether the two
 agree (count of outputs that are not bit-identical). With ``--stages`` it adds the suite's cost per
-example, stage by stage on one core, with issue 17's budget and issue 26's lines (cases/measuring/bench_stages.py).
+example, stage by stage on one core, each beside its goal (the per-example budget and ratio lines of
+cases/measuring/bench_stages.py's GOALS).
 
 Run: ``pfa-verify bench [--repeat N] [--workload upstream|kernel|small|conforming|all] [--small-cases N]
 [--kernel-cases N] [--stages] [--json PATH]`` (the options: cases/cli/measure_commands.py). Speed goals live

@@ -1,4 +1,4 @@
-"""``pfa-verify conforming``: false reds of the suite, as a number (issue 16).
+"""``pfa-verify conforming``: false reds of the suite, as a number.
 
 The mutants' counterpart. Every variant of kernels/conforming is a correct kernel that uses only SPEC
 §4.1's freedoms (other float32 summation orders and trees, Kahan, fused multiply-adds, other dequant

@@ -1,6 +1,6 @@
 """``pfa-verify mutants --latency``: how many generated cases a run spends before it kills each mutant.
 
-The question of issue 30's directed generation: does aiming ``pfa-verify run``'s generated cases at the
+The question directed generation raises: does aiming ``pfa-verify run``'s generated cases at the
 coverage holes find bugs sooner, or later? For every mutant of a level, the generated cases of
 ``pfa-verify run --cases catalog --examples N --seed S`` for the mutant's shapes are judged in run order
 under the one acceptance rule until one kills it (a counted failure, inputs that come back changed, or a
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Latency", "kills", "latency_cell", "latency_rows", "summary", "render_table", "ORDERS"]
 
-#: The two orders compared: the run's (directed) and the plain draws of before issue 30.
+#: The two orders compared: the run's (directed) and the plain draws of before directed generation.
 ORDERS = ("directed", "plain")
 
 

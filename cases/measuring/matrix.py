@@ -1,4 +1,4 @@
-"""The one driver of a matrix: rows of backends, columns of laws and the catalog (issue 27).
+"""The one driver of a matrix: rows of backends, columns of laws and the catalog.
 
 ``pfa-verify mutants`` (kill matrices: a row stops a column at its first failure, and shrinks it) and
 ``pfa-verify conforming`` (false reds: every example runs, every failure counts) differ in what a cell

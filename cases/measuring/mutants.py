@@ -1,4 +1,4 @@
-"""``pfa-verify mutants``: how much the suite catches, as a number (issue 12).
+"""``pfa-verify mutants``: how much the suite catches, as a number.
 
 Every mutant of kernels/mutants (and the unmutated reference, the baseline) goes through the same laws,
 with the same examples (properties/law_examples.py), and the same catalog as every other run, under

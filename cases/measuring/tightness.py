@@ -1,4 +1,4 @@
-"""How tight the acceptance envelope is (SPEC §4.2, issue 16), per value distribution.
+"""How tight the acceptance envelope is (SPEC §4.2), per value distribution.
 
 For kernel-sized cases drawn by ``properties.strategies.cases_for`` for our kernel's shapes (derandomized,
 one distribution at a time) the envelope of the golden (golden.paged_attention_envelope, spec codec, SPEC

@@ -5,7 +5,8 @@ Device: the explicit argument, else TILE_FWK_DEVICE_ID, else the pytest-xdist wo
 checks everything it needs and raises BackendUnavailable with the missing piece: torch_npu, an NPU,
 the device index, pypto, a DAV_3510 chip.
 
-Reads past a block-table row (issue 20) are not detected here, and the backend says so
+Reads past a block-table row (PyPTO-Gym's kernel makes one on the catalog case
+``edge_tail_tile_3_tokens``) are not detected here, and the backend says so
 (``out_of_bounds_reads``); the sim backend reports them (kernels/pypto_workarounds/, W12). Poisoning
 them on the device (a wider buffer, a narrow view) cannot be done honestly for the table:
 - pypto reads ``block_table[b, j]`` as element ``b * MAXB + j`` of the tensor it is given, the row

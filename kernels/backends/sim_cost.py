@@ -1,7 +1,7 @@
 """What a sim execute costs, and how the sim backend keeps it inside a worker's memory.
 
 Measured on pypto 0.2.0's calculator with W9 and W10 (kernels/pypto_workarounds/), one OpenMP
-thread, 2026-11-30 (the fitted points are in the table below and in issue 10's closing note;
+thread, 2026-11-30 (the fitted points are in the table below;
 ``OMP_NUM_THREADS=1 /usr/bin/time -v pfa-verify run --backend sim --cases NAME --examples 0 --budget 0
 --no-capture`` re-measures a row: its first call is most of the case's seconds, its peak the maximum
 resident set size).

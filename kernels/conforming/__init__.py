@@ -1,4 +1,4 @@
-"""Conforming variants: correct kernels that use only SPEC §4.1's freedoms (issue 16), the counterpart
+"""Conforming variants: correct kernels that use only SPEC §4.1's freedoms, the counterpart
 of the mutant catalog (kernels/mutants). A mutant must fail a law; a conforming variant must never.
 
 Each variant is a backend (``kernels.get_backend("conforming:NAME")``) built on

@@ -1,4 +1,4 @@
-"""A catalog of realistic defects of FP8 paged attention, to measure what the suite catches (issue 12).
+"""A catalog of realistic defects of FP8 paged attention, to measure what the suite catches.
 
 Each mutant is a backend, selected by name (``kernels.get_backend("mutant:NAME")``), whose docstring
 names the bug. Two levels:

@@ -5,8 +5,8 @@ PyPTO-Gym's FP8 paged-attention kernel (page_attention_quant_fp8_impl.py) calls
 and its ``div`` takes no ``precision_type``: the kernel fails to parse. On 0.2.0 there is one division,
 and its calculator computes it as libtorch's IEEE float32 division (calc_torch.cpp), so the keyword is
 accepted (checked to be a PrecisionType) and dropped; nothing it could select exists to be measured
-here. With the bridge, the PyPTO-Gym kernel matches the golden under the calculator codec (issue 11's
-note). On a pypto that has ``PrecisionType``, nothing is patched.
+here. With the bridge, the PyPTO-Gym kernel matches the golden under the calculator codec. On a
+pypto that has ``PrecisionType``, nothing is patched.
 """
 from __future__ import annotations
 

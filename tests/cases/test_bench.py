@@ -58,17 +58,17 @@ def test_stage_rows_time_every_stage_and_total_them():
     cases = [Case(c, seed=i) for i, c in enumerate(small_workload(3))]
     rows = {r.stage: r for r in bs.stage_rows("small", cases)}
     assert list(rows) == ["inputs", "torch.rand", "golden spec", "golden calculator", "envelope", "comparison", "rule",
-                          "inputs / torch.rand (issue 26)", "inputs + rule", "rule / golden (issue 26)",
-                          "envelope / golden (issue 16)"]
+                          "inputs / torch.rand", "inputs + rule", "rule / golden",
+                          "envelope / golden"]
     for name in ("inputs", "torch.rand", "golden spec", "golden calculator", "envelope", "comparison", "rule"):
         assert rows[name].cases == 3 and 0 < rows[name].mean <= rows[name].worst
     # An example costs its inputs and the rule, which computes the golden itself (and the envelope only
     # where an element lies outside the tolerance: the golden's own output needs none).
     assert rows["inputs + rule"].mean == pytest.approx(rows["inputs"].mean + rows["rule"].mean)
-    assert rows["rule / golden (issue 26)"].mean == pytest.approx(rows["rule"].mean / rows["golden spec"].mean)
-    assert rows["inputs / torch.rand (issue 26)"].mean == pytest.approx(rows["inputs"].mean / rows["torch.rand"].mean)
+    assert rows["rule / golden"].mean == pytest.approx(rows["rule"].mean / rows["golden spec"].mean)
+    assert rows["inputs / torch.rand"].mean == pytest.approx(rows["inputs"].mean / rows["torch.rand"].mean)
     goldens = rows["golden spec"].mean + rows["golden calculator"].mean
-    assert rows["envelope / golden (issue 16)"].mean == pytest.approx(rows["envelope"].mean / goldens)
+    assert rows["envelope / golden"].mean == pytest.approx(rows["envelope"].mean / goldens)
 
 
 def test_the_rule_is_timed_on_the_outputs_given(monkeypatch):

@@ -24,20 +24,21 @@ def test_the_committed_ledger_names_only_what_exists():
 def test_the_known_survivor_is_in_the_ledger_at_both_levels():
     assert ledger.survivors("golden") == ("softmax_scale_before_dequant",)
     assert ledger.survivors("sim") == ("sim/softmax_scale_before_dequant",)
-    assert "issue 16" in ledger.survivor("sim/softmax_scale_before_dequant").reason
+    assert "SPEC §4.1" in ledger.survivor("sim/softmax_scale_before_dequant").reason
     assert ledger.survivor("causal_offset_ignored") is None
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(kind="case", reason="flaky on the simulator", ids=("abc",)), ValueError, "must cite a tracking issue"),
-    (dict(kind="bug", reason="issue 7", ids=("abc",)), ValueError, r"kind='bug' must be one of"),
-    (dict(kind="case", reason="issue 7"), ValueError, r"a 'case' finding names what it matches by ids alone"),
-    (dict(kind="case", reason="issue 7", ids=("abc",), mutants=("x",)), ValueError, "by ids alone"),
-    (dict(kind="domain", reason="issue 7", ids=("abc",)), ValueError, "by match alone"),
-    (dict(kind="survivor", reason="issue 7", match=lambda c: True), ValueError, "by mutants alone"),
-    (dict(kind="survivor", reason="issue 7", mutants=("x",), quarantined=True), ValueError, "takes neither backends"),
-    (dict(kind="case", reason="issue 7", ids="abc"), TypeError, r"ids='abc' must be a tuple of names"),
-], ids=["no issue", "unknown kind", "case without ids", "case with mutants", "domain with ids",
+    (dict(kind="case", reason="flaky on the simulator", ids=("abc",)), ValueError, "must cite where it is argued"),
+    (dict(kind="case", reason="flaky on the simulator, issue 7", ids=("abc",)), ValueError, r"a SPEC section \(e.g."),
+    (dict(kind="bug", reason="SPEC §4.1", ids=("abc",)), ValueError, r"kind='bug' must be one of"),
+    (dict(kind="case", reason="SPEC §4.1"), ValueError, r"a 'case' finding names what it matches by ids alone"),
+    (dict(kind="case", reason="SPEC §4.1", ids=("abc",), mutants=("x",)), ValueError, "by ids alone"),
+    (dict(kind="domain", reason="SPEC §4.1", ids=("abc",)), ValueError, "by match alone"),
+    (dict(kind="survivor", reason="SPEC §4.1", match=lambda c: True), ValueError, "by mutants alone"),
+    (dict(kind="survivor", reason="SPEC §4.1", mutants=("x",), quarantined=True), ValueError, "takes neither backends"),
+    (dict(kind="case", reason="SPEC §4.1", ids="abc"), TypeError, r"ids='abc' must be a tuple of names"),
+], ids=["no citation", "an issue number", "unknown kind", "case without ids", "case with mutants", "domain with ids",
         "survivor with a predicate", "quarantined survivor", "ids as a string"])
 def test_a_finding_must_say_what_it_matches_and_why(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -45,9 +46,9 @@ def test_a_finding_must_say_what_it_matches_and_why(kwargs, error, match):
 
 
 def test_lookup_by_id_or_by_config_within_the_backends():
-    by_id = ledger.Finding("case", "P flip on sim, issue 7", ids=("abc",), backends=("sim",))
-    causal = ledger.Finding("domain", "causal rows, #9", match=lambda c: c.s1 > 1, quarantined=True)
-    survivor = ledger.Finding("survivor", "issue 3", mutants=("x",))
+    by_id = ledger.Finding("case", "P flip on sim, SPEC §4.2", ids=("abc",), backends=("sim",))
+    causal = ledger.Finding("domain", "causal rows, docs/spec.md", match=lambda c: c.s1 > 1, quarantined=True)
+    survivor = ledger.Finding("survivor", "§2", mutants=("x",))
     entries = (by_id, causal, survivor)
     assert ledger.lookup("abc", "sim", entries) is by_id and ledger.lookup("abc", "npu", entries) is None
     assert ledger.lookup(None, "npu", entries, config=CONFIG) is causal and causal.quarantined
@@ -56,7 +57,7 @@ def test_lookup_by_id_or_by_config_within_the_backends():
 
 
 def test_an_entry_that_names_nothing_is_an_error():
-    entries = (ledger.Finding("case", "issue 7", ids=("abc", "def")), ledger.Finding("survivor", "issue 3", mutants=("nope",)))
+    entries = (ledger.Finding("case", "SPEC §4.1", ids=("abc", "def")), ledger.Finding("survivor", "§2", mutants=("nope",)))
     ledger.check(regression_ids=["abc", "def"], ledger=entries)                       # mutants not given: not checked
     with pytest.raises(ValueError, match=r"regression id 'def' matches no file in the regressions folder"):
         ledger.check(regression_ids=["abc"], ledger=entries)
@@ -70,9 +71,9 @@ def test_property_searches_draw_no_example_a_domain_finding_matches(monkeypatch)
     causal = lambda ex: ex[0].config.s1 > 1        # noqa: E731
     search = settings(database=None, max_examples=40, phases=[Phase.generate])     # found, not shrunk
     find(law_examples.examples("acceptance", golden_backend), causal, settings=search)       # reachable
-    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "causal rows, issue 9", match=in_domain),))
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "causal rows, SPEC §2", match=in_domain),))
     with pytest.raises(NoSuchExample):
         find(law_examples.examples("acceptance", golden_backend), causal, settings=search)
-    scoped = ledger.Finding("domain", "causal rows, issue 9", match=in_domain, backends=("sim",))
+    scoped = ledger.Finding("domain", "causal rows, SPEC §2", match=in_domain, backends=("sim",))
     monkeypatch.setattr(ledger, "LEDGER", (scoped,))                 # another backend's finding: drawn here
     find(law_examples.examples("acceptance", golden_backend), causal, settings=search)
