@@ -208,7 +208,8 @@ def _envelope_fields(both: torch.Tensor, bad_value: torch.Tensor, diff: torch.Te
         outside = torch.where(a > e, a - hi, lo - a) / tolerance
         outside = torch.where(bad_value, outside, torch.full((), -1.0, dtype=a.dtype))
         i_out = int(outside.reshape(-1).argmax())
-        fields.update(outside_envelope=float(outside.reshape(-1)[i_out]), outside_index=_unravel(i_out, a.shape))
+        fields.update(outside_envelope=float(outside.reshape(-1)[i_out]), outside_index=_unravel(i_out, a.shape),
+                      outside_abs_err=float(diff.reshape(-1)[i_out]))
     return fields
 
 
@@ -222,7 +223,15 @@ def _worst(bad_value: torch.Tensor, diff: torch.Tensor, a: torch.Tensor, e: torc
         rel = torch.where(bad_value, diff / e.abs(), torch.full((), -1.0, dtype=a.dtype))
     rel = torch.nan_to_num(rel, nan=-1.0, posinf=math.inf)
     i_rel = int(rel.reshape(-1).argmax())
+    # The rule's own measure: how many times what is allowed there each mismatch is off by (0 allowed: inf).
+    with torch.no_grad():
+        beyond = torch.where(bad_value, diff / allowed, torch.full((), -1.0, dtype=a.dtype))
+    beyond = torch.nan_to_num(beyond, nan=math.inf, posinf=math.inf)
+    i_beyond = int(beyond.reshape(-1).argmax())
     return dict(
+        beyond_allowed=float(beyond.reshape(-1)[i_beyond]), beyond_index=_unravel(i_beyond, a.shape),
+        beyond_abs_err=float(diff.reshape(-1)[i_beyond]),
+        beyond_allowed_there=float(allowed.reshape(-1)[i_beyond]) if isinstance(allowed, torch.Tensor) else float(allowed),
         max_abs_err=float(diff.reshape(-1)[i_abs]), max_abs_index=_unravel(i_abs, a.shape),
         max_abs_allowed=float(allowed.reshape(-1)[i_abs]) if isinstance(allowed, torch.Tensor) else float(allowed),
         max_rel_err=float(rel.reshape(-1)[i_rel]), max_rel_index=_unravel(i_rel, a.shape),

@@ -91,6 +91,29 @@ class Comparison:
     by_envelope: int = 0                # elements outside the tolerance but inside the envelope
     outside_envelope: float = 0.0       # worst mismatch's distance outside the envelope / its tolerance
     outside_index: tuple[int, ...] | None = None
+    outside_abs_err: float = 0.0        # |actual - expected| at outside_index
+    beyond_allowed: float = 0.0         # the mismatch farthest beyond the tolerance: |diff| / allowed there
+    beyond_index: tuple[int, ...] | None = None
+    beyond_abs_err: float = 0.0
+    beyond_allowed_there: float = 0.0
+
+    def worst_line(self) -> str | None:
+        """The failure's headline: its worst element by the rule's own measure, how far beyond what the rule
+        allows there (outside the envelope, in its tolerances, when an envelope widened the rule); None when
+        no value mismatched, or for a bit-exact comparison."""
+        if self.kind == "exact":    # nothing is allowed anywhere: the sections below say where it differs
+            return None
+        if self.nonfinite:          # a misplaced NaN or inf is beyond any tolerance
+            first = self.nonfinite[0]
+            return f"Worst element by the rule: {self.format_index(first.first_index)}, {first.what}"
+        if self.envelope and self.outside_index is not None:
+            return (f"Worst element by the rule: {self.format_index(self.outside_index)}, off by "
+                    f"{self.outside_abs_err:.1e}, outside the envelope by {self.outside_envelope:.2g}x its tolerance")
+        if self.beyond_index is None:
+            return None
+        times = "any difference" if self.beyond_allowed_there == 0 else f"{self.beyond_allowed:.2g}x"
+        return (f"Worst element by the rule: {self.format_index(self.beyond_index)}, off by {self.beyond_abs_err:.1e} "
+                f"where {self.beyond_allowed_there:.1e} is allowed ({times})")
 
     def format_index(self, index: tuple[int, ...] | None) -> str:
         """Render an index, as (b, i, h, d) for attention outputs when ``s1`` was given."""
@@ -126,6 +149,9 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
     if tags:
         header += " [" + ", ".join(f"{k} {v}" for k, v in tags.items()) + "]"
     lines = [header]
+    worst = result.worst_line() if result.attribute is None else None
+    if worst is not None:
+        lines.append(worst)
     if result.attribute is not None:
         lines.append(f"Attributes differ: {result.attribute}")
     else:

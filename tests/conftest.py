@@ -1,8 +1,8 @@
 """The suite's own pytest setup: markers, the regressions replayed first, the Hypothesis profile, and
 ``suite_pytester``. The options, fixtures (``backend``, ``check_law``, ``examples_for``), the report
-header and the skip and coverage summaries are the package's pytest plugin (cases/plugin/, the laws'
-plugin: its docstring lists the options), loaded here too, so that the suite runs from a clone with or
-without the package installed.
+header and the skip and coverage summaries are the package's pytest plugin (cases/plugin/ and its
+session part cases/plugin/session.py: the docstring lists the options), loaded here too, so that the
+suite runs from a clone with or without the package installed.
 
 One option of the suite's own: ``--allow-quarantined``, captured cases the ledger quarantines are
 skips (else failures: tests/cases/test_replay_captured.py).
@@ -20,7 +20,7 @@ from hypothesis import settings
 
 from cases.plugin import DEFAULT_PROFILE
 
-pytest_plugins = ("pytester", "cases.plugin")
+pytest_plugins = ("pytester", "cases.plugin", "cases.plugin.session")
 
 # The laws' profiles are the plugin's (cases/plugin/: ci, dev, nightly, npu, sim); the suite's tests use
 # them too, the default chosen as the plugin chooses it (ci when CI is set).

@@ -26,7 +26,7 @@ from cases.cli.arguments import (
     skip_kinds,
     worker_bound,
 )
-from cases.data.collect import SOURCES, aimed
+from cases.data.collect import SOURCES, aimed, shipped_left_out
 from cases.reporting import html_report, report
 from cases.reporting.report import result_rows
 from cases.reporting.report_compare import compare, load_report, print_comparison, write_html
@@ -92,8 +92,13 @@ def _cmd_run(args) -> int:
     def announce(items, note):
         progress.total = len(items)
         console.print(note, highlight=False, markup=False)
+        left_out = shipped_left_out(args.cases, args.regressions)
         console.print(f"{len(items)} cases: " + ", ".join(
             f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items), highlight=False)
+        if left_out:
+            console.print(f"--regressions {args.regressions}: the {len(left_out)} regressions shipped in "
+                          f"cases/regressions are left out ({', '.join(left_out)}); --cases all without "
+                          "--regressions runs them", highlight=False, markup=False)
 
     stop = args.interruption.stop
     try:
@@ -114,7 +119,7 @@ def _cmd_run(args) -> int:
     except ClusterError as exc:
         return cluster_refused(exc)
     run, summary, written = _write_reports(run, args)
-    report.print_report(run, console, summary)
+    report.print_report(run, console, summary, verbose=args.verbose)
     for line in written:
         console.print(line, highlight=False, markup=False)
     return summary.exit_status
@@ -153,12 +158,17 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                         "(PyPTO-Gym's kernel file or module, unchanged, on the sim; pypto-gym-npu:... on a 950) | "
                         "mutant:NAME | package.module:factory | path/file.py:factory (default: auto = npu, else sim; "
                         "falling back to the golden fails the run unless --allow-fallback)")
-    parser.add_argument("--cases", default="all", help="all | catalog | regressions | NAME,... (default all)")
+    parser.add_argument("--cases", default="all",
+                        help="all | catalog | regressions | generated | NAME,... (default all: the regressions and "
+                             "the catalog; every choice adds the --examples generated cases)")
     parser.add_argument("--examples", type=count(at_most=RUN_EXAMPLES), default=20,
                         help=f"generated cases (default 20, at most {RUN_EXAMPLES:,})")
     parser.add_argument("--seed", type=count, default=0, help="seed of the generated cases (default 0)")
     parser.add_argument("--distribution", type=distributions, default=None, metavar="NAME,...",
                         help="value distributions of the generated cases (default: all of golden.DISTRIBUTIONS)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="the table lists every case and comparison, with every column (default: the cases that "
+                             "did not pass, and one line per group of passing ones, within 100 columns)")
     parser.add_argument("--json", metavar="PATH", help="write the JSON report (cases/report.schema.json)")
     parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     parser.add_argument("--device", type=count, default=None, help="NPU index (npu: the first of the workers')")

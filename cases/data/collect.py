@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from cases.data import regressions
@@ -26,7 +27,7 @@ from properties.case import Case
 from properties.coverage import classify
 from properties.directed import Aim, directed_cases, draw, plain_draws
 
-__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "aimed",
+__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "shipped_left_out", "aimed",
            "case_record", "fingerprint", "selection"]
 
 SOURCES = ("regression", "catalog", "generated")
@@ -85,13 +86,15 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
                   regressions_dir=None, distributions: tuple[str, ...] | None = None) -> list:
     """Items in run order: regressions, then catalog cases, then generated ones.
 
-    ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, or a comma-separated
-    list of catalog names and regression ids.
+    ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, ``generated`` (the generated
+    cases alone), or a comma-separated list of catalog names and regression ids.
     """
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)
     ledger.check(regression_ids=ids, where=str(regressions.directory(regressions_dir)))   # a known failure must exist
-    if selection in ("all", "catalog", "regressions"):
+    if selection == "generated":
+        want_regs, want_cat = [], []
+    elif selection in ("all", "catalog", "regressions"):
         want_regs = ids if selection in ("all", "regressions") else []
         want_cat = list(catalog) if selection in ("all", "catalog") else []
     else:
@@ -99,7 +102,7 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
         unknown = [n for n in names if n not in catalog and n not in ids]
         if unknown or not names:
             raise UsageError(f"--cases {selection!r}: unknown name(s) {unknown}; expected all, catalog, "
-                             f"regressions, or names from `pfa-verify cases list` and the catalog "
+                             f"regressions, generated, or names from `pfa-verify cases list` and the catalog "
                              f"({', '.join(list(catalog)[:3])}, ...)")
         want_regs = [n for n in names if n in ids]
         want_cat = [n for n in names if n in catalog]
@@ -148,3 +151,12 @@ def selection(items: list, *, cases: str, examples: int, seed: int, supported: d
             "options": {"cases": cases, "examples": examples, "seed": seed,
                         "supported_shapes": {k: list(v) for k, v in supported.items()} if supported else None,
                         "distributions": list(distributions) if distributions else None}}
+
+
+def shipped_left_out(selection: str, regressions_dir) -> list[str]:
+    """The ids of the regressions shipped with the package (cases/regressions) that ``--cases all`` leaves
+    out because ``regressions_dir`` names another folder; [] when it names none or that one."""
+    shipped = regressions.FOLDER / "regressions"
+    if selection != "all" or regressions_dir is None or Path(regressions_dir).resolve() == shipped.resolve():
+        return []
+    return regressions.list_ids(directory=shipped)

@@ -29,49 +29,46 @@ Hypothesis profiles (``--hypothesis-profile NAME``): ci (derandomized, 20 exampl
 20), nightly (2000), npu and sim (kernel-sized, few). A session that runs the laws and names none gets
 ``ci`` when CI is set, else ``dev``; a session of other tests is left as it is.
 
-Fixtures: ``backend``; ``check_law(name, case, **params)``, which runs a law of properties.laws on the
-backend under test and captures a failure (cases.data.regressions.check); ``examples_for(law)``, the
-law's examples for the backend (properties/law_examples.py).
+Fixtures (cases/plugin/session.py): ``backend``; ``check_law(name, case, **params)``, which runs a law of
+properties.laws on the backend under test and captures a failure (cases.data.regressions.check);
+``examples_for(law)``, the law's examples for the backend (properties/law_examples.py).
+
+This module is what the entry point loads in every pytest session of the environment, so it imports
+pytest and Hypothesis only: its options, and the profiles. A session that runs the laws (it names
+cases.laws or a --backend) gets the rest, cases/plugin/session.py (torch, the backends, the fixtures,
+the report header and summaries); any other session is left as it is.
 """
 from __future__ import annotations
 
+import importlib
 import os
-from collections import Counter
-from typing import Any
 
 import pytest
-import torch
-from hypothesis import HealthCheck, Phase, event, settings
-from hypothesis.control import currently_in_test_context
+from hypothesis import HealthCheck, Phase, settings
 
-import kernels
-from cases.data import regressions
-from cases.data.versions import versions
-from golden.errors import UsageError
-from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
-from properties import law_examples
-from properties.coverage import Coverage, classify
-from properties.generation import pin_local_constants, reported_example
-
-__all__ = ["register_profiles", "DEFAULT_PROFILE"]
+__all__ = ["register_profiles", "DEFAULT_PROFILE", "SESSION_PLUGIN"]
 
 #: The profile a session that runs the laws gets when it names none.
 DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+#: The plugin of a session that runs the laws (registered by :func:`pytest_configure`).
+SESSION_PLUGIN = "cases.plugin.session"
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+# Every phase but explain: once an example fails, explain traces every later run of the law (its
+# diagnosis included), minutes of a failing law on a CPU, for a line the failure text already gives.
+_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 
 
 def register_profiles() -> None:
     """The Hypothesis profiles of the laws (the module docstring); registering loads none."""
     settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, database=None,
-                              print_blob=True, suppress_health_check=_SLOW_OK)
-    settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
-    settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True,
+                              print_blob=True, phases=_PHASES, suppress_health_check=_SLOW_OK)
+    settings.register_profile("dev", max_examples=20, deadline=None, phases=_PHASES, suppress_health_check=_SLOW_OK)
+    settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True, phases=_PHASES,
                               suppress_health_check=_SLOW_OK)
-    settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True,
-                              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True, phases=_PHASES,
                               suppress_health_check=_SLOW_OK)
     settings.register_profile("sim", derandomize=True, max_examples=10, deadline=None, database=None,
-                              print_blob=True, suppress_health_check=_SLOW_OK)
+                              print_blob=True, phases=_PHASES, suppress_health_check=_SLOW_OK)
 
 
 register_profiles()
@@ -100,168 +97,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "$PFA_VERIFY_REGRESSIONS)")
 
 
-def _runs_the_laws(config: pytest.Config) -> bool:
-    """Whether the session names the laws (cases.laws) or a backend: the sessions whose profile is ours."""
+def runs_the_laws(config: pytest.Config) -> bool:
+    """Whether the session names the laws (cases.laws) or a backend: the sessions the plugin is for."""
     args = [str(a) for a in config.invocation_params.args]
     return any("cases.laws" in a or "cases/laws" in a or a.startswith("--backend") for a in args)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # One torch thread per xdist worker: the workers share the cores, and the sim backend's
-        # calculator runs thousands of tiny ops between which extra threads only spin (its
-        # measurements: kernels/backends/sim_cost.py). A backend never sets this itself.
-        torch.set_num_threads(1)
-    # Derandomized examples depend on the test, the Hypothesis version and the profile only, never on
-    # what else the session imported (another backend's module, a kernel file, the mutants): the
-    # local-constant pool Hypothesis would mix into its draws is pinned empty (properties/generation.py).
-    pin_local_constants()
-    if _runs_the_laws(config) and config.getoption("--hypothesis-profile", None) is None:
-        settings.load_profile(DEFAULT_PROFILE)
-    folder = config.getoption("--regressions")
-    if folder is not None:
-        os.environ[regressions.REGRESSIONS_ENV] = str(folder)
-
-
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    # From its metadata, never imported: pypto must first be imported by kernels.pypto_workarounds.
-    pypto_version = versions()["pypto"] or "not installed"
-    seed = config.getoption("hypothesis_seed", None)
-    profile = settings.get_current_profile_name()
-    derandomized = settings.default is not None and settings.default.derandomize
-    lines = [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
-             (f"pfa-verify: hypothesis profile={profile} "
-             f"seed={seed if seed is not None else ('derandomized' if derandomized else 'random')}")]
-    if config.option.markexpr:
-        # Under xdist the summary line does not count deselected tests: say here what is left out.
-        lines.append(f"pfa-verify: only tests matching -m {config.option.markexpr!r} run; the rest are not checked "
-                     "in this session")
-    return lines
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    # Skips are "cannot run here", never a pass: count them by reason so nobody mistakes them.
-    reasons: Counter = Counter()
-    for report in terminalreporter.stats.get("skipped", []):
-        longrepr = report.longrepr
-        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
-        reasons[reason.removeprefix("Skipped: ")] += 1
-    if reasons:
-        terminalreporter.section("pfa-verify: skipped (cannot run here)")
-        for reason, count in reasons.most_common():
-            terminalreporter.write_line(f"{count:5d}  {reason}")
-    _coverage_summary(terminalreporter)
-
-
-@pytest.fixture(scope="session")
-def backend(request: pytest.FixtureRequest):
-    """The backend named by --backend (kernels.get_backend). One that cannot run here fails the
-    tests that need it, with the reason (no torch_npu, no 950, pypto not installed...); with
-    --allow-unavailable they are skipped instead, counted in the summary."""
-
-    name = request.config.getoption("--backend")
-    device = request.config.getoption("--device")
-    supervised = name != "golden" and not request.config.getoption("--in-process")
-    chosen: Any
-    try:
-        if supervised:
-            supervisor = Supervisor(BackendSpec(name=name, device=device),
-                                    case_timeout=request.config.getoption("--case-timeout"))
-            request.addfinalizer(supervisor.close)
-            chosen = SupervisedBackend(supervisor)
-        else:
-            chosen = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
-            if name != "golden":        # --in-process: the kernel's exits are still failures (GuardedBackend)
-                chosen = GuardedBackend(chosen)
-    except UsageError as exc:
-        pytest.fail(f"backend {name!r}: {exc}", pytrace=False)
-    except kernels.BackendUnavailable as exc:
-        message = f"backend {name!r} cannot run here: {exc.reason}"
-        if request.config.getoption("--allow-unavailable"):
-            pytest.skip(message)
-        pytest.fail(message + " (--allow-unavailable skips its tests instead)", pytrace=False)
-    if getattr(chosen, "fallback", False) and not request.config.getoption("--allow-fallback"):
-        pytest.fail(f"{chosen.selection} (--allow-fallback runs the golden instead)", pytrace=False)
-    return chosen
-
-
-@pytest.fixture(scope="session")
-def examples_for(backend):
-    """``examples_for(law)``: the law's ``(case, params)`` examples for the backend under test
-    (kernel-sized for a kernel backend: its ``supported_shapes``), properties/law_examples.py."""
-
-    def strategy(law: str):
-        return law_examples.examples(law, backend)
-    return strategy
-
-
-@pytest.fixture(scope="session")
-def check_law(backend, request: pytest.FixtureRequest):
-    """``check_law(name, case, **params)``: law ``name`` on the backend under test; a failure is
-    captured in cases/regressions (named so that a fresh process rebuilds the backend) before it is
-    reported, and the message ends with the replay command."""
-
-    option = request.config.getoption("--backend")
-    name_in_files = backend.name if option == "auto" else option
-    budget = getattr(backend, "shrink_calls", None)
-    after_failure: dict[str, int] = {}     # test id -> law calls since its first failure
-
-    def check(name: str, case, **params) -> None:
-        __tracebackhide__ = True
-        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
-        _record_coverage(case)
-        if budget is not None and after_failure.get(test, -1) >= budget and not reported_example():
-            return      # past the backend's shrink budget: every attempt "passes", the shrinker keeps its best
-        failed = False
-        try:
-            regressions.check(name, backend, case, backend_name=name_in_files, **params)
-        except kernels.BackendUnavailable as exc:   # e.g. AT-12 on a paged-attention-only kernel
-            pytest.skip(f"{backend.name} cannot run law {name}: {exc.reason}")
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            if test in after_failure:
-                after_failure[test] += 1
-            elif failed:
-                after_failure[test] = 0
-    return check
-
-
-#: Coverage bins (properties/coverage.py) of every paged case a law ran on in this process: name -> hits.
-_COVERAGE_HITS: Counter = Counter()
-_COVERAGE_CASES = [0]
-
-
-def _record_coverage(case) -> None:
-    """Count the bins of a law's case, and tell Hypothesis (``--hypothesis-show-statistics`` lists them per law)."""
-    config = getattr(case, "config", None)
-    if config is None or not hasattr(config, "block_table"):
-        return
-    bins = classify(config)
-    _COVERAGE_HITS.update(bins)
-    _COVERAGE_CASES[0] += 1
-    if currently_in_test_context():
-        for name in sorted(bins):
-            event(f"coverage: {name}")
-
-
-def pytest_sessionfinish(session) -> None:
-    workeroutput = getattr(session.config, "workeroutput", None)     # an xdist worker: hand the counts over
-    if workeroutput is not None:
-        workeroutput["pfa_coverage"] = {"hits": dict(_COVERAGE_HITS), "cases": _COVERAGE_CASES[0]}
-
-
-@pytest.hookimpl(optionalhook=True)      # xdist's hook: absent under -p no:xdist
-def pytest_testnodedown(node, error) -> None:                        # xdist's controller: merge the workers'
-    got = getattr(node, "workeroutput", {}).get("pfa_coverage")
-    if got:
-        _COVERAGE_HITS.update(got["hits"])
-        _COVERAGE_CASES[0] += got["cases"]
-
-
-def _coverage_summary(terminalreporter) -> None:
-    if not _COVERAGE_CASES[0]:
-        return
-    terminalreporter.section("pfa-verify: coverage of the law runs (properties/coverage.py)")
-    terminalreporter.write_line(Coverage.from_hits(_COVERAGE_HITS, _COVERAGE_CASES[0]).line("law examples"))
+    if runs_the_laws(config) and not config.pluginmanager.has_plugin(SESSION_PLUGIN):
+        # imported here, not at the top: every other session of the environment is spared torch
+        config.pluginmanager.register(importlib.import_module(SESSION_PLUGIN), SESSION_PLUGIN)

@@ -31,6 +31,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from cases.data import schemas
@@ -345,8 +346,46 @@ def skipped_groups(run) -> dict:
 _STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped": "dim", "uncounted": "yellow"}
 
 
-def render_table(run):
-    """A rich Table of :func:`table_rows`."""
+def render_table(run, *, verbose: bool = False, width: int = 100):
+    """A rich Table of :func:`table_rows`: every row and column when ``verbose``; else, within ``width``
+    columns, the rows that did not pass, one at a time, and one row per group of passing ones (their source
+    and comparison), with their count, their largest error and their time."""
+    if verbose:
+        return _every_row(run)
+    table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold",
+                  width=width)
+    table.add_column("case", no_wrap=True)
+    table.add_column("reference", no_wrap=True)
+    for col in ("max abs", "mismatched", "s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("verdict", ratio=1, overflow="fold")       # the one column that wraps
+    passing: dict[tuple[str, str], list[ResultRow]] = {}
+    for row in table_rows(run):
+        if row.verdict == "pass":
+            passing.setdefault((row.case.source, row.reference), []).append(row)
+    shown_groups: set[tuple[str, str]] = set()
+    for row in table_rows(run):
+        key = (row.case.source, row.reference)
+        if row.verdict == "pass":
+            if key in shown_groups:
+                continue
+            shown_groups.add(key)
+            group = passing[key]
+            worst = max((r.codec.max_abs_err for r in group if r.codec is not None and r.codec.max_abs_err is not None),
+                        default=None)
+            seconds = sum(r.case.seconds for r in group if r.first)
+            name = f"{len(group)} {key[0]} case{'s' if len(group) != 1 else ''}"
+            table.add_row(name, row.reference, _fmt(worst), "-", f"{seconds:.1f}", f"[{_STYLE['pass']}]pass[/]")
+            continue
+        c = cells(row)
+        verdict = row.shown_verdict + (f": {c['note']}" if row.verdict == "fail" and c["note"] else "")
+        table.add_row(row.case.name, row.reference, c["max_abs"], c["mismatched"],
+                      c["seconds"] if row.first else "", f"[{_STYLE[row.style]}]{escape(verdict)}[/]")
+    return table
+
+
+def _every_row(run):
+    """The whole table: every row, every column (``pfa-verify run -v``)."""
     table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold")
     nodes = (run.execution or {}).get("executor") == "ray"     # a cluster run names each case's node
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("backend", {"overflow": "fold"}), ("reference", {}),
@@ -380,9 +419,9 @@ def coverage_line(run) -> str | None:
     return coverage_text(run.coverage) if run.coverage else None
 
 
-def print_report(run, console, summary: RunSummary | None = None) -> None:
+def print_report(run, console, summary: RunSummary | None = None, *, verbose: bool = False) -> None:
     summary = summary or summarize(run)
-    console.print(render_table(run))
+    console.print(render_table(run, verbose=verbose))
     for (_, why), names in skipped_groups(run).items():
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         console.print(f"[dim]Skipped {len(names)}: {shown}: {why}[/]", highlight=False,

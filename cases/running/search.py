@@ -1,4 +1,4 @@
-"""``pfa-verify search``: long law searches (the nightly kind), split into tasks, on any pool (issue 19).
+"""``pfa-verify search``: long law searches (the nightly kind), split into tasks, on any pool.
 
 Each law's search of ``examples`` examples is split into ``tasks`` tasks of about ``examples / tasks``
 examples, each under its own seed (:func:`task_seed`: distinct per law and task, the same for the same

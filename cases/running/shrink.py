@@ -1,7 +1,7 @@
 """Hypothesis searches of the suite's own commands: find the first failing example, then shrink it.
 
-:func:`hunt` is the one search: ``pfa-verify mutants`` runs it per (mutant, law), and ``pfa-verify
-run`` runs it to shrink the failures of its generated cases (issue 12). A failing generated case is
+:func:`hunt` is the one search: ``pfa-verify mutants`` runs it per (mutant, law), ``pfa-verify laws`` and
+``search`` per law, and ``pfa-verify run`` to shrink the failures of its generated cases. A failing generated case is
 rarely the smallest case that shows its bug, and one bug fails many generated cases alike, so before
 anything is captured the failures are grouped by :func:`signature` (category of the one acceptance
 rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker: the

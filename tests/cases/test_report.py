@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_every_result_names_its_node_and_the_report_its_executor(failing_run):
 
 def test_table_has_the_columns_and_verdicts(failing_run):
     console = Console(width=220, record=True, force_terminal=False)
-    report.print_report(failing_run, console)
+    report.print_report(failing_run, console, verbose=True)
     text = console.export_text()
     for column in ("case", "source", "backend", "reference", "max abs", "max rel", "mismatched/total",
                    "worst (row, head, d)", "verdict"):
@@ -101,11 +102,29 @@ def test_table_has_the_columns_and_verdicts(failing_run):
     assert text.count("Replay: pfa-verify cases --dir ") == report.summarize(failing_run).counts["failing_cases"]
 
 
+@pytest.mark.parametrize("which", ["failing_run", "codec_run"])
+def test_the_table_shows_what_did_not_pass_and_groups_the_rest_within_100_columns(which, request):
+    run = request.getfixturevalue(which)
+    console = Console(width=220, record=True, force_terminal=False)
+    console.print(report.render_table(run))
+    table = console.export_text()
+    assert max(len(line) for line in table.splitlines()) <= 100
+    rows = report.table_rows(run)
+    shown = {r.case.name for r in rows if r.verdict != "pass"}
+    assert shown and all(f" {name} " in table for name in shown)
+    passing = [r for r in rows if r.verdict == "pass"]
+    assert not any(f" {r.case.name} " in table for r in passing if r.case.name not in shown)
+    for source, reference in {(r.case.source, r.reference) for r in passing}:
+        n = sum(1 for r in passing if (r.case.source, r.reference) == (source, reference))
+        assert f" {n} {source} case{'s' if n != 1 else ''} " in table
+
+
 def test_uncounted_codec_difference_is_shown(codec_run):
     console = Console(width=220, record=True, force_terminal=False)
     report.print_report(codec_run, console)
     text = console.export_text()
-    assert "fail (not counted): backend codec" in text and "-> OK" in text
+    cells = " ".join(re.sub("[│┃]", " ", text).split())       # the table wraps its verdict column
+    assert "fail (not counted): backend codec" in cells and "-> OK" in text
 
 
 def test_report_names_what_it_checked_by_content(failing_run):

@@ -10,7 +10,7 @@ import pytest
 import golden
 import kernels.backends as kb
 from cases import cli
-from cases.data import regressions
+from cases.data import collect, regressions
 from cases.data import regressions as regs
 from cases.data.catalog import load_catalog
 from cases.data.collect import Item, generated_cases
@@ -95,6 +95,22 @@ def test_unknown_case_name_is_a_usage_error(tmp_path, capsys):
     assert "no_such_case" in capsys.readouterr().err
 
 
+def test_the_generated_cases_alone_are_a_selection(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert cli.main(["run", "--backend", "golden", "--cases", "generated", "--examples", "3", "--no-capture",
+                     "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert [r["source"] for r in data["results"]] == ["generated"] * 3
+    assert "3 cases: 0 regression, 0 catalog, 3 generated" in capsys.readouterr().out
+
+
+def test_another_regressions_folder_says_the_shipped_captures_are_left_out(tmp_path):
+    shipped = regressions.list_ids(directory=regressions.FOLDER / "regressions")
+    assert shipped and collect.shipped_left_out("all", tmp_path) == shipped
+    assert collect.shipped_left_out("all", None) == [] == collect.shipped_left_out("catalog", tmp_path)
+    assert collect.shipped_left_out("all", regressions.FOLDER / "regressions") == []
+
+
 def test_generated_cases_repeat_for_a_seed():
     a = generated_cases(4, 11)
     assert len(a) == 4 and a == generated_cases(4, 11)
@@ -149,7 +165,7 @@ def _ledger_case(tmp_path, monkeypatch, backend: str, **finding):
     reg = regressions.Regression.from_failure("acceptance", backend, load_catalog()["edge_causal_s1_3_short"], {},
                                               "captured")
     regressions.save(reg, directory=tmp_path / "regs")
-    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, issue 9", ids=(reg.id,), **finding),))
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, SPEC §4.2", ids=(reg.id,), **finding),))
     return reg.id
 
 
@@ -158,7 +174,7 @@ def test_ledger_tolerated_failure_runs_and_is_not_counted(tmp_path, monkeypatch)
     status, data = _run(tmp_path, backend=PERTURB, cases=rid, examples=0)
     r = data["results"][0]
     assert status == 0 and r["verdict"] == "fail" and r["counts"] is False
-    assert "Known failure (ledger): known, issue 9" in r["message"]
+    assert "Known failure (ledger): known, SPEC §4.2" in r["message"]
 
 
 def test_ledger_tolerated_case_that_passes_fails_the_run(tmp_path, monkeypatch):
@@ -197,18 +213,18 @@ def test_ledger_domain_finding_covers_cases_by_their_config(tmp_path, monkeypatc
     """A domain finding matches by a predicate over the config, whatever the case's source: quarantined,
     the catalog case it matches is not launched; tolerated, its failure is a strict xfail."""
     causal = lambda c: c.s1 == 3    # noqa: E731 - edge_causal_s1_3_short, not edge_tail_tile_3_tokens
-    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, issue 9", match=causal, quarantined=True),))
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, SPEC §2", match=causal, quarantined=True),))
     status, data = _run(tmp_path, backend="golden", cases="edge_causal_s1_3_short,edge_tail_tile_3_tokens")
     assert [(r["verdict"], r["skip_kind"]) for r in data["results"]] == [("skipped", "quarantined"), ("pass", None)]
     assert status == 1
-    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, issue 9", match=causal, backends=(PERTURB,)),))
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("domain", "S1 = 3, SPEC §2", match=causal, backends=(PERTURB,)),))
     status, data = _run(tmp_path, backend=PERTURB, cases="edge_causal_s1_3_short")
     r = data["results"][0]
-    assert (status, r["verdict"], r["counts"]) == (0, "fail", False) and "Known failure (ledger): S1 = 3, issue 9" in r["message"]
+    assert (status, r["verdict"], r["counts"]) == (0, "fail", False) and "Known failure (ledger): S1 = 3, SPEC §2" in r["message"]
 
 
 def test_a_ledger_id_that_matches_no_file_stops_the_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, issue 9", ids=("0123456789",)),))
+    monkeypatch.setattr(ledger, "LEDGER", (ledger.Finding("case", "known, SPEC §4.2", ids=("0123456789",)),))
     status = cli.main(["run", "--backend", "golden", "--cases", "catalog", "--regressions", str(tmp_path / "regs")])
     err = capsys.readouterr().err
     assert status == 2 and "regression id '0123456789' matches no file in" in err and "Traceback" not in err

@@ -164,12 +164,22 @@ def test_message_snapshot_close():
                          s1=1, context=["Attribution: all 2 in batch 1", "Replay: pfa-verify cases replay abc"])
     assert str(info.value) == (
         "Kernel output vs golden not close (SPEC §4) [case c1, backend sim]\n"
+        "Worst element by the rule: (b=0, i=0, h=0, d=0), NaN where expected is finite\n"
         "Mismatched elements: 2 / 16 (12.5%)\n"
         "Non-finite: 1 NaN where expected is finite, first at (b=0, i=0, h=0, d=0)\n"
         "Greatest absolute difference: 5.0e-01 at (b=1, i=0, h=1, d=3) (7.9e-03 allowed there)\n"
         "Greatest relative difference: 5.0e-01 at (b=1, i=0, h=1, d=3) (7.8e-03 allowed)\n"
         "Attribution: all 2 in batch 1\n"
         "Replay: pfa-verify cases replay abc")
+
+
+def test_the_headline_is_the_element_farthest_beyond_what_is_allowed_there():
+    """Not the greatest absolute difference: a small error where little is allowed is the worse one."""
+    e = torch.tensor([100.0, 1e-3])
+    a = torch.tensor([101.5, 2e-3])          # 1.5 off where ~0.78 is allowed; 1e-3 off where ~1e-4 is allowed
+    res = cmp.compare(a, e, kind="attention")
+    assert res.max_abs_index == (0,) and res.beyond_index == (1,)
+    assert res.worst_line().startswith("Worst element by the rule: (1,), off by 1.0e-03 where 1.1e-04 is allowed (9.")
 
 
 def test_message_snapshot_exact_and_attributes():

@@ -1,0 +1,49 @@
+"""The package's pytest plugin (cases/plugin/): the laws from the installed package, in a folder that is not
+the checkout, and no trace of it in a session of other tests (no profile, no torch)."""
+from __future__ import annotations
+
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def outside(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A pytest session in a fresh folder, the package importable (installed, or the checkout on the path),
+    the plugin loaded as the entry point loads it, its captures kept in its folder."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(pytester.path / "regressions"))
+    return pytester
+
+
+def _plugin_args() -> tuple[str, ...]:
+    installed = any(ep.value == "cases.plugin" for ep in entry_points(group="pytest11"))
+    return ("-p", "no:cacheprovider") + (() if installed else ("-p", "cases.plugin"))
+
+
+def test_the_laws_run_from_the_package_against_a_named_backend(outside):
+    example = ROOT / "docs" / "examples" / "my_backend.py"
+    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
+                                          f"{example}:make_backend", "-k", "at12 or outputs_finite")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["pfa-verify: backend=*my_backend.py:make_backend*", "*hypothesis profile=dev*"])
+
+
+def test_a_session_of_other_tests_keeps_hypothesis_defaults_and_never_imports_torch(outside):
+    outside.makepyfile(test_other='''
+        import sys
+        from hypothesis import given, settings, strategies as st
+
+        @given(st.integers())
+        def test_defaults(x):
+            assert settings().max_examples == 100 and "torch" not in sys.modules
+    ''')
+    result = outside.runpytest_subprocess(*_plugin_args())
+    result.assert_outcomes(passed=1)
+    assert "pfa-verify:" not in result.stdout.str()
