@@ -7,13 +7,15 @@ independently at every operation and on every call:
   tree, each addition rounded to nearest (a fused multiply-add, rounded once, allowed);
 - F2 scaling order: the dequant multiplications of MM1 (``q_scale``, ``k_scale``; ``softmax_scale``
   last) and of MM2 (``p_scale``, ``v_scale``) in any order, each rounded to float32;
-- F3 ``exp`` within 2 ulp with ``exp(0) = 1`` exactly, ``O / l`` within 1 ulp.
+- F3 ``exp`` within 3 ulp with ``exp(0) = 1`` exactly, ``O / l`` within 1 ulp (3 ulp: OpenCL 1.2's
+  full-profile bound for single-precision exp, so that numpy's float32 ``exp``, measured at 2.44 ulp, and
+  CUDA's ``expf`` (2 ulp) conform).
 
 :data:`SPEC_MODEL` is that contract. The acceptance envelope (golden/envelope/builder.py) is computed for a
 model, so a backend that knows more about itself may declare a *narrower* one (``exp`` within 1 ulp, or
 sums rounded once like the golden's) and be judged by it; it may never declare a wider one
 (:meth:`ConformanceModel.check_narrower`). A platform probe that measures a wider behaviour (a
-truncating accumulator, a 3-ulp ``exp``) makes a model that is not narrower: the backend is then reported
+truncating accumulator, a 4-ulp ``exp``) makes a model that is not narrower: the backend is then reported
 as outside SPEC §4.1, and its envelope is the measured model's, never a larger tolerance.
 """
 from __future__ import annotations
@@ -39,8 +41,9 @@ class ConformanceModel:
     * ``sums`` -- one of :data:`SUM_MODES` (F1).
     * ``scale_order`` -- ``"any"``: the dequant multiplications in any order and association (F2);
       ``"spec"``: exactly SPEC §2.3's order.
-    * ``exp_ulps`` -- the largest error of ``exp`` in float32 ulps (F3: 2); ``exp(0) = 1`` exactly is
-      part of every model (the P scale is then 448).
+    * ``exp_ulps`` -- the largest error of ``exp`` in float32 ulps (F3: 3, SPEC's ulp of the exact value);
+      ``exp(0) = 1`` exactly is part of every model (the row max of P is then at least 1 and the P scale
+      at most 448; below 0 a 3-ulp exp may return 1 + 2**-23, so the scale may be a rounding below 448).
     * ``div_ulps`` -- the largest error of ``O / l`` in float32 ulps (F3: 1).
     * ``deterministic`` -- whether the backend takes the same choices on every call for the same
       logical computation, whatever the physical layout (a fixed summation order, say). SPEC §4.1 lets
@@ -53,7 +56,7 @@ class ConformanceModel:
     name: str = "SPEC §4.1"
     sums: str = "any-order"
     scale_order: str = "any"
-    exp_ulps: float = 2.0
+    exp_ulps: float = 3.0
     div_ulps: float = 1.0
     deterministic: bool = False
 

@@ -1,14 +1,17 @@
 """Platform probes: what SPEC §4.1's conformance model assumes, measured through a backend.
 
 SPEC §4.1 judges a kernel by a model (golden.model.ConformanceModel): float32 sums rounded to nearest
-(F1), ``exp`` within 2 ulp with ``exp(0) = 1`` exactly and ``O / l`` within 1 ulp (F3), and the bf16
+(F1), ``exp`` within 3 ulp with ``exp(0) = 1`` exactly and ``O / l`` within 1 ulp (F3), and the bf16
 output rounded to nearest even. These probes run the kernel's own float32 operations on the backend,
 one operation per kernel (kernels/probe_kernels.py; the FP8 matmul through our AT-12 kernel with unit
 scales), on inputs built to expose each assumption:
 
-  exp_zero         exp(+0) and exp(-0) must be 1.0 exactly (the P scale is then 448)
+  exp_zero         exp(+0) and exp(-0) must be 1.0 exactly (a row max of P is then at least 1: the P
+                   scale at most 448)
   exp_ulps         exp over [-87, 0] (the arguments S - m_j and m - m' take) against float64 exp,
-                   the error in float32 ulps of the exact value
+                   the error in float32 ulps of the exact value, reported against the declared
+                   model's exp_ulps (SPEC_MODEL: F3's 3). What the 950's vector exp achieves is not
+                   published: this probe is how it is known, on the sim's calculator or on a 950
   matmul_rounding  FP8 dot products whose exact value lies just above, on and just below a float32
                    midpoint (256 + 1.25 * 2^-16, 256 + 2^-16, 256 + 0.75 * 2^-16, both signs): every
                    order of round-to-nearest additions gives one result, truncation another, so the
@@ -20,7 +23,7 @@ scales), on inputs built to expose each assumption:
 
 :func:`measured_model` turns the measurements into the backend's model: it starts from the model the
 backend declares (``backend.model``, SPEC_MODEL by default) and changes a parameter only where a probe
-measured worse (exp 3 ulp off: ``exp_ulps`` 3; truncating sums: ``sums="truncating"``). A finite grid
+measured worse (exp 3.2 ulp off: ``exp_ulps`` 3.5; truncating sums: ``sums="truncating"``). A finite grid
 can show that an assumption fails, never prove a narrower one, so the probes never narrow a model; a
 failed probe is reported and changes the model (which may then be wider than SPEC §4.1: reported as
 not conforming), never a tolerance. Results are cached per process and platform. :func:`calibrate`
@@ -272,7 +275,8 @@ def measured_model(backend, *, refresh: bool = False, runner=None):
             outside.append(f"float32 sums rounded {sorted(modes) or 'inconsistently'}: golden.model has no such "
                            "mode; 'truncating' stands for it")
     if not probes["exp_zero"]["passed"]:
-        outside.append("exp(0) != 1: every model assumes it (the P scale is then 448)")
+        outside.append("exp(0) != 1: every model assumes it (a row max of P is then at least 1, the P "
+                       "scale at most 448)")
     if not probes["bf16_rne"]["passed"]:
         outside.append("the bf16 output cast is not round-to-nearest-even, which every model assumes")
     model = declared

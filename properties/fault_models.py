@@ -284,8 +284,9 @@ def _written_stage_models() -> list[FaultModel]:
 
 
 def fault_models() -> list[FaultModel]:
-    """Every fault model, cheapest first (input-level, then stage models)."""
-    return _input_models() + _layout_models() + _written_stage_models() + _stage_models()
+    """Every fault model, cheapest first: input-level and layout models (golden calls), then stage models
+    (the staged golden's loop), the catalog's before those written here."""
+    return _input_models() + _layout_models() + _stage_models() + _written_stage_models()
 
 
 def models_by_name() -> dict[str, FaultModel]:

@@ -32,10 +32,19 @@ import golden
 from properties import compare as cmp
 from properties.acceptance import JudgedBackend, Scalars, Tensors, call, split_bundle
 from properties.case import Case
-from properties.diagnosis import EXPLAINS, Candidate, Diagnosis, Probe, model_output, score
+from properties.diagnosis import (
+    EXPLAINS,
+    SCREEN_BATCHES,
+    SCREEN_WORK,
+    Candidate,
+    Diagnosis,
+    Probe,
+    model_output,
+    score,
+)
 from properties.fault_models import FaultModel, models_by_name
 
-__all__ = ["probe", "neighbours", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES"]
+__all__ = ["probe", "neighbours", "probed_case", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES"]
 
 #: Kernel calls per diagnosed failure group (on the sim a kernel call costs seconds: at most 4 of them).
 MAX_CALLS = 4
@@ -114,6 +123,18 @@ def neighbours(case: Case) -> Iterator[tuple[str, Case]]:
     yield from out(f"seed {case.seed} -> {case.seed + 1}", c, seed=case.seed + 1)
 
 
+def probed_case(case: Case) -> Case:
+    """The case whose neighbours are probed: ``case``, or for a case the diagnosis screens (more than
+    SCREEN_BATCHES batches and SCREEN_WORK of work) the case of its first SCREEN_BATCHES batches' lengths,
+    so that a probe costs what a screened model does, not a whole upstream case (measured: making one
+    neighbour of pfa_fp8_b16_s1_1_s2_8k_nkv_2, its inputs, golden and candidates, took over 2 s)."""
+    c = case.config
+    if c.batch <= SCREEN_BATCHES or sum(c.lengths) * c.nq * c.head_dim <= SCREEN_WORK:
+        return case
+    smaller = _lengths(c, list(c.lengths[:SCREEN_BATCHES]))
+    return case if smaller is None else Case(smaller, seed=case.seed)
+
+
 @dataclasses.dataclass
 class _Neighbour:
     change: str
@@ -183,9 +204,10 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
     def budget_left() -> bool:
         return len(probes) < max_calls and elapsed() < budget_s and not stop() and bool(standing)
 
-    for change, near in neighbours(case):
-        if not budget_left():
-            break
+    base = probed_case(case)
+    for change, near in neighbours(base):
+        if not budget_left() or (later and elapsed() > budget_s / 2):
+            break       # half the time left for the neighbours found that test a candidate against the golden
         if skip_reason is not None and skip_reason(near.config) is not None:
             continue                        # a shape the backend is not built for is no evidence
         tensors, scalars = split_bundle(near.inputs())
@@ -205,7 +227,8 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         if _splits(n, standing, models, with_golden=True):
             run(n)
     note = (f"{len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed():.1f} s "
-            f"(budget {max_calls} kernel calls, {budget_s:g} s)")
+            f"(budget {max_calls} kernel calls, {budget_s:g} s)"
+            + (f", on neighbours of the case's first {base.config.batch} batches" if base is not case else ""))
     if not probes:
         note = f"no probe: no neighbour tells the candidates apart within the budget ({elapsed():.1f} s)"
     return diagnosis.with_probes(tuple(probes), note)

@@ -2,9 +2,9 @@
 
 The mutants' counterpart. Every variant of kernels/conforming is a correct kernel that uses only SPEC
 §4.1's freedoms (other float32 summation orders and trees, Kahan, fused multiply-adds, other dequant
-orders, exp 2 ulp and division 1 ulp off, vertex kernels at the ends of the raw scores' intervals). Each
-goes through every paged-attention law on the same examples as the mutants (properties/law_examples.py)
-and through every case of the catalog, under the one acceptance rule. Unlike a mutant's search, a
+orders, exp up to F3's 3 ulp and division 1 ulp off, vertex kernels at the ends of the raw scores'
+intervals). Each goes through every paged-attention law on the same examples as the mutants
+(properties/law_examples.py) and through every case of the catalog, under the one acceptance rule. Unlike a mutant's search, a
 variant's search does not stop at a failure: every example runs and each failure is a false red, counted
 per (variant, law). The acceptance law steers the search towards the edge of the rule
 (``hypothesis.target`` on the worst error over what the rule allows), so the search also looks for

@@ -1,7 +1,7 @@
 """The acceptance envelope (SPEC §4.2): per output element, an interval holding every conforming result.
 
 A conforming kernel (SPEC §4.1, :class:`golden.model.ConformanceModel`) may sum in any float32 order
-(F1), multiply the dequant scales in any order (F2) and use an ``exp`` within 2 ulp and a division
+(F1), multiply the dequant scales in any order (F2) and use an ``exp`` within 3 ulp and a division
 within 1 ulp (F3). With large logits a few ulps of S move an element of P across an E4M3 rounding
 boundary, and the output moves by more than SPEC §4's tolerance. :func:`paged_attention_envelope`
 returns ``[lo, hi]`` per output element, sound by construction: every stage of SPEC §2 is carried as
@@ -14,7 +14,8 @@ an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row
 2. Dequant (F2). ``S = raw * q_scale * k_scale * softmax_scale``, three roundings in any order.
 3. Local softmax. ``m_j`` lies between the row maxima of the ends of S; ``x = S - m_j`` in
    ``[S_lo - m_hi, min(0, S_hi - m_lo)]``; ``P = exp(x)`` within ``exp_ulps`` (``exp(0) = 1``).
-4. P quantization. The row max of P is at least 1 (the argmax gives ``exp(0)``), so the P scale is
+4. P quantization. The row max of P is at least 1 (the argmax gives ``exp(0)``) and at most the
+   largest P F3 allows (1 + 2**-23 with 3 ulp: an x just below 0 may round above 1), so the P scale is
    in ``[448 / max P_hi, 448]``; the codes reachable are those between the codes of the two ends
    (encode and decode are monotone in every codec): an element whose two ends give different codes
    is *flippable*, a proof that a conforming kernel may quantize it either way.

@@ -133,10 +133,16 @@ def _stacked(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 @functools.cache
 def _p_scale_bounds(exp_ulps: float) -> tuple[float, torch.Tensor, float, float]:
     """(largest P, least scale, least and greatest p_scale) for an exp within ``exp_ulps`` (step 4): every
-    x is <= 0, so every P is at most exp_bounds of the x just below 0 (1 for exp_ulps <= 2), and the row
-    max of P lies in [1, that] (the argmax gives exp(0) = 1). The kernel's scale RN(448 / max P) and
-    p_scale (RN(1 / scale), or RN(max P / 448)) are float32 values between the roundings of the ends (RN
-    is monotone): float32 arithmetic, no slack."""
+    x is <= 0 and exp_bounds is monotone in x, so every P is at most exp_bounds of the x just below 0, or 1
+    at x = 0; and the row max of P lies in [1, that] (the argmax gives exp(0) = 1).
+
+    The x just below 0: its exact exp t is below 1, in [1/2, 1) where SPEC §4.1's ulp is 2**-24, so F3's
+    results are below t + exp_ulps 2**-24 < 1 + exp_ulps 2**-24 (exp_bounds caps them there). The largest
+    P is therefore 1 for exp_ulps <= 2 (1 + 2**-23 is out of reach) and 1 + 2**-23 for 2 < exp_ulps <= 4:
+    with SPEC's 3 ulp, a P of 1 + 2**-23 > exp(0) is reached (x = -2**-24, t = 1 - 2**-24 + 2**-49, within
+    3 * 2**-24 of it), and the P scale RN(448 / max P) may be 448 - 2**-14, one rounding below 448. The
+    kernel's scale RN(448 / max P) and p_scale (RN(1 / scale), or RN(max P / 448)) are float32 values
+    between the roundings of the ends (RN is monotone): float32 arithmetic, no slack."""
     below_zero = torch.tensor([-(2.0 ** -149)], dtype=torch.float32)
     p_max_hi = torch.maximum(exp_bounds(below_zero, below_zero, exp_ulps)[1], torch.ones(1))
     fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32)
@@ -230,10 +236,14 @@ class EnvelopeBuilder:
     def _p_width(self, s: np.ndarray, m: np.ndarray, visible: np.ndarray) -> np.ndarray:
         """float64 [..., 1]: eps, a bound on the relative distance of any conforming P of the row from the
         golden's: both exponentiate an x in ``[S_lo - m_hi, S_hi - m_lo]`` (rounded: 2 ulp of x) within
-        ``exp_ulps`` (the golden's within half an ulp), so ``P / P_g`` lies in ``exp(+-w) (1 +- 2**-20)``
-        with ``w`` the row's widest x interval; ``exp(w) - 1 <= 2 w`` for ``w <= 1`` (wider rows: eps = inf,
-        every element is bounded exactly). ``s``, ``m``: (S_lo, S_hi) and (m_lo, m_hi) stacked, as
-        :meth:`softmax` holds them."""
+        ``exp_ulps`` (the golden's within half an ulp; SPEC's ulp is at most 2**-23 of a normal result), so
+        ``P / P_g`` lies in ``exp(+-w) (1 +- a)``, ``a = (exp_ulps + 1/2) 2**-23 (1 + 2**-23)``, with ``w`` the
+        row's widest x interval. ``exp(w) (1 + a) - 1 <= 2 w + b`` with ``b = (exp_ulps + 1) 2**-22 = (2 exp_ulps
+        + 2) 2**-23 > a`` for ``0 <= w <= 1`` (convex in w: at w = 0 it is a <= b, at w = 1 it is e - 3 + e a
+        < 0 <= b), and ``1 - exp(-w) (1 - a) <= w + a`` (wider rows: eps = inf, every element is bounded
+        exactly). A subnormal P has no relative bound, but 448 P is then far below every rounding boundary
+        of the codec, whose distance :meth:`_may_flip` reads. ``s``, ``m``: (S_lo, S_hi) and (m_lo, m_hi)
+        stacked, as :meth:`softmax` holds them."""
         widest = np.where(visible, s[1] - s[0], np.float32(0)).max(axis=-1, keepdims=True)
         width = widest.astype(np.float64) + (m[1] - m[0])
         x_ulps = 2 * ulp32(torch.from_numpy(np.maximum(np.abs(m[0]), np.abs(m[1])) + width)).numpy() * 2   # x's rounding, both ends
@@ -244,11 +254,15 @@ class EnvelopeBuilder:
 
     @staticmethod
     def _may_flip(distance: np.ndarray, eps: np.ndarray, visible: np.ndarray) -> np.ndarray:
-        """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) and any
-        conforming y lie within (1 +- 2 eps)(1 +- 2**-22) of each other (P, the scale 448 / max P, their
-        roundings); unless a rounding boundary lies that close to y (``distance``, relative to y:
-        golden.envelope.stages.boundary_distance), no conforming kernel flips it. NaN distances and
-        infinite eps count as may-flip."""
+        """bool: where a code of P could differ from the golden's. The golden's y = RN(448 P) (its P is
+        correctly rounded, at most 1: its scale is 448) and a conforming kernel's RN(P' scale) lie within
+        ``eps + 5 * 2**-24`` of each other, relative, up to products of those terms: P' / P within eps
+        (:meth:`_p_width`), the kernel's scale RN(448 / max P') in ``[448 / (1 + 2**-23) (1 - 2**-24), 448]``
+        (its row max of P is in [1, 1 + 2**-23] under SPEC's 3-ulp exp, :func:`_p_scale_bounds`: 3 units of
+        2**-24), and the two products' roundings (2 units). The margin ``2 eps + 2**-21 = 2 eps + 8 * 2**-24``
+        covers that with room (eps >= 2**-22 holds the cross terms). Unless a rounding boundary lies that
+        close to y (``distance``, relative to y: golden.envelope.stages.boundary_distance), no conforming
+        kernel flips it. NaN distances and infinite eps count as may-flip."""
         margin = (2 * eps + 2.0 ** -21) * (1 + 2.0 ** -40)      # the float64 distance's own rounding
         may: np.ndarray = visible & ~(distance > margin)
         return may

@@ -232,7 +232,8 @@ def exp_bounds(x_lo: torch.Tensor, x_hi: torch.Tensor, ulps: float) -> tuple[tor
     The exact ``exp(x_lo)`` and ``exp(x_hi)`` are bounded by float64 ``exp`` and its error
     (:data:`_EXP64_ROUNDINGS`). At ``x = 0`` the result is 1; for ``x < 0`` the exact value is below 1, in
     the binade of spacing 2**-24, so the greatest result is below ``1 + ulps 2**-24`` (the bound is taken
-    over the ``x < 0`` part, then 1 joined where ``x_hi = 0``)."""
+    over the ``x < 0`` part, then 1 joined where ``x_hi = 0``): 1 for ``ulps <= 2``, and 1 + 2**-23 for
+    SPEC's 3 ulp, which a kernel reaches at x = -2**-24 (a P above exp(0) = 1)."""
     slack = float64_slack(_EXP64_ROUNDINGS)
     if x_lo.shape != x_hi.shape:
         x_lo, x_hi = torch.broadcast_tensors(x_lo, x_hi)  # type: ignore[no-untyped-call]  # torch leaves it unannotated

@@ -9,7 +9,7 @@ false reds (goal 0); tests/golden/test_envelope.py holds the envelope against th
 from __future__ import annotations
 
 from golden.errors import UsageError
-from kernels.conforming.kernel import ConformingKernel, Variant
+from kernels.conforming.kernel import EITHER_EDGE, ConformingKernel, Variant
 
 __all__ = ["VARIANTS", "Variant", "ConformingKernel", "get_variant"]
 
@@ -27,23 +27,26 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     _V("kahan", "compensated (Kahan) sums", mm1="kahan", mm2="kahan", row_sum="kahan"),
     _V("shuffled", "every sum sequential in a random order of its terms", mm1="shuffled", mm2="shuffled",
        row_sum="shuffled"),
-    _V("exp-up-div-up", "exp 2 ulp above the correctly rounded value (exp(0) = 1); O / l 1 ulp up", exp_ulps=2,
-       division="up"),
-    _V("exp-down-div-down", "exp 2 ulp below; O / l 1 ulp down; sums reversed", exp_ulps=-2, division="down",
-       mm1="reverse", mm2="reverse", row_sum="reverse"),
+    _V("exp-up-div-up", "exp 3 float32 steps above the correctly rounded value, never past 3 ulp of the exact "
+       "one (exp(0) = 1); O / l 1 ulp up", exp_ulps=3, division="up"),
+    _V("exp-down-div-down", "exp 3 steps below, never past 3 ulp; O / l 1 ulp down; sums reversed", exp_ulps=-3,
+       division="down", mm1="reverse", mm2="reverse", row_sum="reverse"),
     _V("reciprocal", "O * (1 / l) (within 1 ulp); exp 1 ulp up; upstream's scale order", division="reciprocal",
        exp_ulps=1, scale_order="upstream"),
-    _V("edges-up", "every exp (P, and the update's factors a and c) at the greatest float32 F3 allows, with "
-       "SPEC's ulp (up to 4 steps of the lower binade below a power of two); O / l at the greatest within 1 ulp",
-       exp_edge=1, division="edge-up"),
+    _V("edges-up", "every exp (P, and the update's factors a and c) at the greatest float32 F3 allows (3 ulp), "
+       "with SPEC's ulp (up to 6 steps of the lower binade below a power of two; 1 + 2**-23 just below x = 0); "
+       "O / l at the greatest within 1 ulp", exp_edge=1, division="edge-up"),
     _V("edges-down", "every exp at the least float32 F3 allows (SPEC's ulp); O / l at the least within 1 ulp; "
        "sums reversed", exp_edge=-1, division="edge-down", mm1="reverse", mm2="reverse", row_sum="reverse"),
     _V("edges-mixed", "exp at the greatest float32 F3 allows, O / l at the least; upstream's scale order",
        exp_edge=1, division="edge-down", scale_order="upstream"),
+    _V("edges-either", "every exp at the greatest or the least float32 F3 allows (3 ulp), at random for each "
+       "element on every call: P errs both ways within a row (a common factor would cancel in O / l); sums as "
+       "a balanced tree", exp_edge=EITHER_EDGE, mm1="pairwise", mm2="pairwise", row_sum="pairwise"),
     _V("vertex-low", "every raw score at the low end of the envelope's interval", mm1="vertex-low"),
     _V("vertex-high", "every raw score at the high end of the envelope's interval", mm1="vertex-high"),
-    _V("vertex-mixed", "every raw score at either end of its interval, at random; exp 2 ulp down",
-       mm1="vertex-mixed", exp_ulps=-2),
+    _V("vertex-mixed", "every raw score at either end of its interval, at random; exp 3 steps down, never past "
+       "3 ulp", mm1="vertex-mixed", exp_ulps=-3),
 )}
 
 

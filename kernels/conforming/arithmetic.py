@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from golden.model import SPEC_MODEL
+
 __all__ = ["ORDERS", "fsum", "exp_ulps", "exp_edge", "fma", "divide", "DIVISIONS"]
 
 ORDERS = ("forward", "reverse", "pairwise", "blocked16", "blocked32", "kahan", "shuffled")
@@ -73,13 +75,22 @@ def _sequential(x: torch.Tensor) -> torch.Tensor:
 
 def exp_ulps(x: torch.Tensor, ulps: int = 0) -> torch.Tensor:
     """float32 ``exp(x)`` moved ``ulps`` float32 steps (negative: down) from the correctly rounded
-    value, except ``exp(0) = 1`` exactly (SPEC §4.1 F3 allows |ulps| <= 2)."""
+    value, but never past the edge of ``|ulps|`` SPEC ulps from the exact value (:func:`exp_edge`), and
+    ``exp(0) = 1`` exactly: within ``|ulps|`` ulp, as SPEC §4.1 F3 allows for ``|ulps| <= 3``.
+
+    The steps alone would not be: the correctly rounded value is already up to half an ulp off, on the
+    side of the steps half of the time (``n`` steps reach ``n + 1/2`` ulp), and steps up from just below a
+    power of two are the upper binade's (``2 n + 1/2`` ulp). Where the steps would pass the edge the result
+    is the edge, so away from powers of two it lies between ``n - 1`` and ``n`` ulp from the exact value."""
     exact = torch.exp(x.double()).float()
     out = exact
     direction = torch.tensor(math.inf if ulps > 0 else -math.inf)
     for _ in range(abs(ulps)):
         out = torch.nextafter(out, direction)
     out = torch.where(exact > 0, out, exact)       # no step below 0 or off an underflowed 0
+    if ulps:
+        edge = exp_edge(x, 1 if ulps > 0 else -1, float(abs(ulps)))
+        out = torch.minimum(out, edge) if ulps > 0 else torch.maximum(out, edge)
     return torch.where(x == 0, torch.ones_like(out), out)
 
 
@@ -107,11 +118,13 @@ def _farthest(t: torch.Tensor, side: int, ulps: float) -> torch.Tensor:
     return y
 
 
-def exp_edge(x: torch.Tensor, side: int, ulps: float = 2.0) -> torch.Tensor:
+def exp_edge(x: torch.Tensor, side: int, ulps: float = SPEC_MODEL.exp_ulps) -> torch.Tensor:
     """float32 ``exp(x)`` at the very edge SPEC §4.1 F3 allows on ``side`` (+1: the greatest float32 within
     ``ulps`` ulp of the exact value, -1: the least, never below 0), with SPEC's ulp (of the exact result):
     just above a power of two that is ``ulps`` steps of the upper binade below it, twice as many steps of
-    the lower one. ``exp(0) = 1`` exactly. Written independently of the envelope's ``exp_bounds``."""
+    the lower one. ``ulps``: F3's 3 unless given (a result between 2 and 3 ulp from the exact value, the
+    farthest float32 F3 allows; 1 + 2**-23 for x = -2**-24, above exp(0)). ``exp(0) = 1`` exactly. Written
+    independently of the envelope's ``exp_bounds``."""
     t = torch.exp(x.double())
     # For x < 0 the exact value is below 1 even where float64 rounds it to 1 (|x| < 2**-54): its ulp is the
     # lower binade's, and 1 - 2**-53 stands for it.

@@ -24,10 +24,12 @@ from golden.quant import FP8_MAX
 from kernels.backends import Backend
 from kernels.conforming.arithmetic import DIVISIONS, ORDERS, divide, exp_edge, exp_ulps, fma, fsum
 
-__all__ = ["Variant", "ConformingKernel", "VERTICES", "SCALE_ORDERS"]
+__all__ = ["Variant", "ConformingKernel", "VERTICES", "SCALE_ORDERS", "EITHER_EDGE"]
 
 VERTICES = ("vertex-low", "vertex-high", "vertex-mixed")
 SCALE_ORDERS = ("spec", "upstream", "fused")
+#: Variant.exp_edge: every exp at the upper or the lower edge F3 allows, at random per element and call.
+EITHER_EDGE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +42,13 @@ class Variant:
     * ``scale_order`` -- ``spec`` ((S q_scale) k_scale, then softmax_scale; (O p_scale) v_scale),
       ``upstream`` ((S k_scale) q_scale; (O v_scale) p_scale) or ``fused`` (S (q_scale k_scale);
       O (p_scale v_scale)) (F2).
-    * ``exp_ulps`` -- exp moved this many float32 steps from the correctly rounded value, exp(0) = 1 (F3).
+    * ``exp_ulps`` -- exp moved this many float32 steps from the correctly rounded value, never past
+      ``|exp_ulps|`` SPEC ulps from the exact value (kernels.conforming.arithmetic.exp_ulps), exp(0) = 1
+      (F3: ``|exp_ulps| <= 3``).
     * ``exp_edge`` -- 0, or +1 / -1: every exp (P and the update's factors) at the farthest float32 F3
-      allows above / below the exact value, with SPEC's ulp (kernels.conforming.arithmetic.exp_edge);
-      overrides ``exp_ulps``.
+      allows above / below the exact value, with SPEC's ulp (kernels.conforming.arithmetic.exp_edge, at
+      SPEC_MODEL.exp_ulps: 3); :data:`EITHER_EDGE`: at one of the two, chosen at random for every element
+      on every call (not deterministic); overrides ``exp_ulps``.
     * ``division`` -- one of kernels.conforming.arithmetic.DIVISIONS (``divide``, ``reciprocal``, ``up``,
       ``down``, and ``edge-up`` / ``edge-down``: the farthest float32 within 1 SPEC ulp; F3).
     * ``update`` -- ``plain`` (``a*l + c*l_j``, three roundings) or ``fma`` (``fma(a, l, c*l_j)``).
@@ -68,10 +73,12 @@ class Variant:
             raise ValueError(f"mm1={self.mm1!r} must be one of {ORDERS + VERTICES}")
         if self.scale_order not in SCALE_ORDERS:
             raise ValueError(f"scale_order={self.scale_order!r} must be one of {SCALE_ORDERS}")
-        if not -2 <= self.exp_ulps <= 2:
-            raise ValueError(f"exp_ulps={self.exp_ulps!r} must lie in [-2, 2] (SPEC §4.1 F3)")
-        if self.exp_edge not in (-1, 0, 1):
-            raise ValueError(f"exp_edge={self.exp_edge!r} must be -1, 0 or 1")
+        most = SPEC_MODEL.exp_ulps
+        if not -most <= self.exp_ulps <= most:
+            raise ValueError(f"exp_ulps={self.exp_ulps!r} must lie in [{-most:g}, {most:g}] (SPEC §4.1 F3: exp "
+                             f"within {most:g} ulp)")
+        if self.exp_edge not in (-1, 0, 1, EITHER_EDGE):
+            raise ValueError(f"exp_edge={self.exp_edge!r} must be -1, 0, 1 or {EITHER_EDGE} (either, at random)")
         if self.division not in DIVISIONS:
             raise ValueError(f"division={self.division!r} must be one of {DIVISIONS}")
         if self.update not in ("plain", "fma"):
@@ -94,18 +101,27 @@ class ConformingKernel(Backend):
 
     def __init__(self, variant: Variant, *, codec=None, seed: int = 0) -> None:
         self.variant = variant
-        # A variant that draws its order or its vertices afresh on every call is not deterministic.
-        random = "shuffled" in (variant.mm1, variant.mm2, variant.row_sum) or variant.mm1 == "vertex-mixed"
+        # A variant that draws its order, its vertices or its exp's edges afresh on every call is not
+        # deterministic.
+        random = ("shuffled" in (variant.mm1, variant.mm2, variant.row_sum) or variant.mm1 == "vertex-mixed"
+                  or variant.exp_edge == EITHER_EDGE)
         self.model = SPEC_MODEL if random else DETERMINISTIC_MODEL
         self.name = f"conforming:{variant.name}"
         self.codec = get_codec(codec)
         self.seed = seed
         self._calls = 0
+        self._exps = 0
 
     def _exp(self, x: torch.Tensor) -> torch.Tensor:
-        """The variant's float32 exp (F3): at an edge, or ``exp_ulps`` steps from the correctly rounded value."""
+        """The variant's float32 exp (F3, SPEC_MODEL.exp_ulps): at an edge (or either, at random), or
+        ``exp_ulps`` steps from the correctly rounded value."""
+        ulps = SPEC_MODEL.exp_ulps
+        if self.variant.exp_edge == EITHER_EDGE:
+            self._exps += 1
+            up = torch.rand(x.shape, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self._exps)) < 0.5
+            return torch.where(up, exp_edge(x, 1, ulps), exp_edge(x, -1, ulps))
         if self.variant.exp_edge:
-            return exp_edge(x, self.variant.exp_edge)
+            return exp_edge(x, self.variant.exp_edge, ulps)
         return exp_ulps(x, self.variant.exp_ulps)
 
     # -- MM1 ----------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ class DeclaresNoModel(GoldenBackend):
 
 
 def loose_exp(**options):
-    """A user backend that declares exp within 63 ulp (SPEC §4.1 F3 allows 2): never judged by it."""
+    """A user backend that declares exp within 63 ulp (SPEC §4.1 F3 allows 3): never judged by it."""
 
     backend = GoldenBackend(**options)
     backend.name = "tests/cases/run_doubles.py:loose_exp"

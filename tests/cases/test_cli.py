@@ -106,7 +106,7 @@ def test_a_bug_in_our_own_report_code_keeps_its_traceback(tmp_path, monkeypatch)
     (["search", "--examples", "0"], "--examples 0 must be at least 1"),
     (["search", "--laws", ""], "--laws: none given"),
     (["run", "--backend", "tests/cases/run_doubles.py:loose_exp", "--cases", "catalog", "--examples", "0"],
-     "declares a model wider than SPEC §4.1 ('loose exp'): exp_ulps=63 (F3 allows 2)"),
+     "declares a model wider than SPEC §4.1 ('loose exp'): exp_ulps=63 (F3 allows 3)"),
 ], ids=["backend name", "mutant name", "conforming name", "backend file", "device", "case name", "case id",
         "search law", "search tasks", "search examples", "search no law", "wider model"])
 def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):

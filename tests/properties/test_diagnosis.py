@@ -195,7 +195,8 @@ def test_a_large_case_is_screened_on_a_few_batches_and_scored_on_the_whole(monke
     whole = diagnose_verdict(verdict, *split_bundle(case.inputs()))
     monkeypatch.setattr(diagnosis, "SCREEN_WORK", 0)
     screened = diagnose_verdict(verdict, *split_bundle(case.inputs()))
-    assert "screened on batches [0, 1, 2] of 5, the best 8 scored on the whole case" in screened.render()
+    assert "screened on batches [0, 1, 2] of 5 (the staged models on batch 0), the best 8 scored on the whole case" \
+        in screened.render()
     assert len(screened.candidates) == diagnosis.SCREEN_KEEP
     by_name = {c.model: c for c in whole.candidates}
     assert all(c == by_name[c.model] for c in screened.candidates)

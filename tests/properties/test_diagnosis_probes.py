@@ -7,6 +7,7 @@ from outside_defects import HandWritten
 
 import golden
 from kernels.backends.golden_backend import GoldenBackend
+from properties import probes
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import diagnose_verdict
@@ -113,3 +114,16 @@ def test_a_bad_budget_is_refused_by_name(bad):
     case = _case([0, 1])
     with pytest.raises(ValueError, match=next(iter(bad))):
         probe(_diagnosed("batch_0_lengths", case), case, HandWritten("batch_0_lengths"), **bad)
+
+
+def test_a_case_the_diagnosis_screens_is_probed_on_its_first_batches(monkeypatch):
+    """A probe of a large case costs what a screened model does: its neighbours are those of the case of its
+    first SCREEN_BATCHES batches (the note says so); a small case is probed as it is."""
+    large = Case(golden.PagedAttentionConfig(batch=5, s1=1, s2=64, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=32,
+                                             kv_act_seqs=(64, 40, 17, 64, 33)), 2)
+    assert probes.probed_case(large) is large                      # under SCREEN_WORK: as it is
+    monkeypatch.setattr(probes, "SCREEN_WORK", 0)
+    assert probes.probed_case(large).config.lengths == (64, 40, 17) and probes.probed_case(large).seed == 2
+    small = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=64, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=32,
+                                             kv_act_seqs=(64, 40)), 2)
+    assert probes.probed_case(small) is small
