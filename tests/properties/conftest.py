@@ -1,20 +1,9 @@
-"""Fixtures of the property tests: the laws' examples for the backend under test, and wrong doubles."""
+"""Fixtures of the property tests: wrong doubles and a temporary regressions folder (the laws' examples for
+the backend under test, ``examples_for``, are the plugin's: cases/plugin/session.py)."""
 from __future__ import annotations
 
 import pytest
 from doubles import DropLastS2Tile
-
-from properties import law_examples
-
-
-@pytest.fixture(scope="session")
-def examples_for(backend):
-    """``examples_for(law)``: the law's ``(case, params)`` examples for the backend under test
-    (kernel-sized for a kernel backend: its ``supported_shapes``), properties/law_examples.py."""
-
-    def strategy(law: str):
-        return law_examples.examples(law, backend)
-    return strategy
 
 
 @pytest.fixture
