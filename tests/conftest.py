@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from cases.plugin import DEFAULT_PROFILE
+from cases.plugin.session import DEFAULT_PROFILE
 
 pytest_plugins = ("pytester", "cases.plugin", "cases.plugin.session")
 

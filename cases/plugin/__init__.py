@@ -34,9 +34,10 @@ properties.laws on the backend under test and captures a failure (cases.data.reg
 ``examples_for(law)``, the law's examples for the backend (properties/law_examples.py).
 
 This module is what the entry point loads in every pytest session of the environment, so it imports
-pytest and Hypothesis only: its options, and the profiles. A session that runs the laws (it names
-cases.laws or a --backend) gets the rest, cases/plugin/session.py (torch, the backends, the fixtures,
-the report header and summaries); any other session is left as it is.
+pytest only and holds the options. A session that runs the laws (it names cases.laws or a --backend)
+gets the rest, cases/plugin/session.py: the profiles, torch, the backends, the fixtures, the report
+header and summaries. Any other session is left as it is: no torch, and none of these profiles, whose
+names (ci, dev) Hypothesis would otherwise take for its own (it loads a "ci" profile by itself under CI).
 """
 from __future__ import annotations
 
@@ -44,34 +45,11 @@ import importlib
 import os
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
-__all__ = ["register_profiles", "DEFAULT_PROFILE", "SESSION_PLUGIN"]
+__all__ = ["SESSION_PLUGIN"]
 
-#: The profile a session that runs the laws gets when it names none.
-DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 #: The plugin of a session that runs the laws (registered by :func:`pytest_configure`).
 SESSION_PLUGIN = "cases.plugin.session"
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-# Every phase but explain: once an example fails, explain traces every later run of the law (its
-# diagnosis included), minutes of a failing law on a CPU, for a line the failure text already gives.
-_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
-
-
-def register_profiles() -> None:
-    """The Hypothesis profiles of the laws (the module docstring); registering loads none."""
-    settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, database=None,
-                              print_blob=True, phases=_PHASES, suppress_health_check=_SLOW_OK)
-    settings.register_profile("dev", max_examples=20, deadline=None, phases=_PHASES, suppress_health_check=_SLOW_OK)
-    settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True, phases=_PHASES,
-                              suppress_health_check=_SLOW_OK)
-    settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True, phases=_PHASES,
-                              suppress_health_check=_SLOW_OK)
-    settings.register_profile("sim", derandomize=True, max_examples=10, deadline=None, database=None,
-                              print_blob=True, phases=_PHASES, suppress_health_check=_SLOW_OK)
-
-
-register_profiles()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,6 +81,7 @@ def runs_the_laws(config: pytest.Config) -> bool:
     return any("cases.laws" in a or "cases/laws" in a or a.startswith("--backend") for a in args)
 
 
+@pytest.hookimpl(tryfirst=True)     # before Hypothesis' own, which loads a --hypothesis-profile by name
 def pytest_configure(config: pytest.Config) -> None:
     if runs_the_laws(config) and not config.pluginmanager.has_plugin(SESSION_PLUGIN):
         # imported here, not at the top: every other session of the environment is spared torch

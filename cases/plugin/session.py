@@ -1,5 +1,5 @@
-"""The pytest plugin's session part (cases/plugin/ docstring): the fixtures ``backend``, ``check_law`` and
-``examples_for``, the report header, the skip and coverage summaries. Registered by cases/plugin/ in a
+"""The pytest plugin's session part (cases/plugin/ docstring): the Hypothesis profiles, the fixtures
+``backend``, ``check_law`` and ``examples_for``, the report header, the skip and coverage summaries. Registered by cases/plugin/ in a
 session that runs the laws, and by the suite's own conftest.
 """
 from __future__ import annotations
@@ -10,18 +10,42 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import event, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis.control import currently_in_test_context
 
 import kernels
 from cases.data import regressions
 from cases.data.versions import versions
-from cases.plugin import DEFAULT_PROFILE
 from golden.errors import UsageError
 from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
 from properties import law_examples
 from properties.coverage import Coverage, classify
 from properties.generation import pin_local_constants, reported_example
+
+__all__ = ["DEFAULT_PROFILE", "register_profiles"]
+
+#: The profile a session that runs the laws gets when it names none.
+DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+# Every phase but explain: once an example fails, explain traces every later run of the law (its
+# diagnosis included), minutes of a failing law on a CPU, for a line the failure text already gives.
+_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+
+
+def register_profiles() -> None:
+    """The Hypothesis profiles of the laws (the module docstring); registering loads none."""
+    settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, database=None,
+                              print_blob=True, phases=_PHASES, suppress_health_check=_SLOW_OK)
+    settings.register_profile("dev", max_examples=20, deadline=None, phases=_PHASES, suppress_health_check=_SLOW_OK)
+    settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True, phases=_PHASES,
+                              suppress_health_check=_SLOW_OK)
+    settings.register_profile("npu", max_examples=20, deadline=None, print_blob=True, phases=_PHASES,
+                              suppress_health_check=_SLOW_OK)
+    settings.register_profile("sim", derandomize=True, max_examples=10, deadline=None, database=None,
+                              print_blob=True, phases=_PHASES, suppress_health_check=_SLOW_OK)
+
+
+register_profiles()
 
 
 def pytest_configure(config: pytest.Config) -> None:

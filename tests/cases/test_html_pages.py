@@ -76,7 +76,7 @@ def test_the_terminal_and_the_page_render_the_same_rows():
     notes = [report.cells(r)["note"] for r in rows]
     assert notes[0] == "2 inside the envelope only" and notes[2] == "kernel logic"
     console = Console(width=400, record=True, force_terminal=False)
-    console.print(report.render_table(run))
+    console.print(report.render_table(run, verbose=True))     # the page lists every row, as -v does
     terminal = console.export_text()
     page = html_report.render_html(run)
     cells = re.findall(r'<td class="v">(.*?)</td></tr>', page)

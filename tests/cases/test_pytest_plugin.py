@@ -32,10 +32,14 @@ def test_the_laws_run_from_the_package_against_a_named_backend(outside):
     result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
                                           f"{example}:make_backend", "-k", "at12 or outputs_finite")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["pfa-verify: backend=*my_backend.py:make_backend*", "*hypothesis profile=dev*"])
+    profile = "ci" if os.environ.get("CI") else "dev"          # the plugin's default (cases/plugin/session.py)
+    result.stdout.fnmatch_lines(["pfa-verify: backend=*my_backend.py:make_backend*", f"*hypothesis profile={profile}*"])
 
 
-def test_a_session_of_other_tests_keeps_hypothesis_defaults_and_never_imports_torch(outside):
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_a_session_of_other_tests_keeps_hypothesis_defaults_and_never_imports_torch(outside, monkeypatch, ci):
+    """Also under CI, where Hypothesis loads a profile named "ci" by itself: the plugin's must not be it."""
+    monkeypatch.setenv("CI", ci)
     outside.makepyfile(test_other='''
         import sys
         from hypothesis import given, settings, strategies as st
