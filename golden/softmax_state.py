@@ -22,6 +22,7 @@ vectorized goldens, and the difference stays far inside SPEC §4's tolerance.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,11 +36,13 @@ def exp_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(x.double()).float()
 
 
-def local_softmax(scores: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def local_softmax(scores: torch.Tensor, valid: torch.Tensor | None = None, *,
+                  exp: Callable[[torch.Tensor], torch.Tensor] = exp_f32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(m_j [..., 1], P [..., T], l_j [..., 1]) of one tile's float32 scores [..., T].
 
     ``valid`` (bool, scores' shape) marks the columns that exist; others give P = 0 and never reach
     the max, even when they hold NaN. A row with no valid column gets m_j = -inf, l_j = 0, P = 0.
+    ``exp``: the float32 exp of ``S - m_j`` (the golden's, correctly rounded; a fault model passes another).
     """
     if valid is not None:
         scores = torch.where(valid, scores, -torch.inf)
@@ -48,7 +51,7 @@ def local_softmax(scores: torch.Tensor, valid: torch.Tensor | None = None) -> tu
     if valid is not None:
         # A row without a valid column has -inf - -inf = NaN here; it is zeroed like any invalid column.
         shifted = torch.where(valid, shifted, -torch.inf)
-    p = exp_f32(shifted)
+    p = exp(shifted)
     l_j = p.double().sum(dim=-1, keepdim=True).float()
     return m_j, p, l_j
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from golden.matmul import exact_matmul
-from golden.softmax_state import exp_f32
+from golden.softmax_state import exp_f32, local_softmax
 from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 
 __all__ = ["WRITTEN"]
@@ -121,14 +121,7 @@ class CausalOffsetReversed(StagedGolden):
 class ExpInBase2(StagedGolden):
     def local_softmax(self, scores: torch.Tensor,
                       valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if valid is not None:
-            scores = torch.where(valid, scores, -torch.inf)
-        m_j = scores.amax(dim=-1, keepdim=True)
-        shifted = scores - m_j
-        if valid is not None:
-            shifted = torch.where(valid, shifted, -torch.inf)
-        p = torch.exp2(shifted.double()).float()
-        return m_j, p, p.double().sum(dim=-1, keepdim=True).float()
+        return local_softmax(scores, valid, exp=lambda x: torch.exp2(x.double()).float())
 
 
 # §2.3 and §3: MM2 on the float32 P (no E4M3 round trip, no P scale).
