@@ -335,7 +335,7 @@ def lowbit_array(values: np.ndarray) -> np.ndarray:
     return power.reshape(values.shape)
 
 
-def widen(lo: torch.Tensor, hi: torch.Tensor, relative: float | torch.Tensor, absolute: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def widen(lo: torch.Tensor, hi: torch.Tensor, relative: float | torch.Tensor, absolute: float | torch.Tensor = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``[lo - relative |lo| - absolute, hi + relative |hi| + absolute]``: room for roundings
     of relative size ``relative`` (and ``absolute`` near 0)."""
     return lo - relative * lo.abs() - absolute, hi + relative * hi.abs() + absolute

@@ -6,7 +6,8 @@ independently at every operation and on every call:
 - F1 accumulation: MM1, MM2 and the row sum ``l_j`` are float32 sums of their terms in any order or
   tree, each addition rounded to nearest (a fused multiply-add, rounded once, allowed);
 - F2 scaling order: the dequant multiplications of MM1 (``q_scale``, ``k_scale``; ``softmax_scale``
-  last) and of MM2 (``p_scale``, ``v_scale``) in any order, each rounded to float32;
+  last) and of MM2 (``p_scale``, ``v_scale``) in either order or the two scales multiplied together first
+  (docs/spec.md), each product rounded to float32;
 - F3 ``exp`` within 3 ulp with ``exp(0) = 1`` exactly, ``O / l`` within 1 ulp (3 ulp: OpenCL 1.2's
   full-profile bound for single-precision exp, so that numpy's float32 ``exp``, measured at 2.54 ulp at
   worst, and CUDA's ``expf`` (2 ulp) conform).

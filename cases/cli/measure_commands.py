@@ -49,6 +49,8 @@ def _conforming(args, console, names, laws) -> int:
             if c.first_failure:
                 console.print(f"{v.name}: {c.law}: {c.failures} false red(s), first: {c.first_failure['message']}",
                               highlight=False, markup=False)
+    for line in conforming.model_lines(run):
+        console.print(line, highlight=False, markup=False)
     console.print(conforming.summary_line(run), highlight=False, markup=False)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -22,12 +22,13 @@ from rich.table import Table
 from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
 from cases.running.pool_worker import worker_backend
 from golden.errors import check_known
+from golden.model import declared_model
 from kernels.conforming import VARIANTS
 from properties import law_examples, laws
 from properties.acceptance import judge
 from properties.law_examples import PAGED_LAWS
 
-__all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "summary_line"]
+__all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "model_lines", "summary_line"]
 
 
 
@@ -48,6 +49,7 @@ class VariantResult:
     cells: list
     seconds: float = 0.0
     error: str | None = None
+    model: str | None = None              # the golden.model.ConformanceModel it was judged by, describe()
 
     @property
     def false_reds(self) -> int:
@@ -122,7 +124,8 @@ def _variant(name: str, *, examples: int, seed: int, laws: tuple, catalog: bool)
         cells = [_law_cell(law, backend, examples=examples, seed=seed) for law in laws]
         if catalog:
             cells.append(_catalog_cell(backend))
-        return VariantResult(name, VARIANTS[name].description, cells, time.perf_counter() - start)
+        return VariantResult(name, VARIANTS[name].description, cells, time.perf_counter() - start,
+                             model=declared_model(backend).describe())
     except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
         return VariantResult(name, VARIANTS[name].description, [], time.perf_counter() - start,
                              error=f"{type(exc).__name__}: {exc}")
@@ -153,7 +156,7 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
 def to_json(run: ConformingRun) -> dict:
     """The report: per variant its false reds, per law and the catalog (goal 0)."""
     return {"schema": "pfa-verify-conforming/1", "examples": run.examples, "seed": run.seed,
-            "variants": [{"name": v.name, "description": v.description, "false_reds": v.false_reds,
+            "variants": [{"name": v.name, "description": v.description, "model": v.model, "false_reds": v.false_reds,
                           "error": v.error, "seconds": round(v.seconds, 1),
                           "cells": [dataclasses.asdict(c) | {"seconds": round(c.seconds, 2)} for c in v.cells]}
                          for v in run.variants],
@@ -176,6 +179,17 @@ def render_table(run: ConformingRun):
         cells = [(f"[bold red]{c.failures}/{c.examples}[/]" if c.failures else f"[dim]0/{c.examples}[/]") for c in v.cells]
         table.add_row(f"[{'red' if v.false_reds else 'green'}]{v.name}[/]", *cells, f"{v.seconds:.1f}")
     return table
+
+
+def model_lines(run: ConformingRun) -> list[str]:
+    """Which models judged the variants (golden.model: SPEC §4.1's freedoms, the figures of each), one line
+    a model with the variants it judged."""
+    judged: dict[str, list[str]] = {}
+    for v in run.variants:
+        if v.model:
+            judged.setdefault(v.model, []).append(v.name)
+    return [f"Judged by {model}: {len(names)} variant{'s' if len(names) != 1 else ''}"
+            + (f" ({', '.join(names)})" if len(judged) > 1 and len(names) <= 6 else "") for model, names in judged.items()]
 
 
 def summary_line(run: ConformingRun) -> str:

@@ -11,7 +11,8 @@ an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row
    exactness certificate holds, the sharper residue bound where the plain one lets a code of P flip
    or moves l visibly (for the scores whose P can exceed NEGLIGIBLE_P: on degenerate rows that is 1%
    of them, and the residue walk costs a pass over the products per spacing).
-2. Dequant (F2). ``S = raw * q_scale * k_scale * softmax_scale``, three roundings in any order.
+2. Dequant (F2). ``S = raw * q_scale * k_scale * softmax_scale``, the two dequant scales in either order
+   or multiplied together first, ``softmax_scale`` last: the union of the three chains, exactly.
 3. Local softmax. ``m_j`` lies between the row maxima of the ends of S; ``x = S - m_j`` in
    ``[S_lo - m_hi, min(0, S_hi - m_lo)]``; ``P = exp(x)`` within ``exp_ulps`` (``exp(0) = 1``).
 4. P quantization. The row max of P is at least 1 (the argmax gives ``exp(0)``) and at most the
@@ -20,7 +21,8 @@ an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row
    (encode and decode are monotone in every codec): an element whose two ends give different codes
    is *flippable*, a proof that a conforming kernel may quantize it either way.
 5. MM2. The golden's ``P8 @ v8`` plus the flippable codes' deviations (sparse), within the any-order
-   bound of the tile's sum, then ``* p_scale * v_scale`` (F2).
+   bound of the tile's sum, then ``* p_scale * v_scale`` (F2: either order, or the scales multiplied
+   first, whose product's rounding is absolute where it is a float32 subnormal: stages.mm2_scaled_interval).
 6. Online update, in closed form. Unrolled, the kernel's state after the last tile is
    ``O = sum_j w_j O_j`` and ``l = sum_j w_j l_j`` with ``w_j = exp(m_j - M)`` up to the roundings of the
    factors ``a``, ``c`` and of the recurrence; a factor common to both cancels in ``O / l``, and

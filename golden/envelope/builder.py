@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..codec import Fp8Codec
-from ..intervals import TINY32, U32, U64, float64_slack, lowbit, outward_sums, ulp32, widen
+from ..intervals import TINY32, U32, U64, float64_slack, lowbit, outward_sums, ulp32
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
@@ -31,6 +31,7 @@ from .stages import (
     dequant_interval,
     exp_bounds,
     mm2_bounds,
+    mm2_scaled_interval,
     quantization_error,
     raw_interval,
     refine_score_bounds,
@@ -315,7 +316,7 @@ class EnvelopeBuilder:
         """(O_lo, O_hi) [..., D] float64 of one tile: the golden's exact ``P8 @ v8`` moved by the flippable
         codes' deviations (``low_dev``, ``high_dev`` >= 0, already multiplied out), within the any-order
         bound of a sum of ``n`` terms with ``abs_sum = P8_hi @ |v8|`` (so every partial sum is at most
-        ``(abs_sum + |sum|) / 2``), then ``* p_scale * v_scale`` in either order (F2)."""
+        ``(abs_sum + |sum|) / 2``), then ``* p_scale * v_scale`` (F2: golden.envelope.stages.mm2_scaled_interval)."""
         mm2 = golden_mm2.numpy()
         lo, hi = mm2 - low_dev.numpy(), mm2 + high_dev.numpy()
         largest = np.maximum(np.abs(lo), np.abs(hi))
@@ -328,12 +329,7 @@ class EnvelopeBuilder:
             e2 = np.maximum(sum_error_bound(n, torch.from_numpy(magnitude), abs_sum, rounding=rounding).numpy(), half_ulp)
         # the kernel's float32 O_raw
         lo, hi = (x.numpy().astype(np.float64) for x in outward_sums(*(torch.from_numpy(x) for x in (lo, -e2, hi, e2))))
-        vs = v_scale.numpy().astype(np.float64)
-        lo = np.minimum(lo * self.ps_lo, lo * self.ps_hi) * vs
-        hi = np.maximum(hi * self.ps_lo, hi * self.ps_hi) * vs
-        # The kernel's two float32 products (F2, any order): (1 + u)**2 - 1 relative, 2**-150 each absolute
-        # where subnormal; float64: the two products above, the widening's product and its sum: 4 units.
-        return widen(torch.from_numpy(lo), torch.from_numpy(hi), (1 + U32) ** 2 - 1 + float64_slack(4), 2 * TINY32)
+        return mm2_scaled_interval(lo, hi, self.ps_lo, self.ps_hi, v_scale.numpy(), self.model)
 
     # -- one chunk of the golden's evaluation -------------------------------------------------------------
     def q_grid(self, q_codes: np.ndarray) -> np.ndarray:
@@ -383,7 +379,7 @@ class EnvelopeBuilder:
         if degenerate.any():
             e_hi, s_hi_t, m_lo = (torch.from_numpy(x) for x in (bounds.e_hi, s_hi, bounds.m_lo))
             self.hulls.append(tile_hull(torch.from_numpy(degenerate), c.visible, e_hi, s_hi_t, m_lo, c.v, c.v_scale, c.to_tiles, c.index,
-                                        model=self.model, code_error=self.code_error))
+                                        model=self.model, code_error=self.code_error, p_scale_lo=self.ps_lo))
         # The state row (m_lo, m_hi, L_lo, L_hi, O_lo, O_hi, n), 0 on the rows that see no token.
         d = self.dims.head_dim
         state = np.empty(bounds.m_lo.shape[:-1] + (2 * d + 5,))

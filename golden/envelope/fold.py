@@ -22,7 +22,7 @@ import torch
 from ..intervals import TINY32, U32, U64, float64_slack, float64_sum_slack, widen, within_ulps_arrays
 from ..model import ConformanceModel
 from ..validate import PagedAttentionDims
-from .stages import sum_relative
+from .stages import scale_product_error, sum_relative
 
 __all__ = ["fold", "tile_hull", "Hull", "ToTiles", "row_hulls", "tile_weights", "signed_weighted_sum", "row_sums", "DEGENERATE_SPREAD",
            "HULL_NEGLIGIBLE", "ARGUMENT_ROUNDING"]
@@ -193,11 +193,12 @@ def row_hulls(st: torch.Tensor, spread: torch.Tensor, used: torch.Tensor, counts
 
 def tile_hull(degenerate: torch.Tensor, visible: torch.Tensor, e_hi: torch.Tensor, s_hi: torch.Tensor,
               m_lo: torch.Tensor, v: torch.Tensor, v_scale: torch.Tensor, to_tiles: ToTiles, index: torch.Tensor, *,
-              model: ConformanceModel, code_error: tuple[float, float, float]) -> Hull:
+              model: ConformanceModel, code_error: tuple[float, float, float], p_scale_lo: float) -> Hull:
     """Step 8 for the (tile, row)s of this chunk whose scores are uncertain by more than
     :data:`DEGENERATE_SPREAD`: bounds on the tile's own mean ``mu_j = O_j / l_j`` (per channel) that do
     not depend on the scores' spread: ``(states row, kv head, row, low, high)`` [F, D] for the fold, kept
-    sparse by the builder (``code_error``: EnvelopeBuilder.code_error).
+    sparse by the builder (``code_error``: EnvelopeBuilder.code_error; ``p_scale_lo``: the least p_scale,
+    EnvelopeBuilder.ps_lo).
 
     In the kernel's own frame (P relative to its m_j, so the argmax gives P = 1 and ``l_j >= 1``),
     ``O_j = sum_t a_t (V_t + e_t |V_t|)`` with ``V_t = v8_t v_scale`` exact, ``|e_t| <= theta'`` (MM2's
@@ -238,8 +239,9 @@ def tile_hull(degenerate: torch.Tensor, visible: torch.Tensor, e_hi: torch.Tenso
     # chunk holds: the same bits for the row alone (golden.paged_attention_envelope's ``rows``).
     magnitude = to_tiles(v.abs().transpose(2, 3).contiguous())              # [P, N, D, T]
     last = (count.to(torch.int64) - 1).clamp(min=0)                          # degenerate rows see >= 1 token
-    largest = torch.cummax(magnitude, dim=-1).values[pair, head, :, last] * vs * (1 + theta)
-    total = torch.cumsum(magnitude, dim=-1)[pair, head, :, last] * vs * (1 + theta)
+    largest_v8 = torch.cummax(magnitude, dim=-1).values[pair, head, :, last]
+    total_v8 = torch.cumsum(magnitude, dim=-1)[pair, head, :, last]
+    largest, total = largest_v8 * vs * (1 + theta), total_v8 * vs * (1 + theta)
     # A negligible token's P is at most exp(RN(S_hi - m_lo)) within exp_ulps, and RN(d) <= d (1 - u) for d < 0
     # (e_hi < HULL_NEGLIGIBLE there): exp((S_hi - m_lo)(1 - delta)), with the float64 difference's rounding.
     rest = seen & ~matters
@@ -257,6 +259,14 @@ def tile_hull(degenerate: torch.Tensor, visible: torch.Tensor, e_hi: torch.Tenso
     high, low = g_up(top), g_down(bottom)
     # + the two float32 products after MM2 where subnormal (2**-150 each), over l_j >= 1.
     extra = (alpha * total + negligible * c_hi * largest + negligible * torch.maximum(high.abs(), low.abs())) / (1 - lam) + TINY32
+    per_unit = torch.from_numpy(scale_product_error(p_scale_lo, vs.numpy(), model))
+    if bool(per_unit.any()):
+        # The scales multiplied together first (F2): |O_raw| per_unit, where |O_raw| <= sum_t P8_t |v8_t| and
+        # P8_t = a_t / p_scale <= (c_hi P_t + alpha') / p_scale_lo, so |O_raw| <= (c_hi max|v8| sum_t P_t + alpha'
+        # sum|v8|) / p_scale_lo over the visible tokens; over l_j >= (sum_t P_t)(1 - lambda), sum_t P_t >= 1:
+        # (c_hi max|v8| + alpha' sum|v8|) / (p_scale_lo (1 - lambda)). Float64: its 6 roundings (4 products, the
+        # quotient, the sum), relative to the term, inside the slack below (at least 9 units, on |low| + extra).
+        extra = extra + per_unit * (c_hi * largest_v8 + alpha * total_v8) / (p_scale_lo * (1 - lam))
     # float64: about 8 roundings on each side (the products above, the quotients, the sums): relative.
     slack = float64_slack(8 + count[:, None])
     return (index[pair], head, row, low - extra - slack * (low.abs() + extra),

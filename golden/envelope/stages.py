@@ -20,14 +20,15 @@ import numpy as np
 import torch
 
 from ..codec import Fp8Codec
-from ..intervals import U32, float64_slack, lowbit, outward_sums, step32, within_ulps_arrays
+from ..intervals import TINY32, U32, float64_slack, lowbit, outward_sums, step32, widen, within_ulps_arrays
 from ..model import ConformanceModel
 from ..quant import FP8_MAX
 from ..scratch import SCRATCH
 from ..sum_bounds import residue_bound, sum_error_bound
 
 __all__ = ["score_bounds", "refine_score_bounds", "raw_interval", "dequant_interval", "exp_arguments", "exp_bounds",
-           "sum_relative", "quantization_error", "upper_relative_to_max", "mm2_bounds"]
+           "sum_relative", "quantization_error", "upper_relative_to_max", "mm2_bounds", "scale_product_error",
+           "mm2_scaled_interval"]
 
 def grid_of_codes(codec: Fp8Codec) -> np.ndarray:
     """float64[256]: the largest power of two dividing each code's value (inf for zero codes): the
@@ -204,6 +205,58 @@ def dequant_interval(raw_lo: torch.Tensor, raw_hi: torch.Tensor, q_scale: torch.
     lo = torch.minimum(torch.minimum(raw_lo * q_scale * k_scale, raw_lo * k_scale * q_scale), raw_lo * both)
     hi = torch.maximum(torch.maximum(raw_hi * q_scale * k_scale, raw_hi * k_scale * q_scale), raw_hi * both)
     return lo * softmax_scale, hi * softmax_scale
+
+
+#: The smallest normal float32: a float32 product at or above it is within 2**-24 of its exact value, relative.
+NORMAL32 = 2.0 ** -126
+
+
+def scale_product_error(ps_lo: float, v_scale: np.ndarray, model: ConformanceModel) -> np.ndarray:
+    """float64, ``v_scale``'s shape: per channel, the absolute error that MM2's scales multiplied together
+    first add to ``O = RN(O_raw * RN(p_scale * v_scale))``, in units of ``|O_raw|`` (step 5, F2 as
+    docs/spec.md states it: the two scales of a stage may be multiplied together first).
+
+    ``RN(p v) = p v (1 + d) + eta`` with ``|d| <= 2**-24`` and ``eta = 0`` where ``p v >= 2**-126``, or ``d =
+    0`` and ``|eta| <= 2**-150`` where the product is a float32 subnormal (SPEC §4.1's ulp there is
+    2**-149). So ``O = O_raw p v (1 + d)(1 + d') + O_raw eta (1 + d') + eta'``: the two relative roundings
+    and the absolute ``eta'`` every order shares (builder.values widens by them), plus ``|O_raw| 2**-150 (1 +
+    2**-24)`` where ``p_scale * v_scale`` can be subnormal, i.e. ``0 < ps_lo * v_scale < 2**-126`` (p_scale
+    is at least ``ps_lo``: _p_scale_bounds). A product of 0 (``v_scale = 0``) is exact. Float64: the
+    comparison is exact (a product of two float32 values), the returned constant needs no rounding. 0
+    everywhere for a model that allows SPEC §2.3's order only (``scale_order='spec'``)."""
+    vs = np.asarray(v_scale, dtype=np.float64)
+    if model.scale_order != "any":
+        return np.zeros_like(vs)
+    subnormal = (vs > 0) & (vs * ps_lo < NORMAL32)
+    return np.where(subnormal, 2.0 ** -150 * (1 + U32), 0.0)
+
+
+def mm2_scaled_interval(o_lo: np.ndarray, o_hi: np.ndarray, ps_lo: float, ps_hi: float, v_scale: np.ndarray,
+                        model: ConformanceModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (O_lo, O_hi) of a kernel's ``O = O_raw * p_scale * v_scale`` (step 5, F2) for a float32 ``O_raw``
+    in ``[o_lo, o_hi]`` (float64 arrays [..., D]), ``p_scale`` in ``[ps_lo, ps_hi]`` (positive) and ``v_scale``
+    ``>= 0`` broadcasting against them.
+
+    F2 lets the two products come in either order, ``(O_raw p) v`` or ``(O_raw v) p``, each rounded to float32:
+    within ``(1 + 2**-24)**2`` of the exact product, relative, plus ``2**-150`` absolute for each rounding
+    whose result is subnormal (``2 TINY32`` covers both: ``O_raw p`` is never subnormal, since a nonzero
+    O_raw is at least 2**-18, the grid of E4M3 products that every float32 partial sum keeps, and ``p`` at
+    least ``ps_lo``; ``O_raw v``'s is then scaled by ``p < 1``). And, as
+    docs/spec.md states it, the scales multiplied together first, ``O_raw RN(p v)``: the same two relative
+    roundings plus ``|O_raw|`` times the product's absolute error where ``p v`` is subnormal
+    (:func:`scale_product_error`). The exact product is monotone in ``O_raw`` and in ``p`` (of ``O_raw``'s
+    sign), so its ends are at ``o_lo`` and ``o_hi`` with ``ps_lo`` or ``ps_hi``. Float64: the two products,
+    the widening's product and its two sums: 5 units relative to the ends; the association's term carries
+    its own 4 (its product, its sum with ``2 TINY32``, the widening's two sums, each rounding by at most
+    ``2**-53 (|x| + term)``)."""
+    vs = np.asarray(v_scale, dtype=np.float64)
+    per_unit = scale_product_error(ps_lo, vs, model)
+    absolute: float | torch.Tensor = 2 * TINY32
+    if per_unit.any():
+        absolute = torch.from_numpy(2 * TINY32 + per_unit * np.maximum(np.abs(o_lo), np.abs(o_hi)) * (1 + float64_slack(4)))
+    lo = np.minimum(o_lo * ps_lo, o_lo * ps_hi) * vs
+    hi = np.maximum(o_hi * ps_lo, o_hi * ps_hi) * vs
+    return widen(torch.from_numpy(lo), torch.from_numpy(hi), (1 + U32) ** 2 - 1 + float64_slack(5), absolute)
 
 
 def exp_arguments(s_lo: torch.Tensor, s_hi: torch.Tensor, m_lo: torch.Tensor, m_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 import golden
 import golden.envelope.builder as builder_module
+import golden.envelope.fold as fold_module
+import golden.envelope.stages as stages_module
 import kernels
 from golden.at12 import qk_matmul_scale_envelope
 from golden.envelope import EnvelopeBuilder
@@ -478,3 +480,51 @@ def test_a_p_above_one_lowers_the_p_scale_and_flips_a_code(monkeypatch):
     at_448 = builder_module._p_scale_bounds(2.0)
     monkeypatch.setattr(builder_module, "_p_scale_bounds", lambda _ulps: at_448)
     assert not bool(golden.paged_attention_envelope(**kwargs).inside(out).all())
+
+
+def _subnormal_scale_product_case() -> dict:
+    """One row that sees one token, V = 448 on every channel, and a v_scale per channel that puts the kernel's
+    p_scale * v_scale (p_scale = RN(1 / 448)) near (j + 1/2) 2**-149: a float32 subnormal whose rounding is
+    off by nearly 2**-150, times O_raw = 448**2. The output is a bf16 subnormal a few steps above 0."""
+    codec = golden.SPEC_CODEC
+    kwargs = golden.make_inputs(golden.PagedAttentionConfig(batch=1, s1=1, s2=16, nq=1, nkv=1, head_dim=16,
+                                                            block_size=16, s2_tile=16, kv_act_seqs=(1,)), 0).kwargs()
+    q, k, v = torch.zeros(1, 1, 16), torch.zeros(1, 16, 1, 16), torch.zeros(1, 16, 1, 16)
+    q[..., 0], k[0, 0, 0, 0], v[0, 0, 0, :] = 1.0, 1.0, 448.0
+    p_scale = float(torch.reciprocal(torch.tensor(448.0)))
+    v_scale = torch.tensor([float(np.float32((j + 0.5) * 2.0 ** -149 / p_scale)) for j in range(16)]).reshape(1, 1, 16)
+    kwargs.update(q=codec.to_fp8(q), k_cache=codec.to_fp8(k), v_cache=codec.to_fp8(v), q_scale=torch.ones_like(kwargs["q_scale"]),
+                  k_scale=torch.ones_like(kwargs["k_scale"]), v_scale=v_scale, softmax_scale=1.0)
+    return kwargs
+
+
+def test_the_scales_multiplied_first_are_held_where_their_product_is_subnormal(monkeypatch):
+    """docs/spec.md F2: MM2's O_raw * (p_scale * v_scale) conforms. Where that product is a float32 subnormal,
+    its rounding moves the output by up to |O_raw| 2**-150: here a bf16 step or more on every channel, the
+    only error of the fused variant (kernels.conforming's pairwise-fused). Inside the envelope on every
+    channel; without the association's term (golden.envelope.stages.scale_product_error) outside on every
+    one: the term is what holds it."""
+    kwargs = _subnormal_scale_product_case()
+    fused = kernels.get_backend("conforming:pairwise-fused").paged_attention_fp8(**kwargs)
+    assert not torch.equal(fused.view(torch.int16), golden.paged_attention_fp8(**kwargs).view(torch.int16))
+    assert bool(golden.paged_attention_envelope(**kwargs).inside(fused).all())
+    for module in (stages_module, fold_module):
+        monkeypatch.setattr(module, "scale_product_error", lambda ps_lo, vs, model: np.zeros_like(np.asarray(vs, dtype=np.float64)))
+    assert not bool(golden.paged_attention_envelope(**kwargs).inside(fused).any())
+
+
+def test_the_scales_multiplied_first_are_held_on_degenerate_rows(monkeypatch):
+    """The same freedom on rows whose scores are uncertain by more than a logit (step 8's hulls,
+    golden.envelope.fold.tile_hull): "wide" logits, and v_scales that make p_scale * v_scale a float32
+    subnormal near a rounding tie. The fused variant lies inside; with the hull's share of the
+    association's term taken out (the per-tile bound keeps its own), some elements fall outside."""
+    config = golden.PagedAttentionConfig(batch=1, s1=1, s2=128, nq=2, nkv=1, head_dim=128, distribution="wide")
+    kwargs = golden.make_inputs(config, 0).kwargs()
+    p_scale = float(torch.reciprocal(torch.tensor(448.0)))
+    kwargs["v_scale"] = torch.tensor([float(np.float32((j % 16 + 0.5) * 2.0 ** -149 / p_scale))
+                                      for j in range(128)]).reshape(1, 1, 128)
+    fused = kernels.get_backend("conforming:pairwise-fused").paged_attention_fp8(**kwargs)
+    env = golden.paged_attention_envelope(**kwargs)
+    assert env.degenerate_rows > 0 and bool(env.inside(fused).all())
+    monkeypatch.setattr(fold_module, "scale_product_error", lambda ps_lo, vs, model: np.zeros_like(np.asarray(vs, dtype=np.float64)))
+    assert not bool(golden.paged_attention_envelope(**kwargs).inside(fused).all())

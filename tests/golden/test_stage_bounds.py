@@ -17,10 +17,11 @@ import pytest
 import torch
 
 import golden.envelope.fold as fold_module
+import golden.envelope.stages as stages_module
 from golden.envelope.builder import _p_scale_bounds
 from golden.envelope.fold import tile_weights
-from golden.envelope.stages import dequant_interval, exp_arguments, exp_bounds
-from golden.intervals import down32_add, float64_slack, float64_sum_slack, up32_add, within_ulps
+from golden.envelope.stages import dequant_interval, exp_arguments, exp_bounds, mm2_scaled_interval
+from golden.intervals import down32_add, float64_slack, float64_sum_slack, ulp32, up32_add, within_ulps
 from golden.model import SPEC_MODEL
 from kernels.conforming.arithmetic import exp_edge, exp_ulps
 
@@ -320,12 +321,15 @@ def test_within_ulps_one_step_tighter_fail(side):
 
 def _check_dequant(bounds) -> None:
     """The three orders of F2, each product rounded to float32, for every float32 raw score in a few steps
-    around values at binade edges: inside, and ``softmax_scale`` last."""
+    around values at binade edges: inside, and ``softmax_scale`` last; q_scale * k_scale subnormal on some."""
     rng = np.random.default_rng(11)
     for _ in range(200):
         raw = float(np.float32(rng.choice([1.0, -1.0]) * 2.0 ** rng.integers(-20, 30) * rng.choice([1.0, 1 + 2 ** -23, 1 - 2 ** -24, 1.5])))
-        q = torch.tensor([float(np.float32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(-12, 3)))])
-        k = torch.tensor([float(np.float32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(-12, 3)))])
+        # a fifth of the scales tiny, so that q_scale * k_scale (the scales multiplied first) is subnormal
+        low = -80 if rng.random() < 0.2 else -12
+        q = torch.tensor([float(np.float32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(low, low + 15)))])
+        k = torch.tensor([float(np.float32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(-12, 3)))]) if low == -12 else \
+            torch.tensor([float(np.float32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(low, low + 15)))])
         sm = torch.tensor(float(np.float32(rng.choice([0.08838834764831845, 1.0, 0.3]))))
         raws = [_steps(raw, s) for s in range(-2, 3)]
         lo, hi = bounds(torch.tensor([raws[0]]), torch.tensor([raws[-1]]), q, k, sm, SPEC_MODEL)
@@ -344,6 +348,61 @@ def test_dequant_interval_one_step_tighter_fail(side):
     """Unit: one float32 step of S. The bound is the min and max over the orders at the ends, exactly."""
     with pytest.raises(AssertionError):
         _check_dequant(_inward(dequant_interval, side))
+
+
+def _check_mm2_scaled(bounds, *, ties_only: bool = False) -> None:
+    """MM2's two scales (F2) in each order and multiplied together first, every product rounded to float32
+    (numpy's float32 arithmetic, subnormals kept), for float32 O_raw at binade edges and p_scale in
+    ``[ps_lo, ps_hi]``: inside. The v_scales put ``p_scale * v_scale`` among the normal floats, and among the
+    subnormals at exact ties of its rounding (``p_scale`` a power of two and ``v_scale`` an odd multiple of
+    2**-141 make the product an odd multiple of 2**-150: its rounding is off by the full 2**-150), where the
+    association's term is all that holds ``O_raw RN(p v)``."""
+    rng = np.random.default_rng(12)
+    f32 = np.float32
+    for _ in range(300):
+        o_raw = f32(rng.choice([1.0, -1.0]) * 2.0 ** rng.integers(10, 24) * rng.choice([1.0, 1 + 2 ** -23, 1 - 2 ** -24, 1.5]))
+        tie = ties_only or rng.random() < 0.5
+        if tie:
+            ps_lo = ps_hi = ps = f32(2.0 ** -9)
+            vs = f32(int(rng.integers(0, 2 ** 12)) * 2 + 1) * f32(2.0 ** -141)
+        else:
+            ps_lo, ps_hi = f32(1 / 448), f32(1 / 447.99997)
+            ps = f32(rng.choice([ps_lo, ps_hi]))
+            vs = f32(rng.uniform(0.5, 2) * 2.0 ** rng.integers(-140, 4))
+        lo, hi = bounds(np.array([o_raw], dtype=np.float64), np.array([o_raw], dtype=np.float64), float(ps_lo),
+                        float(ps_hi), np.array([vs]), SPEC_MODEL)
+        for value in ((o_raw * ps) * vs, (o_raw * vs) * ps, o_raw * (ps * vs)):
+            assert float(lo) <= float(value) <= float(hi), (float(o_raw), float(ps), float(vs), float(value), float(lo), float(hi))
+
+
+def _mm2_inward(side: str):
+    """mm2_scaled_interval one float32 step (SPEC §4.1's ulp of the end) tighter on one side."""
+    def tighter(*args, **kwargs):
+        lo, hi = mm2_scaled_interval(*args, **kwargs)
+        if side == "lo":
+            return lo + ulp32(lo.abs()), hi
+        return lo, hi - ulp32(hi.abs())
+    return tighter
+
+
+def test_mm2_scaled_interval_holds_every_order_and_the_scales_multiplied_first():
+    _check_mm2_scaled(mm2_scaled_interval)
+
+
+@pytest.mark.parametrize("side", ["lo", "hi"])
+def test_mm2_scaled_interval_one_step_tighter_fail(side):
+    """Unit: one float32 step of the bound's end."""
+    with pytest.raises(AssertionError):
+        _check_mm2_scaled(_mm2_inward(side))
+
+
+def test_mm2_scaled_interval_without_all_of_the_associations_term_fails(monkeypatch):
+    """Unit: 1% of the term for the scales multiplied together first (stages.scale_product_error), at the
+    ties where a product's rounding is off by the full 2**-150."""
+    full = stages_module.scale_product_error
+    monkeypatch.setattr(stages_module, "scale_product_error", lambda *a: full(*a) * 0.99)
+    with pytest.raises(AssertionError):
+        _check_mm2_scaled(mm2_scaled_interval, ties_only=True)
 
 
 # --- directed rounding of an exact sum (the raw score's and MM2's interval ends) -----------------------
