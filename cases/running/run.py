@@ -493,10 +493,9 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
         if hasattr(backend, "prefetch"):
             backend.prefetch([i.case.config for i in items if i.case is not None])
         if on_items is not None:
-            model = ((provenance or {}).get("backend") or {}).get("model") or {}
             on_items(items, why + (f"; cases run on the Ray cluster {cluster} ({len(pool.nodes)} node(s), "
                                    f"{pool.describe()['workers']} at a time)" if cluster else "")
-                     + (f"\nJudged by {model['describe']}" if model.get("describe") else ""))
+                     + f"\nJudged by {provenance['backend']['model']['describe']}")
         budget = options.budget if options.budget is not None else (getattr(backend, "default_budget_s", None) or 0)
         deadline = time.time() + budget if budget else None
         capture = not options.no_capture

@@ -219,9 +219,9 @@ def scale_product_error(ps_lo: float, v_scale: np.ndarray, model: ConformanceMod
     ``RN(p v) = p v (1 + d) + eta`` with ``|d| <= 2**-24`` and ``eta = 0`` where ``p v >= 2**-126``, or ``d =
     0`` and ``|eta| <= 2**-150`` where the product is a float32 subnormal (SPEC §4.1's ulp there is
     2**-149). So ``O = O_raw p v (1 + d)(1 + d') + O_raw eta (1 + d') + eta'``: the two relative roundings
-    and the absolute ``eta'`` every order shares (builder.values widens by them), plus ``|O_raw| 2**-150 (1 +
-    2**-24)`` where ``p_scale * v_scale`` can be subnormal, i.e. ``0 < ps_lo * v_scale < 2**-126`` (p_scale
-    is at least ``ps_lo``: _p_scale_bounds). A product of 0 (``v_scale = 0``) is exact. Float64: the
+    and the absolute ``eta'`` every order shares (:func:`mm2_scaled_interval` widens by them), plus ``|O_raw|
+    2**-150 (1 + 2**-24)`` where ``p_scale * v_scale`` can be subnormal, i.e. ``0 < ps_lo * v_scale < 2**-126``
+    (p_scale is at least ``ps_lo``, EnvelopeBuilder.ps_lo). A product of 0 (``v_scale = 0``) is exact. Float64: the
     comparison is exact (a product of two float32 values), the returned constant needs no rounding. 0
     everywhere for a model that allows SPEC §2.3's order only (``scale_order='spec'``)."""
     vs = np.asarray(v_scale, dtype=np.float64)
