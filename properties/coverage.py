@@ -13,7 +13,7 @@ Families (docs/spec.md):
   more tiles; a last tile of one token;
 - shapes (§1): ``S1`` of 1, 2 and 3 or more; group sizes 1, 2, 3 (not a power of two) and 4 or more; a
   ``g_tile`` that splits the group; ``NKV`` of 1, 2 and 3 or more; ``s2_tile`` of 1, 2, 3 and 4 blocks and
-  the upstream tile of 8 blocks (§5);
+  the upstream tile of 8 blocks (§5); a ``softmax_scale`` the caller gives (§1, §2.3);
 - values (§3): every value distribution of the golden's inputs, every kind of garbage in unused cells;
 - paging (§2.2): a shuffled table, extra table columns, spare physical blocks, a table width that is not
   a multiple of the blocks per tile, a last tile that spans columns holding -1.
@@ -63,7 +63,7 @@ def facts_of(config: golden.PagedAttentionConfig) -> Facts:
         "g_tile": config.g_tile or group, "tile_blocks": tile // bs, "distribution": config.distribution,
         "garbage": config.garbage, "columns": config.table_columns, "needed": max(blocks_needed, default=0),
         "physical": config.physical_blocks, "used": len(used), "lengths": config.lengths, "bs": bs, "tile": tile,
-        "shuffled": bool(used) and used != sorted(used),
+        "shuffled": bool(used) and used != sorted(used), "softmax_scale": config.softmax_scale,
         "tile_over_unused": any(_last_tile_over_unused(length, cur, bs, tile // bs, config.table_columns)
                                 for length, cur in rows),
     }
@@ -120,6 +120,8 @@ _SINGLE: list[Bin] = [
       for d in golden.DISTRIBUTIONS],
     *[Bin(f"garbage_{g or 'none'}", "§2.2", f"unused cells hold {g} garbage" if g else "unused cells left as drawn",
           _is("garbage", g)) for g in golden.GARBAGE],
+    Bin("custom_softmax_scale", "§1, §2.3", "a softmax_scale given by the caller (not the default 1 / sqrt(D))",
+        lambda f: f["softmax_scale"] is not None),
     Bin("shuffled_table", "§2.2", "a block table that is not in physical order", lambda f: f["shuffled"]),
     Bin("extra_columns", "§2.2", "a block table wider than the longest batch needs", lambda f: f["columns"] > f["needed"]),
     Bin("spare_blocks", "§2.2", "physical blocks no table entry uses", lambda f: f["physical"] > f["used"]),

@@ -104,6 +104,7 @@ def _narrowing_of_bin(name: str) -> dict[str, Any] | None:
         "empty_batch": {"batch": st.integers(2, 4)}, "ragged_lengths": {"batch": st.integers(2, 4)},
         "extra_columns": {"extra_columns": st.integers(1, 2)},
         "spare_blocks": {"spare_blocks": st.integers(1, 3)},
+        "custom_softmax_scale": {"softmax_scale": ps.CUSTOM_SOFTMAX_SCALES},
     }
     if name in fixed:
         return fixed[name]

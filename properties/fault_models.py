@@ -5,6 +5,9 @@ a function of the case alone (never of a known kernel), named by the SPEC §2 st
   scale entry of the neighbouring KV head, batch or token; a scale missing or inverted; the softmax
   scale missing or applied twice; lengths off by one, of batch 0 or of the previous batch). Cheap: one
   vectorized golden call each.
+- **layout models**: a SPEC §1 tensor read or written in another axis order or by another index (rows as
+  [S1, B], heads before positions, cache blocks head-major, the GQA map's interleaved orders, KV head
+  h // NKV), and the softmax_scale argument ignored. One golden call each, on changed inputs.
 - **stage models**: one stage of the staged golden (kernels/mutants/staged.py) changed, seeded from the
   golden-level mutant catalog (causal offset, table column, GQA head map, the online rescale, P's
   quantization, empty rows, ...) and written from SPEC §2 for the stages the catalog does not hold
@@ -108,6 +111,7 @@ def _lengths(value: Callable[[torch.Tensor], torch.Tensor]) -> Change:
 _MM1 = "MM1 scales, SPEC §2.3"
 _MM2 = "MM2 and the V scale, SPEC §2.3"
 _PAGING = "lengths and paging, SPEC §2.1-2.2"
+_VISIBLE = "visible length, SPEC §2.1"
 
 
 def _input_models() -> list[FaultModel]:
@@ -137,8 +141,11 @@ def _input_models() -> list[FaultModel]:
          _heads_of_zero("k_cache", "v_cache")),
         ("lengths_of_batch_0", _PAGING, "every batch walks batch 0's kv_act_seqs", _lengths(_first(0))),
         ("lengths_of_batch_b-1", _PAGING, "batch b walks the kv_act_seqs of batch b - 1", _lengths(_roll(0, 1))),
-        ("lengths_one_short", _PAGING, "every batch walks kv_act_seqs[b] - 1 tokens", _lengths(lambda x: x - 1)),
-        ("lengths_one_long", _PAGING, "every batch walks kv_act_seqs[b] + 1 tokens", _lengths(lambda x: x + 1)),
+        # One off on every row is the visible length's slip (SPEC §2.1: the causal offset S1 - i, say), not the table's.
+        ("lengths_one_short", _VISIBLE, "every batch walks kv_act_seqs[b] - 1 tokens (every row sees one token less)",
+         _lengths(lambda x: x - 1)),
+        ("lengths_one_long", _VISIBLE, "every batch walks kv_act_seqs[b] + 1 tokens (every row sees one token more)",
+         _lengths(lambda x: x + 1)),
     ]
     return [FaultModel(name, stage, text, _golden_on(change)) for name, stage, text, change in models]
 
@@ -211,6 +218,56 @@ def _q_scale_of_kv_head(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
     return t, s
 
 
+
+def _softmax_scale_ignored(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """The caller's softmax_scale replaced by the default 1 / sqrt(D) (SPEC §1: the default, when none is given)."""
+    default = t["q"].shape[-1] ** -0.5
+    if s.get("softmax_scale") in (None, default):
+        raise ValueError("the case uses the default softmax_scale: ignoring the argument changes nothing")
+    s["softmax_scale"] = default
+    return t, s
+
+
+def _interleaved(nq: int, nkv: int) -> torch.Tensor:
+    """Query head n*group + g of the blocked order (SPEC §2.2) at its place g*NKV + n of the interleaved one."""
+    group = nq // nkv
+    if nkv < 2 or group < 2:
+        raise ValueError("one KV head or a group of one: the blocked and interleaved head orders are the same")
+    return torch.arange(nq).reshape(nkv, group).T.reshape(-1)
+
+
+def _query_heads_read_interleaved(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """KV head n's g-th query head read at q's head g*NKV + n (and its q_scale), its output written at n*group + g."""
+    interleaved = _interleaved(t["q"].shape[1], t["k_cache"].shape[2])
+    reads = torch.empty_like(interleaved)
+    reads[interleaved] = torch.arange(len(interleaved))
+    t["q"], t["q_scale"] = t["q"][:, reads].contiguous(), t["q_scale"][:, reads].contiguous()
+    return t, s
+
+
+def _output_heads_written_interleaved(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
+    """Query head n*group + g computed right and written at head g*NKV + n of the output."""
+    by_name: dict[str, Any] = tensors   # as in _golden_on
+    out = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+    written = torch.empty_like(out)
+    written[:, _interleaved(out.shape[1], tensors["k_cache"].shape[2])] = out
+    return written
+
+
+def _kv_head_of_query_head_over_nkv(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """Query head h reads KV head h // NKV (not h // group): run as NQ KV heads, head h holding KV head h // NKV."""
+    nq, nkv = t["q"].shape[1], t["k_cache"].shape[2]
+    if nq // nkv == nkv:
+        raise ValueError("NQ / NKV equals NKV: h // NKV is h // group")
+    if (nq - 1) // nkv >= nkv:
+        raise ValueError(f"query head {nq - 1} would read KV head {(nq - 1) // nkv} of {nkv}: an out-of-range read")
+    kv_of = torch.arange(nq) // nkv
+    for name in ("k_cache", "v_cache", "k_scale"):
+        t[name] = t[name][:, :, kv_of].contiguous()
+    t["v_scale"] = t["v_scale"][:, kv_of].contiguous()
+    s["g_tile"] = None
+    return t, s
+
 def _layout_models() -> list[FaultModel]:
     paging = "paging, SPEC §1 and §2.2"
     return [
@@ -231,6 +288,17 @@ def _layout_models() -> list[FaultModel]:
                    _golden_on(_k_scale_of_logical_block)),
         FaultModel("q_scale_of_kv_head", _MM1, "every query head of group n reads the q_scale of query head n",
                    _golden_on(_q_scale_of_kv_head)),
+        FaultModel("softmax_scale_ignored", _MM1, "the softmax_scale argument is ignored: S is scaled by 1 / sqrt(D)",
+                   _golden_on(_softmax_scale_ignored)),
+        FaultModel("query_heads_read_interleaved", "GQA head map, SPEC §1 and §2.2",
+                   "KV head n's g-th query head is read at q's head g*NKV + n (interleaved), its output written at "
+                   "n*group + g", _golden_on(_query_heads_read_interleaved)),
+        FaultModel("output_heads_written_interleaved", "output, SPEC §1 and §2.4",
+                   "query head n*group + g is written at the output's head g*NKV + n (interleaved)",
+                   _output_heads_written_interleaved),
+        FaultModel("kv_head_of_query_head_over_nkv", "GQA head map, SPEC §2.2",
+                   "query head h reads KV head h // NKV, not h // (NQ / NKV)",
+                   _golden_on(_kv_head_of_query_head_over_nkv)),
     ]
 
 

@@ -12,10 +12,14 @@ each as a fault model; each is a deviation the spec's text leaves room for, not 
 - one natural slip of each other stage: the causal offset counted from the first row or from the flat
   row index, the exp in base 2, P cast without its scale or left out, the update's factor taken after the
   max is stored, a tile's table column taken as its index, O not divided by l, an empty row written with
-  the previous row's output or seeing one token.
+  the previous row's output or seeing one token;
+- SPEC §2.3's constants, dtypes and tile taken from the wrong table: P scaled to 240 (the IEEE-style E4M3's
+  largest value), the scores stored in bf16, the softmax run on tiles of a cache block; the online state
+  started at m = 0; an empty row found by its batch's length, not by cur.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -234,6 +238,57 @@ class EmptyRowsSeeOneToken(StagedGolden):
         return max(cur, 1) if lengths[b] > 0 else cur
 
 
+
+# The constants and dtypes SPEC §2.3 fixes, each one a kernel may take from the wrong table: P's E4M3 max
+# (448; 240 is the IEEE-style E4M3's, float8_e4m3fnuz's), the scores' dtype (float32; bf16 is the
+# output's), the softmax's tile (s2_tile tokens; a cache block is BS).
+class PScaledToAnotherMax(StagedGolden):
+    top = 240.0
+
+    def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if valid is not None:
+            p = torch.where(valid, p, 0.0)
+        amax = p.abs().amax(dim=-1, keepdim=True)
+        scale = torch.tensor(self.top) / torch.where(amax == 0, torch.tensor(self.top), amax)
+        return self.codec.round(p * scale), torch.reciprocal(scale)
+
+
+class ScoresInBf16(StagedGolden):
+    def scores(self, q_tile: torch.Tensor, k: torch.Tensor, q_scale_rows: torch.Tensor,
+               k_scale_tokens: torch.Tensor) -> torch.Tensor:
+        scores: torch.Tensor = super().scores(q_tile, k, q_scale_rows, k_scale_tokens)
+        return scores.bfloat16().float()
+
+
+class SoftmaxTilesOfBlockSize(StagedGolden):
+    def _paged_attention(self, dims: Any, *tensors: torch.Tensor) -> torch.Tensor:
+        if dims.s2_tile == dims.block_size:
+            raise ValueError("s2_tile is the block size: the two tile walks are the same")
+        out: torch.Tensor = super()._paged_attention(  # type: ignore[no-untyped-call]  # as above
+            dataclasses.replace(dims, s2_tile=dims.block_size), *tensors)
+        return out
+
+
+# §2.3, the online update's start: the running max taken as 0 (not -inf) and the update run on the first
+# tile too: a row whose scores all lie far below 0 underflows exp(m_j - 0), and l and O with it.
+class OnlineMaxStartsAtZero(StagedGolden):
+    def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
+               p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
+        if not bool(state.started.any()):
+            state.m, state.l = torch.zeros_like(m_j), torch.zeros_like(l_j)
+            state.o, state.started = torch.zeros_like(o_j), torch.ones_like(state.started)
+        m_new = torch.maximum(state.m, m_j)
+        a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
+        state.l, state.o, state.m = a * state.l + c * l_j, a * state.o + c * o_j, m_new
+
+
+# §2.5 with §2.1: an empty row found by kv_act_seqs[b] == 0 instead of cur == 0: a causally empty row of a
+# batch with tokens runs the softmax over no token, and O / l is 0 / 0.
+class CausallyEmptyRowNotFound(StagedGolden):
+    def write_empty_row(self, out: torch.Tensor, row: int) -> None:
+        if int(self.tables[7][row // self.dims.s1]) > 0:
+            out[row] = torch.nan
+
 #: (name, SPEC §2 stage, description, the staged golden with that stage changed), cheapest first.
 WRITTEN: tuple[tuple[str, str, str, type[StagedGolden]], ...] = (
     ("p_scale_not_inverted", "P quantization, SPEC §2.3 and §3",
@@ -297,4 +352,17 @@ WRITTEN: tuple[tuple[str, str, str, type[StagedGolden]], ...] = (
     ("empty_rows_see_one_token", "empty rows, SPEC §2.5 and §2.1",
      "every row of a batch with tokens sees at least one (cur = max(1, ...)): a causally empty row reads token 0",
      EmptyRowsSeeOneToken),
+    ("p_scaled_to_240", "P quantization, SPEC §2.3 and §3",
+     "P is quantized with the scale 240 / max(P) (the IEEE-style E4M3's largest value), not 448 / max(P)",
+     PScaledToAnotherMax),
+    ("scores_rounded_to_bf16", _MM1, "the dequantized scores S are stored in bf16 before the softmax", ScoresInBf16),
+    ("softmax_tiles_of_block_size", _TILE_WALK,
+     "the softmax, P's quantization and the online update run on tiles of BS tokens (a cache block), not s2_tile",
+     SoftmaxTilesOfBlockSize),
+    ("online_max_starts_at_zero", "online update, SPEC §2.3",
+     "the online state starts at m = 0, l = 0, O = 0 (not m = -inf) and the first tile is folded in by the update",
+     OnlineMaxStartsAtZero),
+    ("causally_empty_row_not_found", "empty rows, SPEC §2.5 and §2.1",
+     "an empty row is found by kv_act_seqs[b] == 0, not cur == 0: a causally empty row is 0 / 0 (NaN)",
+     CausallyEmptyRowNotFound),
 )

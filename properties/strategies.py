@@ -47,7 +47,8 @@ from properties.generation import pin_local_constants
 # The same seed gives the same cases whatever else the process imports (properties/generation.py).
 pin_local_constants()
 
-__all__ = ["MAX_LEN_ENV", "MAX_LEN_LIMIT", "max_len", "DISTRIBUTIONS", "GARBAGE", "Dims", "BlockTable", "dims", "kv_act_seqs",
+__all__ = ["MAX_LEN_ENV", "MAX_LEN_LIMIT", "max_len", "DISTRIBUTIONS", "GARBAGE", "CUSTOM_SOFTMAX_SCALES",
+           "SOFTMAX_SCALES", "Dims", "BlockTable", "dims", "kv_act_seqs",
            "special_lengths", "block_tables", "configs", "cases", "cases_for", "seeds", "quant_rows",
            "At12Case", "at12_cases"]
 
@@ -72,6 +73,12 @@ def max_len() -> int:
 # Value distributions and garbage fills of golden.make_inputs; the first of each is the shrink target.
 DISTRIBUTIONS = golden.DISTRIBUTIONS
 GARBAGE = tuple(golden.GARBAGE)  # None first: the shrink target
+#: The softmax_scale values a drawn case may carry besides None, the default 1 / sqrt(D) (SPEC §1): none a
+#: power of two, so that S * softmax_scale rounds (a kernel that folds it into a dequant factor rounds
+#: differently); few, because a compiled kernel (the sim's, a 950's) compiles once per scale.
+CUSTOM_SOFTMAX_SCALES = (0.05, 0.1, 0.3)
+#: None (the default) first, the shrink target, and on three draws of four.
+SOFTMAX_SCALES: tuple[float | None, ...] = (None,) * 9 + CUSTOM_SOFTMAX_SCALES
 
 _T = TypeVar("_T")
 #: An argument that is a value or a strategy of values (resolved once: :func:`_strategy`, :func:`_choices`).
@@ -247,32 +254,37 @@ def configs(*, dims: st.SearchStrategy[Dims] | None = None,
             distribution: str | Sequence[str] | st.SearchStrategy[str] = DISTRIBUTIONS,
             garbage: str | Sequence[str | None] | st.SearchStrategy[str | None] | None = GARBAGE,
             extra_columns: IntOrStrategy = st.integers(0, 2), spare_blocks: IntOrStrategy = st.integers(0, 3),
-            capacity: int | None = None) -> st.SearchStrategy[golden.PagedAttentionConfig]:
+            capacity: int | None = None,
+            softmax_scale: float | Sequence[float | None] | st.SearchStrategy[float | None] | None = SOFTMAX_SCALES,
+            ) -> st.SearchStrategy[golden.PagedAttentionConfig]:
     """``golden.PagedAttentionConfig`` drawn from :func:`dims`, :func:`kv_act_seqs` and :func:`block_tables`
     (the drawn table is the config's ``block_table``; ``max_blocks`` = widest row + extra columns,
-    ``num_blocks`` = blocks needed + spare blocks), a value ``distribution`` and a ``garbage`` fill for
-    every unread cell. ``distribution`` values must be listed in ``golden.inputs.DISTRIBUTIONS``.
+    ``num_blocks`` = blocks needed + spare blocks), a value ``distribution``, a ``garbage`` fill for
+    every unread cell and a ``softmax_scale`` (None: the default, 1 / sqrt(D); by default one of
+    :data:`CUSTOM_SOFTMAX_SCALES` on a quarter of the draws). ``distribution`` values must be listed in
+    ``golden.inputs.DISTRIBUTIONS``.
     """
     dims_s = globals()["dims"]() if dims is None else dims
     dist = _choices(distribution, "distribution", allowed=DISTRIBUTIONS)
     garb = _choices(garbage, "garbage", allowed=GARBAGE) if not isinstance(garbage, st.SearchStrategy) else garbage
     extra = _strategy(extra_columns, "extra_columns", minimum=0)
     spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
+    scale = _choices(softmax_scale, "softmax_scale")
     if capacity is not None:
         positive_int(capacity, "capacity", minimum=0)
 
     def build(dm: Dims) -> st.SearchStrategy[golden.PagedAttentionConfig]:
-        def make(t: tuple[BlockTable, str, str | None]) -> golden.PagedAttentionConfig:
-            table, dist_, garb_ = t
+        def make(t: tuple[BlockTable, str, str | None, float | None]) -> golden.PagedAttentionConfig:
+            table, dist_, garb_, scale_ = t
             lens = table.kv_act_seqs
             return golden.PagedAttentionConfig(
                 batch=dm.batch, s1=dm.s1, s2=max(lens + (1,)), nq=dm.nq, nkv=dm.nkv,
                 head_dim=dm.head_dim, block_size=dm.block_size, s2_tile=dm.s2_tile, g_tile=dm.g_tile,
                 kv_act_seqs=lens, max_blocks=table.max_blocks, num_blocks=table.num_blocks,
-                distribution=dist_, garbage=garb_, block_table=table.table)
+                distribution=dist_, garbage=garb_, block_table=table.table, softmax_scale=scale_)
         lens_s = kv_act_seqs(dm.batch, block_size=dm.block_size, s2_tile=dm.s2_tile, capacity=capacity)
         tables = block_tables(lens_s, block_size=dm.block_size, extra_columns=extra, spare_blocks=spare)
-        return st.tuples(tables, dist, garb).map(make)
+        return st.tuples(tables, dist, garb, scale).map(make)
 
     return dims_s.flatmap(build)
 
@@ -305,6 +317,7 @@ def cases_for(backend: object = None, *, distribution: str | Sequence[str] | st.
               garbage: str | Sequence[str | None] | st.SearchStrategy[str | None] | None = GARBAGE,
               extra_columns: IntOrStrategy = st.integers(0, 2), spare_blocks: IntOrStrategy = st.integers(0, 3),
               capacity: int | None = None, seed: IntOrStrategy | None = None,
+              softmax_scale: float | Sequence[float | None] | st.SearchStrategy[float | None] | None = SOFTMAX_SCALES,
               **dims_kwargs: Any) -> st.SearchStrategy[Case]:
     """:class:`~properties.case.Case` values ``backend`` runs: the one narrowing path.
 
@@ -315,7 +328,7 @@ def cases_for(backend: object = None, *, distribution: str | Sequence[str] | st.
     * ``dims_kwargs`` narrow :func:`dims` further, to a law's domain (``group=st.sampled_from((2, 4))``
       for GQA, ``s1=st.integers(2, 3)`` for causal positions).
     * ``distribution``, ``garbage``, ``extra_columns``, ``spare_blocks`` (at least 1 guarantees cells
-      nothing reads) and ``capacity`` as in :func:`configs`; ``seed`` as in :func:`cases`.
+      nothing reads), ``capacity`` and ``softmax_scale`` as in :func:`configs`; ``seed`` as in :func:`cases`.
     """
     supported, skip_reason = _narrowing(backend)
     if supported:
@@ -325,7 +338,8 @@ def cases_for(backend: object = None, *, distribution: str | Sequence[str] | st.
                 dims_kwargs.setdefault(key, tuple(supported[key]))
         dims_kwargs.setdefault("s2_tile_blocks", st.integers(1, 2))
     strategy = cases(configs(dims=dims(**dims_kwargs), distribution=distribution, garbage=garbage,
-                             extra_columns=extra_columns, spare_blocks=spare_blocks, capacity=capacity), seed=seed)
+                             extra_columns=extra_columns, spare_blocks=spare_blocks, capacity=capacity,
+                             softmax_scale=softmax_scale), seed=seed)
     if skip_reason is None:
         return strategy
     return strategy.filter(lambda case: _runs(skip_reason, case))

@@ -23,7 +23,10 @@ from properties.diagnosis import diagnose, diagnose_verdict, fault_models
 from properties.fault_models import models_by_name
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
-_CASES = _SMALL + generated_cases(40, 0)
+#: Two batches whose lengths need the same number of blocks, so that a model moving one batch's length to
+#: another (lengths_of_batch_b-1) fits the other's table row; drawn cases rarely have that.
+_SAME_BLOCKS = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=100, nq=4, nkv=2, kv_act_seqs=(100, 37)), 0)
+_CASES = _SMALL + generated_cases(40, 0) + [_SAME_BLOCKS]
 _MUTANTS = [n for n, m in MUTANTS.items() if m.level == "golden" and m.equivalent is None
             and n not in ledger.survivors("golden")]
 
@@ -254,7 +257,12 @@ _SPEC_SLIPS = ("causal_offset_reversed", "exp_in_base_2", "p_not_quantized", "o_
                "empty_row_keeps_previous_row", "p_cast_unscaled", "rescale_after_max_stored",
                "tile_column_is_tile_index", "causal_offset_of_flat_row", "empty_rows_see_one_token",
                "query_rows_s1_major", "output_heads_before_positions", "cache_block_heads_before_slots",
-               "kv_block_heads_before_slots", "k_scale_of_logical_block", "q_scale_of_kv_head")
+               "kv_block_heads_before_slots", "k_scale_of_logical_block", "q_scale_of_kv_head",
+               # SPEC §2.3's constants, dtypes and tile from the wrong table; the online state's start; an empty
+               # row found by its batch's length; the softmax_scale argument; the GQA map's other orders
+               "p_scaled_to_240", "scores_rounded_to_bf16", "softmax_tiles_of_block_size", "online_max_starts_at_zero",
+               "causally_empty_row_not_found", "softmax_scale_ignored", "query_heads_read_interleaved",
+               "output_heads_written_interleaved", "kv_head_of_query_head_over_nkv")
 
 
 @pytest.mark.parametrize("name", [m.name for m in fault_models() if m.name not in ledger.survivors("golden")])
@@ -270,5 +278,7 @@ def test_every_model_is_a_defect_the_rule_fails_where_a_conforming_variant_passe
 @pytest.mark.parametrize("name", _SPEC_SLIPS)
 def test_a_kernel_with_a_spec_slip_has_its_model_at_the_top(name):
     case, verdict = _first_failure_of(models_by_name()[name])
-    found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
+    # The ranking with every model scored: the written models come last, and a loaded machine's time
+    # budget could cut them (a budget reached is the render's to say, not this test's to measure).
+    found = diagnose_verdict(verdict, *split_bundle(case.inputs()), budget_s=120.0)
     assert found is not None and _rank(found, name) == 1, found and found.render()
