@@ -6,8 +6,9 @@ a function of the case alone (never of a known kernel), named by the SPEC §2 st
   scale missing or applied twice; lengths off by one, of batch 0 or of the previous batch). Cheap: one
   vectorized golden call each.
 - **layout models**: a SPEC §1 tensor read or written in another axis order or by another index (rows as
-  [S1, B], heads before positions, cache blocks head-major, the GQA map's interleaved orders, KV head
-  h // NKV), and the softmax_scale argument ignored. One golden call each, on changed inputs.
+  [S1, B], heads before positions, output rows as [S1, B], cache blocks head-major, v_scale channel-major, the
+  GQA map's interleaved orders, KV head h // NKV, q_scale of the batch's row), and the softmax_scale
+  argument ignored. One golden call each, on changed inputs.
 - **stage models**: one stage of the staged golden (kernels/mutants/staged.py) changed, seeded from the
   golden-level mutant catalog (causal offset, table column, GQA head map, the online rescale, P's
   quantization, empty rows, ...) and written from SPEC §2 for the stages the catalog does not hold
@@ -268,6 +269,39 @@ def _kv_head_of_query_head_over_nkv(t: Tensors, s: Scalars) -> tuple[Tensors, Sc
     s["g_tile"] = None
     return t, s
 
+
+def _q_scale_of_batch_row(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """Query row b*S1 + i reads the q_scale of row b (the batch's index, not the row's)."""
+    batch = int(t["kv_act_seqs"].shape[0])
+    s1 = t["q"].shape[0] // batch
+    if s1 < 2:
+        raise ValueError("S1 = 1: the batch's index is the row's")
+    t["q_scale"] = t["q_scale"][torch.arange(batch * s1) // s1].contiguous()
+    return t, s
+
+
+def _output_rows_s1_major(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
+    """The output's row (b, i) written at memory row i*B + b; q and q_scale read right."""
+    by_name: dict[str, Any] = tensors   # as in _golden_on
+    logical = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+    batch = int(tensors["kv_act_seqs"].shape[0])
+    s1 = logical.shape[0] // batch
+    if batch < 2 or s1 < 2:
+        raise ValueError("one batch or one query position: both row orders are the same")
+    out = torch.empty_like(logical)
+    out[torch.arange(batch * s1).reshape(s1, batch).T.reshape(-1)] = logical
+    return out
+
+
+def _v_scale_channel_major(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+    """v_scale [B, NKV, D] read as [B, D, NKV]: the kernel's (n, d) is memory element d*NKV + n of the batch."""
+    v_scale = t["v_scale"]
+    batch, nkv, d = v_scale.shape
+    if nkv < 2:
+        raise ValueError("one KV head: both layouts are the same")
+    t["v_scale"] = v_scale.reshape(batch, d, nkv).transpose(1, 2).contiguous()
+    return t, s
+
 def _layout_models() -> list[FaultModel]:
     paging = "paging, SPEC §1 and §2.2"
     return [
@@ -299,6 +333,13 @@ def _layout_models() -> list[FaultModel]:
         FaultModel("kv_head_of_query_head_over_nkv", "GQA head map, SPEC §2.2",
                    "query head h reads KV head h // NKV, not h // (NQ / NKV)",
                    _golden_on(_kv_head_of_query_head_over_nkv)),
+        FaultModel("q_scale_of_batch_row", _MM1, "query row b*S1 + i reads the q_scale of row b (the batch's index)",
+                   _golden_on(_q_scale_of_batch_row)),
+        FaultModel("output_rows_s1_major", "output, SPEC §1 and §2.4",
+                   "the output's rows are written as [S1, B] (row i*B + b), not [B, S1]; q is read right",
+                   _output_rows_s1_major),
+        FaultModel("v_scale_channel_major", _MM2, "v_scale [B, NKV, D] is read as if laid out [B, D, NKV]",
+                   _golden_on(_v_scale_channel_major)),
     ]
 
 

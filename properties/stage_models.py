@@ -1,21 +1,19 @@
 """The stage models written from SPEC §2: the staged golden (kernels/mutants/staged.py) with one stage
 changed, for the defects the golden-level mutant catalog does not hold. properties/fault_models.py runs
-each as a fault model; each is a deviation the spec's text leaves room for, not a copy of any one kernel:
+each as a fault model; each is a deviation the spec's text leaves room for, not a copy of any one kernel.
+:data:`WRITTEN` lists them all; the online update's and the output's are properties/update_models.py.
 
-- P's quantization: its scale not inverted, its values clamped to 240, the cast left out;
-- the online update: the running max never stored, the two factors swapped (for O, also from an empty
-  first state, or for O and l);
-- paging: the block-table column one off either way;
+- P's quantization: its scale not inverted, its values clamped to 240, the cast left out, the cast
+  without its scale, the scale 240 / max P (the IEEE-style E4M3's largest value);
+- paging: the block-table column one off either way, a tile's first column taken as its index;
 - the tile walk: the last tile's length (dropped when full, the partial tail dropped, a full tile one
-  token short);
-- MM1: the softmax scale folded into q_scale or into the dequant product (SPEC F2: it comes last);
-- one natural slip of each other stage: the causal offset counted from the first row or from the flat
-  row index, the exp in base 2, P cast without its scale or left out, the update's factor taken after the
-  max is stored, a tile's table column taken as its index, O not divided by l, an empty row written with
-  the previous row's output or seeing one token;
-- SPEC §2.3's constants, dtypes and tile taken from the wrong table: P scaled to 240 (the IEEE-style E4M3's
-  largest value), the scores stored in bf16, the softmax run on tiles of a cache block; the online state
-  started at m = 0; an empty row found by its batch's length, not by cur.
+  token short), each tile's end inclusive, the softmax run on tiles of a cache block;
+- MM1: the softmax scale folded into q_scale or into the dequant product (SPEC F2: it comes last), the
+  scores stored in bf16;
+- the visible length: the causal offset counted from the first row or from the flat row index;
+- the local softmax: the exp in base 2, P = exp(S) with the tile's max not subtracted;
+- empty rows: written with the previous row's output, seeing one token, or found by their batch's length
+  rather than by cur (0 / 0).
 """
 from __future__ import annotations
 
@@ -26,7 +24,18 @@ import torch
 
 from golden.matmul import exact_matmul
 from golden.softmax_state import exp_f32, local_softmax
-from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
+from kernels.mutants.staged import StagedGolden
+from properties.update_models import (
+    DividedByLastTileSum,
+    NotNormalized,
+    OnlineMaxStartsAtZero,
+    ORescaleFactorsSwapped,
+    ORescaleFactorsSwappedFromEmpty,
+    RescaleAfterMaxStored,
+    RescaleFactorsSwapped,
+    RunningMaxNotUpdated,
+    TileFactorForgotten,
+)
 
 __all__ = ["WRITTEN"]
 
@@ -47,10 +56,6 @@ class PClamped(StagedGolden):
         # round(min(y, c)) = min(round(y), c) for an E4M3 value c: the rounding is monotone
         p8, p_scale = super().quantize_p(p, valid)  # type: ignore[no-untyped-call]  # StagedGolden's stages are unannotated (kernels/mutants/staged.py)
         return p8.clamp(max=self.top), p_scale
-
-
-class RunningMaxNotUpdated(WrittenOutUpdate):
-    store_max = False
 
 
 class TableColumnShifted(StagedGolden):
@@ -139,45 +144,6 @@ class PNotQuantized(StagedGolden):
         return exact_matmul(p, v) * v_scale_channels
 
 
-# §2.3, the online update: O's two factors swapped (the running O times the tile's exp(m_j - m'), the
-# tile's O_j times the old exp(m - m')), or both O's and l's. A kernel that starts from (m, l, O) =
-# (-inf, 0, 0) and runs the update on the first tile too (the same result when the update is right)
-# loses the first tile's O_j to the swap: exp(-inf) = 0 multiplies it.
-
-
-class ORescaleFactorsSwapped(WrittenOutUpdate):
-    swap_l = False
-    from_empty = False
-
-    def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
-               p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
-        if not bool(state.started.any()):
-            state.started = torch.ones_like(state.started)
-            if not self.from_empty:
-                state.m, state.l, state.o = m_j, l_j, o_j
-                return
-        m_new = torch.maximum(state.m, m_j)
-        a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
-        state.l = c * state.l + a * l_j if self.swap_l else a * state.l + c * l_j
-        state.o, state.m = c * state.o + a * o_j, m_new
-
-
-class RescaleFactorsSwapped(ORescaleFactorsSwapped):
-    swap_l = True
-
-
-class ORescaleFactorsSwappedFromEmpty(ORescaleFactorsSwapped):
-    from_empty = True
-
-
-# §2.4: the output is O without the division by l.
-
-
-class NotNormalized(StagedGolden):
-    def finalize(self, state: Any) -> torch.Tensor:
-        return torch.where(state.started, state.o, 0.0)
-
-
 # §2.5: a row that sees no token is written with what the output buffer held: the row before it.
 
 
@@ -194,19 +160,6 @@ class PCastUnscaled(StagedGolden):
         if valid is not None:
             p = torch.where(valid, p, 0.0)
         return self.codec.round(p.float()), torch.ones(p.shape[:-1] + (1,))
-
-
-# §2.3, the online update: the new max stored before the old one's factor is taken, so a = exp(m' - m') = 1
-# (the running O and l are never scaled down when the max moves).
-class RescaleAfterMaxStored(WrittenOutUpdate):
-    def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
-               p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
-        if not bool(state.started.any()):
-            state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
-            return
-        state.m = torch.maximum(state.m, m_j)
-        c = exp_f32(m_j - state.m)
-        state.l, state.o = state.l + c * l_j, state.o + c * o_j
 
 
 # §2.2 with §2.3: a tile's first block-table column taken as the tile's index (j), not j * blocks per tile.
@@ -236,7 +189,6 @@ class EmptyRowsSeeOneToken(StagedGolden):
     def visible_length(self, lengths: list[int], b: int, i: int) -> int:
         cur: int = super().visible_length(lengths, b, i)
         return max(cur, 1) if lengths[b] > 0 else cur
-
 
 
 # The constants and dtypes SPEC §2.3 fixes, each one a kernel may take from the wrong table: P's E4M3 max
@@ -269,25 +221,29 @@ class SoftmaxTilesOfBlockSize(StagedGolden):
         return out
 
 
-# §2.3, the online update's start: the running max taken as 0 (not -inf) and the update run on the first
-# tile too: a row whose scores all lie far below 0 underflows exp(m_j - 0), and l and O with it.
-class OnlineMaxStartsAtZero(StagedGolden):
-    def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
-               p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
-        if not bool(state.started.any()):
-            state.m, state.l = torch.zeros_like(m_j), torch.zeros_like(l_j)
-            state.o, state.started = torch.zeros_like(o_j), torch.ones_like(state.started)
-        m_new = torch.maximum(state.m, m_j)
-        a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
-        state.l, state.o, state.m = a * state.l + c * l_j, a * state.o + c * o_j, m_new
-
-
 # §2.5 with §2.1: an empty row found by kv_act_seqs[b] == 0 instead of cur == 0: a causally empty row of a
 # batch with tokens runs the softmax over no token, and O / l is 0 / 0.
 class CausallyEmptyRowNotFound(StagedGolden):
     def write_empty_row(self, out: torch.Tensor, row: int) -> None:
         if int(self.tables[7][row // self.dims.s1]) > 0:
             out[row] = torch.nan
+
+
+# §2.3, the tile walk: each tile's slice taken one token too far (an inclusive end), so the first token of
+# the next tile is counted twice (once in each tile), and the last tile is unchanged.
+class TileEndInclusive(StagedGolden):
+    def tile_tokens(self, start: int, cur: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return torch.arange(start, min(start + self.dims.s2_tile + 1, cur)), None
+
+
+# §2.3: P = exp(S) with the tile's max computed but not subtracted, while the online update still takes
+# m_j for its factors (the catalog's no_max_subtraction also keeps m = 0 in the state).
+class PNotShiftedByItsMax(StagedGolden):
+    def local_softmax(self, scores: torch.Tensor,
+                      valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m_j, _, _ = local_softmax(scores, valid)
+        p = exp_f32(scores if valid is None else torch.where(valid, scores, -torch.inf))
+        return m_j, p, p.double().sum(dim=-1, keepdim=True).float()
 
 #: (name, SPEC §2 stage, description, the staged golden with that stage changed), cheapest first.
 WRITTEN: tuple[tuple[str, str, str, type[StagedGolden]], ...] = (
@@ -365,4 +321,15 @@ WRITTEN: tuple[tuple[str, str, str, type[StagedGolden]], ...] = (
     ("causally_empty_row_not_found", "empty rows, SPEC §2.5 and §2.1",
      "an empty row is found by kv_act_seqs[b] == 0, not cur == 0: a causally empty row is 0 / 0 (NaN)",
      CausallyEmptyRowNotFound),
+    ("tile_factor_forgotten", "online update, SPEC §2.3",
+     "the update adds the tile's l_j and O_j without their factor c = exp(m_j - m'): l' = a l + l_j, O' = a O + O_j",
+     TileFactorForgotten),
+    ("divided_by_last_tile_sum", "output, SPEC §2.4",
+     "the output is O divided by the last tile's own l_j, not by the running l", DividedByLastTileSum),
+    ("tile_end_inclusive", _TILE_WALK,
+     "each tile reads one token past its end (an inclusive slice): the next tile's first token counts twice",
+     TileEndInclusive),
+    ("p_not_shifted_by_its_max", "local softmax, SPEC §2.3",
+     "P = exp(S): the tile's max m_j is not subtracted, though the online update takes m_j for its factors",
+     PNotShiftedByItsMax),
 )

@@ -262,7 +262,10 @@ _SPEC_SLIPS = ("causal_offset_reversed", "exp_in_base_2", "p_not_quantized", "o_
                # row found by its batch's length; the softmax_scale argument; the GQA map's other orders
                "p_scaled_to_240", "scores_rounded_to_bf16", "softmax_tiles_of_block_size", "online_max_starts_at_zero",
                "causally_empty_row_not_found", "softmax_scale_ignored", "query_heads_read_interleaved",
-               "output_heads_written_interleaved", "kv_head_of_query_head_over_nkv")
+               "output_heads_written_interleaved", "kv_head_of_query_head_over_nkv",
+               # written after a fresh set of hand-written defects showed these stages unmodelled
+               "tile_factor_forgotten", "divided_by_last_tile_sum", "tile_end_inclusive", "p_not_shifted_by_its_max",
+               "q_scale_of_batch_row", "output_rows_s1_major", "v_scale_channel_major")
 
 
 @pytest.mark.parametrize("name", [m.name for m in fault_models() if m.name not in ledger.survivors("golden")])
