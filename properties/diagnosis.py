@@ -324,7 +324,11 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         sub = {1: (tensors, out, mismatch), 2: (tensors, out, mismatch)}
     else:
         failing = [b for b in screen if bool(mismatch[_rows_of(tensors, [b])].any())] or screen
-        for cost, batches in ((1, screen), (2, failing[:1])):
+        # a golden call on two batches (the first failing one and another: a batch mix-up still shows), the
+        # staged golden on the first failing one: with 86 models, three batches of 8k tokens a golden call
+        # left the staged models no time (33 of 86 scored in the first pass on pfa_fp8_b16_s1_1_s2_8k_nkv_2)
+        pair = sorted({failing[0], next(b for b in screen if b != failing[0])})
+        for cost, batches in ((1, pair), (2, failing[:1])):
             rows = _rows_of(tensors, batches)
             sub[cost] = (_batches_of(tensors, batches), out[rows], mismatch[rows])
     scored, evaluated = [], 0
