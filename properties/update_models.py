@@ -94,14 +94,7 @@ class OnlineMaxStartsAtZero(StagedGolden):
 # §2.3: the tile's factor c = exp(m_j - m') left out: l' = a l + l_j, O' = a O + O_j. Right while the newest
 # tile holds the row's max (c = 1), wrong once an earlier tile's max is larger.
 class TileFactorForgotten(WrittenOutUpdate):
-    def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
-               p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
-        if not bool(state.started.any()):
-            state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
-            return
-        m_new = torch.maximum(state.m, m_j)
-        a = exp_f32(state.m - m_new)
-        state.l, state.o, state.m = a * state.l + l_j, a * state.o + o_j, m_new
+    scale_tile = False
 
 
 # §2.4: O divided by the last tile's own sum l_j (the local variable the loop left behind), not the running l.

@@ -123,9 +123,10 @@ class StagedGolden(Backend):
 
 class WrittenOutUpdate(StagedGolden):
     """The online update of SPEC §2.3 written out, so that one of its steps can be left out: rescaling O or
-    l by ``a = exp(m - m')``, or storing the new running max (the mutants of kernels/mutants/golden_level.py
-    and the stage models of properties/diagnosis.py set the flags)."""
-    rescale_o = rescale_l = store_max = True
+    l by ``a = exp(m - m')``, scaling the tile's l_j and O_j by ``c = exp(m_j - m')``, or storing the new
+    running max (the mutants of kernels/mutants/golden_level.py and the stage models of
+    properties/diagnosis.py set the flags)."""
+    rescale_o = rescale_l = scale_tile = store_max = True
 
     def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):
         if not bool(state.started.any()):
@@ -133,6 +134,8 @@ class WrittenOutUpdate(StagedGolden):
             return
         m_new = torch.maximum(state.m, m_j)
         a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
+        if not self.scale_tile:
+            c = torch.ones_like(c)
         state.l = (a * state.l if self.rescale_l else state.l) + c * l_j
         state.o = (a * state.o if self.rescale_o else state.o) + c * o_j
         if self.store_max:
