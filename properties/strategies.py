@@ -269,6 +269,11 @@ def configs(*, dims: st.SearchStrategy[Dims] | None = None,
     garb = _choices(garbage, "garbage", allowed=GARBAGE) if not isinstance(garbage, st.SearchStrategy) else garbage
     extra = _strategy(extra_columns, "extra_columns", minimum=0)
     spare = _strategy(spare_blocks, "spare_blocks", minimum=0)
+    if not isinstance(softmax_scale, st.SearchStrategy):
+        listed = softmax_scale if isinstance(softmax_scale, (tuple, list)) else (softmax_scale,)
+        bad = [v for v in listed if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                       or not math.isfinite(v) or v <= 0)]
+        _check(not bad, f"softmax_scale={softmax_scale!r}: {bad} are not finite positive floats (or None: the default)")
     scale = _choices(softmax_scale, "softmax_scale")
     if capacity is not None:
         positive_int(capacity, "capacity", minimum=0)

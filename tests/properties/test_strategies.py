@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kernels.backends import Backend, Skip
 from kernels.config import KERNEL_SHAPES
 from properties import strategies as ps
+from properties.directed import draw
 
 FIND = settings(max_examples=2000, database=None, deadline=None)
 
@@ -195,3 +196,16 @@ def test_kernel_sized_cases_draw_every_distribution(distribution):
     """Kernel backends draw every value distribution: the acceptance envelope (SPEC §4.2) judges outlier
     channels and sinks soundly, so nothing is left out (tests/properties/test_one_rule_envelope.py)."""
     find(ps.cases_for(KERNEL_SHAPES), lambda c: c.config.distribution == distribution, settings=FIND)
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), True, "0.1", [0.1, float("inf")]])
+def test_a_softmax_scale_that_is_not_a_finite_positive_float_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="softmax_scale="):
+        ps.configs(softmax_scale=bad)
+
+
+def test_the_drawn_cases_carry_the_default_softmax_scale_and_the_custom_ones():
+    """Before the strategies drew one, no case carried a softmax_scale: a kernel that ignores the argument
+    passed every law. A plain draw holds both the default (None) and every custom value."""
+    scales = {case.config.softmax_scale for case in draw(ps.cases_for(), 0, 200)}
+    assert scales == {None, *ps.CUSTOM_SOFTMAX_SCALES}
