@@ -153,15 +153,19 @@ def _input_models() -> list[FaultModel]:
 
 # -- the layout models: a SPEC §1 tensor read or written in another axis order, or by another index -------
 
+def _s1_major(batch: int, s1: int) -> torch.Tensor:
+    """The memory row i*B + b of each logical row b*S1 + i (the [B*S1] rows taken as [S1, B])."""
+    if batch < 2 or s1 < 2:
+        raise ValueError("one batch or one query position: both row orders are the same")
+    return torch.arange(batch * s1).reshape(s1, batch).T.reshape(-1)
+
+
 def _rows_s1_major(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
     """q and q_scale read, and the output written, with the [B*S1] rows taken as [S1, B] (row i*B + b)."""
     t = dict(tensors)
     batch = int(t["kv_act_seqs"].shape[0])
     s1 = t["q"].shape[0] // batch
-    if batch < 2 or s1 < 2:
-        raise ValueError("one batch or one query position: both row orders are the same")
-    # logical row b*S1 + i is read from, and written to, memory row i*B + b
-    memory = torch.arange(batch * s1).reshape(s1, batch).T.reshape(-1)
+    memory = _s1_major(batch, s1)
     t["q"], t["q_scale"] = t["q"][memory].contiguous(), t["q_scale"][memory].contiguous()
     by_name: dict[str, Any] = t         # as in _golden_on
     logical = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
@@ -217,7 +221,6 @@ def _q_scale_of_kv_head(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         raise ValueError("a group of one query head: its index is the KV head's")
     t["q_scale"] = q_scale[:, torch.arange(q_scale.shape[1]) // group].contiguous()
     return t, s
-
 
 
 def _softmax_scale_ignored(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
@@ -285,11 +288,8 @@ def _output_rows_s1_major(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | 
     by_name: dict[str, Any] = tensors   # as in _golden_on
     logical = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
     batch = int(tensors["kv_act_seqs"].shape[0])
-    s1 = logical.shape[0] // batch
-    if batch < 2 or s1 < 2:
-        raise ValueError("one batch or one query position: both row orders are the same")
     out = torch.empty_like(logical)
-    out[torch.arange(batch * s1).reshape(s1, batch).T.reshape(-1)] = logical
+    out[_s1_major(batch, logical.shape[0] // batch)] = logical
     return out
 
 
@@ -301,6 +301,7 @@ def _v_scale_channel_major(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         raise ValueError("one KV head: both layouts are the same")
     t["v_scale"] = v_scale.reshape(batch, d, nkv).transpose(1, 2).contiguous()
     return t, s
+
 
 def _layout_models() -> list[FaultModel]:
     paging = "paging, SPEC §1 and §2.2"

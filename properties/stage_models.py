@@ -216,7 +216,7 @@ class SoftmaxTilesOfBlockSize(StagedGolden):
     def _paged_attention(self, dims: Any, *tensors: torch.Tensor) -> torch.Tensor:
         if dims.s2_tile == dims.block_size:
             raise ValueError("s2_tile is the block size: the two tile walks are the same")
-        out: torch.Tensor = super()._paged_attention(  # type: ignore[no-untyped-call]  # as above
+        out: torch.Tensor = super()._paged_attention(  # type: ignore[no-untyped-call]  # StagedGolden's walk is unannotated
             dataclasses.replace(dims, s2_tile=dims.block_size), *tensors)
         return out
 
@@ -225,7 +225,8 @@ class SoftmaxTilesOfBlockSize(StagedGolden):
 # batch with tokens runs the softmax over no token, and O / l is 0 / 0.
 class CausallyEmptyRowNotFound(StagedGolden):
     def write_empty_row(self, out: torch.Tensor, row: int) -> None:
-        if int(self.tables[7][row // self.dims.s1]) > 0:
+        kv_act_seqs = self.tables[-1]       # StagedGolden keeps the call's tensors in SPEC §1's order
+        if int(kv_act_seqs[row // self.dims.s1]) > 0:
             out[row] = torch.nan
 
 
@@ -244,6 +245,7 @@ class PNotShiftedByItsMax(StagedGolden):
         m_j, _, _ = local_softmax(scores, valid)
         p = exp_f32(scores if valid is None else torch.where(valid, scores, -torch.inf))
         return m_j, p, p.double().sum(dim=-1, keepdim=True).float()
+
 
 #: (name, SPEC §2 stage, description, the staged golden with that stage changed), cheapest first.
 WRITTEN: tuple[tuple[str, str, str, type[StagedGolden]], ...] = (
