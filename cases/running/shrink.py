@@ -25,7 +25,7 @@ from hypothesis.strategies import SearchStrategy
 from cases.running.capture import capture_case
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
-from properties.diagnosis import diagnose_verdict
+from properties.diagnosis import Probe, diagnose_verdict
 from properties.probes import probe
 
 __all__ = ["Hunt", "hunt", "signature", "capture_generated", "probe_groups"]
@@ -231,8 +231,10 @@ def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
     """``results`` with the probes of properties/probes.py run once per group of diagnosed failures that
     were not generated (catalog cases and regressions, grouped by :func:`signature`: one bug, one group):
     on the member of the smallest case, within the probes' budget of kernel calls, and given to every
-    member (each keeps its own candidates; the note names the case the probes ran on). A generated
-    failure already carries its group's probes (:func:`capture_generated`)."""
+    member (each keeps its own candidates; the note names the case the probes ran on). A member's candidate
+    that does not explain that smallest case is refuted by it (one bug, one group: a name that fits one
+    member and not the smallest is no name). A generated failure already carries its group's probes
+    (:func:`capture_generated`)."""
     stop = stop or (lambda: None)
     groups: dict = {}
     for k, (item, verdict) in enumerate(zip(items, results, strict=True)):
@@ -245,8 +247,18 @@ def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
             break
         first = min(members, key=lambda k: (items[k].case.config.estimated_bytes(), k))
         probed = probe(out[first].diagnosis, items[first].case, backend, stop=stop)
+        on_first = {c.model: c for c in probed.candidates}
         for k in members:
-            diagnosis = probed if k == first else out[k].diagnosis.with_probes(
-                probed.probes, f"{probed.probe_note}, on neighbours of {items[first].name}")
-            out[k] = dataclasses.replace(out[k], diagnosis=diagnosis)
+            if k == first:
+                out[k] = dataclasses.replace(out[k], diagnosis=probed)
+                continue
+            own = out[k].diagnosis
+            # One bug, one group: a candidate that explains this case but was scored on the group's smallest
+            # case and does not explain it there is refuted by that case, as by a probe (no kernel call: the
+            # run made it). Not scored there (it did not apply, or the budget ended first): no evidence.
+            against = tuple(c.model for c in own.leading
+                            if (there := on_first.get(c.model)) is not None and not there.explains)
+            same = (Probe(f"the same failure on {items[first].name} (this run's case)", "fails", against),) if against else ()
+            out[k] = dataclasses.replace(out[k], diagnosis=own.with_probes(
+                same + probed.probes, f"{probed.probe_note}, on neighbours of {items[first].name}"))
     return out
