@@ -66,29 +66,20 @@ class NotNormalized(StagedGolden):
 
 
 # §2.3, the online update: the new max stored before the old one's factor is taken, so a = exp(m' - m') = 1
-# (the running O and l are never scaled down when the max moves).
+# (the running O and l are never scaled down when the max moves): the written-out update without a.
 class RescaleAfterMaxStored(WrittenOutUpdate):
-    def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
-               p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
-        if not bool(state.started.any()):
-            state.m, state.l, state.o, state.started = m_j, l_j, o_j, torch.ones_like(state.started)
-            return
-        state.m = torch.maximum(state.m, m_j)
-        c = exp_f32(m_j - state.m)
-        state.l, state.o = state.l + c * l_j, state.o + c * o_j
+    rescale_o = rescale_l = False
 
 
 # §2.3, the online update's start: the running max taken as 0 (not -inf) and the update run on the first
 # tile too: a row whose scores all lie far below 0 underflows exp(m_j - 0), and l and O with it.
-class OnlineMaxStartsAtZero(StagedGolden):
+class OnlineMaxStartsAtZero(WrittenOutUpdate):
     def update(self, state: Any, m_j: torch.Tensor, l_j: torch.Tensor, o_j: torch.Tensor, *,
                p: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
         if not bool(state.started.any()):
             state.m, state.l = torch.zeros_like(m_j), torch.zeros_like(l_j)
             state.o, state.started = torch.zeros_like(o_j), torch.ones_like(state.started)
-        m_new = torch.maximum(state.m, m_j)
-        a, c = exp_f32(state.m - m_new), exp_f32(m_j - m_new)
-        state.l, state.o, state.m = a * state.l + c * l_j, a * state.o + c * o_j, m_new
+        super().update(state, m_j, l_j, o_j, p=p, valid=valid)  # type: ignore[no-untyped-call]  # WrittenOutUpdate.update is unannotated (kernels/mutants/staged.py)
 
 
 # §2.3: the tile's factor c = exp(m_j - m') left out: l' = a l + l_j, O' = a O + O_j. Right while the newest
