@@ -86,6 +86,22 @@ def _first(dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return value
 
 
+def _read_from(name: str, other: str) -> Change:
+    def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
+        t[name] = t[other]
+        return t, s
+    return change
+
+
+def _heads_before_batches(x: torch.Tensor) -> torch.Tensor:
+    """A [B, N, ...] tensor's memory read as [N, B, ...]: entry (b, n) is memory row n * B + b."""
+    batch, heads = x.shape[:2]
+    if batch < 2 or heads < 2:
+        raise ValueError("one batch or one head: both orders are the same")
+    rows = (torch.arange(heads)[None, :] * batch + torch.arange(batch)[:, None]).reshape(-1)
+    return x.reshape(batch * heads, *x.shape[2:])[rows].reshape(x.shape).contiguous()
+
+
 def _heads_of_zero(*names: str) -> Change:
     def change(t: Tensors, s: Scalars) -> tuple[Tensors, Scalars]:
         for name in names:
@@ -138,6 +154,12 @@ def _input_models() -> list[FaultModel]:
         ("softmax_scale_missing", _MM1, "softmax_scale is not applied", _softmax(lambda s: 1.0)),
         ("softmax_scale_twice", _MM1, "softmax_scale is applied twice", _softmax(lambda s: s * s)),
         ("v_scale_of_batch_0", _MM2, "every batch reads batch 0's V scale", _with("v_scale", _first(0))),
+        ("v_scale_heads_before_batches", _MM2, "v_scale [B, NKV, D] is read as [NKV, B, D] (row n * B + b)",
+         _with("v_scale", _heads_before_batches)),
+        ("v_gathered_from_k_cache", _MM2, "MM2 gathers V from k_cache (the K gather repeated; V's scale kept)",
+         _read_from("v_cache", "k_cache")),
+        ("k_gathered_from_v_cache", _MM1, "MM1 gathers K from v_cache (the V gather repeated; K's scale kept)",
+         _read_from("k_cache", "v_cache")),
         ("kv_of_kv_head_0", _PAGING, "K and V are gathered from KV head 0 for every head (their scales are not)",
          _heads_of_zero("k_cache", "v_cache")),
         ("lengths_of_batch_0", _PAGING, "every batch walks batch 0's kv_act_seqs", _lengths(_first(0))),

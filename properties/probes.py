@@ -22,6 +22,7 @@ Never a verdict: a probe's outcome only weighs the candidates of a failure the r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 
 import golden
 from properties import compare as cmp
+from properties.ablations import ablations, replaced_config, with_lengths
 from properties.acceptance import JudgedBackend, Scalars, Tensors, call, split_bundle
 from properties.case import Case
 from properties.diagnosis import (
@@ -44,7 +46,7 @@ from properties.diagnosis import (
 )
 from properties.fault_models import FaultModel, models_by_name
 
-__all__ = ["probe", "neighbours", "probed_case", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES"]
+__all__ = ["probe", "neighbours", "probed_case", "EVIDENCE", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES"]
 
 #: Kernel calls per diagnosed failure group (on the sim a kernel call costs seconds: at most 4 of them).
 MAX_CALLS = 4
@@ -58,24 +60,6 @@ def _agrees(c: Candidate | None) -> bool:
     """A candidate agrees with an output when it explains every mismatch and breaks at most 1 - EXPLAINS
     of the matching elements (the identification rule of properties.diagnosis, on a probe)."""
     return c is not None and c.explained == c.mismatched and c.broken_share <= 1 - EXPLAINS
-
-
-def _config(c: golden.PagedAttentionConfig, **changes: Any) -> golden.PagedAttentionConfig | None:
-    """``c`` with ``changes``: its block table kept where it still holds the new lengths, else a table of
-    the same width drawn afresh, else any table; None when no such case is valid."""
-    attempts = [changes,
-                changes | {"block_table": None, "num_blocks": None},
-                changes | {"block_table": None, "num_blocks": None, "max_blocks": None}]
-    for attempt in attempts:
-        try:
-            return dataclasses.replace(c, **attempt)
-        except ValueError:
-            continue
-    return None
-
-
-def _lengths(c: golden.PagedAttentionConfig, lengths: list[int]) -> golden.PagedAttentionConfig | None:
-    return _config(c, batch=len(lengths), kv_act_seqs=tuple(lengths), s2=max(c.s2, *lengths, 1))
 
 
 def neighbours(case: Case) -> Iterator[tuple[str, Case]]:
@@ -93,7 +77,7 @@ def neighbours(case: Case) -> Iterator[tuple[str, Case]]:
     def length(b: int, new: int) -> Iterator[tuple[str, Case]]:
         if new >= 0 and new != lengths[b]:
             changed = lengths[:b] + [new] + lengths[b + 1:]
-            yield from out(f"kv_act_seqs[{b}] {lengths[b]} -> {new}", _lengths(c, changed))
+            yield from out(f"kv_act_seqs[{b}] {lengths[b]} -> {new}", with_lengths(c, changed))
 
     for b in range(min(2, len(lengths))):
         n = lengths[b]
@@ -105,9 +89,9 @@ def neighbours(case: Case) -> Iterator[tuple[str, Case]]:
             yield from length(b, n - n % tile + tile)
     if len(lengths) == 1:                                       # a second batch, with another length
         other = lengths[0] // 2 + 1 if lengths[0] > 1 else lengths[0] + tile // 2 + 1
-        yield from out(f"a second batch of kv_act_seqs {other}", _lengths(c, [lengths[0], other]))
+        yield from out(f"a second batch of kv_act_seqs {other}", with_lengths(c, [lengths[0], other]))
     elif len(set(lengths)) > 1:
-        yield from out(f"kv_act_seqs {lengths} -> {lengths[::-1]}", _lengths(c, lengths[::-1]))
+        yield from out(f"kv_act_seqs {lengths} -> {lengths[::-1]}", with_lengths(c, lengths[::-1]))
     else:
         yield from length(1, lengths[1] // 2 + 1 if lengths[1] > 1 else lengths[1] + tile // 2 + 1)
     for b in range(min(2, len(lengths))):                      # one tile against two
@@ -116,10 +100,10 @@ def neighbours(case: Case) -> Iterator[tuple[str, Case]]:
     yield from length(0, lengths[0] + 1)
     yield from length(0, lengths[0] - 1)
     group = c.nq // c.nkv
-    yield from out(f"nkv {c.nkv} -> {c.nkv + 1}", _config(c, nkv=c.nkv + 1, nq=(c.nkv + 1) * group))
-    yield from out(f"s1 {c.s1} -> {c.s1 + 1}", _config(c, s1=c.s1 + 1))
+    yield from out(f"nkv {c.nkv} -> {c.nkv + 1}", replaced_config(c, nkv=c.nkv + 1, nq=(c.nkv + 1) * group))
+    yield from out(f"s1 {c.s1} -> {c.s1 + 1}", replaced_config(c, s1=c.s1 + 1))
     if c.s1 > 1:
-        yield from out(f"s1 {c.s1} -> {c.s1 - 1}", _config(c, s1=c.s1 - 1))
+        yield from out(f"s1 {c.s1} -> {c.s1 - 1}", replaced_config(c, s1=c.s1 - 1))
     yield from out(f"seed {case.seed} -> {case.seed + 1}", c, seed=case.seed + 1)
 
 
@@ -131,7 +115,7 @@ def probed_case(case: Case) -> Case:
     c = case.config
     if c.batch <= SCREEN_BATCHES or sum(c.lengths) * c.nq * c.head_dim <= SCREEN_WORK:
         return case
-    smaller = _lengths(c, list(c.lengths[:SCREEN_BATCHES]))
+    smaller = with_lengths(c, list(c.lengths[:SCREEN_BATCHES]))
     return case if smaller is None else Case(smaller, seed=case.seed)
 
 
@@ -174,10 +158,10 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         raise ValueError(f"budget_s={budget_s!r} must be a number >= 0")
     stop = stop or (lambda: None)
     leading = [c.model for c in diagnosis.leading][:MAX_HYPOTHESES]
-    if not leading:
-        return diagnosis.with_probes((), "no probes: no model explains the case")
     if max_calls == 0:
         return diagnosis.with_probes((), "no probes (a budget of 0 kernel calls)")
+    if not leading:
+        return _what_it_needs(diagnosis, probed_case(case), backend, max_calls=max_calls, budget_s=budget_s, stop=stop)
     models = models_by_name()
     codec = golden.get_codec(diagnosis.codec)
     skip_reason = getattr(backend, "skip_reason", None)
@@ -205,7 +189,7 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         return len(probes) < max_calls and elapsed() < budget_s and not stop() and bool(standing)
 
     base = probed_case(case)
-    for change, near in neighbours(base):
+    for change, near in itertools.chain(neighbours(base), ablations(base)):
         if not budget_left() or (later and elapsed() > budget_s / 2):
             break       # half the time left for the neighbours found that test a candidate against the golden
         if skip_reason is not None and skip_reason(near.config) is not None:
@@ -232,3 +216,43 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
     if not probes:
         note = f"no probe: no neighbour tells the candidates apart within the budget ({elapsed():.1f} s)"
     return diagnosis.with_probes(tuple(probes), note)
+
+
+#: The ablations run when no model explains a failure, in this order (properties/ablations.py): whether
+#: the failure needs the weights, the scores, the scales, more than one batch.
+EVIDENCE = ("V constant", "scores 0", "unit scales", "one batch")
+
+
+def _what_it_needs(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, max_calls: int, budget_s: float,
+                   stop: Callable[[], object]) -> Diagnosis:
+    """``diagnosis`` (no model explains it) with the kernel run on :data:`EVIDENCE`'s ablations of ``base``:
+    which parts of SPEC §2 its failure needs (one that passes when every V token is the same needs the
+    weights, not V's scale or the output), within ``max_calls`` kernel calls and ``budget_s`` seconds.
+    Nothing is refuted: there is no candidate."""
+    codec = golden.get_codec(diagnosis.codec)
+    skip_reason = getattr(backend, "skip_reason", None)
+    start, probes = time.perf_counter(), list[Probe]()
+    for change, near in ablations(base, EVIDENCE):
+        if len(probes) >= max_calls or time.perf_counter() - start > budget_s or stop():
+            break
+        if skip_reason is not None and skip_reason(near.config) is not None:
+            continue
+        tensors, scalars = split_bundle(near.inputs())
+        by_name: dict[str, Any] = tensors
+        with torch.inference_mode():
+            expected = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+        try:
+            out = call(backend, tensors, **scalars)
+        except Exception as exc:  # noqa: BLE001 - the kernel is untrusted: an error is what it did there
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            probes.append(Probe(change, "error", detail=f"{type(exc).__name__}: {first}"[:160]))
+            continue
+        res = cmp.compare(out, expected, kind="attention")
+        probes.append(Probe(change, "passes" if res.passed else "fails",
+                            detail="" if res.passed else f"{res.mismatched}/{res.total} mismatched"))
+    elapsed = time.perf_counter() - start
+    if not probes:
+        return diagnosis.with_probes((), f"no probes: no model explains the case, and no ablation applies ({elapsed:.1f} s)")
+    return diagnosis.with_probes(tuple(probes), (
+        f"no model explains the case: {len(probes)} ablation{'s' if len(probes) != 1 else ''} run to show what the "
+        f"failure needs, in {elapsed:.1f} s (budget {max_calls} kernel calls, {budget_s:g} s)"))

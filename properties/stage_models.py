@@ -197,12 +197,52 @@ class EmptyRowsSeeOneToken(StagedGolden):
 class PScaledToAnotherMax(StagedGolden):
     top = 240.0
 
+    def p_reference(self, p: torch.Tensor) -> torch.Tensor:
+        """What P's scale maps to ``top``: the row's max (SPEC §2.3)."""
+        return p.abs().amax(dim=-1, keepdim=True)
+
     def quantize_p(self, p: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if valid is not None:
             p = torch.where(valid, p, 0.0)
-        amax = p.abs().amax(dim=-1, keepdim=True)
-        scale = torch.tensor(self.top) / torch.where(amax == 0, torch.tensor(self.top), amax)
+        reference = self.p_reference(p)
+        scale = torch.tensor(self.top) / torch.where(reference == 0, torch.tensor(self.top), reference)
         return self.codec.round(p * scale), torch.reciprocal(scale)
+
+
+class PScaledByRowSum(PScaledToAnotherMax):
+    top = 448.0
+
+    def p_reference(self, p: torch.Tensor) -> torch.Tensor:
+        return p.double().sum(dim=-1, keepdim=True).float()       # l_j, as local_softmax sums it
+
+
+# §2.2: the block table's memory [B, MAXB] read column-major, batch b's column c at entry c * B + b.
+class TableReadColumnMajor(StagedGolden):
+    def token_slots(self, block_table: torch.Tensor, b: int, tokens: torch.Tensor,
+                    start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, bs = block_table.shape[0], self.dims.block_size
+        if batch < 2:
+            raise ValueError("one batch: both orders of the table are the same")
+        entries = block_table.reshape(-1)[(tokens // bs) * batch + b]
+        return entries.long().clamp(min=0), tokens % bs
+
+
+# §2.1: an earlier query position's cur tokens taken from the end of the sequence, [L - cur, L), not the
+# prefix [0, cur). visible_length runs before a row's tiles, so it leaves the row's shift for token_slots.
+class CausalWindowFromEnd(StagedGolden):
+    shift = 0
+
+    def visible_length(self, lengths: list[int], b: int, i: int) -> int:
+        cur: int = super().visible_length(lengths, b, i)
+        self.shift = lengths[b] - cur
+        return cur
+
+    def token_slots(self, block_table: torch.Tensor, b: int, tokens: torch.Tensor,
+                    start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dims.s1 < 2:
+            raise ValueError("one query position: its window is the whole sequence either way")
+        slots: tuple[torch.Tensor, torch.Tensor] = super().token_slots(block_table, b, tokens + self.shift, start)
+        return slots
 
 
 class ScoresInBf16(StagedGolden):
@@ -334,4 +374,12 @@ WRITTEN: tuple[tuple[str, str, str, type[StagedGolden]], ...] = (
     ("p_not_shifted_by_its_max", "local softmax, SPEC §2.3",
      "P = exp(S): the tile's max m_j is not subtracted, though the online update takes m_j for its factors",
      PNotShiftedByItsMax),
+    ("p_scaled_by_row_sum", "P quantization, SPEC §2.3 and §3",
+     "P is quantized with the scale 448 / l_j (the tile's row sum), not 448 / max(P)", PScaledByRowSum),
+    ("table_read_column_major", "paging, SPEC §2.2",
+     "the block table's memory is read column-major: batch b's column c is entry c * B + b, not b * MAXB + c",
+     TableReadColumnMajor),
+    ("causal_window_from_the_end", "visible length, SPEC §2.1",
+     "an earlier query position sees the last cur tokens [L - cur, L) of its batch, not the first cur",
+     CausalWindowFromEnd),
 )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from properties.probes import MAX_CALLS
+
 LAW_TEST = '''
 from hypothesis import given, settings, strategies as st
 from properties import strategies as ps
@@ -17,7 +19,7 @@ def test_acceptance(check_law, case):
 '''
 
 
-def _run(suite_pytester, monkeypatch, tmp_path, tag: str) -> tuple[str, list[int]]:
+def _run(suite_pytester, monkeypatch, tmp_path, tag: str) -> tuple[str, list[int], int]:
     calls = tmp_path / f"calls-{tag}"
     monkeypatch.setenv("PFA_VERIFY_TEST_CALLS", str(calls))
     monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(tmp_path / f"regs-{tag}"))
@@ -26,14 +28,17 @@ def _run(suite_pytester, monkeypatch, tmp_path, tag: str) -> tuple[str, list[int
     assert result.ret == 1, result.stdout.str()
     falsifying = re.search(r"Failing test case: test_acceptance\(.*?case=(Case\(.*?\)\)),", result.stdout.str(), flags=re.S)
     assert falsifying, result.stdout.str()
-    return falsifying.group(1), [int(line) for line in calls.read_text().split()]
+    # the reported example's diagnosis runs its probes on the backend (properties/probes.py), each one call
+    probes = re.search(r"(\d+) (?:probes? in|ablations? run)", result.stdout.str())
+    return falsifying.group(1), [int(line) for line in calls.read_text().split()], int(probes.group(1)) if probes else 0
 
 
 def test_shrinking_is_bounded_by_the_backends_count_and_reproducible(suite_pytester, monkeypatch, tmp_path):
     suite_pytester.makepyfile(test_law=LAW_TEST)
-    first, calls = _run(suite_pytester, monkeypatch, tmp_path, "a")
-    again, calls_again = _run(suite_pytester, monkeypatch, tmp_path, "b")
-    assert first == again and calls == calls_again
+    first, calls, probes = _run(suite_pytester, monkeypatch, tmp_path, "a")
+    again, calls_again, probes_again = _run(suite_pytester, monkeypatch, tmp_path, "b")
+    assert first == again and calls == calls_again and probes == probes_again
     failed_at = next(k for k, batches in enumerate(calls) if batches >= 2)
     # after the first failure: at most shrink_calls = 3 calls reach the backend, then Hypothesis' final replay
-    assert len(calls) - failed_at - 1 <= 3 + 1, calls
+    # and the probes its diagnosis says it ran (at most MAX_CALLS)
+    assert probes <= MAX_CALLS and len(calls) - failed_at - 1 <= 3 + 1 + probes, calls

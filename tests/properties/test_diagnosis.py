@@ -265,7 +265,10 @@ _SPEC_SLIPS = ("causal_offset_reversed", "exp_in_base_2", "p_not_quantized", "o_
                "output_heads_written_interleaved", "kv_head_of_query_head_over_nkv",
                # written after a fresh set of hand-written defects showed these stages unmodelled
                "tile_factor_forgotten", "divided_by_last_tile_sum", "tile_end_inclusive", "p_not_shifted_by_its_max",
-               "q_scale_of_batch_row", "output_rows_s1_major", "v_scale_channel_major")
+               "q_scale_of_batch_row", "output_rows_s1_major", "v_scale_channel_major",
+               # written after a second fresh set showed these unmodelled (scored on a third)
+               "p_scaled_by_row_sum", "table_read_column_major", "causal_window_from_the_end",
+               "v_scale_heads_before_batches", "v_gathered_from_k_cache", "k_gathered_from_v_cache")
 
 
 @pytest.mark.parametrize("name", [m.name for m in fault_models() if m.name not in ledger.survivors("golden")])

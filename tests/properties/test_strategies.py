@@ -14,7 +14,7 @@ from kernels.config import KERNEL_SHAPES
 from properties import strategies as ps
 from properties.directed import draw
 
-FIND = settings(max_examples=2000, database=None, deadline=None)
+FIND = settings(max_examples=2000, database=None, deadline=None, derandomize=True)  # find() is random otherwise: 1 of 10 runs shrank short of the target
 
 
 def _widest_and_needed(config):
