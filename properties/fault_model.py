@@ -1,0 +1,41 @@
+"""A fault model (properties/diagnosis.py's candidates): one defect as a deviation of the golden, and the
+input-level form most models take, the golden on changed inputs. properties/fault_models.py lists them all."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import torch
+
+import golden
+from golden.codec import Fp8Codec
+from properties.acceptance import Scalars, Tensors
+
+__all__ = ["FaultModel", "ModelOutput", "Change", "golden_on"]
+
+#: A fault model's output: (tensors, scalars, codec) -> the bf16 output of a kernel with the defect.
+ModelOutput: TypeAlias = Callable[[Tensors, Scalars, Fp8Codec | str | None], torch.Tensor]
+#: An input-level defect: (tensors, scalars) -> the changed (tensors, scalars).
+Change: TypeAlias = Callable[[Tensors, Scalars], tuple[Tensors, Scalars]]
+
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultModel:
+    """One defect as a deviation of the golden: ``output(tensors, scalars, codec)`` is the bf16 output a
+    kernel with this defect computes on the case (ValueError: the model does not apply to the case)."""
+    name: str
+    stage: str                      # the SPEC §2 stage it changes, as a reader would look for it
+    description: str
+    output: ModelOutput = dataclasses.field(repr=False, compare=False)
+    cost: int = 1                   # 1: one vectorized golden call; 2: the staged (loop) golden
+
+
+def golden_on(change: Change) -> ModelOutput:
+    """A model output: the golden on inputs changed by ``change(tensors, scalars)`` (copies)."""
+    def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
+        t, s = change(dict(tensors), dict(scalars))
+        by_name: dict[str, Any] = t         # mypy cannot match a dict's keys to the tensor parameters
+        return golden.paged_attention_fp8(**by_name, **s, codec=codec)
+    return output
