@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from .codec import FP8_MAX
+from .codec import FP8_MAX, SPEC_CODEC
 from .errors import UsageError
 from .paging import ceil_div, contiguous_to_paged, gen_block_table, paged_slots, positive_int
-from .quant import quantize_per_channel, quantize_per_token
+from .quant import channel_scales, quantize_per_token
 from .validate import check_block_table, check_tile, group_size
 
 __all__ = ["DISTRIBUTIONS", "GARBAGE", "PagedAttentionConfig", "InputBundle", "make_inputs", "memory_limit",
-           "parse_byte_count", "check_size", "MAX_BYTES_ENV", "drawn_values"]
+           "parse_byte_count", "check_size", "MAX_BYTES_ENV", "drawn_values", "pieces", "PIECE_VALUES", "SECOND_DRAW"]
 
 #: Environment variable that sets the largest case, in bytes (see :func:`memory_limit`).
 MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
@@ -131,13 +131,17 @@ class PagedAttentionConfig:
         return self.num_blocks if self.num_blocks is not None else self.batch * self.table_columns
 
     def estimated_bytes(self) -> int:
-        """Upper estimate of the memory one case needs: its tensors, ``make_inputs``' temporaries and
-        the vectorized golden's working set, plus the copies a checked backend call makes.
+        """Upper estimate of the memory one case needs: the larger of ``make_inputs``' peak and the peak of
+        judging it (the bundle, the checked call's clones, the vectorized golden and the envelope).
 
-        Measured (torch 2.13 CPU, peak resident size over a bare interpreter, 2026-11-30): make_inputs
-        peaks at 15-20 bytes per K/V element (B*S2*NKV*D; bf16 draws, float32 quantization); the
-        golden adds 15-32 bytes per score (B*S1*NQ*S2) on top. The factors below round both up and
-        count the tensors four times (the bundle, the call's before/after clones, one backend copy).
+        Fitted to the peak resident size over a bare interpreter of 20 cases judged in-process on the
+        golden backend (torch 2.13 CPU, one thread, 2026-12-04; docs/performance.md has the table): every
+        case at least 1.05x under it, those whose peak is over 0.25 GiB within 1.29x. ``make_inputs``
+        makes K and V in pieces and peaks near 5 bytes per K/V element (the codes made contiguous, then
+        paged, and the gather between), the distributions it makes whole (SECOND_DRAW) near 15; judging
+        holds the tensors half again, some 8 + S1 bytes per score (B*S1*NQ*S2) and 150 kB per query row
+        (B*S1*NQ); 96 MiB covers the interpreter's own growth. A supervised kernel's worker process
+        holds its own copy of the tensors and its own working set besides.
         """
         kv = self.batch * self.s2 * self.nkv * self.head_dim
         scores = self.batch * self.s1 * self.nq * self.s2
@@ -145,7 +149,9 @@ class PagedAttentionConfig:
         cache = self.physical_blocks * self.block_size * self.nkv
         tensors = rows * (self.head_dim + 4) + 2 * cache * self.head_dim + 4 * cache + 4 * self.batch * (
             self.nkv * self.head_dim + self.table_columns + 1)
-        return 24 * kv + 40 * scores + 4 * tensors + 8 * rows * self.head_dim
+        inputs = (17 if self.distribution in SECOND_DRAW else 5.5) * max(kv, cache * self.head_dim)
+        judging = 1.5 * tensors + (8 + self.s1) * scores + 150_000 * rows
+        return int(max(inputs, judging)) + (96 << 20)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (kv_act_seqs and block_table as lists). ``block_table`` is left out when
@@ -213,14 +219,14 @@ class InputBundle:
 
 
 #: Distributions whose values take a second draw of the same shape besides the uniform one (_draw).
-_SECOND_DRAW = ("normal", "outliers", "wide")
+SECOND_DRAW = ("normal", "outliers", "wide")
 
 
 def drawn_values(config: PagedAttentionConfig) -> int:
     """How many random values :func:`make_inputs` draws for ``config``'s Q, K and V (a uniform draw each,
     and a second one of the same size for the distributions that take it): the yardstick of its speed."""
     c = config
-    return (c.batch * c.s1 * c.nq + 2 * c.batch * c.s2 * c.nkv) * c.head_dim * (2 if c.distribution in _SECOND_DRAW else 1)
+    return (c.batch * c.s1 * c.nq + 2 * c.batch * c.s2 * c.nkv) * c.head_dim * (2 if c.distribution in SECOND_DRAW else 1)
 
 
 def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator) -> torch.Tensor:
@@ -250,7 +256,18 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
     return x.bfloat16()
 
 
-def _large_logits(q: torch.Tensor, k: torch.Tensor, c: PagedAttentionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _large_logit_queries(q: torch.Tensor, c: PagedAttentionConfig) -> torch.Tensor:
+    """Q with the large logits of :func:`_large_logit_keys`' distributions (its outlier channels)."""
+    if c.distribution in ("outlier_channels", "outlier_grid"):
+        q = q.float().clone()
+        if c.distribution == "outlier_grid":
+            q = torch.round(q * 14).clamp(-14, 14) / 14
+        q[..., :2] = 32.0
+        return q.bfloat16()
+    return q
+
+
+def _large_logit_keys(k: torch.Tensor, q: torch.Tensor, position: torch.Tensor, c: PagedAttentionConfig) -> torch.Tensor:
     """Realistic rows with a few very large logits (|S| well past 88, where exp over- or underflows
     without the row max; SPEC §2.3), for the distributions that ask for them:
 
@@ -263,23 +280,88 @@ def _large_logits(q: torch.Tensor, k: torch.Tensor, c: PagedAttentionConfig) -> 
       ``x * 448 / 32`` is an integer of at most 14 and the E4M3 codes are integers: every partial sum of
       MM1 is an integer below 2**24 and exact in float32 in any order (SPEC §4.1 F1 cannot move S), so
       the acceptance envelope (SPEC §4.2) is as tight there as on uniform data.
+
+    ``k`` is a piece of K's tokens [T, NKV, D] (the flat token index b * S2 + s of each in ``position``), ``q``
+    the drawn Q (before :func:`_large_logit_queries`): elementwise and per token, so K is made the same
+    whether it is made whole or in pieces.
     """
     if c.distribution == "sinks":
         k = k.float().clone()
         group = c.nq // c.nkv
-        for b in range(c.batch):
+        for u in (position % c.s2 == 0).nonzero().flatten().tolist():
+            b = int(position[u]) // c.s2
             last = q[b * c.s1 + c.s1 - 1].float()                         # [NQ, D]
             for n in range(c.nkv):
-                k[b, 0, n] = 64.0 * torch.sign(last[n * group])
-        return q, torch.where(k == 0, 64.0, k).bfloat16()
+                k[u, n] = 64.0 * torch.sign(last[n * group])
+        return torch.where(k == 0, 64.0, k).bfloat16()
     if c.distribution in ("outlier_channels", "outlier_grid"):
-        q, k = q.float().clone(), k.float().clone()
+        k = k.float().clone()
         if c.distribution == "outlier_grid":
             # Nonzero: a zero would make no code and change nothing, but every row keeps its max at 32.
-            q, k = (torch.round(x * 14).clamp(-14, 14) / 14 for x in (q, k))
-        q[..., :2], k[..., :2] = 32.0, 32.0
-        return q.bfloat16(), k.bfloat16()
-    return q, k
+            k = torch.round(k * 14).clamp(-14, 14) / 14
+        k[..., :2] = 32.0
+        return k.bfloat16()
+    return k
+
+
+#: Values of K or V made at a time, about: a piece holds a multiple of 16 tokens (torch's CPU generator
+#: then draws the pieces' values in the order of one draw of the whole, measured for rand; the second
+#: draw of SECOND_DRAW's distributions would interleave, so those are made whole). A piece's temporaries
+#: (float32 draws, bf16 values, the scaled copy, the codes) take some 40 bytes a value.
+PIECE_VALUES = 1 << 20
+
+
+def pieces(c: PagedAttentionConfig) -> list[tuple[int, int]]:
+    """The [u0, u1) ranges of flat tokens b * S2 + s that :func:`make_inputs` draws and quantizes K and V in."""
+    tokens = c.batch * c.s2
+    step = tokens if c.distribution in SECOND_DRAW else max(16, PIECE_VALUES // (c.nkv * c.head_dim) // 16 * 16)
+    return [(u, min(u + step, tokens)) for u in range(0, tokens, step)]
+
+
+def _keys(q: torch.Tensor, c: PagedAttentionConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """K's codes [B*S2, NKV, D] and per-token dequant scales [B*S2, NKV, 1], drawn and quantized in pieces."""
+    codes = torch.empty((c.batch * c.s2, c.nkv, c.head_dim), dtype=torch.float8_e4m3fn)
+    scales = torch.empty((c.batch * c.s2, c.nkv, 1), dtype=torch.float32)
+    for u0, u1 in pieces(c):
+        k = _large_logit_keys(_draw((u1 - u0, c.nkv, c.head_dim), c.distribution, generator), q,
+                              torch.arange(u0, u1), c)
+        codes[u0:u1], scales[u0:u1] = quantize_per_token(k, name="k")
+    return codes, scales
+
+
+def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """V's codes [B*S2, NKV, D] and per-channel dequant scales [B, NKV, D], the max over each batch's
+    valid tokens (SPEC §3). Made in pieces, in two passes over one stream of draws: the first takes the
+    maxima, the second (the generator wound back) the codes; one piece is kept, not drawn again."""
+    # "tiny" shrinks Q and K (logits vanish, attention is uniform) but not V: outputs of V's tiny
+    # magnitude would sit under SPEC §4's atol of 1e-4, where any kernel output near 0 passes.
+    distribution = "uniform" if c.distribution == "tiny" else c.distribution
+    ranges = pieces(c)
+    start = generator.get_state()
+    amax = torch.zeros((c.batch, c.nkv, c.head_dim), dtype=torch.float32)
+    kept: torch.Tensor | None = None
+
+    def piece(u0: int, u1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        v = _draw((u1 - u0, c.nkv, c.head_dim), distribution, generator)
+        position = torch.arange(u0, u1)
+        batch, valid = position // c.s2, (position % c.s2 < lengths.long()[position // c.s2])
+        return v.to(torch.float32, copy=True).masked_fill_(~valid[:, None, None], 0.0), batch
+
+    for u0, u1 in ranges:
+        vf, batch = piece(u0, u1)
+        for b in range(u0 // c.s2, (u1 - 1) // c.s2 + 1):   # the batches of a piece (contiguous in b * S2 + s)
+            torch.maximum(amax[b], vf[batch == b].abs().amax(dim=0), out=amax[b])
+        kept = vf if len(ranges) == 1 else None
+    end = generator.get_state()
+    scale, dequant = channel_scales(amax[:, None], dim=1, zero_rows="unit_scale", name="v")
+    codes = torch.empty((c.batch * c.s2, c.nkv, c.head_dim), dtype=torch.float8_e4m3fn)
+    if kept is None:
+        generator.set_state(start)
+    for u0, u1 in ranges:
+        vf, batch = (kept, torch.arange(u0, u1) // c.s2) if kept is not None else piece(u0, u1)
+        codes[u0:u1] = SPEC_CODEC.to_fp8(vf * scale[batch, 0])
+    generator.set_state(end)
+    return codes, dequant
 
 
 def parse_byte_count(text: str, name: str) -> int:
@@ -345,15 +427,13 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
     c = config
     lengths = torch.tensor(c.lengths, dtype=torch.int32)
     q = _draw((c.batch * c.s1, c.nq, c.head_dim), c.distribution, generator)
-    k = _draw((c.batch, c.s2, c.nkv, c.head_dim), c.distribution, generator)
-    # "tiny" shrinks Q and K (logits vanish, attention is uniform) but not V: outputs of V's tiny
-    # magnitude would sit under SPEC §4's atol of 1e-4, where any kernel output near 0 passes.
-    v = _draw((c.batch, c.s2, c.nkv, c.head_dim), "uniform" if c.distribution == "tiny" else c.distribution, generator)
-    q, k = _large_logits(q, k, c)
-    q8, q_scale = quantize_per_token(q, name="q")
-    k8, k_scale = quantize_per_token(k, name="k")
-    valid = (torch.arange(c.s2)[None, :] < lengths[:, None].long())[:, :, None, None]
-    v8, v_scale = quantize_per_channel(v, 1, valid=valid, zero_rows="unit_scale", name="v")
+    # K and V in pieces of tokens, in the order of one draw each: the inputs of a 128k-token case peak at
+    # about their own size, not at the float32 copies of whole caches
+    k8, k_scale = _keys(q, c, generator)
+    v8, v_scale = _values(c, lengths, generator)
+    q8, q_scale = quantize_per_token(_large_logit_queries(q, c), name="q")
+    shape = (c.batch, c.s2, c.nkv)
+    k8, k_scale, v8 = k8.view(*shape, c.head_dim), k_scale.view(*shape, 1), v8.view(*shape, c.head_dim)
     if c.block_table is not None:
         block_table = torch.tensor(c.block_table, dtype=torch.int32)
     else:
@@ -371,6 +451,6 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
         k_cache=paged(k8, code_fill),
         k_scale=paged(k_scale, scale_fill),
         v_cache=paged(v8, code_fill),
-        v_scale=v_scale.view(c.batch, c.nkv, c.head_dim).contiguous(),
+        v_scale=v_scale.reshape(c.batch, c.nkv, c.head_dim).contiguous(),
         block_table=block_table, kv_act_seqs=lengths,
     )

@@ -29,7 +29,9 @@ import torch
 
 from .codec import FP8_MAX, SPEC_CODEC
 
-__all__ = ["FP8_MAX", "ZeroRowPolicy", "Rounding", "quantize_per_token", "quantize_per_channel", "quantize_rows"]
+__all__ = [
+    "FP8_MAX", "ZeroRowPolicy", "Rounding", "quantize_per_token", "quantize_per_channel", "channel_scales",
+    "quantize_rows"]
 
 ZeroRowPolicy = Literal["raise", "unit_scale"]
 _ZERO_ROW_POLICIES = ("raise", "unit_scale")
@@ -167,5 +169,13 @@ def quantize_per_channel(
         # A copy of its own (never the caller's tensor), zeroed in place where invalid.
         xf = x.to(torch.float32, copy=True).masked_fill_(~valid, 0.0)
     amax = xf.abs().amax(dim=dim, keepdim=True)
-    scale, dequant = _scales_from_amax(amax, dim=dim % x.ndim, zero_rows=zero_rows, name=name)
+    scale, dequant = channel_scales(amax, dim=dim % x.ndim, zero_rows=zero_rows, name=name)
     return SPEC_CODEC.to_fp8(xf * scale), dequant
+
+
+def channel_scales(amax: torch.Tensor, *, dim: int, zero_rows: ZeroRowPolicy = "raise",
+                   name: str = "x") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, dequant_scale)`` float32 of per-channel maxima ``amax`` (the reduced axis ``dim`` kept as
+    size 1): what :func:`quantize_per_channel` multiplies by and returns, for a caller that takes the max
+    over the tensor in pieces (golden.inputs makes long caches so). ``zero_rows`` as there."""
+    return _scales_from_amax(amax, dim=dim, zero_rows=zero_rows, name=name)

@@ -44,3 +44,18 @@ def test_digests_cover_every_distribution_and_garbage_fill():
     missing = [(d, g) for d in golden.DISTRIBUTIONS for g in golden.GARBAGE if (d, g) not in covered]
     assert not missing, (f"no stored make_inputs digest for (distribution, garbage) {missing}; "
                          "`python tests/golden/input_digests.py` adds them (existing digests are kept)")
+
+
+@pytest.mark.parametrize("name", [n for n, e in STORED.items() if not e["slow"]])
+def test_inputs_made_in_pieces_of_16_tokens_match_the_digests_stored_from_whole_draws(name, monkeypatch):
+    """K and V made in pieces (golden.inputs.PIECE_VALUES; 16 tokens each here, the smallest piece) give
+    the bits that one draw of the whole gave when the digests were stored, for every distribution: the
+    generator draws the pieces' values in the same order (or, for the distributions that take a second
+    draw, make_inputs makes them whole)."""
+    entry = STORED[name]
+    config = golden.PagedAttentionConfig.from_dict(entry["config"])
+    monkeypatch.setattr(golden.inputs, "PIECE_VALUES", 1)
+    made = golden.inputs.pieces(config)
+    assert len(made) > 1 or config.distribution in golden.inputs.SECOND_DRAW or config.batch * config.s2 <= 16
+    got = idg.bundle_digests(golden.make_inputs(config, entry["seed"]))
+    assert got == entry["digests"]
