@@ -256,15 +256,19 @@ def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator)
     return x.bfloat16()
 
 
+def _with_outlier_channels(x: torch.Tensor, c: PagedAttentionConfig) -> torch.Tensor:
+    """``x`` (Q or a piece of K) with channels 0 and 1 at 32 and, on the grid, the rest rounded to 1/14."""
+    x = x.float().clone()
+    if c.distribution == "outlier_grid":
+        # Nonzero: a zero would make no code and change nothing, but every row keeps its max at 32.
+        x = torch.round(x * 14).clamp(-14, 14) / 14
+    x[..., :2] = 32.0
+    return x.bfloat16()
+
+
 def _large_logit_queries(q: torch.Tensor, c: PagedAttentionConfig) -> torch.Tensor:
     """Q with the large logits of :func:`_large_logit_keys`' distributions (its outlier channels)."""
-    if c.distribution in ("outlier_channels", "outlier_grid"):
-        q = q.float().clone()
-        if c.distribution == "outlier_grid":
-            q = torch.round(q * 14).clamp(-14, 14) / 14
-        q[..., :2] = 32.0
-        return q.bfloat16()
-    return q
+    return _with_outlier_channels(q, c) if c.distribution in ("outlier_channels", "outlier_grid") else q
 
 
 def _large_logit_keys(k: torch.Tensor, q: torch.Tensor, position: torch.Tensor, c: PagedAttentionConfig) -> torch.Tensor:
@@ -294,14 +298,7 @@ def _large_logit_keys(k: torch.Tensor, q: torch.Tensor, position: torch.Tensor, 
             for n in range(c.nkv):
                 k[u, n] = 64.0 * torch.sign(last[n * group])
         return torch.where(k == 0, 64.0, k).bfloat16()
-    if c.distribution in ("outlier_channels", "outlier_grid"):
-        k = k.float().clone()
-        if c.distribution == "outlier_grid":
-            # Nonzero: a zero would make no code and change nothing, but every row keeps its max at 32.
-            k = torch.round(k * 14).clamp(-14, 14) / 14
-        k[..., :2] = 32.0
-        return k.bfloat16()
-    return k
+    return _with_outlier_channels(k, c) if c.distribution in ("outlier_channels", "outlier_grid") else k
 
 
 #: Values of K or V made at a time, about: a piece holds a multiple of 16 tokens (torch's CPU generator

@@ -80,24 +80,24 @@ def _slots(t: dict[str, torch.Tensor], block_size: int) -> tuple[torch.Tensor, t
     return batch, block, row
 
 
-def _scores_zero(case: Case) -> Case | None:
+def _cache_cells(case: Case, name: str, codes: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]) -> Case | None:
+    """``case`` with the codes of cache ``name`` at the cells a kernel reads set to ``codes(old codes, block,
+    row)``; None when no cell is read."""
     t = case.inputs().tensors()
     _, block, row = _slots(t, case.config.block_size)
     if not block.numel():
         return None
-    k = t["k_cache"].clone()
-    _codes(k)[block, row] = 0                 # code 0 is +0.0
-    return dataclasses.replace(case, explicit={**t, "k_cache": k}, name=None)
+    x = t[name].clone()
+    _codes(x)[block, row] = codes(_codes(t[name]), block, row)
+    return dataclasses.replace(case, explicit={**t, name: x}, name=None)
+
+
+def _scores_zero(case: Case) -> Case | None:
+    return _cache_cells(case, "k_cache", lambda old, block, row: 0)           # code 0 is +0.0
 
 
 def _values_constant(case: Case) -> Case | None:
-    t = case.inputs().tensors()
-    _, block, row = _slots(t, case.config.block_size)
-    if not block.numel():
-        return None
-    v = t["v_cache"].clone()
-    _codes(v)[block, row] = _codes(t["v_cache"])[block[0], row[0]]
-    return dataclasses.replace(case, explicit={**t, "v_cache": v}, name=None)
+    return _cache_cells(case, "v_cache", lambda old, block, row: old[block[0], row[0]])
 
 
 def _unit_scales(case: Case) -> Case | None:
