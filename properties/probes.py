@@ -17,6 +17,11 @@ coincide on more cases than one (a kernel that writes 0 agrees with "every batch
 wherever batch 0 is empty), and a model is only as good as the neighbours it survived. Bounded by ``max_calls`` kernel calls and ``budget_s`` seconds (models and kernel),
 both stated in the diagnosis.
 
+When no model explains the failure there is nothing to split: the kernel then runs on ablations of the case
+(properties/ablations.py: every V token the same, every score 0, unit scales, one batch), to show what
+the failure needs; each says fails or passes and refutes nothing. The other ablations join the
+neighbours above.
+
 Never a verdict: a probe's outcome only weighs the candidates of a failure the rule already decided.
 """
 from __future__ import annotations
@@ -148,6 +153,27 @@ def _splits(n: _Neighbour, names: list[str], models: dict[str, FaultModel], *, w
     return any(_refuted_by(o, n, names, models) for o in outcomes)
 
 
+def _golden_on(tensors: Tensors, scalars: Scalars, codec: golden.Fp8Codec) -> torch.Tensor:
+    """The golden's output on a neighbour, under the failing comparison's codec."""
+    by_name: dict[str, Any] = tensors    # mypy cannot match a dict's keys to the tensor parameters
+    with torch.inference_mode():
+        return golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+
+
+def _kernel_on(backend: JudgedBackend, change: str, tensors: Tensors, scalars: Scalars,
+               expected: torch.Tensor) -> tuple[torch.Tensor | None, Probe]:
+    """(the kernel's output, the probe with its outcome against ``expected``; no refutation yet), or (None,
+    the probe of its error): the kernel is untrusted, and an error on a probe refutes nothing."""
+    try:
+        out = call(backend, tensors, **scalars)
+    except Exception as exc:  # noqa: BLE001 - whatever the kernel raised is what it did there
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return None, Probe(change, "error", detail=f"{type(exc).__name__}: {first}"[:160])
+    res = cmp.compare(out, expected, kind="attention")
+    return out, Probe(change, "passes" if res.passed else "fails",
+                      detail="" if res.passed else f"{res.mismatched}/{res.total} mismatched")
+
+
 def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls: int = MAX_CALLS,
           budget_s: float = PROBE_BUDGET_S, stop: Callable[[], object] | None = None) -> Diagnosis:
     """``diagnosis`` (made on ``case``) with the probes run on ``backend``, at most ``max_calls`` kernel calls
@@ -172,17 +198,9 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         return time.perf_counter() - start
 
     def run(n: _Neighbour) -> None:
-        try:
-            out = call(backend, n.tensors, **n.scalars)
-        except Exception as exc:  # noqa: BLE001 - the kernel is untrusted: an error on a probe refutes nothing
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            probes.append(Probe(n.change, "error", detail=f"{type(exc).__name__}: {first}"[:160]))
-            return
-        res = cmp.compare(out, n.expected, kind="attention")
-        failed = not res.passed
-        refuted = _refuted_by(out, n, standing, models)
-        probes.append(Probe(n.change, "fails" if failed else "passes", tuple(refuted),
-                            detail=f"{res.mismatched}/{res.total} mismatched" if failed else ""))
+        out, seen = _kernel_on(backend, n.change, n.tensors, n.scalars, n.expected)
+        refuted = [] if out is None else _refuted_by(out, n, standing, models)
+        probes.append(dataclasses.replace(seen, refuted=tuple(refuted)))
         standing[:] = [name for name in standing if name not in refuted]
 
     def budget_left() -> bool:
@@ -195,9 +213,7 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         if skip_reason is not None and skip_reason(near.config) is not None:
             continue                        # a shape the backend is not built for is no evidence
         tensors, scalars = split_bundle(near.inputs())
-        by_name: dict[str, Any] = tensors    # mypy cannot match a dict's keys to the tensor parameters
-        with torch.inference_mode():
-            expected = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
+        expected = _golden_on(tensors, scalars, codec)
         predicted = {name: o for name in standing
                      if (o := model_output(models[name], tensors, scalars, codec)) is not None}
         n = _Neighbour(change, near, tensors, scalars, expected, predicted)
@@ -238,18 +254,7 @@ def _what_it_needs(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, 
         if skip_reason is not None and skip_reason(near.config) is not None:
             continue
         tensors, scalars = split_bundle(near.inputs())
-        by_name: dict[str, Any] = tensors
-        with torch.inference_mode():
-            expected = golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
-        try:
-            out = call(backend, tensors, **scalars)
-        except Exception as exc:  # noqa: BLE001 - the kernel is untrusted: an error is what it did there
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            probes.append(Probe(change, "error", detail=f"{type(exc).__name__}: {first}"[:160]))
-            continue
-        res = cmp.compare(out, expected, kind="attention")
-        probes.append(Probe(change, "passes" if res.passed else "fails",
-                            detail="" if res.passed else f"{res.mismatched}/{res.total} mismatched"))
+        probes.append(_kernel_on(backend, change, tensors, scalars, _golden_on(tensors, scalars, codec))[1])
     elapsed = time.perf_counter() - start
     if not probes:
         return diagnosis.with_probes((), f"no probes: no model explains the case, and no ablation applies ({elapsed:.1f} s)")
