@@ -6,9 +6,10 @@ without one. Each ablation changes a case so that some stages take no part in it
 - **scores 0**: every visible K code 0, so every score is 0; MM1, its scales, the softmax scale and the row
   max do not matter, and a row weighs the tokens it sees alike (which tokens it sees still matters);
 - **V constant**: every visible V token equal to the first (batch 0's token 0, each KV head's codes), so a
-  row's output is that token times its batch's V scale however it weighs what it sees (the scores, the
-  mask, the tile walk, the online update and which batch's blocks it reads do not matter; V's scale, the
-  normalization and the output do);
+  row's output is that token times its batch's V scale however it weighs what it sees, up to P's E4M3
+  rounding (sum(P8 * p_scale) / l is 1 only to within it): the scores, the mask, the tile walk, the online
+  update and which batch's blocks it reads matter only through that rounding; V's scale, the
+  normalization and the output do;
 - **unit scales**: q_scale, k_scale and v_scale folded into the codes and every scale 1 (the scales'
   layout and their place in the chain do not matter);
 - the case's shape reduced: **one tile** (every length at most s2_tile), **one query row** (S1 = 1: no
