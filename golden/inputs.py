@@ -341,7 +341,8 @@ def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Gen
     def piece(u0: int, u1: int) -> tuple[torch.Tensor, torch.Tensor]:
         v = _draw((u1 - u0, c.nkv, c.head_dim), distribution, generator)
         position = torch.arange(u0, u1)
-        batch, valid = position // c.s2, (position % c.s2 < lengths.long()[position // c.s2])
+        batch = position // c.s2
+        valid = position % c.s2 < lengths.long()[batch]
         return v.to(torch.float32, copy=True).masked_fill_(~valid[:, None, None], 0.0), batch
 
     for u0, u1 in ranges:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from golden import FP8_MAX
 from golden.matmul import exact_matmul
 from golden.softmax_state import exp_f32, local_softmax
 from kernels.mutants.staged import StagedGolden
@@ -210,7 +211,7 @@ class PScaledToAnotherMax(StagedGolden):
 
 
 class PScaledByRowSum(PScaledToAnotherMax):
-    top = 448.0
+    top = FP8_MAX
 
     def p_reference(self, p: torch.Tensor) -> torch.Tensor:
         return p.double().sum(dim=-1, keepdim=True).float()       # l_j, as local_softmax sums it
