@@ -32,6 +32,7 @@ from golden.codec import Fp8Codec
 from properties import compare as cmp
 from properties.acceptance import Judgement, Scalars, Tensors
 from properties.fault_models import FaultModel, fault_models
+from properties.readout import Location
 
 __all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "score",
            "failing_codec", "model_output", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]
@@ -118,6 +119,8 @@ class Diagnosis:
     probes: tuple[Probe, ...] = ()
     probe_note: str = ""            # the probes' cost and budget, or why none ran
     screened: str = ""              # how the models were screened on a sub-case ("": every one on the case)
+    failing_batches: tuple[int, ...] = ()   # the batches with a mismatched element, first first
+    located: Location | None = None          # what the weights readout measured (properties/readout.py)
 
     @property
     def refuted(self) -> frozenset[str]:
@@ -169,8 +172,17 @@ class Diagnosis:
     def explained(self) -> bool:
         return self.identified is not None
 
-    def with_probes(self, probes: tuple[Probe, ...], note: str) -> Diagnosis:
-        return dataclasses.replace(self, probes=self.probes + probes, probe_note=note)
+    def with_probes(self, probes: tuple[Probe, ...], note: str, located: Location | None = None) -> Diagnosis:
+        return dataclasses.replace(self, probes=self.probes + probes, probe_note=note,
+                                   located=located if located is not None else self.located)
+
+    @property
+    def stage(self) -> str | None:
+        """The stage the diagnosis names first: the identified model's, else the one the weights readout
+        located, else None (a closest model is a clue, not a name)."""
+        if self.identified is not None:
+            return self.identified.stage
+        return None if self.located is None else self.located.stage
 
     def render(self, top: int = 3, note: str = "") -> str:
         """One line: the model that explains the failure, or that none is identified and the closest; at most
@@ -212,6 +224,9 @@ class Diagnosis:
                 head += ("; next: " + "; ".join(f"{c.model} {c.explained_share:.0%} explained, {c.broken_share:.0%} "
                                                 "broken" for c in rest)) if rest else ""
                 shown = 1 + len(rest)
+        if self.identified is None and self.located is not None:
+            head += (f"; located in {self.located.stage} by {self.located.evidence}" if self.located.stage
+                     else f"; no stage located by {self.located.evidence}")
         more = len(standing) - shown
         tail = f"; {more} more model{'s' if more != 1 else ''} not shown" if more > 0 else ""
         refuted = [c.model for c in self.candidates if c.model in self.refuted]
@@ -235,7 +250,8 @@ class Diagnosis:
                 "candidates": [c.to_dict() | {"refuted": c.model in self.refuted} for c in self.candidates[:top]],
                 "evaluated": self.evaluated, "available": self.available, "seconds": round(self.seconds, 2),
                 "budget_s": self.budget_s, "screened": self.screened, "probes": [p.to_dict() for p in self.probes],
-                "probe_note": self.probe_note}
+                "probe_note": self.probe_note, "stage": self.stage,
+                "located": None if self.located is None else self.located.to_dict()}
 
 
 # -- matching -------------------------------------------------------------------------------------------
@@ -359,8 +375,11 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         screened = (f"screened on batches {screen} of {int(tensors['kv_act_seqs'].shape[0])} (the staged models on "
                     f"batch {failing[0]}), "
                     f"the best {rescored} scored on the whole case" + (f" (of {len(kept)}: budget reached)" if rescored < len(kept) else ""))
+    rows = mismatch.reshape(mismatch.shape[0], -1).any(dim=-1).nonzero()[:, 0]
+    s1 = int(tensors["q"].shape[0]) // max(int(tensors["kv_act_seqs"].shape[0]), 1)
+    failing_batches = tuple(dict.fromkeys((rows // max(s1, 1)).tolist()))
     return Diagnosis(tuple(c for c, _ in scored), evaluated, len(models), time.perf_counter() - start, budget_s,
-                     codec=codec_name, screened=screened)
+                     codec=codec_name, screened=screened, failing_batches=failing_batches)
 
 
 def failing_codec(verdict: Judgement) -> Fp8Codec | None:

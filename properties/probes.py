@@ -50,13 +50,17 @@ from properties.diagnosis import (
     score,
 )
 from properties.fault_models import FaultModel, models_by_name
+from properties.readout import Location, locate, readout_case
 
-__all__ = ["probe", "neighbours", "probed_case", "EVIDENCE", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES"]
+__all__ = ["probe", "neighbours", "probed_case", "EVIDENCE", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES",
+           "READOUT_CALLS"]
 
 #: Kernel calls per diagnosed failure group (on the sim a kernel call costs seconds: at most 4 of them).
 MAX_CALLS = 4
 #: Seconds of probing per diagnosed failure: model evaluations on the neighbours and the kernel calls.
 PROBE_BUDGET_S = 3.0
+#: Kernel calls the weights readout may take (properties/readout.py: one a window of 125 tokens).
+READOUT_CALLS = 4
 #: The leading candidates probed (the best that explain the case; the rest are counted, not tested).
 MAX_HYPOTHESES = 6
 
@@ -226,12 +230,18 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
             break
         if _splits(n, standing, models, with_golden=True):
             run(n)
+    located = None
+    calls_left = min(max_calls - len(probes), READOUT_CALLS)
+    if (calls_left > 0 and elapsed() < budget_s and not stop()
+            and diagnosis.with_probes(tuple(probes), "").identified is None):
+        read, located = _read_weights(diagnosis, base, backend, calls=calls_left, stop=stop, deadline=start + budget_s)
+        probes.extend(read)
     note = (f"{len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed():.1f} s "
             f"(budget {max_calls} kernel calls, {budget_s:g} s)"
             + (f", on neighbours of the case's first {base.config.batch} batches" if base is not case else ""))
     if not probes:
         note = f"no probe: no neighbour tells the candidates apart within the budget ({elapsed():.1f} s)"
-    return diagnosis.with_probes(tuple(probes), note)
+    return diagnosis.with_probes(tuple(probes), note, located)
 
 
 #: The ablations run when no model explains a failure, in this order (properties/ablations.py): whether
@@ -247,7 +257,10 @@ def _what_it_needs(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, 
     Nothing is refuted: there is no candidate."""
     codec = golden.get_codec(diagnosis.codec)
     skip_reason = getattr(backend, "skip_reason", None)
-    start, probes = time.perf_counter(), list[Probe]()
+    start = time.perf_counter()
+    read, located = _read_weights(diagnosis, base, backend, calls=min(max_calls, READOUT_CALLS), stop=stop,
+                                  deadline=start + budget_s)
+    probes = list(read)
     for change, near in ablations(base, EVIDENCE):
         if len(probes) >= max_calls or time.perf_counter() - start > budget_s or stop():
             break
@@ -258,6 +271,39 @@ def _what_it_needs(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, 
     elapsed = time.perf_counter() - start
     if not probes:
         return diagnosis.with_probes((), f"no probes: no model explains the case, and no ablation applies ({elapsed:.1f} s)")
+    ablated = len(probes) - len(read)
     return diagnosis.with_probes(tuple(probes), (
-        f"no model explains the case: {len(probes)} ablation{'s' if len(probes) != 1 else ''} run to show what the "
-        f"failure needs, in {elapsed:.1f} s (budget {max_calls} kernel calls, {budget_s:g} s)"))
+        f"no model explains the case: {len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed:.1f} s to show "
+        f"what the failure needs ({len(read)} weights readout call{'s' if len(read) != 1 else ''}, {ablated} "
+        f"ablation{'s' if ablated != 1 else ''}; budget {max_calls} kernel calls, {budget_s:g} s)"), located)
+
+
+def _read_weights(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, calls: int,
+                  stop: Callable[[], object], deadline: float) -> tuple[list[Probe], Location | None]:
+    """(the probes, what the weights readout located) of ``base`` on ``backend`` in at most ``calls``
+    kernel calls (properties/readout.py), a window started only before ``deadline`` (time.perf_counter);
+    no location when it does not apply, is cut or the kernel errs."""
+    batches = [b for b in diagnosis.failing_batches if b < base.config.batch]
+    readout = None if calls <= 0 else readout_case(base, batches, max_calls=calls)
+    skip_reason = getattr(backend, "skip_reason", None)
+    if readout is None or (skip_reason is not None and skip_reason(readout.cases[0].config) is not None):
+        return [], None
+    codec = golden.get_codec(diagnosis.codec)
+    probes, outs, expected, masks = list[Probe](), [], [], []
+    for j, ablated in enumerate(readout.cases):
+        if stop() or time.perf_counter() > deadline:
+            return probes, None
+        tensors, scalars = split_bundle(ablated.inputs())
+        golden_out = _golden_on(tensors, scalars, codec)
+        window = readout.windows[j]
+        change = (f"weights readout {j + 1}/{len(readout.cases)}: V one-hot for tokens {window[0]}-{window[-1]} "
+                  f"of batches {sorted(set(readout.batch_of))}, v_scale 1")
+        out, seen = _kernel_on(backend, change, tensors, scalars, golden_out)
+        probes.append(seen)
+        if out is None:
+            return probes, None
+        res = cmp.compare(out, golden_out, kind="attention")
+        outs.append(out)
+        expected.append(golden_out)
+        masks.append(res.mismatch_mask if res.mismatch_mask is not None else torch.ones(out.shape, dtype=torch.bool))
+    return probes, locate(readout, outs, expected, masks)

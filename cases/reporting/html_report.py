@@ -163,7 +163,8 @@ def _diagnosis(record: dict | None) -> dict | None:
     best = next((c for c in candidates if c["model"] == record.get("closest")), None)
     return {"explained": record["explained"], "best": best, "evaluated": record["evaluated"],
             "available": record["available"], "probes": record.get("probes", []),
-            "probe_note": record.get("probe_note", ""), "refuted": [c["model"] for c in candidates if c.get("refuted")]}
+            "probe_note": record.get("probe_note", ""), "refuted": [c["model"] for c in candidates if c.get("refuted")],
+            "located": None if record.get("explained") else record.get("located")}
 
 
 def render_html(run, summary: RunSummary | None = None) -> str:

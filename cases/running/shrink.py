@@ -260,5 +260,5 @@ def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
                             if (there := on_first.get(c.model)) is not None and not there.explains)
             same = (Probe(f"the same failure on {items[first].name} (this run's case)", "fails", against),) if against else ()
             out[k] = dataclasses.replace(out[k], diagnosis=own.with_probes(
-                same + probed.probes, f"{probed.probe_note}, on neighbours of {items[first].name}"))
+                same + probed.probes, f"{probed.probe_note}, on neighbours of {items[first].name}", probed.located))
     return out

@@ -212,11 +212,16 @@ def test_a_counted_failure_carries_its_diagnosis_in_the_json_and_the_message(fai
     assert all(not r["diagnosis"]["explained"] for r in fails)
     assert all("Diagnosis: not identified: no fault model explains this failure, and none comes close" in r["message"]
                and r["diagnosis"]["closest"] is None for r in fails)
-    # no candidate to tell apart: the probes are properties/ablations.py's, they refute nothing, and the one
-    # element's offset survives every ablation that leaves row 0 a token to see
-    assert all(r["diagnosis"]["probes"] and "ablations run to show what the failure needs" in r["diagnosis"]["probe_note"]
+    # no candidate to tell apart: the probes are the weights readout's and properties/ablations.py's, they
+    # refute nothing, and the one element's offset survives every ablation that leaves row 0 a token to see
+    assert all(r["diagnosis"]["probes"] and "to show what the failure needs" in r["diagnosis"]["probe_note"]
                for r in fails)
     probes = [p for r in fails for p in r["diagnosis"]["probes"]]
-    assert all(p["change"].startswith("ablation '") and not p["refuted"] for p in probes)
+    assert all(p["change"].startswith(("weights readout ", "ablation '")) and not p["refuted"] for p in probes)
+    assert any(p["change"].startswith("weights readout ") for p in probes)
+    # the readout locates no stage of a perturbed element, except that a row SPEC §2.5 leaves 0 is not 0
+    located = [r["diagnosis"]["located"] for r in fails if r["diagnosis"]["located"] is not None]
+    assert all(loc["stage"] is None or (loc["stage"] == "empty rows" and "rows that see no token" in loc["evidence"])
+               for loc in located), located
     assert all(p["outcome"] == "fails" for p in probes if "'scores 0'" in p["change"] or "'V constant'" in p["change"])
     assert all(r["diagnosis"] is None for r in data["results"] if r["verdict"] == "pass")
