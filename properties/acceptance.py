@@ -55,7 +55,7 @@ from properties.attribution import Attribution, attribute, error_picture, query_
 from properties.case import Case
 
 __all__ = ["CATEGORIES", "InputsModified", "CodecVerdict", "EnvelopeFigures", "Judgement", "call", "check_unchanged",
-           "split_bundle", "judge", "hold", "reference_backend", "attribution_of", "backend_model"]
+           "split_bundle", "judge", "hold", "rule", "reference_backend", "attribution_of", "backend_model"]
 
 CATEGORIES = ("pass", "kernel logic", "backend codec")
 
@@ -265,6 +265,21 @@ def _figures(envelope: AttentionEnvelope | None, res: cmp.Comparison, note: str)
                            outside_by=res.outside_envelope if res.outside_index is not None else None, note=note)
 
 
+def rule(out: torch.Tensor, expected: torch.Tensor, checked: golden.PagedAttentionCall, *, codec: Fp8Codec,
+         model: ConformanceModel, s1: int | None = None) -> tuple[cmp.Comparison, AttentionEnvelope | None]:
+    """(the comparison, the envelope or None) of the rule (module docstring) on ``out`` against the golden's
+    ``expected`` under ``codec``: SPEC §4's tolerance first, then the envelope for ``model`` built for the
+    output rows holding an element outside it. ``checked``: the case's arguments as golden.checked_call
+    checked them. The diagnosis scores its models and probes by this same rule."""
+    res = cmp.compare(out, expected, kind="attention", s1=s1)
+    if res.passed or res.attribute is not None:
+        return res, None
+    assert res.mismatch_mask is not None       # compare sets the mask whenever the attributes agree
+    needs = res.mismatch_mask.reshape(out.shape[0], -1).any(dim=1)          # output rows b * S1 + i
+    envelope = checked.envelope(codec, model, rows=needs)
+    return cmp.compare(out, expected, kind="attention", s1=s1, envelope=(envelope.lo, envelope.hi)), envelope
+
+
 def _reference(out: torch.Tensor, tensors: Tensors, scalars: Scalars, *, checked: golden.PagedAttentionCall,
                codec: Fp8Codec, model: ConformanceModel, name: str, s1: int,
                tags: dict[str, object] | None) -> CodecVerdict:
@@ -273,13 +288,7 @@ def _reference(out: torch.Tensor, tensors: Tensors, scalars: Scalars, *, checked
     envelope's (golden.paged_attention_envelope's ``rows``), since nothing else can change the verdict.
     ``checked``: the case's arguments as golden.checked_call checked them (once for every codec)."""
     expected = checked.golden(codec)
-    res = cmp.compare(out, expected, kind="attention", s1=s1)
-    envelope = None
-    if not res.passed and res.attribute is None:
-        assert res.mismatch_mask is not None       # compare sets the mask whenever the attributes agree
-        needs = res.mismatch_mask.reshape(out.shape[0], -1).any(dim=1)          # output rows b * S1 + i
-        envelope = checked.envelope(codec, model, rows=needs)
-        res = cmp.compare(out, expected, kind="attention", s1=s1, envelope=(envelope.lo, envelope.hi))
+    res, envelope = rule(out, expected, checked, codec=codec, model=model, s1=s1)
     bounds = None if envelope is None else (envelope.lo, envelope.hi)
     ratio = cmp.error_ratio(out, expected, kind="attention", envelope=bounds) if res.attribute is None else None
     worst = float(ratio.max()) if ratio is not None and ratio.numel() else (0.0 if res.passed else math.inf)

@@ -5,10 +5,10 @@ it differ so. The candidates are the fault models of properties/fault_models.py:
 functions of the case alone, each named by the SPEC §2 stage it changes.
 
 :func:`diagnose` evaluates the models on the failing case's inputs, cheapest first, within a time budget,
-and scores each against the kernel's output with the one comparison core (properties.compare, SPEC §4's
-tolerance around the model's output): how much of the mismatch it *explains* (mismatched elements where
-the kernel lies within tolerance of the model) and how much it *breaks* (elements that matched the golden
-and do not match the model). Deterministic: the same case, backend output and budget give the same report
+and scores each against the kernel's output (properties/scoring.py: the one comparison core, SPEC §4's
+tolerance around the model's output widened by the envelope's reach): how much of the mismatch it
+*explains* (mismatched elements where the kernel lies within that of the model) and how much it *breaks*
+(elements that matched the golden and do not match the model). Deterministic: the same case, backend output and budget give the same report
 (the budget cuts the list at a model boundary).
 
 One case cannot tell apart models that coincide on it (a shrunk case of lengths ``[0, 1]`` is as much
@@ -29,20 +29,16 @@ import torch
 
 import golden
 from golden.codec import Fp8Codec
+from golden.envelope import AttentionEnvelope
 from properties import compare as cmp
 from properties.acceptance import Judgement, Scalars, Tensors
 from properties.fault_models import FaultModel, fault_models
 from properties.readout import Location
+from properties.scoring import CLOSE, EXPLAINS, Candidate, Slack, model_output, score, slack_of
 
-__all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict", "score",
-           "failing_codec", "model_output", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]
+__all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict",
+           "failing_codec", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]
 
-#: A model *explains* a failure when it accounts for at least this share of the mismatched elements and
-#: breaks at most 1 - EXPLAINS of the matching ones.
-EXPLAINS = 0.9
-#: A model not identified *comes close* (is shown as the closest) when it explains at least this share of
-#: the mismatched elements and breaks at most 1 - CLOSE of the matching ones.
-CLOSE = 0.5
 #: Seconds of model evaluation per case (the report says how many models ran within it). With the probes'
 #: budget (properties/probes.py) a diagnosis stays within about 10 s on the upstream catalog's largest cases.
 DEFAULT_BUDGET_S = 7.0
@@ -53,38 +49,6 @@ DEFAULT_BUDGET_S = 7.0
 SCREEN_BATCHES = 3
 SCREEN_WORK = 50_000_000
 SCREEN_KEEP = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """A model's scores on one failure."""
-    model: str
-    stage: str
-    description: str
-    explained: int                  # mismatched elements (vs the golden) that match the model
-    mismatched: int
-    broken: int                     # matching elements (vs the golden) that do not match the model
-    matching: int
-
-    @property
-    def explained_share(self) -> float:
-        return self.explained / self.mismatched if self.mismatched else 0.0
-
-    @property
-    def broken_share(self) -> float:
-        return self.broken / self.matching if self.matching else 0.0
-
-    @property
-    def explains(self) -> bool:
-        return self.explained_share >= EXPLAINS and self.broken_share <= 1 - EXPLAINS
-
-    @property
-    def explains_every_mismatch(self) -> bool:
-        """It explains the failure and leaves no mismatched element unexplained (what a name requires)."""
-        return self.explains and self.explained == self.mismatched
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"explains": self.explains}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +84,9 @@ class Diagnosis:
     probe_note: str = ""            # the probes' cost and budget, or why none ran
     screened: str = ""              # how the models were screened on a sub-case ("": every one on the case)
     failing_batches: tuple[int, ...] = ()   # the batches with a mismatched element, first first
-    located: Location | None = None          # what the weights readout measured (properties/readout.py)
+    located: Location | None = None          # what the readouts measured (properties/readout.py, scale_readout.py)
+    error: str = ""                 # the first line of what the kernel raised: the diagnosis of an error is its
+                                    # probes alone (properties/error_probes.py)
 
     @property
     def refuted(self) -> frozenset[str]:
@@ -157,11 +123,13 @@ class Diagnosis:
     @property
     def close(self) -> tuple[Candidate, ...]:
         """The standing candidates that come close: they explain at least CLOSE of the mismatch and break at
-        most 1 - CLOSE of the matching elements; the most explained net of what they break first. A model
+        most 1 - CLOSE of the matching elements, at least half of it by predicted values (not by reads of
+        unspecified data); the most explained by predicted values net of what they break first. A model
         that explains every mismatch by breaking nearly everything else (a row written as 0 "explains" a
         row that is wrong) is no clue to what the kernel does, and is not shown as one."""
-        close = [c for c in self.standing if c.explained_share >= CLOSE and c.broken_share <= 1 - CLOSE]
-        return tuple(sorted(close, key=lambda c: -(c.explained_share - c.broken_share)))
+        close = [c for c in self.standing if c.explained_share >= CLOSE and c.broken_share <= 1 - CLOSE
+                 and 2 * c.unspecified <= c.explained]
+        return tuple(sorted(close, key=lambda c: -(c.definite_share - c.broken_share)))
 
     @property
     def closest(self) -> Candidate | None:
@@ -188,6 +156,12 @@ class Diagnosis:
         """One line: the model that explains the failure, or that none is identified and the closest; at most
         ``top`` candidates named, the others counted; the probes and what they refuted; ``note`` ends the
         cost in parentheses (which case the models ran on)."""
+        if self.error:
+            probes = "; ".join(p.render() for p in self.probes)
+            where = f"; located in {self.located.stage} by {self.located.evidence}" if self.located else ""
+            return (f"Diagnosis of the error ({self.error}): no output to score models against; "
+                    + (f"the kernel on neighbours of the case: {probes}" if probes else "no neighbour ran")
+                    + f"{where} ({self.probe_note}{note})")
         if not self.candidates:
             return f"Diagnosis: no fault model applies to this case ({self._cost()}{note})"
 
@@ -244,41 +218,19 @@ class Diagnosis:
         return f"{self.evaluated} of {self.available} models in {self.seconds:.1f} s{screened}{cut}{probes}"
 
     def to_dict(self, top: int = 5) -> dict[str, Any]:
+        """The record of the JSON report: the best ``top`` candidates, and the closest after them when it
+        ranks lower (so that its stage can be read)."""
         closest = self.closest
+        shown = list(self.candidates[:top])
+        if closest is not None and closest not in shown:
+            shown.append(closest)
         return {"explained": self.explained, "identified": None if self.identified is None else self.identified.model,
                 "closest": None if closest is None else closest.model,
-                "candidates": [c.to_dict() | {"refuted": c.model in self.refuted} for c in self.candidates[:top]],
+                "candidates": [c.to_dict() | {"refuted": c.model in self.refuted} for c in shown],
                 "evaluated": self.evaluated, "available": self.available, "seconds": round(self.seconds, 2),
                 "budget_s": self.budget_s, "screened": self.screened, "probes": [p.to_dict() for p in self.probes],
                 "probe_note": self.probe_note, "stage": self.stage,
-                "located": None if self.located is None else self.located.to_dict()}
-
-
-# -- matching -------------------------------------------------------------------------------------------
-
-def score(out: torch.Tensor, mismatch: torch.Tensor, faulty: torch.Tensor, model: FaultModel) -> Candidate | None:
-    """``model``'s :class:`Candidate` on one output: ``mismatch`` is where ``out`` differs from the golden
-    (properties.compare's mismatch mask) and ``faulty`` the model's output; None when the model's output
-    cannot be compared with the kernel's (another shape or non-finite placement: it does not apply)."""
-    res = cmp.compare(out, faulty, kind="attention")
-    if res.attribute is not None:
-        return None
-    differs = res.mismatch_mask
-    assert differs is not None        # compare sets the mask whenever the attributes agree
-    return Candidate(model.name, model.stage, model.description, int((mismatch & ~differs).sum()),
-                     int(mismatch.sum()), int((~mismatch & differs).sum()), int((~mismatch).sum()))
-
-
-def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
-                 codec: Fp8Codec | str | None) -> torch.Tensor | None:
-    """``model``'s output on the case, or None when the model does not apply. The models are the golden's
-    own code on changed inputs: they replace a tensor, never write into one, so the tensors are shared (a
-    copy of K and V per model was an eighth of a diagnosis' time on the largest upstream case)."""
-    try:
-        with torch.inference_mode():
-            return model.output(dict(tensors), dict(scalars), codec)
-    except (ValueError, TypeError, IndexError, RuntimeError):    # the model does not apply to this case
-        return None
+                "located": None if self.located is None else self.located.to_dict(), "error": self.error or None}
 
 
 def _screen_batches(mismatch: torch.Tensor, tensors: Tensors) -> list[int] | None:
@@ -310,34 +262,39 @@ def _batches_of(tensors: Tensors, batches: list[int]) -> Tensors:
 
 
 def _rank(scored: list[tuple[Candidate, int]]) -> list[tuple[Candidate, int]]:
-    return sorted(scored, key=lambda sc: (-sc[0].explained_share, sc[0].broken_share, sc[1]))
+    return sorted(scored, key=lambda sc: (-sc[0].definite_share, -sc[0].explained_share, sc[0].broken_share, sc[1]))
 
 
 def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalars: Scalars, *,
              codec: Fp8Codec | str | None = None,
-             budget_s: float = DEFAULT_BUDGET_S, models: list[FaultModel] | None = None) -> Diagnosis:
+             budget_s: float = DEFAULT_BUDGET_S, models: list[FaultModel] | None = None,
+             envelope: AttentionEnvelope | None = None) -> Diagnosis:
     """Score every fault model (``models``, default :func:`fault_models`) against the kernel's output ``out``
     on the case's inputs, within ``budget_s`` seconds; ``expected`` is the golden's output under ``codec``
-    (the comparison that failed). Candidates come best first: most of the mismatch explained, then fewest
-    matching elements broken, then the cheaper model. A large case (:data:`SCREEN_WORK`) is screened: every
+    (the comparison that failed) and ``envelope`` its envelope, when one was built (the mismatch is then the
+    rule's, and each model is scored with the envelope's slack, :func:`score`). Candidates come best first:
+    most of the mismatch explained by predicted values, then most explained, then fewest matching elements
+    broken, then the cheaper model. A large case (:data:`SCREEN_WORK`) is screened: every
     model on a few of its batches, the best :data:`SCREEN_KEEP` scored on the whole case (the report says so)."""
     models = fault_models() if models is None else models
     codec_name = golden.get_codec(codec).name
-    against_golden = cmp.compare(out, expected, kind="attention")
+    bounds = None if envelope is None else (envelope.lo, envelope.hi)
+    against_golden = cmp.compare(out, expected, kind="attention", envelope=bounds)
     if against_golden.attribute is not None:
         return Diagnosis((), 0, len(models), 0.0, budget_s, codec=codec_name)
     mismatch = against_golden.mismatch_mask
     assert mismatch is not None       # compare sets the mask whenever the attributes agree
+    slack = slack_of(expected, envelope)
     start = time.perf_counter()
     screen = _screen_batches(mismatch, tensors)
     # (tensors, output, mismatch) each model is screened on, by its cost: the whole case, or a sub-case of the
     # screen's batches for a golden call and of the first of them that fails for a staged (loop) golden,
     # which costs some 60 ms per 8k-token batch and model (measured: 43 staged models on three batches of
     # pfa_fp8_b16_s1_1_s2_8195_nkv_2 took 8.5 s, on one 2.6 s, one thread on a loaded machine)
-    sub: dict[int, tuple[Tensors, torch.Tensor, torch.Tensor]] = {}
+    sub: dict[int, tuple[Tensors, torch.Tensor, torch.Tensor, Slack | None]] = {}
     failing: list[int] = []
     if screen is None:
-        sub = {1: (tensors, out, mismatch), 2: (tensors, out, mismatch)}
+        sub = {1: (tensors, out, mismatch, slack), 2: (tensors, out, mismatch, slack)}
     else:
         failing = [b for b in screen if bool(mismatch[_rows_of(tensors, [b])].any())] or screen
         # a golden call on two batches (the first failing one and another: a batch mix-up still shows), the
@@ -346,7 +303,8 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         pair = sorted({failing[0], next(b for b in screen if b != failing[0])})
         for cost, batches in ((1, pair), (2, failing[:1])):
             rows = _rows_of(tensors, batches)
-            sub[cost] = (_batches_of(tensors, batches), out[rows], mismatch[rows])
+            sub[cost] = (_batches_of(tensors, batches), out[rows], mismatch[rows],
+                         None if slack is None else (slack[0][rows], slack[1][rows]))
     scored, evaluated = [], 0
     # Screening spends two thirds of the budget on the sub-cases (every model once), the rest on the whole
     # case (the best few again: a screened case is large).
@@ -355,9 +313,9 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         if evaluated and time.perf_counter() - start > first_pass_s:   # at least one model, whatever the budget
             break
         evaluated += 1
-        on, out_on, mismatch_on = sub[min(model.cost, 2)]
+        on, out_on, mismatch_on, slack_on = sub[min(model.cost, 2)]
         faulty = model_output(model, on, scalars, codec)
-        if faulty is not None and (candidate := score(out_on, mismatch_on, faulty, model)) is not None:
+        if faulty is not None and (candidate := score(out_on, mismatch_on, faulty, model, slack_on)) is not None:
             scored.append((candidate, model.cost))
     scored = _rank(scored)
     screened = ""
@@ -369,7 +327,7 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
                 break
             rescored += 1
             faulty = model_output(by_name[candidate.model], tensors, scalars, codec)
-            if faulty is not None and (whole := score(out, mismatch, faulty, by_name[candidate.model])) is not None:
+            if faulty is not None and (whole := score(out, mismatch, faulty, by_name[candidate.model], slack)) is not None:
                 scored.append((whole, cost))
         scored = _rank(scored)
         screened = (f"screened on batches {screen} of {int(tensors['kv_act_seqs'].shape[0])} (the staged models on "
@@ -399,4 +357,5 @@ def diagnose_verdict(verdict: Judgement, tensors: Tensors, scalars: Scalars, *,
     if codec is None:
         return None
     ref = next(r for r in verdict.references if r.counts and not r.passed)
-    return diagnose(verdict.output, ref.expected, tensors, scalars, codec=codec, budget_s=budget_s)
+    return diagnose(verdict.output, ref.expected, tensors, scalars, codec=codec, budget_s=budget_s,
+                    envelope=ref.envelope)

@@ -33,9 +33,17 @@ class FaultModel:
 
 
 def golden_on(change: Change) -> ModelOutput:
-    """A model output: the golden on inputs changed by ``change(tensors, scalars)`` (copies)."""
+    """A model output: the golden on inputs changed by ``change(tensors, scalars)`` (copies).
+
+    A change of the lengths may make a row walk past its batch's valid blocks (a length longer than its table
+    holds): it reads table entries of -1, which SPEC §2.2 has the kernel clamp to block 0 when it gathers,
+    so the golden runs on the table so clamped (what it reads there may be garbage:
+    properties.scoring.model_output finds the elements that depend on it). A walk past the table's width
+    does not apply (the golden's ValueError)."""
     def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
         t, s = change(dict(tensors), dict(scalars))
+        if t["kv_act_seqs"] is not tensors["kv_act_seqs"]:
+            t["block_table"] = t["block_table"].clamp(min=0)
         by_name: dict[str, Any] = t         # mypy cannot match a dict's keys to the tensor parameters
         return golden.paged_attention_fp8(**by_name, **s, codec=codec)
     return output

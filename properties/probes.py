@@ -9,7 +9,7 @@ lengths in the other order, one more KV head, one more query row, other data.
 
 A neighbour is run on the kernel only when it *splits* the hypotheses: the leading candidates and the
 golden (the defect need not show on every case) do not all predict outputs that agree with one another
-under the diagnosis' rule (:func:`properties.diagnosis.score`). Neighbours that split the candidates among
+under the diagnosis' rule (:func:`properties.scoring.score`). Neighbours that split the candidates among
 themselves come first; one that only tests a candidate against the golden comes after. On a probe, a
 candidate the kernel's output does not agree with is refuted (properties.diagnosis.Probe); an error of the
 kernel refutes nothing. The probes go on while the budget lasts, also once one candidate is left: models
@@ -17,10 +17,12 @@ coincide on more cases than one (a kernel that writes 0 agrees with "every batch
 wherever batch 0 is empty), and a model is only as good as the neighbours it survived. Bounded by ``max_calls`` kernel calls and ``budget_s`` seconds (models and kernel),
 both stated in the diagnosis.
 
-When no model explains the failure there is nothing to split: the kernel then runs on ablations of the case
-(properties/ablations.py: every V token the same, every score 0, unit scales, one batch), to show what
-the failure needs; each says fails or passes and refutes nothing. The other ablations join the
-neighbours above.
+When no model explains the failure there is nothing to split: the kernel then runs the readouts, which
+measure instead of guessing (properties/scale_readout.py: the v_scale entry each output element carries;
+properties/readout.py: each row's attention weights), and ablations of the case (properties/ablations.py:
+every V token the same, every score 0, unit scales, one batch), to show what the failure needs; each
+says fails or passes and refutes nothing. The other ablations join the neighbours above. A failure whose
+candidates the neighbours leave unnamed gets the readouts too, in the calls left.
 
 Never a verdict: a probe's outcome only weighs the candidates of a failure the rule already decided.
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -37,23 +39,16 @@ import torch
 import golden
 from properties import compare as cmp
 from properties.ablations import ablations, replaced_config, with_lengths
-from properties.acceptance import JudgedBackend, Scalars, Tensors, call, split_bundle
+from properties.acceptance import JudgedBackend, Scalars, Tensors, backend_model, call, rule, split_bundle
 from properties.case import Case
-from properties.diagnosis import (
-    EXPLAINS,
-    SCREEN_BATCHES,
-    SCREEN_WORK,
-    Candidate,
-    Diagnosis,
-    Probe,
-    model_output,
-    score,
-)
+from properties.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
 from properties.fault_models import FaultModel, models_by_name
 from properties.readout import Location, locate, readout_case
+from properties.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
+from properties.scoring import EXPLAINS, Candidate, Prediction, Slack, model_output, score, slack_of
 
-__all__ = ["probe", "neighbours", "probed_case", "EVIDENCE", "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES",
-           "READOUT_CALLS"]
+__all__ = ["probe", "neighbours", "probed_case", "kernel_probe", "golden_output", "outcome_probes", "EVIDENCE",
+           "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES", "READOUT_CALLS"]
 
 #: Kernel calls per diagnosed failure group (on the sim a kernel call costs seconds: at most 4 of them).
 MAX_CALLS = 4
@@ -135,47 +130,62 @@ class _Neighbour:
     tensors: Tensors
     scalars: Scalars
     expected: torch.Tensor
-    predicted: dict[str, torch.Tensor]      # candidate -> its output here (absent: the model does not apply)
+    predicted: dict[str, Prediction]        # candidate -> its output here (absent: the model does not apply)
 
 
-def _refuted_by(out: torch.Tensor, n: _Neighbour, names: list[str], models: dict[str, FaultModel]) -> list[str]:
-    """The candidates among ``names`` an output ``out`` on the neighbour does not agree with."""
-    res = cmp.compare(out, n.expected, kind="attention")
+def _refuted_by(out: torch.Tensor, n: _Neighbour, names: list[str], models: dict[str, FaultModel], *,
+                judged: tuple[cmp.Comparison, Slack | None] | None = None) -> list[str]:
+    """The candidates among ``names`` an output ``out`` on the neighbour does not agree with: ``judged`` is
+    the rule's comparison of a kernel's ``out`` there and its slack (:func:`_judged`); without it (a model's
+    predicted output) the tolerance alone."""
+    res, slack = judged if judged is not None else (cmp.compare(out, n.expected, kind="attention"), None)
     mismatch = res.mismatch_mask
     if mismatch is None:            # another shape or non-finite placement: no candidate's values explain it
         return [name for name in names if name in n.predicted]
     return [name for name in names if name in n.predicted
-            and not _agrees(score(out, mismatch, n.predicted[name], models[name]))]
+            and not _agrees(score(out, mismatch, n.predicted[name], models[name], slack))]
+
+
+def _judged(out: torch.Tensor, tensors: Tensors, scalars: Scalars, expected: torch.Tensor, codec: golden.Fp8Codec,
+            backend: JudgedBackend) -> tuple[cmp.Comparison, Slack | None]:
+    """The rule's comparison of the kernel's ``out`` on a probe (properties.acceptance.rule: the envelope
+    built for the rows outside the tolerance) and the slack it gives the candidates there."""
+    by_name: dict[str, Any] = tensors    # mypy cannot match a dict's keys to the tensor parameters
+    res, envelope = rule(out, expected, golden.checked_call(**by_name, **scalars), codec=codec,
+                         model=backend_model(backend))
+    return res, slack_of(expected, envelope)
 
 
 def _splits(n: _Neighbour, names: list[str], models: dict[str, FaultModel], *, with_golden: bool) -> bool:
     """Whether some hypothesis' output on ``n`` would refute another: the candidates among themselves, or
     (``with_golden``) also the golden's output, a kernel whose defect does not show there."""
-    outcomes = [n.predicted[name] for name in names if name in n.predicted]
+    outcomes = [n.predicted[name].output for name in names if name in n.predicted]
     if with_golden:
         outcomes.append(n.expected)
     return any(_refuted_by(o, n, names, models) for o in outcomes)
 
 
-def _golden_on(tensors: Tensors, scalars: Scalars, codec: golden.Fp8Codec) -> torch.Tensor:
+def golden_output(tensors: Tensors, scalars: Scalars, codec: golden.Fp8Codec) -> torch.Tensor:
     """The golden's output on a neighbour, under the failing comparison's codec."""
     by_name: dict[str, Any] = tensors    # mypy cannot match a dict's keys to the tensor parameters
     with torch.inference_mode():
         return golden.paged_attention_fp8(**by_name, **scalars, codec=codec)
 
 
-def _kernel_on(backend: JudgedBackend, change: str, tensors: Tensors, scalars: Scalars,
-               expected: torch.Tensor) -> tuple[torch.Tensor | None, Probe]:
-    """(the kernel's output, the probe with its outcome against ``expected``; no refutation yet), or (None,
-    the probe of its error): the kernel is untrusted, and an error on a probe refutes nothing."""
+def kernel_probe(backend: JudgedBackend, change: str, tensors: Tensors, scalars: Scalars, expected: torch.Tensor,
+                 codec: golden.Fp8Codec) -> tuple[torch.Tensor | None, Probe, tuple[cmp.Comparison, Slack | None] | None]:
+    """(the kernel's output, the probe with its outcome by the rule against ``expected``, no refutation yet,
+    and the rule's comparison with its slack), or (None, the probe of its error, None): the kernel is
+    untrusted, and an error on a probe refutes nothing."""
     try:
         out = call(backend, tensors, **scalars)
     except Exception as exc:  # noqa: BLE001 - whatever the kernel raised is what it did there
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return None, Probe(change, "error", detail=f"{type(exc).__name__}: {first}"[:160])
-    res = cmp.compare(out, expected, kind="attention")
+        return None, Probe(change, "error", detail=f"{type(exc).__name__}: {first}"[:160]), None
+    judged = _judged(out, tensors, scalars, expected, codec, backend)
+    res = judged[0]
     return out, Probe(change, "passes" if res.passed else "fails",
-                      detail="" if res.passed else f"{res.mismatched}/{res.total} mismatched")
+                      detail="" if res.passed else f"{res.mismatched}/{res.total} mismatched"), judged
 
 
 def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls: int = MAX_CALLS,
@@ -202,8 +212,8 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         return time.perf_counter() - start
 
     def run(n: _Neighbour) -> None:
-        out, seen = _kernel_on(backend, n.change, n.tensors, n.scalars, n.expected)
-        refuted = [] if out is None else _refuted_by(out, n, standing, models)
+        out, seen, judged = kernel_probe(backend, n.change, n.tensors, n.scalars, n.expected, codec)
+        refuted = [] if out is None else _refuted_by(out, n, standing, models, judged=judged)
         probes.append(dataclasses.replace(seen, refuted=tuple(refuted)))
         standing[:] = [name for name in standing if name not in refuted]
 
@@ -217,7 +227,7 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
         if skip_reason is not None and skip_reason(near.config) is not None:
             continue                        # a shape the backend is not built for is no evidence
         tensors, scalars = split_bundle(near.inputs())
-        expected = _golden_on(tensors, scalars, codec)
+        expected = golden_output(tensors, scalars, codec)
         predicted = {name: o for name in standing
                      if (o := model_output(models[name], tensors, scalars, codec)) is not None}
         n = _Neighbour(change, near, tensors, scalars, expected, predicted)
@@ -234,7 +244,7 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
     calls_left = min(max_calls - len(probes), READOUT_CALLS)
     if (calls_left > 0 and elapsed() < budget_s and not stop()
             and diagnosis.with_probes(tuple(probes), "").identified is None):
-        read, located = _read_weights(diagnosis, base, backend, calls=calls_left, stop=stop, deadline=start + budget_s)
+        read, located = _read_both(diagnosis, base, backend, calls=calls_left, stop=stop, deadline=start + budget_s)
         probes.extend(read)
     note = (f"{len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed():.1f} s "
             f"(budget {max_calls} kernel calls, {budget_s:g} s)"
@@ -256,26 +266,68 @@ def _what_it_needs(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, 
     weights, not V's scale or the output), within ``max_calls`` kernel calls and ``budget_s`` seconds.
     Nothing is refuted: there is no candidate."""
     codec = golden.get_codec(diagnosis.codec)
-    skip_reason = getattr(backend, "skip_reason", None)
     start = time.perf_counter()
-    read, located = _read_weights(diagnosis, base, backend, calls=min(max_calls, READOUT_CALLS), stop=stop,
-                                  deadline=start + budget_s)
-    probes = list(read)
-    for change, near in ablations(base, EVIDENCE):
-        if len(probes) >= max_calls or time.perf_counter() - start > budget_s or stop():
-            break
-        if skip_reason is not None and skip_reason(near.config) is not None:
-            continue
-        tensors, scalars = split_bundle(near.inputs())
-        probes.append(_kernel_on(backend, change, tensors, scalars, _golden_on(tensors, scalars, codec))[1])
+    read, located = _read_both(diagnosis, base, backend, calls=min(max_calls, READOUT_CALLS), stop=stop,
+                               deadline=start + budget_s)
+    probes = read + outcome_probes(backend, ablations(base, EVIDENCE), codec, calls=max_calls - len(read),
+                                   deadline=start + budget_s, stop=stop)
     elapsed = time.perf_counter() - start
     if not probes:
         return diagnosis.with_probes((), f"no probes: no model explains the case, and no ablation applies ({elapsed:.1f} s)")
     ablated = len(probes) - len(read)
     return diagnosis.with_probes(tuple(probes), (
         f"no model explains the case: {len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed:.1f} s to show "
-        f"what the failure needs ({len(read)} weights readout call{'s' if len(read) != 1 else ''}, {ablated} "
+        f"what the failure needs ({len(read)} readout call{'s' if len(read) != 1 else ''}, {ablated} "
         f"ablation{'s' if ablated != 1 else ''}; budget {max_calls} kernel calls, {budget_s:g} s)"), located)
+
+
+def outcome_probes(backend: JudgedBackend, cases: Iterable[tuple[str, Case]], codec: golden.Fp8Codec, *, calls: int,
+                   deadline: float, stop: Callable[[], object]) -> list[Probe]:
+    """The kernel on ``cases`` ((what changed, the case), in order) while ``calls`` kernel calls and the
+    ``deadline`` (time.perf_counter) last: each probe says what it did there by the rule (fails, passes or
+    error) and refutes nothing; a shape the backend refuses is skipped."""
+    skip_reason = getattr(backend, "skip_reason", None)
+    probes: list[Probe] = []
+    for change, near in cases:
+        if len(probes) >= calls or time.perf_counter() > deadline or stop():
+            break
+        if skip_reason is not None and skip_reason(near.config) is not None:
+            continue
+        tensors, scalars = split_bundle(near.inputs())
+        probes.append(kernel_probe(backend, change, tensors, scalars, golden_output(tensors, scalars, codec), codec)[1])
+    return probes
+
+
+def _read_both(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, calls: int,
+               stop: Callable[[], object], deadline: float) -> tuple[list[Probe], Location | None]:
+    """(the probes, what the readouts located together, properties.scale_readout.combine) in at most
+    ``calls`` kernel calls: the V-scale readout (one call) and then the weights readout in the calls left,
+    unless the weights readout needs every call to read a failing batch (it then runs alone)."""
+    batches = [b for b in diagnosis.failing_batches if b < base.config.batch]
+    weights_alone = calls < 2 or (readout_case(base, batches, max_calls=calls - 1) is None
+                                  and readout_case(base, batches, max_calls=calls) is not None)
+    probes, scales = ([], None) if weights_alone else _read_scales(diagnosis, base, backend, stop=stop, deadline=deadline)
+    read, located = _read_weights(diagnosis, base, backend, calls=calls - len(probes), stop=stop, deadline=deadline)
+    return probes + read, combine(located, scales)
+
+
+def _read_scales(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, stop: Callable[[], object],
+                 deadline: float) -> tuple[list[Probe], ScaleReading | None]:
+    """(the probe, what the V-scale readout read) of ``base`` on ``backend`` in one kernel call
+    (properties/scale_readout.py); no reading when it does not apply, is cut or the kernel errs."""
+    readout = scale_readout_case(base)
+    skip_reason = getattr(backend, "skip_reason", None)
+    if (readout is None or stop() or time.perf_counter() > deadline
+            or (skip_reason is not None and skip_reason(readout.case.config) is not None)):
+        return [], None
+    codec = golden.get_codec(diagnosis.codec)
+    tensors, scalars = split_bundle(readout.case.inputs())
+    golden_out = golden_output(tensors, scalars, codec)
+    out, seen, judged = kernel_probe(backend, "V-scale readout: every score 0, every V code 1.0, each v_scale entry its "
+                                     "own value", tensors, scalars, golden_out, codec)
+    if out is None or judged is None or judged[0].mismatch_mask is None:
+        return [seen], None
+    return [seen], read_scales(readout, out, judged[0].mismatch_mask, golden_out)
 
 
 def _read_weights(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, calls: int,
@@ -294,15 +346,15 @@ def _read_weights(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, c
         if stop() or time.perf_counter() > deadline:
             return probes, None
         tensors, scalars = split_bundle(ablated.inputs())
-        golden_out = _golden_on(tensors, scalars, codec)
+        golden_out = golden_output(tensors, scalars, codec)
         window = readout.windows[j]
         change = (f"weights readout {j + 1}/{len(readout.cases)}: V one-hot for tokens {window[0]}-{window[-1]} "
                   f"of batches {sorted(set(readout.batch_of))}, v_scale 1")
-        out, seen = _kernel_on(backend, change, tensors, scalars, golden_out)
+        out, seen, judged = kernel_probe(backend, change, tensors, scalars, golden_out, codec)
         probes.append(seen)
-        if out is None:
+        if out is None or judged is None:
             return probes, None
-        res = cmp.compare(out, golden_out, kind="attention")
+        res = judged[0]
         outs.append(out)
         expected.append(golden_out)
         masks.append(res.mismatch_mask if res.mismatch_mask is not None else torch.ones(out.shape, dtype=torch.bool))

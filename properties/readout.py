@@ -9,16 +9,21 @@ too, and one channel is 1 nowhere (a weighted sum of V's rows is 0 there). K, it
 case's, so the scores, the mask, the tile walk, the online update and P's quantization all still shape
 the weights; the golden on the same case gives the spec's weights. A case of more tokens than one call's
 channels is read in windows, one kernel call each (the other tokens' weight summed in a ``rest`` channel).
+A batch is read with the cells past its length in its last block (garbage by SPEC §1, K's codes 0 there
+too) as tokens of its own, when they fit: a row that reads on to its block's end then reads as a prefix
+longer than its visible length, located as below, not as weight gone elsewhere.
 
 Comparing the two row by row says where a failing row's weight went, in SPEC §2's terms:
 
 - to cells of another batch, or to cells no row may read: **paging** (SPEC §2.2);
 - to its own batch's first m' tokens where the spec has m (the visible length, SPEC §2.1), in the spec's
-  proportions renormalized: ends moved to the multiple of s2_tile next to the row's (or the batch's)
-  length are **the tile walk**; rows of one batch that no one length explains are the causal offset, and
-  every batch off by the same count is the visible length (**visible length**); batches off by different
-  counts are a batch's length (**lengths and paging**); a row empty by SPEC §2.1 that sees its batch's
-  first tokens counts here too;
+  proportions renormalized (properties/walks.py): ends moved to a multiple of s2_tile next to the row's
+  (or the batch's) length are **the tile walk**, and so are rows of one batch that all see the same first
+  tokens, a multiple of the block size, whatever their position, and rows that see each tile's first
+  tokens; rows of one batch that no one length explains otherwise are the causal offset, and every batch
+  off by the same count is the visible length (**visible length**); batches off by different counts, or
+  one batch off while those read beside it are right, are a batch's length (**lengths and paging**); a
+  row empty by SPEC §2.1 that sees its batch's first tokens counts here too;
 - to the right tokens, but not in the right proportions: the ratio kernel / spec of each token's weight
   is then a pattern. One factor for the whole row is a normalization (not located: l, the online update's
   l and the output all scale a row alike); one factor per tile is **the online update** (SPEC §2.3's
@@ -49,6 +54,7 @@ import golden
 from golden.paging import token_slots, visible_lengths
 from properties.ablations import replaced_config
 from properties.case import Case
+from properties.walks import prefix_stage, tile_prefix
 
 __all__ = ["Readout", "Location", "READOUT_HEAD_DIM", "readout_case", "locate"]
 
@@ -81,6 +87,7 @@ class Location:
     """What the readout measured: ``stage`` (None: no stage is located) and ``evidence`` in words."""
     stage: str | None
     evidence: str
+    weights_right: bool = False     # every failing row read holds the spec's weights (the readout passes)
 
     def to_dict(self) -> dict[str, object]:
         return {"stage": self.stage, "evidence": self.evidence}
@@ -100,31 +107,47 @@ def readout_case(case: Case, batches: list[int] | None = None, *, max_calls: int
         case = Case(config, seed=case.seed)
     failing = sorted(batches or [], key=lambda b: c.lengths[b])        # the shortest failing batch fits best
     order = list(dict.fromkeys([*failing, *range(c.batch)]))
-    lengths, room, read = list(c.lengths), max_calls * width, list[int]()
-    for b in order:
-        if lengths[b] <= room - sum(lengths[x] for x in read):
-            read.append(b)
-        elif not read:
-            return None
+    # A batch is read with the cells past its length in its last block (SPEC §1: garbage) when they fit: a
+    # row that reads on to its block's end then reads as a longer prefix, not as weight gone elsewhere.
+    bs = c.block_size
+    for tails in (True, False):
+        span = [-(-n // bs) * bs if tails else n for n in c.lengths]
+        room, read = max_calls * width, list[int]()
+        for b in order:
+            if span[b] <= room - sum(span[x] for x in read):
+                read.append(b)
+            elif not read:
+                break
+        if read:
+            break
+    else:
+        return None
     t = case.inputs().tensors()
-    batch, token, block, row = token_slots(t["block_table"], t["kv_act_seqs"], c.block_size)
+    spans = torch.tensor(span, dtype=torch.int64)
+    lengths = t["kv_act_seqs"].to(torch.int64)
+    batch, token, block, row = token_slots(t["block_table"], spans.to(torch.int32), bs)
+    valid = token < lengths[batch]                       # SPEC §2.2's tokens; the others are tail cells
+    in_read = torch.isin(batch, torch.tensor(read, dtype=torch.int64))
+    cells = valid | in_read                              # the tokens given a channel or the rest channel
     picked = torch.cat([torch.nonzero(batch == b)[:, 0] for b in read]) if read else torch.zeros(0, dtype=torch.long)
     if not picked.numel():
         return None
     one = golden.SPEC_CODEC.to_fp8(torch.ones(())).view(torch.uint8)
     unread = torch.ones(t["k_cache"].shape[:2], dtype=torch.bool)
-    unread[block, row] = False
+    unread[block[valid], row[valid]] = False
     k, k_scale = t["k_cache"].clone(), t["k_scale"].clone()
     k.view(torch.uint8)[unread] = 0             # unread cells score 0: their weight is read, not their garbage
     k_scale[unread] = 1.0
+    not_cells = unread.clone()
+    not_cells[block[cells], row[cells]] = False
     cases, windows = [], []
     for start in range(0, picked.numel(), width):
         window = picked[start:start + width]
         v = torch.zeros_like(t["v_cache"].view(torch.uint8))
-        v[block, row, :, d - 2] = one
+        v[block[cells], row[cells], :, d - 2] = one
         v[block[window], row[window], :, d - 2] = 0
         v[block[window], row[window], :, torch.arange(window.numel())] = one
-        v[..., d - 1][unread] = one
+        v[..., d - 1][not_cells] = one
         cases.append(dataclasses.replace(case, name=None, explicit={
             **t, "k_cache": k, "k_scale": k_scale, "v_cache": v.view(torch.float8_e4m3fn),
             "v_scale": torch.ones_like(t["v_scale"])}))
@@ -187,7 +210,8 @@ def locate(readout: Readout, outs: list[torch.Tensor], expected: list[torch.Tens
     failing_mask = torch.stack([m.reshape(m.shape[0], nq, -1).any(dim=-1) for m in mismatches]).any(dim=0)
     failing = (failing_mask & rows_read[:, None]).nonzero().tolist()
     if not failing:
-        return Location(None, "the weights readout passes: the kernel weighs the tokens as the spec does")
+        return Location(None, "the weights readout passes: the kernel weighs the tokens as the spec does",
+                        weights_right=True)
     votes: collections.Counter[str] = collections.Counter()
     said: dict[str, str] = {}
     shifts: dict[tuple[int, int], tuple[int, int, int]] = {}   # (batch, query row) -> (seen from, to, visible)
@@ -268,6 +292,12 @@ def locate(readout: Readout, outs: list[torch.Tensor], expected: list[torch.Tens
                 shifts[(b, i)] = (upto, int(after.min()) if upto < m and after.numel() else upto, m)
                 prefix_rows += 1
                 continue
+            first = tile_prefix(token_of[own], seen, solid, m, c.s2_tile)
+            if gaps and first is not None and renormalized:
+                votes["the tile walk"] += 1
+                said["the tile walk"] = (f"each s2_tile tile of a row's tokens gives only its first {first} (row b={b} "
+                                         f"i={i} h={h}), in the spec's proportions renormalized")
+                continue
             votes[""] += 1
             held = token_of[own][seen].tolist()
             if not gaps:
@@ -300,42 +330,12 @@ def locate(readout: Readout, outs: list[torch.Tensor], expected: list[torch.Tens
         said.setdefault("", f"row b={b} i={i} h={h}: the ratio of its weights to the spec's is not one factor, "
                             "one factor a tile, or exponential in the score")
     if shifts:
-        stage, words = _prefix_stage(shifts, c, list(c.lengths))
+        failed = {flat // s1 for flat, _ in failing}
+        right = {b for b in set(readout.batch_of) if b not in failed and c.lengths[b] > 0}
+        stage, words = prefix_stage(shifts, c, list(c.lengths), right)
         votes[stage or ""] += prefix_rows
         said[stage or ""] = words
     return _verdict(votes, said, len(failing))
-
-
-def _prefix_stage(shifts: dict[tuple[int, int], tuple[int, int, int]], c: golden.PagedAttentionConfig, lengths: list[int],
-                  ) -> tuple[str | None, str]:
-    """The stage that rows seeing a prefix of the wrong length point to (the module docstring): ``shifts``
-    maps (batch, query row) to (the fewest tokens it may see, the most, its visible length)."""
-    by_batch: dict[int, dict[int, tuple[int, int]]] = collections.defaultdict(dict)
-    for (b, i), (lo, hi, _) in shifts.items():
-        by_batch[b][i] = (lo, hi)
-    text = "rows see a prefix of their batch's tokens, of another length than SPEC §2.1's visible length"
-    tile = c.s2_tile
-    # A tile boundary one token away is as much "one off" as the tile walk: the walk needs an end moved further.
-    if (all(any(0 < n and lo <= n <= hi for n in (m // tile * tile, -(-m // tile) * tile)) for lo, hi, m in shifts.values())
-            and any(min(abs(lo - m), abs(hi - m)) > 1 for lo, hi, m in shifts.values())):
-        return "the tile walk", text + ": each row's ends on the multiple of s2_tile next to its own"
-    used = {}                                   # batch -> the one length that gives its rows' counts
-    for b, rows in by_batch.items():
-        fitting = [n for n in range(0, 2 * max(lengths) + c.s1 + 2)
-                   if all(lo <= max(0, n - (c.s1 - 1 - i)) <= hi for i, (lo, hi) in rows.items())]
-        if not fitting:
-            return "visible length", text + f": batch {b}'s rows are not those of any one length (the causal offset, SPEC §2.1)"
-        used[b] = fitting[0]
-    wrong = {b: n - lengths[b] for b, n in used.items() if n != lengths[b]}
-    said = ", ".join(f"batch {b} as if of length {used[b]} (kv_act_seqs {lengths[b]})" for b in sorted(wrong))
-    if (wrong and all(0 < used[b] in (lengths[b] // tile * tile, -(-lengths[b] // tile) * tile) for b in wrong)
-            and any(abs(d) > 1 for d in wrong.values())):
-        return "the tile walk", f"{text}: {said}, each the multiple of s2_tile next to its length"
-    if len(wrong) > 1 and len(set(wrong.values())) == 1:
-        return "visible length", f"{text}: {said}, each off by the same count"
-    if len(set(wrong.values())) > 1:
-        return "lengths and paging", f"{text}: {said}, off by counts that differ by batch (a batch's length)"
-    return None, f"{text}: {said}"
 
 
 def _verdict(votes: collections.Counter[str], said: dict[str, str], failing: int) -> Location:

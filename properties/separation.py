@@ -48,6 +48,10 @@ FACTS: tuple[Fact, ...] = (
     Fact("every_row_at_tile", "every row's visible length is a multiple of s2_tile (every last tile is full)",
          lambda f: bool(f["cur"]) and all(c % f["tile"] == 0 for c in f["cur"])),
     Fact("multi_tile_rows", "a row of two tiles or more", lambda f: any(t >= 2 for t in f["tiles"])),
+    # SPEC §5: upstream never checks a table narrower than the tile walk needs; a walk that gathers a whole
+    # tile's columns at once reads past the row there.
+    Fact("tile_walk_past_table", "a row's tile walk, in whole tiles, spans block-table columns past the table's "
+         "width", lambda f: any(t * f["tile_blocks"] > f["columns"] for t in f["tiles"])),
 )
 
 

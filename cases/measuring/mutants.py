@@ -33,6 +33,7 @@ from cases.running.pool_worker import worker_backend
 from cases.running.shrink import hunt
 from golden.errors import check_known
 from kernels import Backend, KernelRunError, mutants
+from kernels.backends.contract import shrink_budget
 from properties import law_examples, laws, ledger
 from properties.acceptance import judge
 from properties.law_examples import PAGED_LAWS
@@ -132,7 +133,8 @@ def search(law: str, backend, *, examples: int, seed: int, shrink_s: float = 0.0
         case, params = example
         laws.run(law, backend, case, **params)
 
-    found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples, shrink_s=shrink_s)
+    found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples, shrink_s=shrink_s,
+                 shrink_calls=shrink_budget(backend))
     if found.error is None:
         return LawKill(law, False, found.examples, found.seconds)
     by = _kill_kind(found.error)

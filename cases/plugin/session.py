@@ -17,6 +17,7 @@ import kernels
 from cases.data import regressions
 from cases.data.versions import versions
 from golden.errors import UsageError
+from kernels.backends.contract import shrink_budget
 from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
 from properties import law_examples
 from properties.coverage import Coverage, classify
@@ -145,14 +146,14 @@ def check_law(backend, request: pytest.FixtureRequest):
 
     option = request.config.getoption("--backend")
     name_in_files = backend.name if option == "auto" else option
-    budget = getattr(backend, "shrink_calls", None)
+    budget = shrink_budget(backend)
     after_failure: dict[str, int] = {}     # test id -> law calls since its first failure
 
     def check(name: str, case, **params) -> None:
         __tracebackhide__ = True
         test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
         _record_coverage(case)
-        if budget is not None and after_failure.get(test, -1) >= budget and not reported_example():
+        if after_failure.get(test, -1) >= budget and not reported_example():
             return      # past the backend's shrink budget: every attempt "passes", the shrinker keeps its best
         failed = False
         try:

@@ -42,6 +42,8 @@ _ATTRIBUTION_TEXT = {
                     "codec): indexing, scales, softmax, tail handling or another part of the kernel's logic.",
     "backend codec": "Fails under the spec codec but passes under the codec the backend declares: the platform's "
                      "FP8 conversions (pypto's CPU calculator), not the kernel. Shown, not counted.",
+    "error": "The kernel raised: nothing was compared. The probes run it on neighbours of the case to show what "
+             "the error needs.",
 }
 
 CSS = """
@@ -60,7 +62,7 @@ table.results td.be{white-space:normal;word-break:break-all;max-width:240px}
 section.failure{border:1px solid #e3e3e8;border-left:4px solid #c62828;border-radius:6px;padding:12px 16px;margin:16px 0}
 section.failure.uncounted{border-left-color:#e0a100}
 .badge{display:inline-block;border-radius:10px;padding:1px 10px;font-size:12px;font-weight:600;color:#fff}
-.badge.kernel-logic{background:#c62828}.badge.backend-codec{background:#e0a100}
+.badge.kernel-logic{background:#c62828}.badge.backend-codec{background:#e0a100}.badge.error{background:#6a1b9a}
 .pictures{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start;margin:8px 0}
 .pictures figure{margin:0}.pictures figcaption{font-size:12px;color:#555;max-width:520px}
 pre{background:#f7f7f9;border-radius:4px;padding:8px;font-size:12px;white-space:pre-wrap;margin:6px 0}
@@ -134,13 +136,19 @@ def _row(row) -> dict:
             "backend": row.case.backend if first else "", "reference": row.reference, "max_abs": c["max_abs"],
             "max_rel": c["max_rel"], "mismatched": c["mismatched"], "worst": c["worst"],
             "seconds": c["seconds"] if first else "", "node": c["node"] if first else "",
-            "verdict": row.shown_verdict, "link": _anchor(row.case.name, row.reference) if row.verdict == "fail" else None,
+            "verdict": row.shown_verdict,
+            "link": _anchor(row.case.name, row.reference) if row.verdict == "fail" or _error_card(row) else None,
             "note": note, "shown_note": shown}
+
+
+def _error_card(row) -> bool:
+    """A counted error gets a card of its own (what was raised, and what the error needs)."""
+    return row.verdict == "error" and row.counts
 
 
 def _failure(row) -> dict:
     case, ref = row.case, row.codec
-    att = row.attribution or "kernel logic"
+    att = row.attribution or ("error" if row.verdict == "error" else "kernel logic")
     pictures = ref is not None and bool(ref.error_map)
     figures = ref.envelope_figures if ref is not None else None
     return {"name": case.name, "source": case.source, "reference": row.reference,
@@ -150,13 +158,16 @@ def _failure(row) -> dict:
             "detail": row.attribution_detail, "envelope_note": figures.note if figures else None,
             "heatmap": heatmap(ref.error_map, (case.config or {}).get("s1") or 1) if pictures else None,
             "histogram": histogram(ref.ratio_histogram) if pictures else None, "message": failure_text(row),
-            "diagnosis": _diagnosis(case.diagnosis.to_dict() if row.counts and case.diagnosis is not None and ref
-                                    else None)}
+            "diagnosis": _diagnosis(case.diagnosis.to_dict() if row.counts and case.diagnosis is not None
+                                    and (ref is not None or row.verdict == "error") else None)}
 
 
 def _diagnosis(record: dict | None) -> dict | None:
     """The failure card's "What:" line and its probes: the identified candidate of properties.diagnosis, else
     the closest (``best`` None: none comes close), or None when not diagnosed."""
+    if record and record.get("error"):
+        return {"error": record["error"], "probes": record.get("probes", []), "probe_note": record.get("probe_note", ""),
+                "located": record.get("located")}
     if not record or not record.get("candidates"):
         return None
     candidates = record["candidates"]
@@ -171,7 +182,7 @@ def render_html(run, summary: RunSummary | None = None) -> str:
     """The report as one HTML string."""
     s = summary or summarize(run)
     rows = table_rows(run)
-    failures = [_failure(r) for r in rows if r.verdict == "fail"]
+    failures = [_failure(r) for r in rows if r.verdict == "fail" or _error_card(r)]
     return html_pages.render(
         "run_report.html.j2", css=CSS, failed=bool(s.exit_status), interrupted=run.interrupted, not_run=run.not_run,
         verdict=s.line, backend=run.backend, codec=run.codec, backend_note=run.backend_note, seed=run.seed,

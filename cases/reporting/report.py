@@ -139,6 +139,8 @@ def failure_text(row: ResultRow) -> str:
             lines.append(case.diagnosis.render(note=case.diagnosis_note))
         if capture is not None:
             lines.append(capture.line)
+    if row.verdict == "error" and case.diagnosis is not None:
+        lines.append(case.diagnosis.render(note=case.diagnosis_note))
     return "\n".join(lines)
 
 
@@ -241,7 +243,8 @@ def _result(row: ResultRow) -> dict:
         "attribution": row.attribution, "attribution_detail": row.attribution_detail,
         "replay": case.capture.replay if failing and row.counts and case.capture is not None else None,
         "envelope": ref.envelope_figures.to_dict() if ref is not None and ref.envelope_figures else None,
-        "diagnosis": case.diagnosis.to_dict() if failing and row.counts and case.diagnosis is not None and ref else None,
+        "diagnosis": case.diagnosis.to_dict() if failing and row.counts and case.diagnosis is not None
+        and (ref is not None or row.verdict == "error") else None,
         "node": case.node, "attempts": case.attempts}
 
 

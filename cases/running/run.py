@@ -42,7 +42,7 @@ from cases.data.collect import Item, collect_items, selection
 from cases.data.provenance import run_provenance
 from cases.running.capture import capture_case, write_failure
 from cases.running.pool import Pool, task_resources, worker_backend
-from cases.running.shrink import capture_generated, probe_groups, signature
+from cases.running.shrink import capture_generated, probe_errors, probe_groups, signature
 from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
 from golden import memory_limit
 from kernels import BackendUnavailable, Skip
@@ -518,6 +518,7 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
                                     stop=stop, why_not_shrunk="the run was interrupted" if interrupted else None)
         if not interrupted:
             results = probe_groups(backend, [items[k] for k in ran], results, stop=stop)
+            results = probe_errors(backend, [items[k] for k in ran], results, stop=stop)
     if cluster:
         execution = pool.describe()
     else:

@@ -34,6 +34,7 @@ from cases.running.pool import Pool, task_resources, worker_backend
 from cases.running.shrink import hunt
 from golden.errors import UsageError, check_known
 from kernels import BackendUnavailable
+from kernels.backends.contract import shrink_budget
 from properties import law_examples, laws
 from properties.coverage import Coverage, classify
 from properties.law_examples import BACKEND_LAWS, PAGED_LAWS
@@ -157,7 +158,8 @@ def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples:
                 if failure_signature(law, kind, f"{type(exc).__name__}: {exc}") == signature:
                     raise
         found = hunt(law_examples.examples(law, backend), check, seed=first.seed, examples=examples,
-                     shrink_s=shrink_s, database=database, key=_key(law, backend.name))
+                     shrink_s=shrink_s, database=database, key=_key(law, backend.name),
+                     shrink_calls=shrink_budget(backend))
         if found.error is not None:
             assert found.example is not None    # hunt sets the failing example with its error
             case, params = found.example

@@ -22,13 +22,16 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import HypothesisException
 from hypothesis.strategies import SearchStrategy
 
+import golden
 from cases.running.capture import capture_case
+from kernels.backends.contract import shrink_budget
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import Probe, diagnose_verdict
+from properties.error_probes import probe_error
 from properties.probes import probe
 
-__all__ = ["Hunt", "hunt", "signature", "capture_generated", "probe_groups"]
+__all__ = ["Hunt", "hunt", "signature", "capture_generated", "probe_groups", "probe_errors"]
 
 
 #: What the searched strategy draws (properties.law_examples.Example, properties.case.Case).
@@ -45,6 +48,7 @@ class Hunt(Generic[T]):
     example: T | None = None
     error: BaseException | None = None
     cut: bool = False
+    shrink_calls: int = 0           # calls of check while shrinking (after the first failure)
 
 
 class _Failed(Exception):
@@ -62,11 +66,12 @@ def _kind(exc: BaseException) -> str:
 
 def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int, examples: int,
          shrink_s: float = 0.0, database: ExampleDatabase | None = None, key: str | None = None,
-         seconds: float | None = None) -> Hunt[T]:
+         seconds: float | None = None, shrink_calls: int | None = None) -> Hunt[T]:
     """Draw up to ``examples`` from ``strategy`` under ``seed`` and call ``check(example)`` (it raises
     on failure) until one fails, or until ``seconds`` have passed (None: no limit; the Hunt says it was
     cut, and counts only the examples checked; the first is always checked); then let Hypothesis shrink it for ``shrink_s`` seconds (0: not
-    shrunk). While shrinking, only a failure of the first one's kind (an AssertionError, or another
+    shrunk) and at most ``shrink_calls`` calls of ``check`` (None: not counted; kernels.backends.contract.
+    shrink_budget gives a backend's). While shrinking, only a failure of the first one's kind (an AssertionError, or another
     exception) counts: a different failure is another bug, not a smaller case of this one. Past the
     budget every attempt passes, so the shrinker stops at the smallest failure it has.
 
@@ -90,8 +95,11 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
                 found.cut = True
                 raise _OutOfTime      # ends Hypothesis' run at once: no draw is made past the budget
             found.examples += 1
-        elif time.perf_counter() - start - found.seconds > shrink_s:
+        elif (time.perf_counter() - start - found.seconds > shrink_s
+              or (shrink_calls is not None and found.shrink_calls >= shrink_calls)):
             return      # over budget (or Hypothesis' final replay without shrinking): "passes"
+        else:
+            found.shrink_calls += 1
         try:
             check(example)
         except Exception as exc:  # noqa: BLE001 - whatever check raises is the failure looked for
@@ -198,7 +206,7 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
         if shrink_s > 0 and not why_not_shrunk and not stop():
             aim = next((a for a in aims if a.target is None), aims[0])
             found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
-                         shrink_s=shrink_s)
+                         shrink_s=shrink_s, shrink_calls=shrink_budget(backend))
         shrunk = found.error is not None
         if found.error is not None:
             # hunt keeps what its check raised with the example that raised it, and fails_like raises
@@ -261,4 +269,28 @@ def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
             same = (Probe(f"the same failure on {items[first].name} (this run's case)", "fails", against),) if against else ()
             out[k] = dataclasses.replace(out[k], diagnosis=own.with_probes(
                 same + probed.probes, f"{probed.probe_note}, on neighbours of {items[first].name}", probed.located))
+    return out
+
+
+def probe_errors(backend, items: list, results: list, *, stop=None) -> list:
+    """``results`` with the diagnosis of each group of kernel errors (properties/error_probes.py: the kernel
+    on neighbours of the case, what the error needs), grouped by what was raised (its type: one bug, one
+    group), run once on the member of the smallest case and given to every member (the note names it)."""
+    stop = stop or (lambda: None)
+    groups: dict = {}
+    for k, (item, verdict) in enumerate(zip(items, results, strict=True)):
+        error = verdict.error
+        if (error is not None and error.kind == "kernel" and verdict.diagnosis is None
+                and item.case is not None and hasattr(item.case, "config")):
+            groups.setdefault(error.message.split(":", 1)[0].strip(), []).append(k)
+    out = list(results)
+    codec = getattr(backend, "codec", None) or golden.SPEC_CODEC
+    for members in groups.values():
+        if stop():
+            break
+        first = min(members, key=lambda k: (items[k].case.config.estimated_bytes(), k))
+        found = probe_error(items[first].case, backend, out[first].error.message, codec=codec, stop=stop)
+        for k in members:
+            out[k] = dataclasses.replace(out[k], diagnosis=found,
+                                         diagnosis_note="" if k == first else f", on neighbours of {items[first].name}")
     return out

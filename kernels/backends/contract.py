@@ -33,10 +33,23 @@ if TYPE_CHECKING:
     from golden.codec import Fp8Codec
     from golden.model import ConformanceModel
 
-__all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "SHAPE_FIELDS"]
+__all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "SHAPE_FIELDS", "DEFAULT_SHRINK_CALLS",
+           "shrink_budget"]
 
 #: The shape fields a backend may restrict with ``supported_shapes`` (kernels.backends.unsupported_shape).
 SHAPE_FIELDS = ("head_dim", "block_size")
+#: Law calls after a law's first failure while Hypothesis shrinks it, for a backend that declares no
+#: ``shrink_calls``: every search ends its shrinking within a known number of kernel calls (Hypothesis' own
+#: limits allow thousands; on a 5-second kernel that is hours). A backend as slow as the sim declares
+#: fewer (kernels/backends/pypto_backend.py: 20).
+DEFAULT_SHRINK_CALLS = 200
+
+
+def shrink_budget(backend: object) -> int:
+    """The law calls ``backend`` allows after a law's first failure: its ``shrink_calls``, else
+    :data:`DEFAULT_SHRINK_CALLS`."""
+    declared = getattr(backend, "shrink_calls", None)
+    return DEFAULT_SHRINK_CALLS if declared is None else int(declared)
 
 
 @runtime_checkable
@@ -94,7 +107,7 @@ class Capabilities:
     * ``kernel_errors_spoil_process`` -- True where a failed kernel leaves its process unusable (pypto
       0.2.0's trace, W7): the process is replaced before the next call.
     * ``shrink_calls`` -- at most this many law calls after a law's first failure while Hypothesis
-      shrinks it (None: Hypothesis' own limits).
+      shrinks it (None: :data:`DEFAULT_SHRINK_CALLS`; :func:`shrink_budget` reads it).
     * ``default_budget_s`` -- the run's time budget unless ``--budget`` says otherwise (None: none).
     * ``fallback`` and ``selection`` -- set by ``auto``: whether it fell back to the golden, and how it
       chose.

@@ -6,7 +6,8 @@ import dataclasses
 import types
 
 import cases.running.shrink as shrink
-from properties.diagnosis import Candidate, Diagnosis
+from properties.diagnosis import Diagnosis
+from properties.scoring import Candidate
 
 
 def _candidate(model: str, stage: str, explained: int, mismatched: int = 10) -> Candidate:

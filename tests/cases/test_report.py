@@ -217,7 +217,8 @@ def test_a_counted_failure_carries_its_diagnosis_in_the_json_and_the_message(fai
     assert all(r["diagnosis"]["probes"] and "to show what the failure needs" in r["diagnosis"]["probe_note"]
                for r in fails)
     probes = [p for r in fails for p in r["diagnosis"]["probes"]]
-    assert all(p["change"].startswith(("weights readout ", "ablation '")) and not p["refuted"] for p in probes)
+    assert all(p["change"].startswith(("V-scale readout", "weights readout ", "ablation '")) and not p["refuted"]
+               for p in probes)
     assert any(p["change"].startswith("weights readout ") for p in probes)
     # the readout locates no stage of a perturbed element, except that a row SPEC §2.5 leaves 0 is not 0
     located = [r["diagnosis"]["located"] for r in fails if r["diagnosis"]["located"] is not None]

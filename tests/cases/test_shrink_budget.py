@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import re
 
+from hypothesis import strategies as st
+
+from cases.running.shrink import hunt
+from kernels.backends.contract import DEFAULT_SHRINK_CALLS, shrink_budget
+from kernels.backends.golden_backend import GoldenBackend
 from properties.probes import MAX_CALLS
 
 LAW_TEST = '''
@@ -42,3 +47,21 @@ def test_shrinking_is_bounded_by_the_backends_count_and_reproducible(suite_pytes
     # after the first failure: at most shrink_calls = 3 calls reach the backend, then Hypothesis' final replay
     # and the probes its diagnosis says it ran (at most MAX_CALLS)
     assert probes <= MAX_CALLS and len(calls) - failed_at - 1 <= 3 + 1 + probes, calls
+
+
+def test_a_backend_that_declares_no_count_is_bounded_by_the_default():
+    """kernels.backends.contract.shrink_budget: a backend's own shrink_calls, else DEFAULT_SHRINK_CALLS; hunt
+    calls its check at most that many times after the first failure, and shrinks no further."""
+    class Declares:
+        shrink_calls = 3
+    assert shrink_budget(GoldenBackend()) == DEFAULT_SHRINK_CALLS and shrink_budget(Declares()) == 3
+    seen: list[int] = []
+
+    def fails_over_ten(n: int) -> None:
+        seen.append(n)
+        assert n <= 10
+    found = hunt(st.integers(0, 10**6), fails_over_ten, seed=1, examples=100, shrink_s=60.0, shrink_calls=5)
+    first = next(k for k, n in enumerate(seen) if n > 10)
+    assert found.shrink_calls == 5 and len(seen) - first - 1 <= 5 + 1      # then Hypothesis' final replay
+    unbounded = hunt(st.integers(0, 10**6), fails_over_ten, seed=1, examples=100, shrink_s=60.0)
+    assert unbounded.example == 11 and unbounded.shrink_calls > 5 and found.example > 11

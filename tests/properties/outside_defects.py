@@ -37,10 +37,11 @@ from golden import SPEC_CODEC
 _MM1, _MM2, _TILES, _P = "MM1 scales", "MM2 and the V scale", "the tile walk", "P quantization"
 _LENGTHS = ("visible length", "lengths and paging")
 #: Each defect and the SPEC §2 stages a diagnosis may name for it (a prefix of a fault model's stage);
-#: table_overrun raises, so it is judged by what the erroring cases share (properties/separation.py).
+#: table_overrun raises: its diagnosis is what the erroring cases share (properties/separation.py) and the
+#: kernel on neighbours of the case (properties/error_probes.py), whose widened table locates the tile walk.
 STAGES: dict[str, tuple[str, ...]] = {
     "last_tile_dropped": (_TILES,), "batch_0_lengths": _LENGTHS, "softmax_folded": (_MM1,),
-    "table_overrun": (), "causal_reversed": ("visible length",), "heads_interleaved": ("GQA head map",),
+    "table_overrun": (_TILES, "paging"), "causal_reversed": ("visible length",), "heads_interleaved": ("GQA head map",),
     "v_scale_head_0": (_MM2,), "k_scale_per_block": (_MM1,), "rescale_swapped": ("online update",),
     "l_not_rescaled": ("online update",), "empty_row_copies": ("empty rows",),
     "block_tail_read": (_TILES, *_LENGTHS), "p_not_quantized": (_P,), "exp2": ("local softmax",),

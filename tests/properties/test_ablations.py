@@ -142,8 +142,9 @@ class _LaterBatchesOff(GoldenBackend):
 
 
 def test_a_failure_no_model_explains_is_run_on_the_ablations_and_nothing_is_refuted():
-    """No candidate to split: the probes are the weights readout (which locates no stage: the output is not a
-    weighted sum of V's rows) and the ablations in EVIDENCE's order, with what the kernel did on each."""
+    """No candidate to split: the probes are the V-scale readout and the weights readout (which locate no
+    stage: the output is not a weighted sum of V's rows, nor a v_scale entry) and the ablations in EVIDENCE's
+    order, with what the kernel did on each."""
     case = _case(lengths=(40, 7), garbage=None)
     backend = _LaterBatchesOff()
     verdict = judge(backend, case)
@@ -151,11 +152,13 @@ def test_a_failure_no_model_explains_is_run_on_the_ablations_and_nothing_is_refu
     found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
     assert found is not None and not found.leading, found.render()
     probed = probe(found, case, backend)
-    assert probed.probes[0].change.startswith("weights readout 1/1") and probed.probes[0].outcome == "fails"
-    assert [p.change.split("'")[1] for p in probed.probes[1:]] == list(EVIDENCE[:3])
-    assert [p.outcome for p in probed.probes[1:]] == ["fails", "fails", "fails"]
+    assert probed.probes[0].change.startswith("V-scale readout") and probed.probes[0].outcome == "fails"
+    assert probed.probes[1].change.startswith("weights readout 1/1") and probed.probes[1].outcome == "fails"
+    assert [p.change.split("'")[1] for p in probed.probes[2:]] == list(EVIDENCE[:2])
+    assert [p.outcome for p in probed.probes[2:]] == ["fails", "fails"]
     assert probed.located is not None and probed.located.stage is None, probed.located
     assert "not a weighted sum of V's rows" in probed.located.evidence
+    assert "are no v_scale entry" in probed.located.evidence
     assert not probed.refuted and probed.identified is None and probed.stage is None
     assert "to show what the failure needs" in probed.probe_note
     assert len(probe(found, case, backend, max_calls=2).probes) == 2

@@ -16,7 +16,7 @@ from cases.data.collect import generated_cases
 from golden import PagedAttentionConfig
 from kernels.backends.golden_backend import GoldenBackend
 from kernels.mutants import MUTANTS, get_mutant
-from properties import diagnosis, laws, ledger
+from properties import compare, diagnosis, laws, ledger, scoring
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import diagnose, diagnose_verdict, fault_models
@@ -288,3 +288,51 @@ def test_a_kernel_with_a_spec_slip_has_its_model_at_the_top(name):
     # budget could cut them (a budget reached is the render's to say, not this test's to measure).
     found = diagnose_verdict(verdict, *split_bundle(case.inputs()), budget_s=120.0)
     assert found is not None and _rank(found, name) == 1, found and found.render()
+
+
+def test_a_difference_within_the_envelopes_reach_is_explained_and_one_beyond_it_is_not():
+    """score(): the kernel agrees with a model where it lies within the tolerance of the model's output
+    widened by the failing comparison's slack (the envelope's reach around the golden), never further."""
+    model = models_by_name()["v_scale_missing"]
+    faulty = torch.full((2, 1, 4), 0.5).bfloat16()
+    predicted = scoring.Prediction(faulty, torch.zeros(faulty.shape, dtype=torch.bool))
+    tol = 1e-4 + 0.5 / 128
+    out = (faulty.float() + torch.tensor([0.0, 2 * tol, 2 * tol, 5 * tol])[None, None, :]).bfloat16()
+    mismatch = torch.ones(2, 1, 4, dtype=torch.bool)
+    slack = (torch.zeros(2, 1, 4), torch.full((2, 1, 4), 3 * tol))
+    without = scoring.score(out, mismatch, predicted, model)
+    with_slack = scoring.score(out, mismatch, predicted, model, slack)
+    assert (without.explained, with_slack.explained) == (2, 6)           # 5 tol is beyond the 3 tol of slack
+    below = (faulty.float() - 2 * tol).bfloat16()                         # the slack below is 0 here
+    assert scoring.score(below, mismatch, predicted, model, slack).explained == 0
+
+
+def test_what_a_model_reads_from_garbage_is_unspecified_and_its_own_nan_is_not():
+    """lengths_of_batch_0 on lengths (20, 1): batch 1 walks 20 tokens through a block holding one, so it reads
+    NaN garbage: those rows are unspecified (computed again with the garbage zeroed, they are finite), count
+    as explained but not predicted, and all-unspecified explains nothing; a NaN the kernel shows there is
+    borne out only when it shows no NaN elsewhere. A model that writes NaN itself (empty_rows_nan) predicts it."""
+    case = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=32,
+                                            s2_tile=32, kv_act_seqs=(20, 1), garbage="nan"), 1)
+    tensors, scalars = split_bundle(case.inputs())
+    model = models_by_name()["lengths_of_batch_0"]
+    predicted = scoring.model_output(model, tensors, scalars, None)
+    assert predicted is not None and bool(predicted.output[1].isnan().all())
+    assert bool(predicted.unspecified[1].all()) and not bool(predicted.unspecified[0].any())
+    expected = golden.paged_attention_fp8(**tensors, **scalars)
+    out = expected.clone()
+    out[1] = 0.0                                        # a kernel that writes 0 where it read garbage
+    mismatch = compare.compare(out, expected, kind="attention").mismatch_mask
+    found = scoring.score(out, mismatch, predicted, model)
+    assert found.explained == found.mismatched == found.unspecified > 0 and found.broken == 0
+    assert found.definite_share == 0 and not found.explains
+    out[1] = float("nan")                               # NaN there, and nowhere else: the garbage was read
+    assert scoring.score(out, mismatch, predicted, model).definite_share == 1
+    out[0, 0, 0] = float("nan")                         # NaN where the model reads no garbage: no evidence
+    mismatch = compare.compare(out, expected, kind="attention").mismatch_mask
+    assert scoring.score(out, mismatch, predicted, model).definite_share == 0
+    empty = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=32,
+                                             s2_tile=32, kv_act_seqs=(20, 0), garbage="nan"), 1)
+    t, s = split_bundle(empty.inputs())
+    own = scoring.model_output(models_by_name()["empty_rows_nan"], t, s, None)
+    assert own is not None and bool(own.output[1].isnan().all()) and not bool(own.unspecified.any())

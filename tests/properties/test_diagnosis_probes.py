@@ -52,7 +52,9 @@ def test_a_probe_tells_apart_the_models_a_shrunk_case_cannot():
     probed = probe(found, case, HandWritten("batch_0_lengths"))
     assert probed.identified is not None and probed.identified.model == "lengths_of_batch_0", probed.render()
     assert "lengths_one_short" in probed.refuted and 1 <= len(probed.probes) <= MAX_CALLS
-    assert "probes: kv_act_seqs[0] 0 -> " in probed.render() and "refutes lengths_one_short" in probed.render()
+    first = probed.probes[0]
+    assert first.change.startswith("kv_act_seqs[0] 0 -> ") and "lengths_one_short" in first.refuted
+    assert f"probes: {first.change}: fails" in probed.render() and "lengths_one_short" in probed.render()
 
 
 def test_a_full_last_tile_dropped_is_confirmed_and_the_table_column_refuted():

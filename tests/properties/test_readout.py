@@ -142,3 +142,68 @@ def test_defects_written_here_are_located_in_their_stage(backend, lengths, stage
 def test_a_readout_that_does_not_fit_is_not_made():
     assert readout_case(_case((400, 200), s1=1), max_calls=1) is None
     assert readout_case(_case((0, 0), s1=1)) is None
+
+
+class _Attends:
+    """A kernel that attends row (b, i) to the tokens ``keep(t, cur, block_size, s2_tile)`` says of its batch
+    (cells past its length included when kept): the golden on those tokens, gathered into a cache of their
+    own, one row at a time (so a row that keeps its visible tokens has the golden's bits)."""
+
+    def __init__(self, name, keep):
+        self.name, self.keep = name, keep
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, *,
+                            softmax_scale=None, s2_tile=128, g_tile=None):
+        rows, nq, d = q.shape
+        batch, bs = kv_act_seqs.shape[0], k_cache.shape[1]
+        s1 = rows // batch
+        out = torch.zeros(rows, nq, d, dtype=torch.bfloat16)
+        for b in range(batch):
+            for i in range(s1):
+                cur = max(0, int(kv_act_seqs[b]) - (s1 - 1 - i))
+                tokens = torch.tensor([t for t in range(cur + bs) if self.keep(t, cur, bs, s2_tile)], dtype=torch.long)
+                if not tokens.numel():
+                    continue
+                blocks = -(-tokens.numel() // bs)
+                padded = torch.cat([tokens, tokens[-1:].expand(blocks * bs - tokens.numel())])
+                cells = block_table[b, padded // bs].long(), padded % bs
+                row = slice(b * s1 + i, b * s1 + i + 1)
+                out[row] = golden.paged_attention_fp8(
+                    q[row], q_scale[row], k_cache[cells].view(blocks, bs, *k_cache.shape[2:]),
+                    k_scale[cells].view(blocks, bs, *k_scale.shape[2:]), v_cache[cells].view(blocks, bs, *v_cache.shape[2:]),
+                    v_scale[b:b + 1], torch.arange(blocks, dtype=torch.int32)[None, :],
+                    torch.tensor([tokens.numel()], dtype=torch.int32), softmax_scale=softmax_scale, s2_tile=s2_tile,
+                    g_tile=g_tile)
+        return out
+
+
+@pytest.mark.parametrize("backend, lengths, stage, words", [
+    (_Attends("each tile's first block", lambda t, cur, bs, tile: t < cur and t % tile < bs), (70, 40, 20),
+     "the tile walk", "first 16"),
+    (_Attends("a tile's gather cut to a block", lambda t, cur, bs, tile: t < min(cur, bs)), (30, 7, 12),
+     "the tile walk", "whatever their visible length"),
+    (_Attends("the last block read to its end", lambda t, cur, bs, tile: t < -(-cur // bs) * bs), (40, 7, 20),
+     "visible length", "read on to the end of its last block"),
+])
+def test_walks_and_gathers_cut_short_are_the_tile_walk_and_reads_past_a_length_a_length(backend, lengths, stage, words):
+    """properties/walks.py on kernels written here: each tile's first block only, or every row's first block
+    whatever its visible length, is the tile walk (not the causal offset: the rows' counts follow no length);
+    a row that reads on to its last block's end (the cells past its length are read as tokens) sees a
+    longer prefix, its length not masked."""
+    found = _located(backend, _case(lengths, s1=2, s2_tile=32))
+    assert found.stage == stage, found
+    assert words in found.evidence, found.evidence
+
+
+class _OneLengthWraps(GoldenBackend):
+    """kv_act_seqs read modulo 32 (a narrow integer): only a batch of 32 tokens or more walks a wrong length."""
+    name = "lengths modulo 32"
+
+    def paged_attention_fp8(self, *, kv_act_seqs, **kwargs):
+        return super().paged_attention_fp8(kv_act_seqs=kv_act_seqs % 32, **kwargs)
+
+
+def test_one_batch_off_while_the_others_read_right_is_that_batchs_length():
+    found = _located(_OneLengthWraps(), _case((40, 7, 20), s1=2))
+    assert found.stage == "lengths and paging", found
+    assert "batch 0 as if of length 8 (kv_act_seqs 40)" in found.evidence and "read right" in found.evidence

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 
 import golden
 from properties import law_examples, laws
+from properties import strategies as ps
+from properties import transforms as tf
 from properties.case import Case
 
 
@@ -68,3 +70,13 @@ def test_vacuous_examples_are_recognised(law, config, params):
                            g_tile=None)
     good = {"batch_independence": {"batch_index": 0}, "tile_invariance": {"s2_tile": 32, "g_tile": None}}
     assert laws.vacuous(law, Case(wider), **good.get(law, params)) is None
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(case=ps.cases_for(None))
+def test_the_garbage_laws_config_check_says_what_the_tensors_say(case):
+    """garbage_unread's vacuity is read from the config (no inputs built on every draw); it must agree with
+    transforms.unread_cells on the case's tensors: some cache cell or query row is left unread."""
+    cache_rows, query_rows = tf.unread_cells(case.inputs().tensors())
+    unread = bool(cache_rows.any() or query_rows.any())
+    assert (laws.vacuous("garbage_unread", case, fill="nan") is None) == unread, case

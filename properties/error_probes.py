@@ -1,0 +1,72 @@
+"""What an error needs: the kernel run on neighbours of a case it raised on.
+
+A kernel that raises (an out-of-bounds read, a shape it does not handle) gives no output to score fault
+models against, so the diagnosis of an error is its probes alone: the case changed one SPEC quantity at a
+time, and on each whether the kernel still raises, or runs and passes or fails the rule. The first
+neighbour is the one an out-of-bounds table read needs: the block table widened with -1 columns to a
+whole number of tiles (SPEC §5: upstream never checks a table narrower than the tile walk); then the
+neighbours of properties/probes.py (a length to or from a multiple of s2_tile, one tile against two, the
+batches' lengths in another order, one more KV head, one more query row, other data) and the ablations
+that keep one batch or one tile. "error" on one and "passes" on another says what the error needs,
+beside what the run's erroring cases share (properties/separation.py). The kernel running on the widened
+table where it raised on the case locates the error in the tile walk (its read of the table). Within the
+probes' budget of kernel calls and seconds; never a verdict.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+
+import golden
+from properties.ablations import ablations, replaced_config
+from properties.acceptance import JudgedBackend
+from properties.case import Case
+from properties.diagnosis import Diagnosis
+from properties.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
+from properties.readout import Location
+
+__all__ = ["probe_error", "error_neighbours", "WIDENED"]
+
+#: How the neighbour with the block table widened to whole tiles begins its description.
+WIDENED = "block table widened"
+
+
+def error_neighbours(case: Case) -> Iterator[tuple[str, Case]]:
+    """(what changed, the neighbour) of ``case`` for an error: the table widened to whole tiles first, then
+    properties.probes.neighbours and the one-batch and one-tile ablations, each config once."""
+    c = case.config
+    tile_blocks = max(1, c.s2_tile // c.block_size)
+    columns = c.table_columns
+    walk = max((-(-n // c.s2_tile) for n in c.lengths), default=0) * tile_blocks     # columns of the whole tile walk
+    wide = max(-(-columns // tile_blocks) * tile_blocks, walk)
+    if wide != columns:
+        near = replaced_config(c, max_blocks=wide)
+        if near is not None and near.table_columns == wide:
+            yield f"{WIDENED} from {columns} to {wide} columns (a whole number of tiles, -1 filled)", \
+                Case(near, seed=case.seed)
+    yield from itertools.chain(neighbours(case), ablations(case, ("one batch", "one tile")))
+
+
+def probe_error(case: Case, backend: JudgedBackend, error: str, *, max_calls: int = MAX_CALLS,
+                budget_s: float = PROBE_BUDGET_S, codec: golden.Fp8Codec | None = None,
+                stop: Callable[[], object] | None = None) -> Diagnosis:
+    """The diagnosis of the error ``error`` (its first line) the kernel raised on ``case``: no candidates,
+    the probes of :func:`error_neighbours`, at most ``max_calls`` kernel calls and about ``budget_s``
+    seconds; ``codec`` the backend's (default the spec's) for the rule on a neighbour it runs."""
+    start = time.perf_counter()
+    probes = outcome_probes(backend, error_neighbours(case), codec or golden.SPEC_CODEC, calls=max_calls,
+                            deadline=start + budget_s, stop=stop or (lambda: None))
+    elapsed = time.perf_counter() - start
+    note = (f"{len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed:.1f} s to show what the error needs "
+            f"(budget {max_calls} kernel calls, {budget_s:g} s)") if probes else \
+        f"no probe: no neighbour of the case could run within the budget ({elapsed:.1f} s)"
+    # The widened table is the one change that touches the table's width alone: the kernel running there
+    # (passing or failing by values) where it raised on the case says the error needs the narrower table.
+    located = None
+    if probes and probes[0].change.startswith(WIDENED) and probes[0].outcome != "error":
+        located = Location("the tile walk", f"the error goes away with the {probes[0].change.split(' (')[0]}: the "
+                           "walk reads block-table columns past the row's width (SPEC §5: a table narrower than "
+                           "the tile walk)")
+    return Diagnosis((), 0, 0, 0.0, 0.0, codec=(codec or golden.SPEC_CODEC).name, probes=tuple(probes), probe_note=note,
+                     located=located, error=error.strip().splitlines()[0][:200] if error.strip() else "the kernel raised")

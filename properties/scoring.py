@@ -1,0 +1,143 @@
+"""A fault model's scores on one failure (properties/diagnosis.py's candidates): how much of the mismatch it
+explains and how much of what matched it breaks, by the one comparison core (properties.compare) with SPEC
+§4's tolerance around the model's output, widened by the rounding reach the failing comparison's envelope
+gives a conforming kernel there (SPEC §4.2). A classifier's allowance, not an acceptance bound: the rule has
+already decided the failure.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeAlias
+
+import torch
+
+from golden.codec import Fp8Codec
+from golden.envelope import AttentionEnvelope
+from properties import compare as cmp
+from properties import transforms as tf
+from properties.acceptance import Scalars, Tensors
+from properties.fault_model import FaultModel
+
+__all__ = ["Candidate", "Prediction", "Slack", "slack_of", "score", "model_output", "EXPLAINS", "CLOSE"]
+
+#: A model *explains* a failure when it accounts for at least this share of the mismatched elements and
+#: breaks at most 1 - EXPLAINS of the matching ones.
+EXPLAINS = 0.9
+#: A model not identified *comes close* (is shown as the closest) when it explains at least this share of
+#: the mismatched elements and breaks at most 1 - CLOSE of the matching ones.
+CLOSE = 0.5
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A model's scores on one failure."""
+    model: str
+    stage: str
+    description: str
+    explained: int                  # mismatched elements (vs the golden) that match the model
+    mismatched: int
+    broken: int                     # matching elements (vs the golden) that do not match the model
+    matching: int
+    unspecified: int = 0            # of the explained, those the model leaves to data SPEC does not fix
+
+    @property
+    def explained_share(self) -> float:
+        return self.explained / self.mismatched if self.mismatched else 0.0
+
+    @property
+    def definite_share(self) -> float:
+        """The share of the mismatch explained by values the model predicts (what ranks candidates)."""
+        return (self.explained - self.unspecified) / self.mismatched if self.mismatched else 0.0
+
+    @property
+    def broken_share(self) -> float:
+        return self.broken / self.matching if self.matching else 0.0
+
+    @property
+    def explains(self) -> bool:
+        """It explains at least EXPLAINS of the mismatch, at least half of that by values it predicts (not
+        by reads of unspecified data), and breaks at most 1 - EXPLAINS of the matching elements."""
+        return (self.explained_share >= EXPLAINS and self.broken_share <= 1 - EXPLAINS
+                and 2 * self.unspecified <= self.explained)
+
+    @property
+    def explains_every_mismatch(self) -> bool:
+        """It explains the failure and leaves no mismatched element unexplained (what a name requires)."""
+        return self.explains and self.explained == self.mismatched
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"explains": self.explains}
+
+
+#: Per output element, how far below and above the golden a conforming kernel may land beyond SPEC §4's
+#: tolerance: ``(g - lo, hi - g)`` of the failing comparison's envelope (SPEC §4.2), 0 where none was built.
+Slack: TypeAlias = tuple[torch.Tensor, torch.Tensor]
+
+
+def slack_of(expected: torch.Tensor, envelope: AttentionEnvelope | None) -> Slack | None:
+    """The :data:`Slack` of an envelope around the golden's ``expected`` (None without an envelope)."""
+    if envelope is None:
+        return None
+    g = expected.float()
+    below = torch.nan_to_num(g - envelope.lo.float(), nan=0.0, posinf=0.0, neginf=0.0).clamp(min=0.0)
+    above = torch.nan_to_num(envelope.hi.float() - g, nan=0.0, posinf=0.0, neginf=0.0).clamp(min=0.0)
+    return below, above
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A model's output on a case, and the elements of it that depend on cells SPEC leaves unspecified
+    (``unspecified``, bool): garbage the model reads (the golden keeps it, NaN garbage as NaN). What a
+    kernel with the defect shows there is not fixed, so those elements are no prediction."""
+    output: torch.Tensor
+    unspecified: torch.Tensor
+
+
+def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, model: FaultModel,
+          slack: Slack | None = None) -> Candidate | None:
+    """``model``'s :class:`Candidate` on one output: ``mismatch`` is where ``out`` breaks the rule against the
+    golden (properties.acceptance.rule's mismatch mask) and ``predicted`` the model's output; None when the
+    model's output cannot be compared with the kernel's (another shape: it does not apply).
+
+    The kernel agrees with the model at an element when it lies within SPEC §4's tolerance of the model's
+    output, widened by ``slack``: the rounding reach a conforming execution has there around the golden,
+    carried over to the model (a classifier's allowance, not an acceptance bound: the rule has decided).
+    Where the prediction is unspecified (:class:`Prediction`), a mismatched element counts as explained,
+    whatever the kernel shows there, but as ``unspecified``: :attr:`Candidate.explains` wants half of what it
+    explains predicted. A non-finite value the kernel shows where the model reads NaN garbage is a
+    prediction borne out (the kernel read the garbage there too) only when the kernel shows no other
+    non-finite value and the model predicts some element from specified data: a kernel that is NaN
+    everywhere agrees with every garbage read, and says nothing by it."""
+    faulty = predicted.output
+    bounds = None if slack is None else (faulty.float() - slack[0], faulty.float() + slack[1])
+    res = cmp.compare(out, faulty, kind="attention", envelope=bounds)
+    if res.attribute is not None:
+        return None
+    differs = res.mismatch_mask
+    assert differs is not None        # compare sets the mask whenever the attributes agree
+    unspecified = predicted.unspecified
+    shown = ~torch.isfinite(out.float())
+    if bool(shown.any()) and not bool((shown & ~unspecified).any()) and not bool(unspecified.all()):
+        unspecified = unspecified & ~shown
+    return Candidate(model.name, model.stage, model.description, int((mismatch & (~differs | unspecified)).sum()),
+                     int(mismatch.sum()), int((~mismatch & differs).sum()), int((~mismatch).sum()),
+                     int((mismatch & unspecified).sum()))
+
+
+def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
+                 codec: Fp8Codec | str | None) -> Prediction | None:
+    """``model``'s :class:`Prediction` on the case, or None when the model does not apply. The models are the
+    golden's own code on changed inputs: they replace a tensor, never write into one, so the tensors are
+    shared (a copy of K and V per model was an eighth of a diagnosis' time on the largest upstream case).
+    An output that is not finite is computed again with the case's unread cells zeroed
+    (properties.transforms.poison_unread): the elements that come back finite read garbage, and are
+    unspecified; those still not finite are the model's own (a defect that writes NaN)."""
+    try:
+        with torch.inference_mode():
+            out = model.output(dict(tensors), dict(scalars), codec)
+            unspecified = torch.zeros(out.shape, dtype=torch.bool)
+            if not bool(torch.isfinite(out).all()):
+                again = model.output(dict(tf.poison_unread(tensors, None)), dict(scalars), codec)
+                unspecified = ~torch.isfinite(out) & torch.isfinite(again)
+    except (ValueError, TypeError, IndexError, RuntimeError):    # the model does not apply to this case
+        return None
+    return Prediction(out, unspecified)

@@ -1,0 +1,75 @@
+"""properties/error_probes.py: an error's diagnosis is the kernel on neighbours of the case, what the error
+needs; and a run carries it for every erroring case, in the text, the JSON report and the HTML card."""
+from __future__ import annotations
+
+import json
+
+import golden
+from cases import cli
+from cases.data import schemas
+from properties.case import Case
+from properties.error_probes import error_neighbours, probe_error
+from properties.probes import MAX_CALLS
+from tests.properties.outside_defects import HandWritten
+
+
+def _narrow_table() -> Case:
+    """Lengths (70, 20) over blocks of 16 and tiles of 32: 5 columns, not a whole number of tiles (2 blocks)."""
+    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=70, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=32,
+                                         kv_act_seqs=(70, 20), max_blocks=5)
+    return Case(config, seed=0)
+
+
+class _Raises:
+    name = "raises always"
+
+    def __init__(self):
+        self.calls = 0
+
+    def paged_attention_fp8(self, *args, **kwargs):
+        self.calls += 1
+        raise RuntimeError("the device went away")
+
+
+def test_the_table_widened_to_whole_tiles_comes_first_and_the_overrun_needs_it():
+    case = _narrow_table()
+    change, widened = next(error_neighbours(case))
+    assert change == "block table widened from 5 to 6 columns (a whole number of tiles, -1 filled)"
+    assert widened.config.table_columns == 6 and widened.config.lengths == case.config.lengths
+    found = probe_error(case, HandWritten("table_overrun"), "IndexError: block_table column 5 is past the row's 5 columns")
+    assert found.error.startswith("IndexError") and not found.candidates and found.stage == "the tile walk"
+    assert "the error goes away with the block table widened from 5 to 6 columns" in found.located.evidence
+    assert found.probes[0].change == change, found.render()
+    # the widened table runs; so do the lengths that widen it or stay inside it; batch 1 left empty does not
+    assert [p.outcome for p in found.probes] == ["passes", "passes", "passes", "error"], found.render()
+    assert "block_table column 5 is past the row's 5 columns" in found.probes[3].detail
+    assert found.render().startswith("Diagnosis of the error (IndexError: block_table column 5 is past the row's 5 "
+                                     "columns): no output to score models against; the kernel on neighbours")
+
+
+def test_a_kernel_that_always_raises_errs_on_every_probe_within_the_budget():
+    backend = _Raises()
+    found = probe_error(_narrow_table(), backend, "RuntimeError: the device went away")
+    assert backend.calls == len(found.probes) == MAX_CALLS
+    assert all(p.outcome == "error" and "the device went away" in p.detail for p in found.probes)
+    assert found.stage is None                        # it raises on the widened table too: nothing located
+    assert probe_error(_narrow_table(), _Raises(), "RuntimeError: x", max_calls=0).probes == ()
+
+
+def test_a_run_diagnoses_its_errors_in_the_text_the_json_and_the_html(tmp_path, capsys):
+    report, page = tmp_path / "r.json", tmp_path / "r.html"
+    status = cli.main(["run", "--backend", "tests/properties/outside_defects.py:table_overrun", "--cases",
+                       "edge_tail_tile_3_tokens", "--examples", "0", "--no-capture", "--json", str(report),
+                       "--html", str(page)])
+    printed = capsys.readouterr().out
+    assert status == 1
+    data = json.loads(report.read_text())
+    assert schemas.errors(data, "report") == []
+    (error,) = [r for r in data["results"] if r["verdict"] == "error"]
+    diagnosis = error["diagnosis"]
+    assert diagnosis["error"].startswith("IndexError") and diagnosis["candidates"] == [] and diagnosis["probes"]
+    assert diagnosis["probes"][0]["change"].startswith("block table widened from 5 to ")
+    assert "Diagnosis of the error (IndexError" in error["message"] and "Diagnosis of the error" in printed
+    html = page.read_text()
+    assert "What: the kernel raised <code>IndexError" in html and "Probe block table widened from 5 to " in html
+    assert "Where: located in <b>the tile walk</b> by the error goes away" in html and diagnosis["stage"] == "the tile walk"
