@@ -3,23 +3,28 @@
 A kernel that raises (an out-of-bounds read, a shape it does not handle) gives no output to score fault
 models against, so the diagnosis of an error is its probes alone: the case changed one SPEC quantity at a
 time, and on each whether the kernel still raises, or runs and passes or fails the rule. The first
-neighbour is the one an out-of-bounds table read needs: the block table widened with -1 columns to a
-whole number of tiles (SPEC §5: upstream never checks a table narrower than the tile walk); then the
+neighbour is the one an out-of-bounds table read needs: the case's own block table padded with -1 columns
+to a whole number of tiles, pool and data unchanged (SPEC §5: upstream never checks a table narrower than
+the tile walk); then the
 neighbours of properties/probes.py (a length to or from a multiple of s2_tile, one tile against two, the
 batches' lengths in another order, one more KV head, one more query row, other data) and the ablations
 that keep one batch or one tile. "error" on one and "passes" on another says what the error needs,
-beside what the run's erroring cases share (properties/separation.py). The kernel running on the widened
-table where it raised on the case locates the error in the tile walk (its read of the table). Within the
-probes' budget of kernel calls and seconds; never a verdict.
+beside what the run's erroring cases share (properties/separation.py). The kernel passing on the padded
+table where it raised on the case, and raising again on another neighbour, locates the error in the tile
+walk (its read of the table). Within the probes' budget of kernel calls and seconds; never a verdict.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterator
 
+import torch
+
 import golden
-from properties.ablations import ablations, replaced_config
+from golden.paging import ceil_div
+from properties.ablations import ablations
 from properties.acceptance import JudgedBackend
 from properties.case import Case
 from properties.diagnosis import Diagnosis
@@ -33,18 +38,19 @@ WIDENED = "block table widened"
 
 
 def error_neighbours(case: Case) -> Iterator[tuple[str, Case]]:
-    """(what changed, the neighbour) of ``case`` for an error: the table widened to whole tiles first, then
+    """(what changed, the neighbour) of ``case`` for an error: its own block table padded with -1 columns to
+    the whole tile walk first (the same pool of blocks, the same data: the width alone changes), then
     properties.probes.neighbours and the one-batch and one-tile ablations, each config once."""
     c = case.config
     tile_blocks = max(1, c.s2_tile // c.block_size)
     columns = c.table_columns
-    walk = max((-(-n // c.s2_tile) for n in c.lengths), default=0) * tile_blocks     # columns of the whole tile walk
-    wide = max(-(-columns // tile_blocks) * tile_blocks, walk)
+    wide = ceil_div(columns, tile_blocks) * tile_blocks           # a whole number of tiles of columns
     if wide != columns:
-        near = replaced_config(c, max_blocks=wide)
-        if near is not None and near.table_columns == wide:
-            yield f"{WIDENED} from {columns} to {wide} columns (a whole number of tiles, -1 filled)", \
-                Case(near, seed=case.seed)
+        tensors = case.inputs().tensors()
+        table = tensors["block_table"]
+        padded = torch.cat([table, torch.full((table.shape[0], wide - columns), -1, dtype=table.dtype)], dim=1)
+        yield (f"{WIDENED} from {columns} to {wide} columns (-1 filled: a whole number of tiles)",
+               dataclasses.replace(case, name=None, explicit={**tensors, "block_table": padded}))
     yield from itertools.chain(neighbours(case), ablations(case, ("one batch", "one tile")))
 
 
@@ -61,10 +67,12 @@ def probe_error(case: Case, backend: JudgedBackend, error: str, *, max_calls: in
     note = (f"{len(probes)} probe{'s' if len(probes) != 1 else ''} in {elapsed:.1f} s to show what the error needs "
             f"(budget {max_calls} kernel calls, {budget_s:g} s)") if probes else \
         f"no probe: no neighbour of the case could run within the budget ({elapsed:.1f} s)"
-    # The widened table is the one change that touches the table's width alone: the kernel running there
-    # (passing or failing by values) where it raised on the case says the error needs the narrower table.
+    # The widened table changes the table's width alone: the kernel passing there where it raised on the
+    # case, and raising again on another neighbour (the error is the kernel's, not a passing fault), says
+    # the error needs the narrower table. Failing by values there says no more than that it ran.
     located = None
-    if probes and probes[0].change.startswith(WIDENED) and probes[0].outcome != "error":
+    if (probes and probes[0].change.startswith(WIDENED) and probes[0].outcome == "passes"
+            and any(p.outcome == "error" for p in probes[1:])):
         located = Location("the tile walk", f"the error goes away with the {probes[0].change.split(' (')[0]}: the "
                            "walk reads block-table columns past the row's width (SPEC §5: a table narrower than "
                            "the tile walk)")

@@ -43,7 +43,7 @@ from properties.acceptance import JudgedBackend, Scalars, Tensors, backend_model
 from properties.case import Case
 from properties.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
 from properties.fault_models import FaultModel, models_by_name
-from properties.readout import Location, locate, readout_case
+from properties.readout import Location, Readout, locate, readout_case
 from properties.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
 from properties.scoring import EXPLAINS, Candidate, Prediction, Slack, model_output, score, slack_of
 
@@ -62,7 +62,8 @@ MAX_HYPOTHESES = 6
 
 def _agrees(c: Candidate | None) -> bool:
     """A candidate agrees with an output when it explains every mismatch and breaks at most 1 - EXPLAINS
-    of the matching elements (the identification rule of properties.diagnosis, on a probe)."""
+    of the matching elements. Unlike the identification rule it does not ask that half be predicted: a
+    probe refutes only on evidence against, and a read of unspecified data there is none."""
     return c is not None and c.explained == c.mismatched and c.broken_share <= 1 - EXPLAINS
 
 
@@ -304,10 +305,13 @@ def _read_both(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, call
     ``calls`` kernel calls: the V-scale readout (one call) and then the weights readout in the calls left,
     unless the weights readout needs every call to read a failing batch (it then runs alone)."""
     batches = [b for b in diagnosis.failing_batches if b < base.config.batch]
-    weights_alone = calls < 2 or (readout_case(base, batches, max_calls=calls - 1) is None
-                                  and readout_case(base, batches, max_calls=calls) is not None)
+    fewer = readout_case(base, batches, max_calls=calls - 1) if calls >= 2 else None
+    every = readout_case(base, batches, max_calls=calls) if calls >= 1 and fewer is None else fewer
+    weights_alone = fewer is None and every is not None
     probes, scales = ([], None) if weights_alone else _read_scales(diagnosis, base, backend, stop=stop, deadline=deadline)
-    read, located = _read_weights(diagnosis, base, backend, calls=calls - len(probes), stop=stop, deadline=deadline)
+    readout = every if weights_alone else fewer
+    read, located = ([], None) if readout is None else _read_weights(diagnosis, readout, backend, stop=stop,
+                                                                     deadline=deadline)
     return probes + read, combine(located, scales)
 
 
@@ -330,15 +334,13 @@ def _read_scales(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, st
     return [seen], read_scales(readout, out, judged[0].mismatch_mask, golden_out)
 
 
-def _read_weights(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, calls: int,
+def _read_weights(diagnosis: Diagnosis, readout: Readout, backend: JudgedBackend, *,
                   stop: Callable[[], object], deadline: float) -> tuple[list[Probe], Location | None]:
-    """(the probes, what the weights readout located) of ``base`` on ``backend`` in at most ``calls``
-    kernel calls (properties/readout.py), a window started only before ``deadline`` (time.perf_counter);
-    no location when it does not apply, is cut or the kernel errs."""
-    batches = [b for b in diagnosis.failing_batches if b < base.config.batch]
-    readout = None if calls <= 0 else readout_case(base, batches, max_calls=calls)
+    """(the probes, what the weights readout located) of ``readout`` (properties/readout.py: one kernel call
+    a window) on ``backend``, a window started only before ``deadline`` (time.perf_counter); no location
+    when the backend refuses its shape, it is cut or the kernel errs."""
     skip_reason = getattr(backend, "skip_reason", None)
-    if readout is None or (skip_reason is not None and skip_reason(readout.cases[0].config) is not None):
+    if skip_reason is not None and skip_reason(readout.cases[0].config) is not None:
         return [], None
     codec = golden.get_codec(diagnosis.codec)
     probes, outs, expected, masks = list[Probe](), [], [], []

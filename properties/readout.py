@@ -51,7 +51,7 @@ import math
 import torch
 
 import golden
-from golden.paging import token_slots, visible_lengths
+from golden.paging import ceil_div, token_slots, visible_lengths
 from properties.ablations import replaced_config
 from properties.case import Case
 from properties.walks import prefix_stage, tile_prefix
@@ -111,7 +111,7 @@ def readout_case(case: Case, batches: list[int] | None = None, *, max_calls: int
     # row that reads on to its block's end then reads as a longer prefix, not as weight gone elsewhere.
     bs = c.block_size
     for tails in (True, False):
-        span = [-(-n // bs) * bs if tails else n for n in c.lengths]
+        span = [ceil_div(n, bs) * bs if tails else n for n in c.lengths]
         room, read = max_calls * width, list[int]()
         for b in order:
             if span[b] <= room - sum(span[x] for x in read):

@@ -172,7 +172,7 @@ def _diagnosis(record: dict | None) -> dict | None:
         return None
     candidates = record["candidates"]
     best = next((c for c in candidates if c["model"] == record.get("closest")), None)
-    return {"explained": record["explained"], "best": best, "evaluated": record["evaluated"],
+    return {"error": None, "explained": record["explained"], "best": best, "evaluated": record["evaluated"],
             "available": record["available"], "probes": record.get("probes", []),
             "probe_note": record.get("probe_note", ""), "refuted": [c["model"] for c in candidates if c.get("refuted")],
             "located": None if record.get("explained") else record.get("located")}

@@ -139,7 +139,7 @@ def failure_text(row: ResultRow) -> str:
             lines.append(case.diagnosis.render(note=case.diagnosis_note))
         if capture is not None:
             lines.append(capture.line)
-    if row.verdict == "error" and case.diagnosis is not None:
+    if row.verdict == "error" and row.counts and case.diagnosis is not None:
         lines.append(case.diagnosis.render(note=case.diagnosis_note))
     return "\n".join(lines)
 

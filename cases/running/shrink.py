@@ -12,6 +12,7 @@ shrinks from it.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -274,17 +275,20 @@ def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
 
 def probe_errors(backend, items: list, results: list, *, stop=None) -> list:
     """``results`` with the diagnosis of each group of kernel errors (properties/error_probes.py: the kernel
-    on neighbours of the case, what the error needs), grouped by what was raised (its type: one bug, one
-    group), run once on the member of the smallest case and given to every member (the note names it)."""
+    on neighbours of the case, what the error needs), grouped by what was raised (its first line, numbers
+    aside: one bug, one group), run once on the member of the smallest case and given to every member (the
+    note names it). A captured law's replay that raised is not probed (it raised on the law's own case)."""
     stop = stop or (lambda: None)
     groups: dict = {}
     for k, (item, verdict) in enumerate(zip(items, results, strict=True)):
         error = verdict.error
-        if (error is not None and error.kind == "kernel" and verdict.diagnosis is None
+        # a captured law's replay raised on that law's changed case, not on item.case: not probed here
+        if (error is not None and error.kind == "kernel" and verdict.diagnosis is None and item.record is None
                 and item.case is not None and hasattr(item.case, "config")):
-            groups.setdefault(error.message.split(":", 1)[0].strip(), []).append(k)
+            first_line = (error.message.strip().splitlines() or [""])[0]
+            groups.setdefault(re.sub(r"\d+", "N", first_line), []).append(k)
     out = list(results)
-    codec = getattr(backend, "codec", None) or golden.SPEC_CODEC
+    codec = golden.get_codec(getattr(backend, "codec", None))
     for members in groups.values():
         if stop():
             break

@@ -158,7 +158,7 @@ def test_a_failure_no_model_explains_is_run_on_the_ablations_and_nothing_is_refu
     assert [p.outcome for p in probed.probes[2:]] == ["fails", "fails"]
     assert probed.located is not None and probed.located.stage is None, probed.located
     assert "not a weighted sum of V's rows" in probed.located.evidence
-    assert "are no v_scale entry" in probed.located.evidence
+    assert "not another entry" in probed.located.evidence
     assert not probed.refuted and probed.identified is None and probed.stage is None
     assert "to show what the failure needs" in probed.probe_note
     assert len(probe(found, case, backend, max_calls=2).probes) == 2

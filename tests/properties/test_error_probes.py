@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 import golden
 from cases import cli
 from cases.data import schemas
@@ -34,8 +36,12 @@ class _Raises:
 def test_the_table_widened_to_whole_tiles_comes_first_and_the_overrun_needs_it():
     case = _narrow_table()
     change, widened = next(error_neighbours(case))
-    assert change == "block table widened from 5 to 6 columns (a whole number of tiles, -1 filled)"
-    assert widened.config.table_columns == 6 and widened.config.lengths == case.config.lengths
+    assert change == "block table widened from 5 to 6 columns (-1 filled: a whole number of tiles)"
+    given, wide = case.inputs().tensors(), widened.inputs().tensors()
+    assert torch.equal(wide["block_table"][:, :5], given["block_table"]) and bool((wide["block_table"][:, 5] == -1).all())
+    assert all(torch.equal(wide[k].view(torch.uint8) if wide[k].dtype == torch.float8_e4m3fn else wide[k],
+                           given[k].view(torch.uint8) if given[k].dtype == torch.float8_e4m3fn else given[k])
+               for k in given if k != "block_table")                 # the same pool of blocks, the same data
     found = probe_error(case, HandWritten("table_overrun"), "IndexError: block_table column 5 is past the row's 5 columns")
     assert found.error.startswith("IndexError") and not found.candidates and found.stage == "the tile walk"
     assert "the error goes away with the block table widened from 5 to 6 columns" in found.located.evidence
@@ -73,3 +79,23 @@ def test_a_run_diagnoses_its_errors_in_the_text_the_json_and_the_html(tmp_path, 
     html = page.read_text()
     assert "What: the kernel raised <code>IndexError" in html and "Probe block table widened from 5 to " in html
     assert "Where: located in <b>the tile walk</b> by the error goes away" in html and diagnosis["stage"] == "the tile walk"
+
+
+class _NarrowRaisesWideWrong:
+    """Raises on a table narrower than whole tiles; on a wider one runs, and is wrong by values everywhere."""
+    name = "narrow raises, wide wrong"
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, **kwargs):
+        tile_blocks = kwargs.get("s2_tile", 128) // k_cache.shape[1]
+        if block_table.shape[1] % tile_blocks:
+            raise IndexError("block_table column past the row")
+        out = golden.paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs,
+                                         **kwargs)
+        return (out.float() + 0.5).bfloat16()
+
+
+def test_a_widened_table_that_only_runs_locates_nothing():
+    """Failing by values on the widened table says no more than that the kernel ran there: no stage."""
+    found = probe_error(_narrow_table(), _NarrowRaisesWideWrong(), "IndexError: block_table column past the row")
+    assert found.probes[0].change.startswith("block table widened") and found.probes[0].outcome == "fails"
+    assert found.located is None and found.stage is None, found.render()

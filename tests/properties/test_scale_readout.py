@@ -12,7 +12,7 @@ from properties import compare as cmp
 from properties.acceptance import call, split_bundle
 from properties.case import Case
 from properties.readout import Location
-from properties.scale_readout import MAX_ENTRIES, combine, entry_values, read_scales, scale_readout_case
+from properties.scale_readout import LOWEST, combine, entry_values, max_entries, read_scales, scale_readout_case
 
 
 def _case(lengths=(40, 7, 0), *, s1=2, nq=4, nkv=2, s2_tile=32, seed=3) -> Case:
@@ -31,13 +31,20 @@ def _read(backend, case: Case):
                                           expected)
 
 
-def test_entry_values_are_distinct_bf16_numbers_and_too_many_are_refused():
-    values = entry_values(MAX_ENTRIES)
-    assert values.unique().numel() == MAX_ENTRIES
+@pytest.mark.parametrize("longest", [1, 1000, 131072])
+def test_entry_values_are_distinct_bf16_numbers_the_rule_tells_apart_and_too_many_are_refused(longest):
+    """Distinct and bf16-exact; the smallest far enough from its neighbour for SPEC §4's tolerance to see an
+    entry read in place of another; the largest, times the longest batch's l summed before the division,
+    far from float32's overflow (2^128)."""
+    most = max_entries(longest)
+    values = entry_values(most, longest)
+    assert values.unique().numel() == most > 3000
     assert torch.equal(values.bfloat16().float(), values) and bool((values > 0).all())
-    assert float(values.min()) >= 2.0 ** -120 and float(values.max()) < 2.0 ** 121
+    low, next_up = float(values[0]), float(values[1])
+    assert low == 2.0 ** LOWEST and next_up - low > 1e-4 + low / 128
+    assert float(values.max()) * longest * 2 < 2.0 ** 127
     with pytest.raises(ValueError, match="entries"):
-        entry_values(MAX_ENTRIES + 1)
+        entry_values(most + 1, longest)
 
 
 def test_the_golden_on_the_readout_case_outputs_its_own_entries_bit_for_bit():
@@ -105,29 +112,34 @@ def test_the_v_scale_is_named_only_when_the_weights_were_read_right():
     assert combine(None, head).stage is None                  # no weights readout: nothing to rule out a head map
 
 
-def test_another_batch_on_both_readouts_names_no_stage():
-    """An output row written to another row reads as another batch's weights and another batch's v_scale."""
+def test_another_entry_beside_a_stage_this_readout_cannot_see_names_no_stage():
+    """An output row written to another row reads as another batch's weights and another batch's v_scale; any
+    stage of the weights readout but the GQA map (with another head's entry) beside another entry is no name."""
     _, _, batch = _read(_VScaleOfNextBatch(), _case())
     assert combine(Location("paging", "the weights readout: rows put weight on tokens of another batch"), batch).stage is None
+    assert combine(Location("the tile walk", "the weights readout: ..."), batch).stage is None
     assert combine(_PASSES, batch).stage == "MM2 and the V scale"
 
 
-def test_an_undivided_output_is_the_output_stage_when_the_weights_locate_nothing():
+def test_an_undivided_output_is_said_and_names_no_stage_of_its_own():
+    """With every score 0, l is the row's length: O left undivided and an l stuck at 1 read alike."""
     _, _, undivided = _read(_NotDivided(), _case())
-    assert combine(Location(None, "the weights readout: ... scaled by 40 (a normalization)"), undivided).stage == "output"
+    assert undivided.undivided
+    assert combine(Location(None, "the weights readout: ... scaled by 40 (a normalization)"), undivided).stage is None
     assert combine(Location("online update", "the weights readout: ..."), undivided).stage == "online update"
 
 
 def test_a_conforming_kernel_passes_and_keeps_the_weights_location():
     _, _, reading = _read(GoldenBackend(), _case((33, 16, 1), s2_tile=16))
     assert reading.passes
-    assert combine(_PASSES, reading).stage is None
+    walk = Location("the tile walk", "the weights readout: rows see a prefix ...")
+    assert combine(walk, reading).stage == "the tile walk" and combine(_PASSES, reading).stage is None
 
 
 def test_a_readout_that_cannot_be_made_is_not_made():
     assert scale_readout_case(_case((0, 0))) is None            # no row sees a token
     big = golden.PagedAttentionConfig(batch=8, s1=1, s2=16, nq=32, nkv=32, head_dim=128, block_size=16, s2_tile=16)
-    assert scale_readout_case(Case(big, seed=0)) is None       # 8 * 32 * 128 entries > MAX_ENTRIES
+    assert scale_readout_case(Case(big, seed=0)) is None       # 8 * 32 * 128 entries > max_entries(16)
 
 
 def test_entries_are_read_back_relative_to_the_codecs_unit():
@@ -145,3 +157,32 @@ def test_entries_are_read_back_relative_to_the_codecs_unit():
     reading = read_scales(readout, out, mismatch, expected)
     assert reading.wrong == {"head"} and not reading.factor, reading
     assert read_scales(readout, expected, torch.zeros_like(mismatch), expected).passes
+
+
+class _WritesZero(GoldenBackend):
+    """Every output 0 (V read from a cache of zeros, say): no row carries an entry."""
+    name = "writes zero"
+
+    def paged_attention_fp8(self, *args, **kwargs):
+        return torch.zeros_like(super().paged_attention_fp8(*args, **kwargs))
+
+
+def test_rows_that_see_tokens_and_are_zero_do_not_pass():
+    _, _, reading = _read(_WritesZero(), _case())
+    assert not reading.passes and not reading.wrong and "rows that see tokens are 0" in reading.evidence, reading
+    assert combine(_PASSES, reading).stage is None
+
+
+def test_an_element_read_back_as_its_own_entry_is_rounding_not_another_entry():
+    """Under a codec whose unit is not 1, an element two bf16 steps off its own entry is read back as its own:
+    no index is wrong (and reading it does not raise)."""
+    calculator = golden.PYPTO_CALCULATOR_CODEC
+    readout = scale_readout_case(_case())
+    tensors, scalars = split_bundle(readout.case.inputs())
+    expected = golden.paged_attention_fp8(**tensors, **scalars, codec=calculator)
+    out = expected.clone()
+    out[0, 0, 0] = (out[0, 0, 0].float() * (1 + 2.0 ** -7)).bfloat16()
+    mismatch = torch.zeros(out.shape, dtype=torch.bool)
+    mismatch[0, 0, 0] = True
+    reading = read_scales(readout, out, mismatch, expected)
+    assert not reading.wrong and reading.factor and "not another entry" in reading.evidence, reading
