@@ -34,7 +34,7 @@ from properties import compare as cmp
 from properties.acceptance import Judgement, Scalars, Tensors
 from properties.fault_models import FaultModel, fault_models
 from properties.readout import Location
-from properties.scoring import CLOSE, EXPLAINS, Candidate, Slack, model_output, score, slack_of
+from properties.scoring import CLOSE, EXPLAINS, Candidate, Slack, minus_one_reads, model_output, score, slack_of
 
 __all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict",
            "failing_codec", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]
@@ -49,6 +49,8 @@ DEFAULT_BUDGET_S = 7.0
 SCREEN_BATCHES = 3
 SCREEN_WORK = 50_000_000
 SCREEN_KEEP = 8
+#: The leading candidates scored again with their reads of -1 table entries unspecified (_with_minus_one_reads).
+MINUS_ONE_RESCORED = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +267,31 @@ def _rank(scored: list[tuple[Candidate, int]]) -> list[tuple[Candidate, int]]:
     return sorted(scored, key=lambda sc: (-sc[0].definite_share, -sc[0].explained_share, sc[0].broken_share, sc[1]))
 
 
+def _with_minus_one_reads(scored: list[tuple[Candidate, int]], models: list[FaultModel], out: torch.Tensor,
+                          mismatch: torch.Tensor, tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None,
+                          slack: Slack | None, *, deadline: float) -> list[tuple[Candidate, int]]:
+    """``scored`` (ranked, scored on the whole case) with the leading :data:`MINUS_ONE_RESCORED` candidates
+    that explain half the mismatch but not all of it, or break a matching element, scored again with their
+    reads of -1 table entries unspecified (properties.scoring.minus_one_reads), while the budget lasts: a
+    model that walks past a row's valid blocks predicts block 0 there, and a kernel with the defect need
+    not read it. Only the leaders: two more model calls each."""
+    by_name = {m.name: m for m in models}
+    again = list(scored)
+    for i, (c, cost) in enumerate(scored[:MINUS_ONE_RESCORED]):
+        if time.perf_counter() > deadline:
+            break
+        if (c.explained == c.mismatched and not c.broken) or c.explained_share < CLOSE:
+            continue
+        model = by_name[c.model]
+        faulty = model_output(model, tensors, scalars, codec)
+        if faulty is None:
+            continue
+        wider = score(out, mismatch, minus_one_reads(model, faulty, tensors, scalars, codec), model, slack)
+        if wider is not None:
+            again[i] = (wider, cost)
+    return again
+
+
 def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalars: Scalars, *,
              codec: Fp8Codec | str | None = None,
              budget_s: float = DEFAULT_BUDGET_S, models: list[FaultModel] | None = None,
@@ -333,6 +360,8 @@ def diagnose(out: torch.Tensor, expected: torch.Tensor, tensors: Tensors, scalar
         screened = (f"screened on batches {screen} of {int(tensors['kv_act_seqs'].shape[0])} (the staged models on "
                     f"batch {failing[0]}), "
                     f"the best {rescored} scored on the whole case" + (f" (of {len(kept)}: budget reached)" if rescored < len(kept) else ""))
+    scored = _rank(_with_minus_one_reads(scored, models, out, mismatch, tensors, scalars, codec, slack,
+                                         deadline=start + budget_s))
     rows = mismatch.reshape(mismatch.shape[0], -1).any(dim=-1).nonzero()[:, 0]
     s1 = int(tensors["q"].shape[0]) // max(int(tensors["kv_act_seqs"].shape[0]), 1)
     failing_batches = tuple(dict.fromkeys((rows // max(s1, 1)).tolist()))

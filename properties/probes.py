@@ -45,7 +45,7 @@ from properties.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
 from properties.fault_models import FaultModel, models_by_name
 from properties.readout import Location, Readout, locate, readout_case
 from properties.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
-from properties.scoring import EXPLAINS, Candidate, Prediction, Slack, model_output, score, slack_of
+from properties.scoring import EXPLAINS, Candidate, Prediction, Slack, minus_one_reads, model_output, score, slack_of
 
 __all__ = ["probe", "neighbours", "probed_case", "kernel_probe", "golden_output", "outcome_probes", "EVIDENCE",
            "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES", "READOUT_CALLS"]
@@ -62,8 +62,10 @@ MAX_HYPOTHESES = 6
 
 def _agrees(c: Candidate | None) -> bool:
     """A candidate agrees with an output when it explains every mismatch and breaks at most 1 - EXPLAINS
-    of the matching elements. Unlike the identification rule it does not ask that half be predicted: a
-    probe refutes only on evidence against, and a read of unspecified data there is none."""
+    of the matching elements (by values it predicts: properties.scoring.score). Unlike the identification
+    rule it does not ask that half be predicted: a probe refutes only on evidence against, and a read of
+    unspecified data there is none, whether the kernel's element there fails the rule or passes it (a
+    kernel that walks a -1 column may read the block the golden clamps it to, or another)."""
     return c is not None and c.explained == c.mismatched and c.broken_share <= 1 - EXPLAINS
 
 
@@ -214,6 +216,8 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
 
     def run(n: _Neighbour) -> None:
         out, seen, judged = kernel_probe(backend, n.change, n.tensors, n.scalars, n.expected, codec)
+        n.predicted = {name: minus_one_reads(models[name], p, n.tensors, n.scalars, codec)
+                       for name, p in n.predicted.items()}
         refuted = [] if out is None else _refuted_by(out, n, standing, models, judged=judged)
         probes.append(dataclasses.replace(seen, refuted=tuple(refuted)))
         standing[:] = [name for name in standing if name not in refuted]

@@ -18,7 +18,8 @@ from properties import transforms as tf
 from properties.acceptance import Scalars, Tensors
 from properties.fault_model import FaultModel
 
-__all__ = ["Candidate", "Prediction", "Slack", "slack_of", "score", "model_output", "EXPLAINS", "CLOSE"]
+__all__ = ["Candidate", "Prediction", "Slack", "slack_of", "score", "model_output", "minus_one_reads", "EXPLAINS",
+           "CLOSE"]
 
 #: A model *explains* a failure when it accounts for at least this share of the mismatched elements and
 #: breaks at most 1 - EXPLAINS of the matching ones.
@@ -35,9 +36,10 @@ class Candidate:
     description: str
     explained: int                  # mismatched elements (vs the golden) that match the model
     mismatched: int
-    broken: int                     # matching elements (vs the golden) that do not match the model
+    broken: int                     # matching elements (vs the golden) that do not match a value the model predicts
     matching: int
     unspecified: int = 0            # of the explained, those the model leaves to data SPEC does not fix
+    unspecified_matching: int = 0   # matching elements the model leaves to data SPEC does not fix (not broken)
 
     @property
     def explained_share(self) -> float:
@@ -103,8 +105,9 @@ def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, mode
     carried over to the model (a classifier's allowance, not an acceptance bound: the rule has decided).
     Where the prediction is unspecified (:class:`Prediction`), a mismatched element counts as explained,
     whatever the kernel shows there, but as ``unspecified``: :attr:`Candidate.explains` wants half of what it
-    explains predicted. A non-finite value the kernel shows where the model reads NaN garbage is a
-    prediction borne out (the kernel read the garbage there too) only when the kernel shows no other
+    explains predicted; a matching element there is not broken (the kernel may show the golden's value
+    there as well as any other), and is counted as ``unspecified_matching``. A non-finite value the
+    kernel shows where the model reads NaN garbage is a prediction borne out (the kernel read the garbage there too) only when the kernel shows no other
     non-finite value and the model predicts some element from specified data: a kernel that is NaN
     everywhere agrees with every garbage read, and says nothing by it."""
     faulty = predicted.output
@@ -119,8 +122,8 @@ def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, mode
     if bool(shown.any()) and not bool((shown & ~unspecified).any()) and not bool(unspecified.all()):
         unspecified = unspecified & ~shown
     return Candidate(model.name, model.stage, model.description, int((mismatch & (~differs | unspecified)).sum()),
-                     int(mismatch.sum()), int((~mismatch & differs).sum()), int((~mismatch).sum()),
-                     int((mismatch & unspecified).sum()))
+                     int(mismatch.sum()), int((~mismatch & differs & ~unspecified).sum()), int((~mismatch).sum()),
+                     int((mismatch & unspecified).sum()), int((~mismatch & differs & unspecified).sum()))
 
 
 def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
@@ -141,3 +144,25 @@ def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
     except (ValueError, TypeError, IndexError, RuntimeError):    # the model does not apply to this case
         return None
     return Prediction(out, unspecified)
+
+
+def minus_one_reads(model: FaultModel, predicted: Prediction, tensors: Tensors, scalars: Scalars,
+                    codec: Fp8Codec | str | None) -> Prediction:
+    """``predicted`` with the elements where ``model`` reads a -1 entry of the block table unspecified too.
+    A model that walks past a row's valid blocks reads what SPEC §2 item 2's clamp gives (block 0), but a
+    kernel with that defect may read any block there (a wrapped index, another address): what it shows is
+    not fixed, as for garbage (the golden-level mutant that does not clamp is listed as equivalent: a
+    conforming walk never reads a -1 entry). Found with one more call of the model, on the table with its
+    -1 entries pointed at a NaN block (properties.transforms.minus_one_to_garbage); a case without -1
+    entries costs none."""
+    if not bool((tensors["block_table"] < 0).any()):
+        return predicted
+    try:
+        with torch.inference_mode():
+            again = model.output(dict(tf.minus_one_to_garbage(tensors)), dict(scalars), codec)
+    except (ValueError, TypeError, IndexError, RuntimeError):
+        return predicted
+    if again.shape != predicted.output.shape:
+        return predicted
+    reads = ~torch.isfinite(again) & torch.isfinite(predicted.output)
+    return Prediction(predicted.output, predicted.unspecified | reads)

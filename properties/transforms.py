@@ -9,8 +9,8 @@ from golden.codec import SPEC_CODEC
 from golden.inputs import GARBAGE
 from properties.attribution import query_positions
 
-__all__ = ["poison_unread", "unread_cells", "derangement", "permute_blocks", "repeat_kv_heads",
-           "select_batch"]
+__all__ = ["poison_unread", "minus_one_to_garbage", "unread_cells", "derangement", "permute_blocks",
+           "repeat_kv_heads", "select_batch"]
 
 
 def unread_cells(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,6 +38,24 @@ def poison_unread(tensors: dict[str, torch.Tensor], fill: str | None) -> dict[st
     out["k_scale"][cache_rows] = scale
     out["q"].view(torch.uint8)[query_rows] = code
     out["q_scale"][query_rows] = scale
+    return out
+
+
+def minus_one_to_garbage(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies with one more physical block, NaN in every K and V code and K scale, and every -1 entry of
+    the block table pointing at it. SPEC §2 item 2 clamps a -1 to block 0, whose data must never reach the
+    result: the golden reads the same as before, and an output that reads a -1 column comes out NaN."""
+    value, scale = GARBAGE["nan"]
+    code = int(SPEC_CODEC.encode(torch.tensor([value], dtype=torch.float32))[0])
+    out = dict(tensors)
+    for name in ("k_cache", "v_cache"):
+        cache = tensors[name]
+        extra = torch.full((1, *cache.shape[1:]), code, dtype=torch.uint8).view(cache.dtype)
+        out[name] = torch.cat([cache, extra])
+    out["k_scale"] = torch.cat([tensors["k_scale"], torch.full((1, *tensors["k_scale"].shape[1:]), scale,
+                                                                dtype=tensors["k_scale"].dtype)])
+    table = tensors["block_table"]
+    out["block_table"] = torch.where(table < 0, torch.full_like(table, tensors["k_cache"].shape[0]), table)
     return out
 
 

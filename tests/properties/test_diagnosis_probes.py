@@ -3,15 +3,19 @@ coincide on it, within a budget of kernel calls, and an error or a refused shape
 from __future__ import annotations
 
 import pytest
+import torch
 from outside_defects import HandWritten
 
 import golden
 from kernels.backends.golden_backend import GoldenBackend
 from properties import probes
+from properties import transforms as tf
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import diagnose_verdict
+from properties.fault_models import models_by_name
 from properties.probes import MAX_CALLS, neighbours, probe
+from properties.scoring import model_output
 
 
 def _case(lengths, *, s2_tile=16, s1=1, nq=2, nkv=1, seed=1) -> Case:
@@ -55,6 +59,35 @@ def test_a_probe_tells_apart_the_models_a_shrunk_case_cannot():
     first = probed.probes[0]
     assert first.change.startswith("kv_act_seqs[0] 0 -> ") and "lengths_one_short" in first.refuted
     assert f"probes: {first.change}: fails" in probed.render() and "lengths_one_short" in probed.render()
+
+
+def test_a_probe_that_walks_minus_one_columns_does_not_refute_the_model_that_walks_them():
+    """Lengths [0, 1, 32, 33] walked as batch 0's (what Hypothesis shrank batch_0_lengths to in a run):
+    the probe that reverses them makes every batch walk 33 tokens, through table columns that hold -1.
+    Where the kernel reads the block the golden clamps -1 to, it matches the golden there and the model
+    reads unspecified data: no evidence against it. It was refuted by those elements, and nothing was named."""
+    case = _case([0, 1, 32, 33], s2_tile=32, nkv=2, nq=4)
+    probed = probe(_diagnosed("batch_0_lengths", case), case, HandWritten("batch_0_lengths"))
+    reversed_ = [p for p in probed.probes if p.change.startswith("kv_act_seqs [0, 1, 32, 33] -> [33, 32, 1, 0]")]
+    assert reversed_ and "lengths_of_batch_0" not in reversed_[0].refuted, probed.render()
+    assert probed.identified is not None and probed.identified.model == "lengths_of_batch_0", probed.render()
+
+
+def test_the_minus_one_entries_pointed_at_a_nan_block_change_only_what_reads_them():
+    """properties.transforms.minus_one_to_garbage: the golden's output is the same bits (it never reads a -1
+    column); a model that walks one token past each batch's length reads one there, and only those rows go NaN."""
+    config = golden.PagedAttentionConfig(batch=2, s1=1, s2=32, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16,
+                                         kv_act_seqs=(16, 5))       # batch 0 ends at a block: its next column is -1
+    tensors, scalars = split_bundle(Case(config, seed=1).inputs())
+    assert bool((tensors["block_table"] < 0).any())
+    moved = tf.minus_one_to_garbage(tensors)
+    assert torch.equal(golden.paged_attention_fp8(**moved, **scalars).view(torch.int16),
+                       golden.paged_attention_fp8(**tensors, **scalars).view(torch.int16))
+    longer = models_by_name()["lengths_one_long"]
+    before, after = (model_output(longer, t, scalars, None) for t in (tensors, moved))
+    assert bool(torch.isfinite(before.output).all())
+    nan_rows = (~torch.isfinite(after.output)).flatten(1).any(1)
+    assert nan_rows.tolist() == [True, False], "batch 0's row reads the -1 column; batch 1's stays in its block"
 
 
 def test_a_full_last_tile_dropped_is_confirmed_and_the_table_column_refuted():
