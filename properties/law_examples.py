@@ -4,7 +4,8 @@
 backend runs (:func:`properties.strategies.cases_for`), narrowed to the law's domain (GQA needs a group
 of at least 2, causal positions S1 >= 2, batch independence two batches, ...), with the law's own
 parameters drawn where they can make it fail (the other tiles differ from the case's; the batch sees a
-token). :func:`properties.laws.vacuous` filters what the narrowing leaves (a backstop: the share is
+token); half the draws aimed at one coverage bin the plain draws rarely reach (:func:`aims`, the
+narrowings of properties/directed.py, as a run's generated cases are aimed). :func:`properties.laws.vacuous` filters what the narrowing leaves (a backstop: the share is
 held at zero by tests/properties/test_vacuity.py). No example a domain finding of the ledger
 (properties/ledger.py) matches for the backend is drawn: a known failure is held by ``pfa-verify run``
 as a strict xfail (or never launched), not found again by every search. The pytest law tests,
@@ -21,8 +22,10 @@ from hypothesis import strategies as st
 from properties import laws, ledger
 from properties import strategies as ps
 from properties.case import Case
+from properties.coverage import BINS
+from properties.directed import narrowing
 
-__all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "examples"]
+__all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "aims", "examples"]
 
 PAGED_LAWS = ("acceptance", "outputs_finite", "block_permutation", "garbage_unread", "gqa_repetition",
               "tile_invariance", "batch_independence", "causal_prefix")
@@ -59,10 +62,27 @@ def _seen_batch(case: Case) -> dict[str, st.SearchStrategy[int]]:
     return {"batch_index": st.sampled_from([b for b, n in enumerate(case.config.lengths) if n > 0])}
 
 
+def aims(backend: object = None, **domain: Any) -> tuple[dict[str, Any], ...]:
+    """The :func:`properties.strategies.cases_for` keywords that aim a draw at each coverage bin the
+    plain draws rarely reach (:func:`properties.directed.narrowing`, as a run's generated cases are
+    aimed), leaving out those the law's ``domain`` already narrows and, for a backend with declared
+    ``supported_shapes``, the ``s2_tile`` of 3 blocks or more it is not built for."""
+    kernel_sized = isinstance(backend, dict) or bool(getattr(backend, "supported_shapes", None))
+    found: list[dict[str, Any]] = []
+    for b in BINS:
+        kwargs = narrowing(b.name)
+        if not kwargs or kwargs.keys() & domain.keys() or (kernel_sized and "s2_tile_blocks" in kwargs):
+            continue
+        found.append(kwargs)
+    return tuple(found)
+
+
 def examples(law: str, backend: object = None) -> st.SearchStrategy[Example]:
-    """``(case, params)`` for ``law`` on ``backend`` (its supported shapes; None: any), never vacuous."""
-    def cases(**narrowing: Any) -> st.SearchStrategy[Case]:
-        return ps.cases_for(backend, **narrowing)
+    """``(case, params)`` for ``law`` on ``backend`` (its supported shapes; None: any), never vacuous:
+    half of them plain draws of the law's domain, half aimed at one coverage bin (:func:`aims`)."""
+    def cases(**domain: Any) -> st.SearchStrategy[Case]:
+        aimed = st.sampled_from(aims(backend, **domain)).flatmap(lambda kwargs: ps.cases_for(backend, **kwargs, **domain))
+        return st.one_of(ps.cases_for(backend, **domain), aimed)     # shrinks towards the plain draws
 
     domains: dict[str, st.SearchStrategy[Example]] = {
         "acceptance": cases().flatmap(_with({})),
