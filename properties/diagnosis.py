@@ -272,9 +272,14 @@ def _with_minus_one_reads(scored: list[tuple[Candidate, int]], models: list[Faul
                           slack: Slack | None, *, deadline: float) -> list[tuple[Candidate, int]]:
     """``scored`` (ranked, scored on the whole case) with the leading :data:`MINUS_ONE_RESCORED` candidates
     that explain half the mismatch but not all of it, or break a matching element, scored again with their
-    reads of -1 table entries unspecified (properties.scoring.minus_one_reads), while the budget lasts: a
-    model that walks past a row's valid blocks predicts block 0 there, and a kernel with the defect need
-    not read it. Only the leaders: two more model calls each."""
+    reads of -1 table entries known (properties.scoring.minus_one_reads), while the budget lasts: a model
+    that walks past a row's valid blocks predicts block 0 there, and a kernel with the defect need not read
+    it. Where the kernel differs from the model at such a read, the element is unspecified instead of
+    unexplained or broken; where it agrees, it stays predicted: a candidate only gains. Up to three more
+    model calls each (its output, and on the table with its -1 entries pointed at a NaN block); a case
+    whose table holds no -1 entry costs none."""
+    if not bool((tensors["block_table"] < 0).any()):
+        return scored
     by_name = {m.name: m for m in models}
     again = list(scored)
     for i, (c, cost) in enumerate(scored[:MINUS_ONE_RESCORED]):

@@ -4,8 +4,9 @@
 backend runs (:func:`properties.strategies.cases_for`), narrowed to the law's domain (GQA needs a group
 of at least 2, causal positions S1 >= 2, batch independence two batches, ...), with the law's own
 parameters drawn where they can make it fail (the other tiles differ from the case's; the batch sees a
-token); half the draws aimed at one coverage bin the plain draws rarely reach (:func:`aims`, the
-narrowings of properties/directed.py, as a run's generated cases are aimed). :func:`properties.laws.vacuous` filters what the narrowing leaves (a backstop: the share is
+token); half the draws aimed at one coverage bin (:func:`aims`, the narrowings of
+properties/directed.py, as a run's generated cases are aimed), which reaches bins the plain draws never
+do (three KV heads or more, an ``s2_tile`` of 8 blocks). :func:`properties.laws.vacuous` filters what the narrowing leaves (a backstop: the share is
 held at zero by tests/properties/test_vacuity.py). No example a domain finding of the ledger
 (properties/ledger.py) matches for the backend is drawn: a known failure is held by ``pfa-verify run``
 as a strict xfail (or never launched), not found again by every search. The pytest law tests,
@@ -63,10 +64,13 @@ def _seen_batch(case: Case) -> dict[str, st.SearchStrategy[int]]:
 
 
 def aims(backend: object = None, **domain: Any) -> tuple[dict[str, Any], ...]:
-    """The :func:`properties.strategies.cases_for` keywords that aim a draw at each coverage bin the
-    plain draws rarely reach (:func:`properties.directed.narrowing`, as a run's generated cases are
-    aimed), leaving out those the law's ``domain`` already narrows and, for a backend with declared
-    ``supported_shapes``, the ``s2_tile`` of 3 blocks or more it is not built for."""
+    """The :func:`properties.strategies.cases_for` keywords that aim a draw at a coverage bin, one set per
+    bin that has a narrowing (:func:`properties.directed.narrowing`, as a run's generated cases are
+    aimed): common bins (S1 = 1, a group of 1) and those the plain draws rarely or never reach (three KV
+    heads or more, an ``s2_tile`` of 8 blocks, one distribution or garbage fill among eight). Left out:
+    those that set a keyword the law's ``domain`` already narrows (a GQA law keeps its own groups), and for
+    a backend with declared ``supported_shapes`` every ``s2_tile`` narrowing (its draws keep to the 1 or 2
+    blocks the kernel is built for)."""
     kernel_sized = isinstance(backend, dict) or bool(getattr(backend, "supported_shapes", None))
     found: list[dict[str, Any]] = []
     for b in BINS:

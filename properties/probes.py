@@ -216,8 +216,6 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
 
     def run(n: _Neighbour) -> None:
         out, seen, judged = kernel_probe(backend, n.change, n.tensors, n.scalars, n.expected, codec)
-        n.predicted = {name: minus_one_reads(models[name], p, n.tensors, n.scalars, codec)
-                       for name, p in n.predicted.items()}
         refuted = [] if out is None else _refuted_by(out, n, standing, models, judged=judged)
         probes.append(dataclasses.replace(seen, refuted=tuple(refuted)))
         standing[:] = [name for name in standing if name not in refuted]
@@ -233,7 +231,9 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
             continue                        # a shape the backend is not built for is no evidence
         tensors, scalars = split_bundle(near.inputs())
         expected = golden_output(tensors, scalars, codec)
-        predicted = {name: o for name in standing
+        # Each candidate's reads of -1 entries known before the neighbour is chosen: a neighbour that
+        # splits the candidates only where one reads a -1 entry splits nothing (scoring.minus_one_reads).
+        predicted = {name: minus_one_reads(models[name], o, tensors, scalars, codec) for name in standing
                      if (o := model_output(models[name], tensors, scalars, codec)) is not None}
         n = _Neighbour(change, near, tensors, scalars, expected, predicted)
         if _splits(n, standing, models, with_golden=False):

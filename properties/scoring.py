@@ -39,7 +39,8 @@ class Candidate:
     broken: int                     # matching elements (vs the golden) that do not match a value the model predicts
     matching: int
     unspecified: int = 0            # of the explained, those the model leaves to data SPEC does not fix
-    unspecified_matching: int = 0   # matching elements the model leaves to data SPEC does not fix (not broken)
+    unspecified_matching: int = 0   # matching elements where the model's value differs, but rests on data SPEC
+                                    # does not fix (not broken)
 
     @property
     def explained_share(self) -> float:
@@ -87,11 +88,15 @@ def slack_of(expected: torch.Tensor, envelope: AttentionEnvelope | None) -> Slac
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """A model's output on a case, and the elements of it that depend on cells SPEC leaves unspecified
-    (``unspecified``, bool): garbage the model reads (the golden keeps it, NaN garbage as NaN). What a
-    kernel with the defect shows there is not fixed, so those elements are no prediction."""
+    """A model's output on a case, and the elements of it that depend on cells SPEC leaves unspecified:
+    ``unspecified`` (bool), garbage the model reads (the golden keeps it, NaN garbage as NaN); and
+    ``minus_one`` (bool, or None when not looked for), -1 table entries the model reads through SPEC §2
+    item 2's clamp (:func:`minus_one_reads`). What a kernel with the defect shows there is not fixed, so
+    those elements are no prediction; where the kernel shows the model's value at a -1 read anyway (it
+    clamped as the model does), the model predicted it."""
     output: torch.Tensor
     unspecified: torch.Tensor
+    minus_one: torch.Tensor | None = None
 
 
 def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, model: FaultModel,
@@ -106,10 +111,13 @@ def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, mode
     Where the prediction is unspecified (:class:`Prediction`), a mismatched element counts as explained,
     whatever the kernel shows there, but as ``unspecified``: :attr:`Candidate.explains` wants half of what it
     explains predicted; a matching element there is not broken (the kernel may show the golden's value
-    there as well as any other), and is counted as ``unspecified_matching``. A non-finite value the
-    kernel shows where the model reads NaN garbage is a prediction borne out (the kernel read the garbage there too) only when the kernel shows no other
-    non-finite value and the model predicts some element from specified data: a kernel that is NaN
-    everywhere agrees with every garbage read, and says nothing by it."""
+    there as well as any other), and is counted as ``unspecified_matching``. A read of a -1 table entry
+    (``Prediction.minus_one``) is unspecified only where the kernel differs from the model: where it
+    shows the model's clamped value, that is a prediction borne out. A non-finite value the kernel shows
+    where the model reads NaN garbage is a prediction borne out too (the kernel read the garbage there),
+    only when the kernel shows no non-finite value outside what the model leaves unspecified and the
+    model predicts some element from specified data: a kernel that is NaN everywhere agrees with every
+    garbage read, and says nothing by it."""
     faulty = predicted.output
     bounds = None if slack is None else (faulty.float() - slack[0], faulty.float() + slack[1])
     res = cmp.compare(out, faulty, kind="attention", envelope=bounds)
@@ -117,10 +125,14 @@ def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, mode
         return None
     differs = res.mismatch_mask
     assert differs is not None        # compare sets the mask whenever the attributes agree
-    unspecified = predicted.unspecified
+    garbage = predicted.unspecified
+    minus_one = predicted.minus_one if predicted.minus_one is not None else torch.zeros_like(garbage)
     shown = ~torch.isfinite(out.float())
-    if bool(shown.any()) and not bool((shown & ~unspecified).any()) and not bool(unspecified.all()):
-        unspecified = unspecified & ~shown
+    if (bool(shown.any()) and not bool((shown & ~(garbage | minus_one)).any())
+            and not bool((garbage | minus_one).all())):
+        garbage = garbage & ~shown          # NaN garbage the model reads, shown: borne out (compare: NaN == NaN)
+    # A -1 read is unspecified only where the kernel differs from the model's (clamped) value there.
+    unspecified = garbage | (minus_one & differs)
     return Candidate(model.name, model.stage, model.description, int((mismatch & (~differs | unspecified)).sum()),
                      int(mismatch.sum()), int((~mismatch & differs & ~unspecified).sum()), int((~mismatch).sum()),
                      int((mismatch & unspecified).sum()), int((~mismatch & differs & unspecified).sum()))
@@ -148,15 +160,18 @@ def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
 
 def minus_one_reads(model: FaultModel, predicted: Prediction, tensors: Tensors, scalars: Scalars,
                     codec: Fp8Codec | str | None) -> Prediction:
-    """``predicted`` with the elements where ``model`` reads a -1 entry of the block table unspecified too.
-    A model that walks past a row's valid blocks reads what SPEC §2 item 2's clamp gives (block 0), but a
-    kernel with that defect may read any block there (a wrapped index, another address): what it shows is
-    not fixed, as for garbage (the golden-level mutant that does not clamp is listed as equivalent: a
-    conforming walk never reads a -1 entry). Found with one more call of the model, on the table with its
-    -1 entries pointed at a NaN block (properties.transforms.minus_one_to_garbage); a case without -1
-    entries costs none."""
-    if not bool((tensors["block_table"] < 0).any()):
-        return predicted
+    """``predicted`` with :attr:`Prediction.minus_one` set: the elements where ``model`` reads a -1 entry of
+    the block table. A model that walks past a row's valid blocks reads what SPEC §2 item 2's clamp gives
+    (block 0), but a kernel with that defect may read any block there (a wrapped index, another address):
+    what it shows is not fixed, as for garbage (the golden-level mutant that does not clamp is listed as
+    equivalent: a conforming walk never reads a -1 entry). Found with one more call of the model, on the
+    table with its -1 entries pointed at a block of NaN codes and NaN K scales
+    (properties.transforms.minus_one_to_garbage); a case without -1 entries costs none. A limit: a codec
+    without a NaN code (PyPTO's calculator E4M3 reads the NaN code as 240) leaves a read of V alone there
+    finite, so a model that reads V through a -1 entry but not K's scale is not found under it."""
+    table = tensors["block_table"]
+    if not bool((table < 0).any()):
+        return dataclasses.replace(predicted, minus_one=torch.zeros_like(predicted.unspecified))
     try:
         with torch.inference_mode():
             again = model.output(dict(tf.minus_one_to_garbage(tensors)), dict(scalars), codec)
@@ -164,5 +179,4 @@ def minus_one_reads(model: FaultModel, predicted: Prediction, tensors: Tensors, 
         return predicted
     if again.shape != predicted.output.shape:
         return predicted
-    reads = ~torch.isfinite(again) & torch.isfinite(predicted.output)
-    return Prediction(predicted.output, predicted.unspecified | reads)
+    return dataclasses.replace(predicted, minus_one=~torch.isfinite(again) & torch.isfinite(predicted.output))

@@ -44,11 +44,3 @@ def test_a_kernel_sized_backend_gets_only_its_shapes():
         c = case.config
         assert c.head_dim in KERNEL_SHAPES["head_dim"] and c.block_size in KERNEL_SHAPES["block_size"]
         assert c.s2_tile // c.block_size <= 2
-
-
-def test_the_domains_still_hold():
-    """Aiming never leaves a law's domain: GQA draws a group of 2 or more, causal_prefix S1 >= 2."""
-    for case, _ in draw(law_examples.examples("gqa_repetition"), seed=5, draws=60):
-        assert case.config.nq // case.config.nkv >= 2
-    for case, _ in draw(law_examples.examples("causal_prefix"), seed=5, draws=60):
-        assert case.config.s1 >= 2
