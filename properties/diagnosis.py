@@ -49,7 +49,7 @@ DEFAULT_BUDGET_S = 7.0
 SCREEN_BATCHES = 3
 SCREEN_WORK = 50_000_000
 SCREEN_KEEP = 8
-#: The leading candidates scored again with their reads of -1 table entries unspecified (_with_minus_one_reads).
+#: The leading candidates scored again with their reads of -1 table entries known (_with_minus_one_reads).
 MINUS_ONE_RESCORED = 3
 
 

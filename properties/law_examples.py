@@ -6,8 +6,8 @@ of at least 2, causal positions S1 >= 2, batch independence two batches, ...), w
 parameters drawn where they can make it fail (the other tiles differ from the case's; the batch sees a
 token); half the draws aimed at one coverage bin (:func:`aims`, the narrowings of
 properties/directed.py, as a run's generated cases are aimed), which reaches bins the plain draws never
-do (three KV heads or more, an ``s2_tile`` of 8 blocks). :func:`properties.laws.vacuous` filters what the narrowing leaves (a backstop: the share is
-held at zero by tests/properties/test_vacuity.py). No example a domain finding of the ledger
+do (three KV heads or more, an ``s2_tile`` of 8 blocks). :func:`properties.laws.vacuous` filters what
+the narrowing leaves (a backstop: the share is held at zero by tests/properties/test_vacuity.py). No example a domain finding of the ledger
 (properties/ledger.py) matches for the backend is drawn: a known failure is held by ``pfa-verify run``
 as a strict xfail (or never launched), not found again by every search. The pytest law tests,
 ``pfa-verify mutants`` and ``pfa-verify run``'s shrinking all draw from here, so every search checks the

@@ -22,15 +22,20 @@ def unread_cells(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.
     return ~slots, ~rows
 
 
+def _garbage(fill: str | None) -> tuple[int, float]:
+    """(the E4M3 code, the K scale) of garbage ``fill``, a key of ``golden.GARBAGE``."""
+    if fill not in GARBAGE:
+        raise ValueError(f"fill={fill!r} must be one of {tuple(GARBAGE)}")
+    value, scale = GARBAGE[fill]
+    return int(SPEC_CODEC.encode(torch.tensor([value], dtype=torch.float32))[0]), scale
+
+
 def poison_unread(tensors: dict[str, torch.Tensor], fill: str | None) -> dict[str, torch.Tensor]:
     """Copies with ``fill`` (a key of ``golden.GARBAGE``: None for zeros, "nan", "huge" or "plausible";
     the fills make_inputs uses) in every cell the spec says must not reach the output: cache rows no row
     of the table reads (spare blocks, tails of last blocks), their K scales, and q / q_scale of query
     rows with ``cur == 0`` (their output is 0 whatever q holds, SPEC §2 item 5)."""
-    if fill not in GARBAGE:
-        raise ValueError(f"fill={fill!r} must be one of {tuple(GARBAGE)}")
-    value, scale = GARBAGE[fill]
-    code = int(SPEC_CODEC.encode(torch.tensor([value], dtype=torch.float32))[0])
+    code, scale = _garbage(fill)
     out = {k: v.clone() for k, v in tensors.items()}
     cache_rows, query_rows = unread_cells(tensors)
     for name in ("k_cache", "v_cache"):
@@ -45,8 +50,7 @@ def minus_one_to_garbage(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Te
     """Copies with one more physical block, NaN in every K and V code and K scale, and every -1 entry of
     the block table pointing at it. SPEC §2 item 2 clamps a -1 to block 0, whose data must never reach the
     result: the golden reads the same as before, and an output that reads a -1 column comes out NaN."""
-    value, scale = GARBAGE["nan"]
-    code = int(SPEC_CODEC.encode(torch.tensor([value], dtype=torch.float32))[0])
+    code, scale = _garbage("nan")
     out = dict(tensors)
     for name in ("k_cache", "v_cache"):
         cache = tensors[name]
