@@ -57,7 +57,7 @@ from .validate import (
     check_scores_in_float32,
 )
 
-__all__ = ["paged_attention_fp8", "paged_attention_envelope", "checked_call", "PagedAttentionCall", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
+__all__ = ["chunk_sizes", "CHUNK_ELEMENTS", "STATE_ELEMENTS", "paged_attention_fp8", "paged_attention_envelope", "checked_call", "PagedAttentionCall", "visible_lengths", "read_cells", "dequantize_scores", "tile_values", "dequantize_values"]
 
 
 def read_cells(block_table: torch.Tensor, kv_act_seqs: torch.Tensor, *, num_blocks: int, block_size: int,
@@ -101,9 +101,24 @@ CallTensors: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
                                torch.Tensor, torch.Tensor]
 
 
-# Tiles are evaluated in chunks of about this many K elements, so that K and V stay in cache while
-# they are used (one pass over all of K in float64 costs more than the whole loop golden).
-_CHUNK_ELEMENTS = 1 << 20
+#: Tiles are evaluated in chunks of about this many elements of K, of the scores or of MM2's products per
+#: block, whichever a (batch, tile) pair has most of: K and V stay in cache while they are used (one pass
+#: over all of K in float64 costs more than the whole loop golden), and the working set stays some 100 MiB
+#: however many query rows share a KV head (by K alone, S1 = 32 rows of 64 heads over 8k tokens held 1 GB).
+CHUNK_ELEMENTS = 1 << 20
+#: Tile states (float32) held at a time before they are folded: 32 MiB, so that every upstream case
+#: folds its tiles at once.
+STATE_ELEMENTS = 1 << 23
+
+
+def chunk_sizes(*, batch: int, nkv: int, rows: int, head_dim: int, block_size: int, s2_tile: int,
+                tiles: int) -> tuple[int, int]:
+    """(pairs, tiles): the (batch, tile) pairs the vectorized golden evaluates at a time, and the tiles
+    whose states it folds at a time, for ``rows`` query rows per KV head (S1 * group) and ``tiles``
+    tiles in the longest row (the memory estimate, golden.inputs, sizes its chunks with this too)."""
+    per_pair = nkv * max(s2_tile * head_dim, rows * s2_tile, s2_tile // block_size * rows * head_dim)
+    return (max(1, CHUNK_ELEMENTS // per_pair),
+            max(1, min(tiles, STATE_ELEMENTS // (batch * nkv * rows * (head_dim + 2)))))
 
 
 class _PagedCache:
@@ -159,70 +174,86 @@ def _paged_attention(dims: PagedAttentionDims, tensors: CallTensors, codec: Fp8C
     q_scale_rows = q_scale.detach().numpy().reshape(batch, s1, nkv, group).transpose(0, 2, 1, 3).reshape(batch, nkv, rows, 1)
     v_scale_rows = v_scale.detach().numpy().reshape(batch, nkv, 1, d)
     q_grid = None if envelope is None else envelope.q_grid(q_codes.reshape(batch, nkv, rows, d))
-    # Each (batch, tile)'s O_j, l_j and m_j, side by side: [B * tiles, N, R, D + 2]. Tiles a batch
-    # does not have stay 0 and are not folded (``tiles_per_row`` below).
-    tile_states = torch.zeros((batch * most_tiles, nkv, rows, d + 2))
-    chunk = max(1, _CHUNK_ELEMENTS // (nkv * tile * d))
-    for first in range(0, pair_batch.size, chunk):
-        pb, pt = pair_batch[first:first + chunk], pair_tile[first:first + chunk]
-        pairs = pb.size
-        # K and V are read by blocks: the blocks of each pair's tile that the batch owns, so a short
-        # last tile costs only its blocks. Block k is block ``in_tile[k]`` of pair ``owner[k]``.
-        owner, in_tile = np.nonzero(pt[:, None] * per_tile + np.arange(per_tile) < blocks_of[pb, None])
-        block_batch = pb[owner]
-        logical = pt[owner] * per_tile + in_tile
-        slot = (table[block_batch, logical].astype(np.int64) * block_size)[:, None] + np.arange(block_size)  # [Q, BS]
-        token = logical[:, None] * block_size + np.arange(block_size)  # [Q, BS] (SPEC §2.2)
-        # K transposed for MM1. The codes are transposed first (1 byte each): a lookup through a
-        # strided index is up to 3x slower.
-        k_codes = SCRATCH.array("k codes", (slot.shape[0], nkv, d, block_size), np.uint8)
-        k_rows = cache.k_codes[slot]  # [Q, BS, N, D]
-        np.copyto(k_codes, k_rows.transpose(0, 2, 3, 1))
-        k_t = codec.decode_array(k_codes, double=True, out=SCRATCH.array("k", k_codes.shape, np.float64))  # [Q, N, D, BS]
-        v_codes = cache.v_codes[slot]  # [Q, BS, N, D]
-        # Past a batch's length its last block holds garbage: P8 is 0 there, but 0 * NaN is NaN.
-        # Code 0 reads as +0 in every codec.
-        v_codes[token >= lengths[block_batch, None]] = 0
-        v_codes = v_codes.transpose(0, 2, 1, 3)
-        v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
-        k_scale_cols = torch.from_numpy(cache.k_scale[slot].transpose(0, 2, 1)[:, :, None, :])  # [Q, N, 1, BS]
-        layout = TileLayout(pairs=pairs, nkv=nkv, rows=rows, per_tile=per_tile, block_size=block_size,
-                             owner=torch.from_numpy(owner), in_tile=torch.from_numpy(in_tile))
-        q_blocks, k_blocks = torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t)
-        q_scale_blocks = torch.from_numpy(q_scale_rows[block_batch])
-        raw64 = torch.matmul(q_blocks, k_blocks)  # MM1 per block: [Q, N, R, BS], exact (golden/matmul.py)
-        scores = dequantize_scores(raw64.float(), q_scale_blocks, k_scale_cols, dims.softmax_scale)
-        scores = layout.to_tiles(scores)
-        tile_token = (pt[:, None] * tile + np.arange(tile))[:, None, None, :]  # [P, 1, 1, tile]
-        visible = torch.from_numpy(tile_token < row_cur[pb][:, None])  # [P, 1, R, tile] (SPEC §2.1)
-        m_j, p, l_j = local_softmax(scores, visible)
-        # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
-        p8_tiles, p_scale = quantize_rows(p, codec=codec)
-        p8 = layout.to_blocks(p8_tiles)
-        mm2 = torch.matmul(p8.double(), v) + 0.0  # MM2 per block: [Q, N, R, D], exact; a zero sum +0 (golden.matmul)
-        if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
-            mm2 = _causal_values(p8, v, token, cur[block_batch])
-        # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
-        # tile's exact product, rounded once below.
-        mm2 = layout.per_tile_sum(mm2)
-        o_j = dequantize_values(mm2.float(), p_scale, torch.from_numpy(v_scale_rows[pb]))
-        states = torch.cat([o_j, l_j, m_j], dim=-1)
-        index = torch.from_numpy(pb * most_tiles + pt)
-        if pair_batch.size == tile_states.shape[0]:  # every batch has every tile: pairs are in place
-            tile_states[first:first + pairs] = states
-        else:
-            tile_states.index_copy_(0, index, states)
-        if envelope is not None and q_grid is not None:
-            envelope.chunk(TileChunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
-                                 q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
-                                 visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
-                                 to_tiles=layout.to_tiles, to_blocks=layout.to_blocks, per_tile_sum=layout.per_tile_sum,
-                                 index=index))
-
-    # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
-    by_row = tile_states.view(batch, most_tiles, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
     tiles_per_row = ceil_div(row_cur[:, None, :, 0], tile)  # [B, 1, R]: ceil(cur / s2_tile)
-    state = OnlineSoftmaxState.from_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], tiles_per_row)
+    chunk, window = chunk_sizes(batch=batch, nkv=nkv, rows=rows, head_dim=d, block_size=block_size, s2_tile=tile,
+                                tiles=most_tiles)
+    # The tiles in windows, each window's states folded before the next is made: they take
+    # B * S1 * NQ * (D + 2) floats a tile, which at 128k tokens and S1 > 1 would outgrow the caches.
+    # The envelope keeps every tile's bounds to the end: one window.
+    window = most_tiles if envelope is not None else window
+    state: OnlineSoftmaxState | None = None
+    for t0 in range(0, most_tiles, window):
+        t1 = min(t0 + window, most_tiles)
+        in_window = (pair_tile >= t0) & (pair_tile < t1)
+        window_batch, window_tile = pair_batch[in_window], pair_tile[in_window]
+        # Each (batch, tile)'s O_j, l_j and m_j, side by side: [B * tiles, N, R, D + 2]. Tiles a batch
+        # does not have stay 0 and are not folded (the counts below).
+        tile_states = torch.zeros((batch * (t1 - t0), nkv, rows, d + 2))
+        for first in range(0, window_batch.size, chunk):
+            pb, pt = window_batch[first:first + chunk], window_tile[first:first + chunk]
+            pairs = pb.size
+            # K and V are read by blocks: the blocks of each pair's tile that the batch owns, so a short
+            # last tile costs only its blocks. Block k is block ``in_tile[k]`` of pair ``owner[k]``.
+            owner, in_tile = np.nonzero(pt[:, None] * per_tile + np.arange(per_tile) < blocks_of[pb, None])
+            block_batch = pb[owner]
+            logical = pt[owner] * per_tile + in_tile
+            slot = (table[block_batch, logical].astype(np.int64) * block_size)[:, None] + np.arange(block_size)  # [Q, BS]
+            token = logical[:, None] * block_size + np.arange(block_size)  # [Q, BS] (SPEC §2.2)
+            # K transposed for MM1. The codes are transposed first (1 byte each): a lookup through a
+            # strided index is up to 3x slower.
+            k_codes = SCRATCH.array("k codes", (slot.shape[0], nkv, d, block_size), np.uint8)
+            k_rows = cache.k_codes[slot]  # [Q, BS, N, D]
+            np.copyto(k_codes, k_rows.transpose(0, 2, 3, 1))
+            k_t = codec.decode_array(k_codes, double=True, out=SCRATCH.array("k", k_codes.shape, np.float64))  # [Q, N, D, BS]
+            v_codes = cache.v_codes[slot]  # [Q, BS, N, D]
+            # Past a batch's length its last block holds garbage: P8 is 0 there, but 0 * NaN is NaN.
+            # Code 0 reads as +0 in every codec.
+            v_codes[token >= lengths[block_batch, None]] = 0
+            v_codes = v_codes.transpose(0, 2, 1, 3)
+            v = torch.from_numpy(codec.decode_array(v_codes, double=True, out=SCRATCH.array("v", v_codes.shape, np.float64)))  # [Q, N, BS, D]
+            k_scale_cols = torch.from_numpy(cache.k_scale[slot].transpose(0, 2, 1)[:, :, None, :])  # [Q, N, 1, BS]
+            layout = TileLayout(pairs=pairs, nkv=nkv, rows=rows, per_tile=per_tile, block_size=block_size,
+                                 owner=torch.from_numpy(owner), in_tile=torch.from_numpy(in_tile))
+            q_blocks, k_blocks = torch.from_numpy(q_rows[block_batch]), torch.from_numpy(k_t)
+            q_scale_blocks = torch.from_numpy(q_scale_rows[block_batch])
+            raw64 = torch.matmul(q_blocks, k_blocks)  # MM1 per block: [Q, N, R, BS], exact (golden/matmul.py)
+            scores = dequantize_scores(raw64.float(), q_scale_blocks, k_scale_cols, dims.softmax_scale)
+            scores = layout.to_tiles(scores)
+            tile_token = (pt[:, None] * tile + np.arange(tile))[:, None, None, :]  # [P, 1, 1, tile]
+            visible = torch.from_numpy(tile_token < row_cur[pb][:, None])  # [P, 1, R, tile] (SPEC §2.1)
+            m_j, p, l_j = local_softmax(scores, visible)
+            # P is exactly 0 off the visible columns, so its row max is the visible columns' max.
+            p8_tiles, p_scale = quantize_rows(p, codec=codec)
+            p8 = layout.to_blocks(p8_tiles)
+            mm2 = torch.matmul(p8.double(), v) + 0.0  # MM2 per block: [Q, N, R, D], exact; a zero sum +0 (golden.matmul)
+            if s1 > 1 and torch.isnan(mm2).any():  # NaN in V: it may sit past an earlier position's length
+                mm2 = _causal_values(p8, v, token, cur[block_batch])
+            # Summed per tile in float64: every partial sum is exact (golden.matmul), so this is the
+            # tile's exact product, rounded once below.
+            mm2 = layout.per_tile_sum(mm2)
+            o_j = dequantize_values(mm2.float(), p_scale, torch.from_numpy(v_scale_rows[pb]))
+            states = torch.cat([o_j, l_j, m_j], dim=-1)
+            index = torch.from_numpy(pb * (t1 - t0) + pt - t0)
+            if window_batch.size == tile_states.shape[0]:  # every batch has every tile: pairs are in place
+                tile_states[first:first + pairs] = states
+            else:
+                tile_states.index_copy_(0, index, states)
+            if envelope is not None and q_grid is not None:
+                envelope.chunk(TileChunk(raw64=raw64, q_blocks=q_blocks, k_blocks=k_blocks, k_rows=k_rows,
+                                     q_grid=torch.from_numpy(q_grid[block_batch]), q_scale=q_scale_blocks, k_scale=k_scale_cols,
+                                     visible=visible, p=p, p8=p8_tiles, mm2=mm2, v=v, v_scale=torch.from_numpy(v_scale_rows[pb]),
+                                     to_tiles=layout.to_tiles, to_blocks=layout.to_blocks, per_tile_sum=layout.per_tile_sum,
+                                     index=index))
+
+        # [B, N, R, tiles, .]: the tiles of each row in order, folded into the online state.
+        by_row = tile_states.view(batch, t1 - t0, nkv, rows, d + 2).permute(0, 2, 3, 1, 4)
+        counts = np.clip(tiles_per_row - t0, 0, t1 - t0)
+        if state is None:
+            state = OnlineSoftmaxState.from_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], counts)
+        else:
+            state.fold_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], counts)
+        del tile_states, by_row
+    assert state is not None
     result = _to_output(state.finalize(), dims, q.shape)
     if envelope is None:
         return result

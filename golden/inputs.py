@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
 
+from .attention import chunk_sizes
 from .codec import FP8_MAX, SPEC_CODEC
 from .errors import UsageError
 from .paging import ceil_div, contiguous_to_paged, gen_block_table, paged_slots, positive_int
@@ -131,27 +133,42 @@ class PagedAttentionConfig:
         return self.num_blocks if self.num_blocks is not None else self.batch * self.table_columns
 
     def estimated_bytes(self) -> int:
-        """Upper estimate of the memory one case needs: the larger of ``make_inputs``' peak and the peak of
-        judging it (the bundle, the checked call's clones, the vectorized golden and the envelope).
+        """Upper estimate of the memory one case needs: the largest of ``make_inputs``' peak, the checked
+        call's (the bundle and its clones, the backend's working set: the loop golden's here) and the
+        golden's after it (the bundle, the golden's chunk and tile states, the envelope where the rule
+        asks for it).
 
-        Fitted to the peak resident size over a bare interpreter of 20 cases judged in-process on the
-        golden backend (torch 2.13 CPU, one thread, 2026-12-04; docs/performance.md has the table): every
-        case at least 1.05x under it, those whose peak is over 0.25 GiB within 1.29x. ``make_inputs``
-        makes K and V in pieces and peaks near 5 bytes per K/V element (the codes made contiguous, then
-        paged, and the gather between), the distributions it makes whole (SECOND_DRAW) near 15; judging
-        holds the tensors half again, some 8 + S1 bytes per score (B*S1*NQ*S2) and 150 kB per query row
-        (B*S1*NQ); 96 MiB covers the interpreter's own growth. A supervised kernel's worker process
-        holds its own copy of the tensors and its own working set besides.
+        Fitted to the peak resident size over an interpreter with torch and the project imported, of 27
+        cases judged in-process on the golden backend (torch 2.13 CPU, one thread, 2026-12-06;
+        docs/performance.md has the table): every case under it, those whose peak is over 0.25 GiB
+        within 1.41x (most within 1.2x). ``make_inputs`` holds three caches' codes at a time (both
+        contiguous while the first is paged) and a piece's temporaries (golden.inputs.PIECE_VALUES,
+        twice as many values for SECOND_DRAW's distributions). The call holds the tensors twice, and the
+        allocator keeps some of the pieces' freed memory (the widest spread of the fit: two cases of the
+        same size and distribution 0.1 GiB apart). The golden's chunk takes some 100 bytes per score and
+        32 per element of K it holds (golden.attention.chunk_sizes caps the K elements, scores and MM2
+        products of one), and 24 per float of the tile states it folds at a time.
+        A supervised kernel's worker process holds its own copy of the tensors and its own working set
+        besides.
         """
-        kv = self.batch * self.s2 * self.nkv * self.head_dim
-        scores = self.batch * self.s1 * self.nq * self.s2
-        rows = self.batch * self.s1 * self.nq
+        d = self.head_dim
+        kv = max(self.batch * self.s2, self.physical_blocks * self.block_size) * self.nkv * d
         cache = self.physical_blocks * self.block_size * self.nkv
-        tensors = rows * (self.head_dim + 4) + 2 * cache * self.head_dim + 4 * cache + 4 * self.batch * (
-            self.nkv * self.head_dim + self.table_columns + 1)
-        inputs = (17 if self.distribution in SECOND_DRAW else 5.5) * max(kv, cache * self.head_dim)
-        judging = 1.5 * tensors + (8 + self.s1) * scores + 150_000 * rows
-        return int(max(inputs, judging)) + (96 << 20)
+        rows = self.batch * self.s1 * self.nq
+        tensors = rows * (d + 4) + 2 * cache * d + 4 * cache + 4 * self.batch * (self.nkv * d + self.table_columns + 1)
+        piece = min(kv, PIECE_VALUES + 16 * self.nkv * d) * (2 if self.distribution in SECOND_DRAW else 1)
+        inputs = 3 * kv + 48 * piece + (48 << 20)
+        group_rows = self.s1 * (self.nq // self.nkv)
+        tile, tiles = self.s2_tile, ceil_div(self.s2, self.s2_tile)
+        pairs, window = chunk_sizes(batch=self.batch, nkv=self.nkv, rows=group_rows, head_dim=d,
+                                    block_size=self.block_size, s2_tile=tile, tiles=tiles)
+        pairs = min(pairs, self.batch * tiles)
+        k_elements, scores = pairs * self.nkv * tile * d, pairs * self.nkv * group_rows * tile
+        states = window * self.batch * self.nkv * group_rows * (d + 2)
+        golden = tensors + 32 * k_elements + 100 * scores + 24 * states + (16 << 20)
+        call = 2 * tensors + 40 * piece + (64 << 20)
+        judging = max(golden, call)
+        return int(max(inputs, judging))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (kv_act_seqs and block_table as lists). ``block_table`` is left out when
@@ -229,20 +246,24 @@ def drawn_values(config: PagedAttentionConfig) -> int:
     return (c.batch * c.s1 * c.nq + 2 * c.batch * c.s2 * c.nkv) * c.head_dim * (2 if c.distribution in SECOND_DRAW else 1)
 
 
-def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator) -> torch.Tensor:
-    """bfloat16 values of ``distribution`` (upstream: uniform(-1, 1) in bf16)."""
+def _draw(shape: tuple[int, ...], distribution: str, generator: torch.Generator,
+          second: torch.Generator | None = None) -> torch.Tensor:
+    """bfloat16 values of ``distribution`` (upstream: uniform(-1, 1) in bf16). The second draw of
+    SECOND_DRAW's distributions comes from ``second`` when given (a piece: :func:`_pieces_drawn`), else
+    from ``generator`` after the uniform one."""
     uniform = torch.rand(shape, generator=generator).mul_(2).sub_(1)  # in place: the same two roundings
+    second = generator if second is None else second
     if distribution == "uniform":
         x = uniform
     elif distribution == "normal":
-        x = torch.randn(shape, generator=generator)
+        x = torch.randn(shape, generator=second)
     elif distribution == "outliers":  # a few values per row 100x the rest
-        spikes = torch.rand(shape, generator=generator) < 0.02
+        spikes = torch.rand(shape, generator=second) < 0.02
         x = torch.where(spikes, uniform * 100, uniform)
     elif distribution == "tiny":  # tiny raw magnitudes: quantization scales near 448 * 2^20
         x = uniform * 2.0 ** -20
     elif distribution == "wide":  # each value scaled by 2^U(-12, 12)
-        x = uniform * torch.exp2(torch.randint(-12, 13, shape, generator=generator).float())
+        x = uniform * torch.exp2(torch.randint(-12, 13, shape, generator=second).float())
     elif distribution == "constant_rows":  # every row one repeated value
         x = uniform[..., :1].expand(shape).clone()
     elif distribution in ("sinks", "outlier_channels", "outlier_grid"):  # uniform here; make_inputs adds the structure
@@ -301,27 +322,58 @@ def _large_logit_keys(k: torch.Tensor, q: torch.Tensor, position: torch.Tensor, 
     return _with_outlier_channels(k, c) if c.distribution in ("outlier_channels", "outlier_grid") else k
 
 
-#: Values of K or V made at a time, about: a piece holds a multiple of 16 tokens (torch's CPU generator
-#: then draws the pieces' values in the order of one draw of the whole, measured for rand; the second
-#: draw of SECOND_DRAW's distributions would interleave, so those are made whole). A piece's temporaries
-#: (float32 draws, bf16 values, the scaled copy, the codes) take some 40 bytes a value.
+#: Values of K or V made at a time, about: a piece holds a multiple of 16 tokens, and the last piece at
+#: least 16, so that torch's CPU generator draws the pieces' values in the order of one draw of the whole
+#: (measured for rand, randint and randn, whose vectorized Box-Muller works on 16 values at a time and
+#: takes another path for a tensor of fewer). A piece's temporaries (float32 draws, bf16 values, the
+#: scaled copy, the codes) take some 40 bytes a value.
 PIECE_VALUES = 1 << 20
 
 
 def pieces(c: PagedAttentionConfig) -> list[tuple[int, int]]:
     """The [u0, u1) ranges of flat tokens b * S2 + s that :func:`make_inputs` draws and quantizes K and V in."""
     tokens = c.batch * c.s2
-    step = tokens if c.distribution in SECOND_DRAW else max(16, PIECE_VALUES // (c.nkv * c.head_dim) // 16 * 16)
-    return [(u, min(u + step, tokens)) for u in range(0, tokens, step)]
+    step = max(16, PIECE_VALUES // (c.nkv * c.head_dim) // 16 * 16)
+    starts = list(range(0, tokens, step))
+    if len(starts) > 1 and tokens - starts[-1] < 16:
+        starts.pop()                                    # a short last piece joins the one before
+    return [(u, starts[i + 1] if i + 1 < len(starts) else tokens) for i, u in enumerate(starts)]
+
+
+def _pieces_drawn(c: PagedAttentionConfig, distribution: str,
+                  generator: torch.Generator) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(u0, u1, values [u1 - u0, NKV, D]) for each of :func:`pieces`, the values of one draw of
+    ``distribution`` over every token, made a piece at a time; ``generator`` is left where that one
+    draw leaves it once the last piece is taken.
+
+    One draw of the whole takes every uniform value, then (SECOND_DRAW) every value of the second draw.
+    The pieces' second draws come from a second generator set where the uniform ones end, found by
+    drawing (and dropping) as many uniform values a piece at a time: about a quarter more time, no
+    more memory than a piece.
+    """
+    ranges = pieces(c)
+    second = None
+    if distribution in SECOND_DRAW and len(ranges) > 1:
+        second = torch.Generator()
+        second.set_state(generator.get_state())
+        scratch = torch.empty(PIECE_VALUES + 16 * c.nkv * c.head_dim)
+        left = c.batch * c.s2 * c.nkv * c.head_dim
+        while left:
+            n = min(left, scratch.numel())
+            torch.rand((n,), generator=second, out=scratch[:n])
+            left -= n
+    for u0, u1 in ranges:
+        yield u0, u1, _draw((u1 - u0, c.nkv, c.head_dim), distribution, generator, second)
+    if second is not None:
+        generator.set_state(second.get_state())
 
 
 def _keys(q: torch.Tensor, c: PagedAttentionConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """K's codes [B*S2, NKV, D] and per-token dequant scales [B*S2, NKV, 1], drawn and quantized in pieces."""
     codes = torch.empty((c.batch * c.s2, c.nkv, c.head_dim), dtype=torch.float8_e4m3fn)
     scales = torch.empty((c.batch * c.s2, c.nkv, 1), dtype=torch.float32)
-    for u0, u1 in pieces(c):
-        k = _large_logit_keys(_draw((u1 - u0, c.nkv, c.head_dim), c.distribution, generator), q,
-                              torch.arange(u0, u1), c)
+    for u0, u1, drawn in _pieces_drawn(c, c.distribution, generator):
+        k = _large_logit_keys(drawn, q, torch.arange(u0, u1), c)
         codes[u0:u1], scales[u0:u1] = quantize_per_token(k, name="k")
     return codes, scales
 
@@ -333,31 +385,32 @@ def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Gen
     # "tiny" shrinks Q and K (logits vanish, attention is uniform) but not V: outputs of V's tiny
     # magnitude would sit under SPEC §4's atol of 1e-4, where any kernel output near 0 passes.
     distribution = "uniform" if c.distribution == "tiny" else c.distribution
-    ranges = pieces(c)
+    single = len(pieces(c)) == 1
     start = generator.get_state()
     amax = torch.zeros((c.batch, c.nkv, c.head_dim), dtype=torch.float32)
     kept: torch.Tensor | None = None
 
-    def piece(u0: int, u1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        v = _draw((u1 - u0, c.nkv, c.head_dim), distribution, generator)
+    def valid_values(u0: int, u1: int, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         position = torch.arange(u0, u1)
         batch = position // c.s2
         valid = position % c.s2 < lengths.long()[batch]
         return v.to(torch.float32, copy=True).masked_fill_(~valid[:, None, None], 0.0), batch
 
-    for u0, u1 in ranges:
-        vf, batch = piece(u0, u1)
+    for u0, u1, v in _pieces_drawn(c, distribution, generator):
+        vf, batch = valid_values(u0, u1, v)
         for b in range(u0 // c.s2, (u1 - 1) // c.s2 + 1):   # the batches of a piece (contiguous in b * S2 + s)
             torch.maximum(amax[b], vf[batch == b].abs().amax(dim=0), out=amax[b])
-        kept = vf if len(ranges) == 1 else None
+        kept = vf if single else None
     end = generator.get_state()
     scale, dequant = channel_scales(amax[:, None], dim=1, zero_rows="unit_scale", name="v")
     codes = torch.empty((c.batch * c.s2, c.nkv, c.head_dim), dtype=torch.float8_e4m3fn)
-    if kept is None:
+    if kept is not None:
+        codes[:] = SPEC_CODEC.to_fp8(kept * scale[torch.arange(c.batch * c.s2) // c.s2, 0])
+    else:
         generator.set_state(start)
-    for u0, u1 in ranges:
-        vf, batch = (kept, torch.arange(u0, u1) // c.s2) if kept is not None else piece(u0, u1)
-        codes[u0:u1] = SPEC_CODEC.to_fp8(vf * scale[batch, 0])
+        for u0, u1, v in _pieces_drawn(c, distribution, generator):
+            vf, batch = valid_values(u0, u1, v)
+            codes[u0:u1] = SPEC_CODEC.to_fp8(vf * scale[batch, 0])
     generator.set_state(end)
     return codes, dequant
 
@@ -444,11 +497,13 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
     def paged(x: torch.Tensor, fill: float) -> torch.Tensor:
         return contiguous_to_paged(x, block_table, lengths, block_size=c.block_size, num_blocks=c.physical_blocks,
                                    fill=fill, slots=slots)
+    # Each contiguous cache is let go once it is paged: at most three caches' codes at a time
+    k_cache = paged(k8, code_fill)
+    del k8
+    v_cache = paged(v8, code_fill)
+    del v8
     return InputBundle(
-        config=c, seed=seed, q=q8, q_scale=q_scale,
-        k_cache=paged(k8, code_fill),
-        k_scale=paged(k_scale, scale_fill),
-        v_cache=paged(v8, code_fill),
-        v_scale=v_scale.reshape(c.batch, c.nkv, c.head_dim).contiguous(),
+        config=c, seed=seed, q=q8, q_scale=q_scale, k_cache=k_cache, k_scale=paged(k_scale, scale_fill),
+        v_cache=v_cache, v_scale=v_scale.reshape(c.batch, c.nkv, c.head_dim).contiguous(),
         block_table=block_table, kv_act_seqs=lengths,
     )

@@ -18,7 +18,7 @@ __all__ = ["SCRATCH"]
 
 class _Scratch(threading.local):
     """Buffers by name, reused across calls. They grow to the largest chunk seen (about 25 MiB per
-    thread with the envelope: K, V and one for |K| then |V|, of ``_CHUNK_ELEMENTS`` in float64, plus
+    thread with the envelope: K, V and one for |K| then |V|, of ``CHUNK_ELEMENTS`` in float64, plus
     codes) and are never shared between threads or handed out of the call that filled them."""
 
     def __init__(self) -> None:

@@ -138,6 +138,17 @@ class OnlineSoftmaxState:
             lo = torch.where(started, lo, 0.0)  # rows without a tile stay empty
         return cls(m=running[-1], l=lo[..., -1:], o=lo[..., :-1], started=started)
 
+    def fold_tiles(self, m_t: torch.Tensor, l_t: torch.Tensor, o_t: torch.Tensor,
+                   tiles_per_row: torch.Tensor | np.ndarray) -> OnlineSoftmaxState:
+        """Fold tiles 0..n-1 of each row into this state, in place (n = ``tiles_per_row``, the layout of
+        :meth:`from_tiles`); returns self. The tiles that follow those a state was made from: the same
+        bits as n more calls of ``update``, which it makes, a row at a time where counts differ."""
+        counts, _, high = _tile_counts(tiles_per_row, tuple(m_t.shape[:-2]), m_t.shape[-2])
+        for j in range(high):
+            valid = torch.from_numpy(counts > j)[..., None]
+            self.update(m_t[..., j, :], l_t[..., j, :], o_t[..., j, :], valid)
+        return self
+
     def finalize(self) -> torch.Tensor:
         """float32 ``O / l`` [..., D]; rows that never saw a token are 0 (SPEC §2.5)."""
         return torch.where(self.started, self.o / torch.where(self.started, self.l, 1.0), 0.0)

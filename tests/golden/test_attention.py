@@ -10,6 +10,7 @@ import golden_helpers as gh
 import pytest
 import torch
 
+import golden.attention as golden_attention
 from golden import (
     PYPTO_CALCULATOR_CODEC,
     PagedAttentionConfig,
@@ -127,6 +128,30 @@ def test_vectorized_matches_loop(name, codec):
     assert fast.dtype == torch.bfloat16 and fast.shape == bundle.q.shape
     gh.assert_identical(fast, loop, f"vectorized vs loop golden [{name}]")
     assert torch.isfinite(fast.float()).all()
+
+
+@pytest.mark.parametrize("constant", ["STATE_ELEMENTS", "CHUNK_ELEMENTS"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_one_pair_a_chunk_and_one_tile_a_window_match_the_loop(name, constant, monkeypatch):
+    """The vectorized golden evaluates (batch, tile) pairs a chunk at a time and folds a long context's
+    tile states a window at a time (golden.attention.chunk_sizes); at one pair a chunk, or one tile a
+    window, it gives the loop golden's bits."""
+    monkeypatch.setattr(golden_attention, constant, 1)
+    assert golden_attention.chunk_sizes(batch=1, nkv=1, rows=1, head_dim=8, block_size=4, s2_tile=8, tiles=5) == (
+        (1, 5) if constant == "CHUNK_ELEMENTS" else ((1 << 20) // 64, 1))   # a pair's K: 8 tokens x 8
+    bundle = make_inputs(CONFIGS[name], seed=11)
+    gh.assert_identical(paged_attention_fp8(**bundle.kwargs()), paged_attention_fp8_loop(**bundle.kwargs()),
+                        f"vectorized at {constant} = 1 vs loop golden [{name}]")
+
+
+def test_a_chunk_holds_at_most_its_elements_of_k_scores_and_mm2_products():
+    """chunk_sizes: 32 query rows of 64 heads on one KV head make a pair's scores 16x its K; the chunk
+    holds CHUNK_ELEMENTS of the scores, not of K (by K alone it held 1 GB at S2 = 8192)."""
+    rows, tile, d = 32 * 64, 128, 128
+    pairs, _ = golden_attention.chunk_sizes(batch=1, nkv=1, rows=rows, head_dim=d, block_size=64, s2_tile=tile, tiles=64)
+    assert pairs == 2                                                         # K alone would allow 64
+    assert pairs * rows * tile <= golden_attention.CHUNK_ELEMENTS
+    assert pairs * (tile // 64) * rows * d <= golden_attention.CHUNK_ELEMENTS     # MM2's products per block
 
 
 # ---------------------------------------------------------------- SPEC §2.1, §2.5

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import golden.paging
 from golden import SPEC_CODEC, contiguous_to_paged, gen_block_table, paged_to_contiguous
 from golden.paging import blocks_needed, ceil_div, positive_int, token_slots
 
@@ -100,8 +101,12 @@ def layout_case(dtype: torch.dtype):
     return x, table, lengths, bs, nb, seq
 
 
+@pytest.mark.parametrize("scatter", [None, 1, 5], ids=["every token at once", "a token at a time", "5 tokens at a time"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn], ids=["float32", "float8_e4m3fn"])
-def test_layout_round_trip(dtype):
+def test_layout_round_trip(dtype, scatter, monkeypatch):
+    """contiguous_to_paged copies golden.paging.SCATTER_TOKENS tokens at a time; any slicing gives the layout."""
+    if scatter is not None:
+        monkeypatch.setattr(golden.paging, "SCATTER_TOKENS", scatter)
     x, table, lengths, bs, nb, seq = layout_case(dtype)
     paged = contiguous_to_paged(x, table, lengths, block_size=bs, num_blocks=nb)
     assert paged.dtype == dtype and paged.shape == (nb, bs, 2, 3)

@@ -126,7 +126,8 @@ def test_exp_f32_is_the_rounded_float64_exp_in_any_layout():
 @pytest.mark.parametrize("some_rows_empty", [False, True], ids=["every row has tiles", "some rows have none"])
 def test_from_tiles_is_sequential_update(some_rows_empty):
     """from_tiles over n tiles gives the same bits as n calls of update, signed zeros included, and
-    never reads a tile past a row's count (those hold NaN here)."""
+    never reads a tile past a row's count (those hold NaN here); so does from_tiles over the first tiles
+    and fold_tiles over the others."""
     g = torch.Generator().manual_seed(3)
     for trial in range(40):
         rows, tiles, d = 5, 1 + trial % 6, 3
@@ -144,6 +145,14 @@ def test_from_tiles_is_sequential_update(some_rows_empty):
         for name in ("m", "l", "o"):
             assert torch.equal(getattr(one, name).view(torch.int32), getattr(many, name).view(torch.int32)), (trial, name)
         assert torch.equal(one.started, many.started), trial
+        # In two windows, as the golden folds a long context: from_tiles, then fold_tiles on the rest.
+        split = trial % tiles
+        nan_t = [t.masked_fill(past, math.nan) for t in (m_t, l_t, o_t)]
+        two = OnlineSoftmaxState.from_tiles(*(t[:, :split + 1] for t in nan_t), counts.clamp(max=split + 1))
+        two.fold_tiles(*(t[:, split + 1:] for t in nan_t), (counts - split - 1).clamp(min=0))
+        for name in ("m", "l", "o"):
+            assert torch.equal(getattr(one, name).view(torch.int32), getattr(two, name).view(torch.int32)), (trial, name)
+        assert torch.equal(one.started, two.started), trial
 
 
 def test_from_tiles_broadcasts_counts_and_rejects_out_of_range():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import properties.acceptance as acceptance
 from properties.acceptance import InputsModified, call
 
 SMALL, LARGE = 12, 3 * 4096          # elements: either side of the check's torch.equal / numpy switch
@@ -71,3 +72,16 @@ def test_a_zero_that_changes_sign_is_caught(n):
 @pytest.mark.parametrize("n", [SMALL, LARGE])
 def test_untouched_inputs_pass(n):
     assert call(_Writes("q_scale", None), _inputs(n)).shape == (2,)
+
+
+@pytest.mark.parametrize("where", [0, 5000, LARGE - 1], ids=["first slice", "a middle slice", "last slice"])
+def test_a_changed_byte_in_any_slice_of_a_large_buffer_is_caught(where, monkeypatch):
+    """Large buffers are compared a slice at a time (no mask the size of a 128k-token cache): a change in
+    any slice is caught, not only in the first."""
+    monkeypatch.setattr(acceptance, "_SLICE_ELEMENTS", 1000)
+
+    def flip(x):
+        x.view(torch.uint8).view(-1)[where] ^= 0x01
+    with pytest.raises(InputsModified, match="Input k_cache"):
+        call(_Writes("k_cache", flip), _inputs(LARGE))
+    assert call(_Writes("k_cache", None), _inputs(LARGE)).shape == (2,)
