@@ -8,8 +8,11 @@ kernel must not read.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -141,14 +144,13 @@ class PagedAttentionConfig:
         Fitted to the peak resident size over an interpreter with torch and the project imported, of 27
         cases judged in-process on the golden backend (torch 2.13 CPU, one thread, 2026-12-06;
         docs/performance.md has the table): every case under it, those whose peak is over 0.25 GiB
-        within 1.41x (most within 1.2x). ``make_inputs`` holds three caches' codes at a time (both
-        contiguous while the first is paged) and a piece's temporaries (golden.inputs.PIECE_VALUES,
-        twice as many values for SECOND_DRAW's distributions). The call holds the tensors twice, and the
-        allocator keeps some of the pieces' freed memory (the widest spread of the fit: two cases of the
-        same size and distribution 0.1 GiB apart). The golden's chunk takes some 100 bytes per score and
-        32 per element of K it holds (golden.attention.chunk_sizes caps the K elements, scores and MM2
-        products of one), and 24 per float of the tile states it folds at a time.
-        A supervised kernel's worker process holds its own copy of the tensors and its own working set
+        within 1.29x. ``make_inputs`` holds three caches' codes at a time (both contiguous while the
+        first is paged) and a piece's temporaries (golden.inputs.PIECE_VALUES), and the allocator keeps
+        some of the pieces' freed memory while it runs (0.02-0.15 GiB, more or less from one run of a
+        case to the next). The call holds the tensors twice. The golden's chunk takes some 80 bytes
+        per score and 40 per element of K it holds (golden.attention.chunk_sizes caps the K elements,
+        scores and MM2 products of one), and 20 per float of the tile states it folds at a time. A
+        supervised kernel's worker process holds its own copy of the tensors and its own working set
         besides.
         """
         d = self.head_dim
@@ -156,8 +158,8 @@ class PagedAttentionConfig:
         cache = self.physical_blocks * self.block_size * self.nkv
         rows = self.batch * self.s1 * self.nq
         tensors = rows * (d + 4) + 2 * cache * d + 4 * cache + 4 * self.batch * (self.nkv * d + self.table_columns + 1)
-        piece = min(kv, PIECE_VALUES + 16 * self.nkv * d) * (2 if self.distribution in SECOND_DRAW else 1)
-        inputs = 3 * kv + 48 * piece + (48 << 20)
+        inputs = 3 * kv + 64 * min(kv, PIECE_VALUES + 16 * self.nkv * d) + (96 << 20)
+        call = 2 * tensors + (48 << 20)
         group_rows = self.s1 * (self.nq // self.nkv)
         tile, tiles = self.s2_tile, ceil_div(self.s2, self.s2_tile)
         pairs, window = chunk_sizes(batch=self.batch, nkv=self.nkv, rows=group_rows, head_dim=d,
@@ -165,10 +167,8 @@ class PagedAttentionConfig:
         pairs = min(pairs, self.batch * tiles)
         k_elements, scores = pairs * self.nkv * tile * d, pairs * self.nkv * group_rows * tile
         states = window * self.batch * self.nkv * group_rows * (d + 2)
-        golden = tensors + 32 * k_elements + 100 * scores + 24 * states + (16 << 20)
-        call = 2 * tensors + 40 * piece + (64 << 20)
-        judging = max(golden, call)
-        return int(max(inputs, judging))
+        golden = tensors + 40 * k_elements + 80 * scores + 20 * states + (16 << 20)
+        return int(max(inputs, call, golden))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (kv_act_seqs and block_table as lists). ``block_table`` is left out when
@@ -415,6 +415,27 @@ def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Gen
     return codes, dequant
 
 
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None where there is none (another OS, another C library)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _release_freed_memory() -> None:
+    """Hand the pieces' freed temporaries back to the system. glibc keeps freed heap memory resident
+    (after a 128k-token case, 0.05-0.1 GiB, more or less from one case to the next), and the call and
+    the golden that follow would stand on it: measured on four cases of 0.12-0.25 GiB of tensors, the
+    checked call then peaks 12-13 MiB above its two copies of the tensors instead of 21-125 MiB."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def parse_byte_count(text: str, name: str) -> int:
     """``text`` as a positive number of bytes, an integer or ``8e9``; else a UsageError naming ``name``
     (the variable or option it came from), the value and what is expected."""
@@ -474,6 +495,14 @@ def make_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
         raise TypeError(f"config must be a PagedAttentionConfig, got {type(config).__name__}")
     positive_int(seed, "seed", minimum=0)
     check_size(config)
+    bundle = _made_inputs(config, seed)
+    if len(pieces(config)) > 1:     # once every temporary of the pieces is freed
+        _release_freed_memory()
+    return bundle
+
+
+def _made_inputs(config: PagedAttentionConfig, seed: int) -> InputBundle:
+    """:func:`make_inputs` of a checked config and seed."""
     generator = torch.Generator().manual_seed(seed)
     c = config
     lengths = torch.tensor(c.lengths, dtype=torch.int32)
