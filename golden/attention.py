@@ -107,15 +107,15 @@ CallTensors: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
 #: however many query rows share a KV head (by K alone, S1 = 32 rows of 64 heads over 8k tokens held 1 GB).
 CHUNK_ELEMENTS = 1 << 20
 #: Tile states (float32) held at a time before they are folded: 32 MiB, so that every upstream case
-#: folds its tiles at once.
+#: folds its tiles at once. The envelope keeps every tile's states and bounds to the end, whatever this is.
 STATE_ELEMENTS = 1 << 23
 
 
 def chunk_sizes(*, batch: int, nkv: int, rows: int, head_dim: int, block_size: int, s2_tile: int,
                 tiles: int) -> tuple[int, int]:
-    """(pairs, tiles): the (batch, tile) pairs the vectorized golden evaluates at a time, and the tiles
-    whose states it folds at a time, for ``rows`` query rows per KV head (S1 * group) and ``tiles``
-    tiles in the longest row (the memory estimate, golden.inputs, sizes its chunks with this too)."""
+    """(pairs, window): the (batch, tile) pairs the vectorized golden evaluates at a time, and the number
+    of tiles whose states it folds at a time, for ``rows`` query rows per KV head (S1 * group) and
+    ``tiles`` tiles in the longest row (the memory estimate, golden.inputs, sizes its chunks with this too)."""
     per_pair = nkv * max(s2_tile * head_dim, rows * s2_tile, s2_tile // block_size * rows * head_dim)
     return (max(1, CHUNK_ELEMENTS // per_pair),
             max(1, min(tiles, STATE_ELEMENTS // (batch * nkv * rows * (head_dim + 2)))))
@@ -252,7 +252,7 @@ def _paged_attention(dims: PagedAttentionDims, tensors: CallTensors, codec: Fp8C
             state = OnlineSoftmaxState.from_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], counts)
         else:
             state.fold_tiles(by_row[..., d + 1:], by_row[..., d:d + 1], by_row[..., :d], counts)
-        del tile_states, by_row
+        del tile_states, by_row          # this window's states go before the next window's are made
     assert state is not None
     result = _to_output(state.finalize(), dims, q.shape)
     if envelope is None:

@@ -137,21 +137,23 @@ class PagedAttentionConfig:
 
     def estimated_bytes(self) -> int:
         """Upper estimate of the memory one case needs: the largest of ``make_inputs``' peak, the checked
-        call's (the bundle and its clones, the backend's working set: the loop golden's here) and the
-        golden's after it (the bundle, the golden's chunk and tile states, the envelope where the rule
-        asks for it).
+        call's (the bundle and its clones, the backend's working set: the loop golden's here), the
+        golden's after it (the bundle, the golden's chunk and tile states) and the envelope's where every
+        output row needs it (a kernel wrong everywhere; the rule builds it for the rows outside SPEC §4's
+        tolerance only).
 
         Fitted to the peak resident size over an interpreter with torch and the project imported, of 27
-        cases judged in-process on the golden backend (torch 2.13 CPU, one thread, 2026-12-06;
-        docs/performance.md has the table): every case under it, those whose peak is over 0.25 GiB
-        within 1.29x. ``make_inputs`` holds three caches' codes at a time (both contiguous while the
-        first is paged) and a piece's temporaries (golden.inputs.PIECE_VALUES), and the allocator keeps
-        some of the pieces' freed memory while it runs (0.02-0.15 GiB, more or less from one run of a
-        case to the next). The call holds the tensors twice. The golden's chunk takes some 80 bytes
-        per score and 40 per element of K it holds (golden.attention.chunk_sizes caps the K elements,
-        scores and MM2 products of one), and 20 per float of the tile states it folds at a time. A
-        supervised kernel's worker process holds its own copy of the tensors and its own working set
-        besides.
+        cases judged in-process, on the golden backend and on a backend whose every output is 0 (torch
+        2.13 CPU, one thread, 2026-12-06; docs/performance.md has the table): every case under it.
+        ``make_inputs`` holds three caches' codes at a time (both contiguous while the first is paged)
+        and a piece's temporaries (golden.inputs.PIECE_VALUES), and the allocator keeps some of the
+        pieces' freed memory while it runs (0.02-0.15 GiB, more or less from one run of a case to the
+        next). The call holds the tensors twice. The golden's chunk takes some 80 bytes per score and 40
+        per element of K it holds (golden.attention.chunk_sizes caps the K elements, scores and MM2
+        products of one), and 20 per float of the tile states it folds at a time. The envelope keeps
+        every tile's float64 bounds of every row, some 2.2 times over at its peak, and 400 bytes per
+        score of its chunk. A supervised kernel's worker process holds its own copy of the tensors and
+        its own working set besides.
         """
         d = self.head_dim
         kv = max(self.batch * self.s2, self.physical_blocks * self.block_size) * self.nkv * d
@@ -168,7 +170,18 @@ class PagedAttentionConfig:
         k_elements, scores = pairs * self.nkv * tile * d, pairs * self.nkv * group_rows * tile
         states = window * self.batch * self.nkv * group_rows * (d + 2)
         golden = tensors + 40 * k_elements + 80 * scores + 20 * states + (16 << 20)
-        return int(max(inputs, call, golden))
+        # The envelope, where every output row needs it (a kernel wrong everywhere): each row is a batch of
+        # its own with S1 = 1, and the builder keeps every tile's float64 bounds, 2D + 6 of them per row
+        # and tile (golden.envelope.builder), twice over while they are folded.
+        tiles = ceil_div(max(self.lengths, default=0), tile) or 1
+        picked = self.batch * self.s1
+        pairs, _ = chunk_sizes(batch=picked, nkv=self.nkv, rows=self.nq // self.nkv, head_dim=d,
+                               block_size=self.block_size, s2_tile=tile, tiles=tiles)
+        pairs = min(pairs, picked * tiles)
+        bounds = picked * tiles * self.nq * (2 * d + 6) * 8
+        envelope = (tensors + 2.2 * bounds + 96 * pairs * self.nkv * tile * d + 400 * pairs * self.nq * tile
+                    + (32 << 20))
+        return int(max(inputs, call, golden, envelope))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (kv_act_seqs and block_table as lists). ``block_table`` is left out when
@@ -240,8 +253,10 @@ SECOND_DRAW = ("normal", "outliers", "wide")
 
 
 def drawn_values(config: PagedAttentionConfig) -> int:
-    """How many random values :func:`make_inputs` draws for ``config``'s Q, K and V (a uniform draw each,
-    and a second one of the same size for the distributions that take it): the yardstick of its speed."""
+    """How many random values one draw of ``config``'s Q, K and V takes (a uniform draw each, and a second
+    one of the same size for the distributions that take it): the yardstick of :func:`make_inputs`' speed.
+    Made in pieces, it draws more: V's values twice (its maxima, then its codes) and, for the second
+    draws, as many uniform values again to find where they start."""
     c = config
     return (c.batch * c.s1 * c.nq + 2 * c.batch * c.s2 * c.nkv) * c.head_dim * (2 if c.distribution in SECOND_DRAW else 1)
 
