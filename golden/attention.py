@@ -12,8 +12,9 @@ For batch b, query position i, kv head n and the query heads h of its group:
 that hold tokens are packed (a short batch costs only its own tiles), and each row's ``cur`` masks
 its columns. K and V are read by blocks, and only the blocks a batch owns (MM1 and MM2 run per
 block; MM2's exact float64 block sums add up to the tile's). Only the online update loops over
-tiles (``OnlineSoftmaxState.from_tiles``), because the semantics do. ``golden.attention_loop`` is
-the same math written as the plain five-level loop; tests hold the two to bit-identical outputs.
+tiles (``OnlineSoftmaxState.from_tiles``, then ``fold_tiles`` for a long context's later windows of
+tiles), because the semantics do. ``golden.attention_loop`` is the same math written as the plain
+five-level loop; tests hold the two to bit-identical outputs.
 
 Why it looks the way it does: a small case is a few hundred tensor operations, each with a fixed
 cost of microseconds, so the integer bookkeeping (which blocks, which rows) and the cache gathers
@@ -103,8 +104,9 @@ CallTensors: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
 
 #: Tiles are evaluated in chunks of about this many elements of K, of the scores or of MM2's products per
 #: block, whichever a (batch, tile) pair has most of: K and V stay in cache while they are used (one pass
-#: over all of K in float64 costs more than the whole loop golden), and the working set stays some 100 MiB
-#: however many query rows share a KV head (by K alone, S1 = 32 rows of 64 heads over 8k tokens held 1 GB).
+#: over all of K in float64 costs more than the whole loop golden), and the working set stays some 0.1-0.2
+#: GiB however many query rows share a KV head (sized by K alone, S1 = 32 rows of 64 heads over 8k tokens
+#: held 0.94 GiB).
 CHUNK_ELEMENTS = 1 << 20
 #: Tile states (float32) held at a time before they are folded: 32 MiB, so that every upstream case
 #: folds its tiles at once. The envelope keeps every tile's states and bounds to the end, whatever this is.
