@@ -355,30 +355,39 @@ def pieces(c: PagedAttentionConfig) -> list[tuple[int, int]]:
     return [(u, starts[i + 1] if i + 1 < len(starts) else tokens) for i, u in enumerate(starts)]
 
 
-def _pieces_drawn(c: PagedAttentionConfig, distribution: str,
-                  generator: torch.Generator) -> Iterator[tuple[int, int, torch.Tensor]]:
+def _second_start(c: PagedAttentionConfig, distribution: str, generator: torch.Generator) -> torch.Tensor | None:
+    """The state a second generator starts the pieces' second draws from, where one draw of the whole
+    would start its second draw: found by drawing (and dropping) as many uniform values, a piece at a
+    time. None when there is no second draw or a single piece (it then comes from ``generator``)."""
+    if distribution not in SECOND_DRAW or len(pieces(c)) == 1:
+        return None
+    second = torch.Generator()
+    second.set_state(generator.get_state())
+    scratch = torch.empty(PIECE_VALUES + 16 * c.nkv * c.head_dim)
+    left = c.batch * c.s2 * c.nkv * c.head_dim
+    while left:
+        n = min(left, scratch.numel())
+        torch.rand((n,), generator=second, out=scratch[:n])
+        left -= n
+    return second.get_state()
+
+
+def _pieces_drawn(c: PagedAttentionConfig, distribution: str, generator: torch.Generator,
+                  second_start: torch.Tensor | None) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(u0, u1, values [u1 - u0, NKV, D]) for each of :func:`pieces`, the values of one draw of
     ``distribution`` over every token, made a piece at a time; ``generator`` is left where that one
     draw leaves it once the last piece is taken.
 
     One draw of the whole takes every uniform value, then (SECOND_DRAW) every value of the second draw.
-    The pieces' second draws come from a second generator set where the uniform ones end, found by
-    drawing (and dropping) as many uniform values a piece at a time: no more memory than a piece, and
-    about the time that one draw in float32 took (B=1, S2=131072, NQ=96, NKV=8 on normal values: the
-    inputs in 7.5 s, made whole 7.7 s).
+    The pieces' second draws come from a second generator started at ``second_start``
+    (:func:`_second_start`): no more memory than a piece, and about the time that one draw in float32
+    took (B=1, S2=131072, NQ=96, NKV=8 on normal values: the inputs in 7.5 s, made whole 7.7 s).
     """
-    ranges = pieces(c)
     second = None
-    if distribution in SECOND_DRAW and len(ranges) > 1:
+    if second_start is not None:
         second = torch.Generator()
-        second.set_state(generator.get_state())
-        scratch = torch.empty(PIECE_VALUES + 16 * c.nkv * c.head_dim)
-        left = c.batch * c.s2 * c.nkv * c.head_dim
-        while left:
-            n = min(left, scratch.numel())
-            torch.rand((n,), generator=second, out=scratch[:n])
-            left -= n
-    for u0, u1 in ranges:
+        second.set_state(second_start)
+    for u0, u1 in pieces(c):
         yield u0, u1, _draw((u1 - u0, c.nkv, c.head_dim), distribution, generator, second)
     if second is not None:
         generator.set_state(second.get_state())
@@ -388,7 +397,7 @@ def _keys(q: torch.Tensor, c: PagedAttentionConfig, generator: torch.Generator) 
     """K's codes [B*S2, NKV, D] and per-token dequant scales [B*S2, NKV, 1], drawn and quantized in pieces."""
     codes = torch.empty((c.batch * c.s2, c.nkv, c.head_dim), dtype=torch.float8_e4m3fn)
     scales = torch.empty((c.batch * c.s2, c.nkv, 1), dtype=torch.float32)
-    for u0, u1, drawn in _pieces_drawn(c, c.distribution, generator):
+    for u0, u1, drawn in _pieces_drawn(c, c.distribution, generator, _second_start(c, c.distribution, generator)):
         k = _large_logit_keys(drawn, q, torch.arange(u0, u1), c)
         codes[u0:u1], scales[u0:u1] = quantize_per_token(k, name="k")
     return codes, scales
@@ -403,6 +412,7 @@ def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Gen
     distribution = "uniform" if c.distribution == "tiny" else c.distribution
     single = len(pieces(c)) == 1
     start = generator.get_state()
+    second_start = _second_start(c, distribution, generator)     # found once, for both passes
     amax = torch.zeros((c.batch, c.nkv, c.head_dim), dtype=torch.float32)
     kept: torch.Tensor | None = None
 
@@ -412,7 +422,7 @@ def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Gen
         valid = position % c.s2 < lengths.long()[batch]
         return v.to(torch.float32, copy=True).masked_fill_(~valid[:, None, None], 0.0), batch
 
-    for u0, u1, v in _pieces_drawn(c, distribution, generator):
+    for u0, u1, v in _pieces_drawn(c, distribution, generator, second_start):
         vf, batch = valid_values(u0, u1, v)
         for b in range(u0 // c.s2, (u1 - 1) // c.s2 + 1):   # the batches of a piece (contiguous in b * S2 + s)
             torch.maximum(amax[b], vf[batch == b].abs().amax(dim=0), out=amax[b])
@@ -424,7 +434,7 @@ def _values(c: PagedAttentionConfig, lengths: torch.Tensor, generator: torch.Gen
         codes[:] = SPEC_CODEC.to_fp8(kept * scale[torch.arange(c.batch * c.s2) // c.s2, 0])
     else:
         generator.set_state(start)
-        for u0, u1, v in _pieces_drawn(c, distribution, generator):
+        for u0, u1, v in _pieces_drawn(c, distribution, generator, second_start):
             vf, batch = valid_values(u0, u1, v)
             codes[u0:u1] = SPEC_CODEC.to_fp8(vf * scale[batch, 0])
     generator.set_state(end)
