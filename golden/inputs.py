@@ -163,7 +163,8 @@ class PagedAttentionConfig:
         inputs = 3 * kv + 64 * min(kv, PIECE_VALUES + 16 * self.nkv * d) + (96 << 20)
         call = 2 * tensors + (48 << 20)
         group_rows = self.s1 * (self.nq // self.nkv)
-        tile, tiles = self.s2_tile, ceil_div(self.s2, self.s2_tile)
+        tile = self.s2_tile
+        tiles = ceil_div(max(self.lengths, default=0), tile) or 1   # as the golden and the envelope count them
         pairs, window = chunk_sizes(batch=self.batch, nkv=self.nkv, rows=group_rows, head_dim=d,
                                     block_size=self.block_size, s2_tile=tile, tiles=tiles)
         pairs = min(pairs, self.batch * tiles)
@@ -173,7 +174,6 @@ class PagedAttentionConfig:
         # The envelope, where every output row needs it (a kernel wrong everywhere): each row is a batch of
         # its own with S1 = 1, and the builder keeps every tile's float64 bounds, 2D + 6 of them per row
         # and tile (golden.envelope.builder), some 2.2 times over at the fold's peak (fitted).
-        tiles = ceil_div(max(self.lengths, default=0), tile) or 1
         picked = self.batch * self.s1
         pairs, _ = chunk_sizes(batch=picked, nkv=self.nkv, rows=self.nq // self.nkv, head_dim=d,
                                block_size=self.block_size, s2_tile=tile, tiles=tiles)

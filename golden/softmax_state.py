@@ -141,8 +141,8 @@ class OnlineSoftmaxState:
     def fold_tiles(self, m_t: torch.Tensor, l_t: torch.Tensor, o_t: torch.Tensor,
                    tiles_per_row: torch.Tensor | np.ndarray) -> OnlineSoftmaxState:
         """Fold tiles 0..n-1 of each row into this state, in place (n = ``tiles_per_row``, the layout of
-        :meth:`from_tiles`); returns self. The tiles that follow those a state was made from: the same
-        bits as n more calls of ``update``, which it makes, a row at a time where counts differ."""
+        :meth:`from_tiles`); returns self. For the tiles that follow those the state was made from: it
+        makes the calls of ``update`` itself, one per tile, with a row mask where the counts differ."""
         counts, _, high = _tile_counts(tiles_per_row, tuple(m_t.shape[:-2]), m_t.shape[-2])
         for j in range(high):
             valid = torch.from_numpy(counts > j)[..., None]

@@ -138,7 +138,7 @@ def test_one_pair_a_chunk_and_one_tile_a_window_match_the_loop(name, constant, m
     window, it gives the loop golden's bits."""
     monkeypatch.setattr(golden_attention, constant, 1)
     assert golden_attention.chunk_sizes(batch=1, nkv=1, rows=1, head_dim=8, block_size=4, s2_tile=8, tiles=5) == (
-        (1, 5) if constant == "CHUNK_ELEMENTS" else ((1 << 20) // 64, 1))   # a pair's K: 8 tokens x 8
+        (1, 5) if constant == "CHUNK_ELEMENTS" else (golden_attention.CHUNK_ELEMENTS // 64, 1))   # a pair's K: 8 x 8
     bundle = make_inputs(CONFIGS[name], seed=11)
     gh.assert_identical(paged_attention_fp8(**bundle.kwargs()), paged_attention_fp8_loop(**bundle.kwargs()),
                         f"vectorized at {constant} = 1 vs loop golden [{name}]")
@@ -146,7 +146,7 @@ def test_one_pair_a_chunk_and_one_tile_a_window_match_the_loop(name, constant, m
 
 def test_a_chunk_holds_at_most_its_elements_of_k_scores_and_mm2_products():
     """chunk_sizes: 32 query rows of 64 heads on one KV head make a pair's scores 16x its K; the chunk
-    holds CHUNK_ELEMENTS of the scores, not of K (by K alone it held 1 GB at S2 = 8192)."""
+    holds CHUNK_ELEMENTS of the scores, not of K (sized by K alone, it held 0.94 GiB at S2 = 8192)."""
     rows, tile, d = 32 * 64, 128, 128
     pairs, _ = golden_attention.chunk_sizes(batch=1, nkv=1, rows=rows, head_dim=d, block_size=64, s2_tile=tile, tiles=64)
     assert pairs == 2                                                         # K alone would allow 64
