@@ -26,7 +26,7 @@ from properties.case import Case
 from properties.coverage import BINS
 from properties.directed import narrowing
 
-__all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "aims", "examples"]
+__all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "aims", "examples", "operator_of"]
 
 PAGED_LAWS = ("acceptance", "outputs_finite", "block_permutation", "garbage_unread", "gqa_repetition",
               "tile_invariance", "batch_independence", "causal_prefix")
@@ -34,6 +34,12 @@ PAGED_LAWS = ("acceptance", "outputs_finite", "block_permutation", "garbage_unre
 AT12_LAWS = ("at12_acceptance", "at12_fp8_vs_bf16", "at12_default_scale")
 #: Every law that checks the backend (the quantizers' laws check the golden's SPEC §3 alone).
 BACKEND_LAWS = PAGED_LAWS + AT12_LAWS
+
+
+def operator_of(law: str) -> str | None:
+    """The kernel law ``law`` calls (kernels.backends.contract.OPERATORS), or None for a law of the golden alone."""
+    return "paged_attention_fp8" if law in PAGED_LAWS else "qk_matmul_scale" if law in AT12_LAWS else None
+
 _GROUPS = st.sampled_from((2, 4, 3))
 _SPARE = st.integers(1, 3)       # at least one block nothing reads
 

@@ -212,7 +212,8 @@ def write_durably(folder: Path, name: str, data: bytes) -> None:
     # file is created, still knows what to remove.
     temporary = folder / f".{name}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # 0o666 less the user's umask, as any file the user writes (the OS applies the umask)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             view = memoryview(data)
             while view:

@@ -27,7 +27,8 @@ from properties.case import Case
 from properties.coverage import classify
 from properties.directed import Aim, directed_cases, draw, plain_draws
 
-__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "shipped_left_out", "aimed",
+__all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "chosen_items", "with_generated",
+           "shipped_left_out", "aimed",
            "case_record", "fingerprint", "selection"]
 
 SOURCES = ("regression", "catalog", "generated")
@@ -82,12 +83,12 @@ def catalog_coverage(items: list, supported: dict | None) -> frozenset:
     return frozenset(hit)
 
 
-def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, supported: dict | None = None,
-                  regressions_dir=None, distributions: tuple[str, ...] | None = None) -> list:
-    """Items in run order: regressions, then catalog cases, then generated ones.
+def chosen_items(selection: str = "all", *, regressions_dir=None) -> list:
+    """The captured and catalog items of ``selection``, in run order, each capture read and verified now.
 
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, ``generated`` (the generated
-    cases alone), or a comma-separated list of catalog names and regression ids.
+    cases alone), or a comma-separated list of catalog names and regression ids. A run reads them before
+    its backend starts: nothing the backend's code does can change what was captured before it ran.
     """
     catalog = load_catalog()
     ids = regressions.list_ids(directory=regressions_dir)
@@ -115,11 +116,24 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
             continue
         case = reg.to_case() if reg.case.get("kind") == "paged" else None
         items.append(Item(rid, "regression", case, rid, reg.law, record=None if reg.law == "acceptance" else reg))
-    items += [Item(name, "catalog", catalog[name]) for name in want_cat]
+    return items + [Item(name, "catalog", catalog[name]) for name in want_cat]
+
+
+def with_generated(items: list, *, examples: int = 0, seed: int = 0, supported: dict | None = None,
+                   distributions: tuple[str, ...] | None = None) -> list:
+    """``items`` (:func:`chosen_items`) and ``examples`` generated cases after them, aimed first at the
+    coverage holes the catalog items leave for the backend's ``supported`` shapes."""
     drawn = directed_cases(examples, seed, supported=supported, distributions=distributions,
                            covered=catalog_coverage(items, supported))
-    items += [Item(f"generated_{k:02d}", "generated", case, aim=aim) for k, (case, aim) in enumerate(drawn)]
-    return items
+    return items + [Item(f"generated_{k:02d}", "generated", case, aim=aim) for k, (case, aim) in enumerate(drawn)]
+
+
+def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, supported: dict | None = None,
+                  regressions_dir=None, distributions: tuple[str, ...] | None = None) -> list:
+    """Items in run order: regressions, then catalog cases, then generated ones (:func:`chosen_items`,
+    then :func:`with_generated`)."""
+    return with_generated(chosen_items(selection, regressions_dir=regressions_dir), examples=examples, seed=seed,
+                          supported=supported, distributions=distributions)
 
 
 def aimed(items: list) -> dict:

@@ -19,6 +19,7 @@ A path says where a kernel was; only its bytes say which kernel it was. So a rep
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from pathlib import Path
 
 from cases.data import capture_files, regressions
@@ -27,7 +28,8 @@ from cases.data.versions import project
 from golden.errors import UsageError
 from properties.acceptance import backend_model
 
-__all__ = ["backend_provenance", "catalog_fingerprint", "regressions_fingerprint", "run_provenance"]
+__all__ = ["backend_provenance", "catalog_fingerprint", "capture_digests", "regressions_fingerprint", "lost_captures",
+           "run_provenance"]
 
 
 def _sha256(path: Path) -> str:
@@ -49,28 +51,45 @@ def catalog_fingerprint() -> dict:
     return {"path": "cases/catalog.json", "sha256": _sha256(CATALOG_PATH)}
 
 
-def regressions_fingerprint(directory=None) -> dict:
-    """``{"directory", "cases", "fingerprint"}`` of a captured-regressions folder: ``fingerprint`` is
-    ``sha256:`` of one line ``name sha256`` per .json and .npz file, sorted by name (an empty or missing
-    folder has the fingerprint of nothing). Read as the captures are (cases/data/capture_files.py): only
-    regular files, within their size limits; anything else stands in the line as ``unreadable``, so a
-    FIFO or a link to /dev/zero can neither hang the run's start nor go unnoticed in the fingerprint."""
+def capture_digests(directory=None) -> dict[str, str]:
+    """{name: sha256 or "unreadable"} of every .json and .npz file of a captured-regressions folder, read
+    as the captures are (cases/data/capture_files.py): only regular files, within their size limits, so a
+    FIFO or a link to /dev/zero can neither hang the run's start nor go unnoticed."""
     folder = regressions.directory(directory)
     names = sorted(p.name for p in folder.iterdir() if p.suffix in (".json", ".npz")
                    and capture_files.is_plain_name(p.name)) if folder.is_dir() else []
-    lines = []
+    digests = {}
     for name in names:
         limit = regressions.MAX_FILE_BYTES if name.endswith(".json") else regressions.MAX_NPZ_BYTES
         try:
-            digest = hashlib.sha256(capture_files.read_regular(folder / name, limit)).hexdigest()
+            digests[name] = hashlib.sha256(capture_files.read_regular(folder / name, limit)).hexdigest()
         except UsageError:
-            digest = "unreadable"
-        lines.append(f"{name} {digest}\n")
-    return {"directory": str(folder), "cases": sum(n.endswith(".json") for n in names),
-            "fingerprint": "sha256:" + hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()}
+            digests[name] = "unreadable"
+    return digests
 
 
-def run_provenance(backend, *, regressions_dir=None) -> dict:
-    """Everything above for one run, read when it starts (before any capture)."""
+def regressions_fingerprint(directory=None, digests: dict[str, str] | None = None) -> dict:
+    """``{"directory", "cases", "fingerprint"}`` of a captured-regressions folder: ``fingerprint`` is
+    ``sha256:`` of one line ``name sha256`` per .json and .npz file (:func:`capture_digests`, or ``digests``
+    read before), sorted by name (an empty or missing folder has the fingerprint of nothing)."""
+    digests = capture_digests(directory) if digests is None else digests
+    lines = "".join(f"{name} {digest}\n" for name, digest in sorted(digests.items()))
+    return {"directory": str(regressions.directory(directory)), "cases": sum(n.endswith(".json") for n in digests),
+            "fingerprint": "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()}
+
+
+def lost_captures(before: dict[str, str], directory=None, *, rewritten: Collection[str] = ()) -> list[str]:
+    """The files of ``before`` (:func:`capture_digests` when the run started) that are gone from the folder
+    or hold other bytes now, but for ``rewritten`` (records and their tensors this run captured again)."""
+    now = capture_digests(directory)
+
+    def recaptured(name: str) -> bool:
+        return any(name in (f"{rid}.json", f"{rid}.npz") or name.startswith(f"{rid}-") for rid in rewritten)
+    return [name for name, digest in sorted(before.items()) if not recaptured(name) and now.get(name) != digest]
+
+
+def run_provenance(backend, *, regressions_dir=None, digests: dict[str, str] | None = None) -> dict:
+    """Everything above for one run; ``digests``: the captures as read when it started (before its backend)."""
     return {"backend": backend_provenance(backend), "project": project(),
-            "inputs": {"catalog": catalog_fingerprint(), "regressions": regressions_fingerprint(regressions_dir)}}
+            "inputs": {"catalog": catalog_fingerprint(),
+                       "regressions": regressions_fingerprint(regressions_dir, digests)}}

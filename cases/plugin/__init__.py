@@ -11,7 +11,10 @@ Options
                    package.module:factory | path/file.py:factory (default: golden). Tests that
                    take the ``backend`` fixture run against it. A backend that cannot run here fails
                    every such test with its reason (a property run that checked nothing is not a
-                   pass); ``--allow-unavailable`` turns that into skips, counted in the summary.
+                   pass); ``--allow-unavailable`` turns that into skips, counted in the summary. It
+                   covers a backend that cannot start, nothing else: an exception a kernel raises
+                   during a call fails its law, and a law of a kernel the backend does not implement
+                   (kernels.Capabilities.operators) is skipped and fails the session.
   --device N       NPU device index for the npu backend (else TILE_FWK_DEVICE_ID, else the
                    pytest-xdist worker index).
   --allow-fallback     with --backend auto, run on the golden when no kernel backend starts (else
@@ -61,7 +64,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--device", type=int, default=None,
                     help="NPU device index for the npu backend")
     group.addoption("--allow-unavailable", action="store_true",
-                    help="skip (instead of fail) the backend's tests when it cannot run here")
+                    help="skip (instead of fail) the backend's tests when the backend cannot start here; never "
+                         "covers a kernel call, whose exception always fails its law")
     group.addoption("--allow-fallback", action="store_true",
                     help="with --backend auto, let a fall back to the golden (no kernel here) run instead of failing")
     group.addoption("--in-process", action="store_true",

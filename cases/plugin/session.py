@@ -17,13 +17,17 @@ import kernels
 from cases.data import regressions
 from cases.data.versions import versions
 from golden.errors import UsageError
-from kernels.backends.contract import shrink_budget
+from kernels.backends.contract import implements, shrink_budget
 from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
 from properties import law_examples
 from properties.coverage import Coverage, classify
 from properties.generation import pin_local_constants, reported_example
+from properties.law_examples import operator_of
 
-__all__ = ["DEFAULT_PROFILE", "register_profiles"]
+__all__ = ["DEFAULT_PROFILE", "register_profiles", "NOT_RUN"]
+
+#: How a skip of a law the backend cannot run starts: such a skip fails the session (pytest_sessionfinish).
+NOT_RUN = "pfa-verify: not run:"
 
 #: The profile a session that runs the laws gets when it names none.
 DEFAULT_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
@@ -93,6 +97,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.section("pfa-verify: skipped (cannot run here)")
         for reason, count in reasons.most_common():
             terminalreporter.write_line(f"{count:5d}  {reason}")
+    if (not_run := _not_run(config)):
+        terminalreporter.write_line(f"pfa-verify: {not_run} law test(s) not run on this backend: the session fails "
+                                    "(a law not run is not a pass)", red=True)
     _coverage_summary(terminalreporter)
 
 
@@ -152,14 +159,18 @@ def check_law(backend, request: pytest.FixtureRequest):
     def check(name: str, case, **params) -> None:
         __tracebackhide__ = True
         test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        operator = operator_of(name)
+        if operator is not None and not implements(backend, operator):
+            # Declared by the backend when it was loaded (kernels.Capabilities.operators), never learnt from a
+            # call: a kernel call that raises is a failure of its law. Not run is not a pass (the session fails).
+            pytest.skip(f"{NOT_RUN} backend {backend.name} does not implement {operator}, which law {name} calls; "
+                        "select the laws of what it implements (e.g. cases.laws.test_paged_attention_laws)")
         _record_coverage(case)
         if after_failure.get(test, -1) >= budget and not reported_example():
             return      # past the backend's shrink budget: every attempt "passes", the shrinker keeps its best
         failed = False
         try:
             regressions.check(name, backend, case, backend_name=name_in_files, **params)
-        except kernels.BackendUnavailable as exc:   # e.g. AT-12 on a paged-attention-only kernel
-            pytest.skip(f"{backend.name} cannot run law {name}: {exc.reason}")
         except BaseException:
             failed = True
             raise
@@ -193,6 +204,17 @@ def pytest_sessionfinish(session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)     # an xdist worker: hand the counts over
     if workeroutput is not None:
         workeroutput["pfa_coverage"] = {"hits": dict(_COVERAGE_HITS), "cases": _COVERAGE_CASES[0]}
+        return
+    # A law the backend could not run is visible as a skip, and it is not a pass: the session fails.
+    if _not_run(session.config) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _not_run(config: pytest.Config) -> int:
+    """How many law tests were skipped because the backend cannot run their law (:data:`NOT_RUN`)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(reporter, "stats", {}) if reporter is not None else {}
+    return sum(1 for report in stats.get("skipped", []) if NOT_RUN in str(report.longrepr))
 
 
 @pytest.hookimpl(optionalhook=True)      # xdist's hook: absent under -p no:xdist

@@ -22,19 +22,17 @@ fingerprint, which ``pfa-verify compare`` matches).
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import datetime
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
 from cases.data import schemas
+from cases.data.capture_files import write_durably
 from cases.data.schemas import check_written
 from cases.data.versions import versions
 from cases.running.verdict import CaseVerdict
@@ -280,20 +278,11 @@ def write_json(run, path, summary: RunSummary | None = None) -> Path:
 
 
 def write_text_atomically(path: Path, text: str) -> Path:
-    """``text`` into ``path`` through a unique temporary name in its folder, flushed and renamed: a
-    reader sees the old file or the new one, never half of one. OSError on failure, nothing left behind."""
+    """``text`` into ``path`` through a unique temporary name in its folder, flushed and renamed
+    (cases.data.capture_files.write_durably, the one durable writer): a reader sees the old file or the
+    new one, never half of one, and the file has the user's umask. OSError on failure, nothing left behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_durably(path.parent, path.name, text.encode("utf-8", "backslashreplace"))
     return path
 
 

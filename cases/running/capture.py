@@ -31,4 +31,5 @@ def capture_case(law: str, backend_name: str, case, message: str, *, params: dic
                                             directory=directory)
     except regressions.CaptureWriteError as exc:
         return Capture(replay=None, line=f"Not captured: could not write it: {exc}", group=group, how=how)
-    return Capture(replay=command, line=line, group=group, how=how)
+    written = command.rsplit(" ", 1)[-1] if command else None      # replay_command ends with the id it names
+    return Capture(replay=command, line=line, group=group, how=how, regression=written)

@@ -38,16 +38,16 @@ import torch
 
 import kernels
 from cases.data import regressions
-from cases.data.collect import Item, collect_items, selection
-from cases.data.provenance import run_provenance
+from cases.data.collect import Item, chosen_items, selection, with_generated
+from cases.data.provenance import capture_digests, lost_captures, run_provenance
 from cases.running.capture import capture_case, write_failure
 from cases.running.pool import Pool, task_resources, worker_backend
 from cases.running.shrink import capture_generated, probe_errors, probe_groups, signature
 from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
 from golden import memory_limit
-from kernels import BackendUnavailable, Skip
+from kernels import Skip
 from kernels.backends import limit_time, use_backend_threads
-from kernels.backends.contract import capabilities_of
+from kernels.backends.contract import capabilities_of, implements
 from kernels.backends.supervisor import (
     BackendSpec,
     GuardedBackend,
@@ -61,6 +61,7 @@ from properties import ledger
 from properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
 from properties.coverage import coverage
 from properties.diagnosis import diagnose_verdict
+from properties.law_examples import operator_of
 from properties.separation import separate
 
 __all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
@@ -190,8 +191,16 @@ def _not_run(backend, item: Item, known, *, deadline: float | None) -> CaseVerdi
         skip = Skip("budget", why_not)
     elif known is not None and known.quarantined:
         skip = Skip("quarantined", f"quarantined: {known.reason}")
+    elif item.record is not None and (op := operator_of(item.record.law)) and not implements(backend, op):
+        skip = Skip("unsupported", f"the backend does not implement {op}, which law {item.record.law} calls "
+                                   "(kernels.Capabilities.operators)")
     elif item.case is not None:
-        skip = backend.skip_reason(item.case.config)
+        try:
+            skip = backend.skip_reason(item.case.config)
+        except Exception as exc:  # noqa: BLE001 - the backend's own code: its failure is this case's error
+            kind = "worker" if isinstance(exc, KernelFault) else "kernel"
+            return _verdict(item, backend.name, error=CaseError(
+                kind=kind, message=f"the backend's skip_reason failed: {describe_failure(exc)}"))
     return None if skip is None else _verdict(item, backend.name, skip=skip)
 
 
@@ -219,9 +228,7 @@ def _judged(backend, call: _Call, reply) -> CaseVerdict:
         if call.given[k].shape == new.shape and call.given[k].dtype == new.dtype:
             call.given[k].copy_(new)
     failure = reply.failure
-    if isinstance(failure, BackendUnavailable):
-        return _verdict(item, backend.name, skip=Skip("unavailable", failure.reason), **facts)
-    if failure is not None:
+    if failure is not None:           # whatever the kernel raised, BackendUnavailable included: an error, never a skip
         kind = "worker" if isinstance(failure, KernelFault) else "kernel"
         text = str(failure) if isinstance(failure, KernelFault) else describe_failure(failure)
         return _verdict(item, backend.name, error=CaseError(kind=kind, message=text), **facts)
@@ -258,8 +265,6 @@ def _law_replay(backend, item: Item, regressions_dir, *, deadline: float | None)
         regressions.replay(reg, backend, directory=regressions_dir)
     except AssertionError as exc:
         law = LawReplay(law=reg.law, passed=False, message=f"law {reg.law}: {exc}")
-    except BackendUnavailable as exc:
-        return _verdict(item, backend.name, time.perf_counter() - start, skip=Skip("unavailable", exc.reason))
     except Exception as exc:  # noqa: BLE001 - the kernel raised, or its worker ended: an error, named
         kind = "worker" if isinstance(exc, KernelFault) else "kernel"
         text = str(exc) if isinstance(exc, KernelFault) else describe_failure(exc)
@@ -472,6 +477,9 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     stop = stop or _never
     start = time.perf_counter()
     cluster = options.cluster
+    # The captures are read and verified before any of the backend's code runs (its factory included).
+    chosen = chosen_items(options.cases, regressions_dir=options.regressions)
+    digests = capture_digests(options.regressions)
     backend, supervisor, name, why = open_backend(
         options.backend, device=options.device, max_seconds=options.max_seconds,
         workers=1 if cluster else max(1, options.workers), case_timeout=options.case_timeout,
@@ -483,11 +491,11 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
         pool = Pool(workers=options.workers, cluster=cluster, resources=task_resources(backend))
         if cluster:
             stack.enter_context(pool)
-        provenance = run_provenance(backend, regressions_dir=options.regressions)   # before anything is captured
+        provenance = run_provenance(backend, regressions_dir=options.regressions, digests=digests)
         supported = backend.supported_shapes
         distributions = options.distribution
-        items = collect_items(options.cases, examples=options.examples, seed=options.seed, supported=supported,
-                              regressions_dir=options.regressions, distributions=distributions)
+        items = with_generated(chosen, examples=options.examples, seed=options.seed, supported=supported,
+                               distributions=distributions)
         selected = selection(items, cases=options.cases, examples=options.examples, seed=options.seed,
                              supported=supported, distributions=distributions)
         if hasattr(backend, "prefetch"):
@@ -532,6 +540,10 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     checked = [config for config, v in paged if v.checked]
     errored = [config for config, v in paged if v.error is not None and v.error.kind != "case file"]
     failures = tuple(f for v in results if v.capture is not None and (f := write_failure(v.capture)))
+    rewritten = {v.capture.regression for v in results if v.capture is not None and v.capture.regression}
+    failures += tuple(f"the captured case file {name} in {regressions.directory(options.regressions)} was removed or "
+                      "changed while the run ran, by something other than the run (its kernel?)"
+                      for name in lost_captures(digests, options.regressions, rewritten=rewritten))
     return RunResult(backend=backend.name, backend_note=why, codec=getattr(getattr(backend, "codec", None), "name", None),
                      seed=options.seed, results=tuple(results), seconds=time.perf_counter() - start,
                      command=options.command, fallback=bool(getattr(backend, "fallback", False)),

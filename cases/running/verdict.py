@@ -29,6 +29,7 @@ class Capture:
     line: str
     group: tuple[str, ...] = ()
     how: str = ""
+    regression: str | None = None     # the id written (None when nothing was)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,11 @@ from golden.codec import get_codec
 from golden.errors import UsageError
 from golden.model import declared_model
 from golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
-from kernels.backends.loader import import_named_module, load_file_module
+from kernels.backends.loader import import_named_module, load_file_module, locate_module
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "spec_codec_options", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
-           "BUILTIN_BACKENDS", "KernelSource", "use_backend_threads"]
+           "BUILTIN_BACKENDS", "KernelSource", "use_backend_threads", "user_kernel_file"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -387,6 +388,40 @@ def register_prefix(prefix: str, factory: Callable[..., Backend]) -> None:
     if not (isinstance(prefix, str) and prefix.endswith(":") and prefix.count(":") == 1):
         raise ValueError(f"prefix={prefix!r} must be a word ending in one ':' (such as 'mutant:')")
     PREFIXED[prefix] = factory
+
+
+def user_kernel_file(name: str) -> tuple[bool, Path | None, str | None]:
+    """``(named by the user, file, function)`` of a backend name, found without running any of its code:
+    ``path/file.py:factory`` (the file, here or in the project root), ``package.module:factory`` (the
+    module's file, as the worker's import finds it), ``pypto-gym[-spec-codec|-npu]:SOURCE[:FUNCTION]``
+    (the kernel file or module). The suite's own backends (golden, sim, sim-spec-codec, npu, auto,
+    ``mutant:``, ``conforming:``) run only the suite's code: ``(False, None, None)``. A name that finds no
+    file is ``(True, None, None)``: loading it fails in the worker, which says why."""
+    if not isinstance(name, str) or name in BUILTIN_BACKENDS or ":" not in name:
+        return False, None, None
+    prefix = name.partition(":")[0] + ":"
+    if prefix in PREFIXED and not prefix.startswith("pypto-gym"):
+        return False, None, None
+    if prefix.startswith("pypto-gym"):
+        from kernels.backends.upstream import parse_name  # noqa: PLC0415 - it imports this module
+        try:
+            _, source, function = parse_name(name)
+        except ValueError:
+            return True, None, None
+        is_file = source.endswith(".py") or "/" in source
+        file = Path(source) if is_file else locate_module(source, _worker_path())
+        return True, (file.resolve() if file is not None and file.is_file() else None), function
+    path, _, attr = name.rpartition(":")
+    if ".py:" in name:
+        file = next((c for c in (Path(path), Path(__file__).resolve().parents[2] / path) if c.is_file()), None)
+        return True, (file.resolve() if file is not None else None), attr
+    return True, locate_module(path, _worker_path()), attr
+
+
+def _worker_path() -> list[str]:
+    """Where a worker process's imports look: its working directory, the project root, then this
+    process's own path (kernels/backends/supervisor.py starts workers so)."""
+    return [os.getcwd(), str(Path(__file__).resolve().parents[2]), *sys.path[1:]]
 
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:

@@ -26,6 +26,7 @@ from golden.codec import CODECS, SPEC_CODEC, Fp8Codec, get_codec
 from golden.errors import UsageError
 from golden.model import SPEC_MODEL, ConformanceModel
 from kernels.backends import KernelSource, runs_on_npu
+from kernels.backends.text import printable
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +35,10 @@ if TYPE_CHECKING:
     from golden.model import ConformanceModel
 
 __all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "SHAPE_FIELDS", "DEFAULT_SHRINK_CALLS",
-           "shrink_budget"]
+           "shrink_budget", "OPERATORS", "implements"]
+
+#: The kernels a backend may implement (SPEC §1, §6): paged attention is required, AT-12 optional.
+OPERATORS = ("paged_attention_fp8", "qk_matmul_scale")
 
 #: The shape fields a backend may restrict with ``supported_shapes`` (kernels.backends.unsupported_shape).
 SHAPE_FIELDS = ("head_dim", "block_size")
@@ -114,6 +118,10 @@ class Capabilities:
     * ``notes`` -- what a run's header says once about it here (its ``notes()``).
     * ``kernel_source`` -- where its kernel came from (a KernelSource as a dict), when known.
     * ``runs_on_npu`` -- whether it needs an NPU device (the pool gives one per worker).
+    * ``operators`` -- the kernels of :data:`OPERATORS` it implements: the methods it has, or fewer
+      where it declares ``operators`` (a kernel whose class inherits a method it does not implement).
+      Paged attention is required. The laws of an operator it does not implement are not run (said so,
+      never a pass); a call of it is never made.
     """
 
     name: str
@@ -133,6 +141,7 @@ class Capabilities:
     notes: tuple[str, ...] = ()
     kernel_source: Mapping[str, Any] | None = None
     runs_on_npu: bool = False
+    operators: tuple[str, ...] = OPERATORS
 
     @property
     def codec_object(self) -> Fp8Codec:
@@ -151,6 +160,7 @@ class Capabilities:
         data["supported_shapes"] = (None if self.supported_shapes is None
                                     else {k: list(v) for k, v in self.supported_shapes.items()})
         data["notes"] = list(self.notes)
+        data["operators"] = list(self.operators)
         data["kernel_source"] = None if self.kernel_source is None else dict(self.kernel_source)
         return data
 
@@ -173,8 +183,9 @@ class Capabilities:
         shapes = fields.get("supported_shapes")
         if isinstance(shapes, Mapping):
             fields["supported_shapes"] = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in shapes.items()}
-        if isinstance(fields.get("notes"), list):
-            fields["notes"] = tuple(fields["notes"])
+        for field in ("notes", "operators"):
+            if isinstance(fields.get(field), list):
+                fields[field] = tuple(fields[field])
         return _checked(str(fields.get("name")), fields)
 
 
@@ -183,10 +194,14 @@ def capabilities_of(backend: object, *, source: str | None = None) -> Capabiliti
     in one line (``source``: how the user named the backend, for that line). The one reader of a
     backend's optional attributes."""
     owner = source or getattr(backend, "name", None) or type(backend).__name__
-    missing = [a for a in ("paged_attention_fp8", "qk_matmul_scale") if not callable(getattr(backend, a, None))]
-    if missing:
-        raise UsageError(f"backend {owner!r}: {type(backend).__name__} lacks the method(s) {missing} of "
-                         "kernels.KernelBackend")
+    if not callable(getattr(backend, "paged_attention_fp8", None)):
+        raise UsageError(printable(f"backend {owner!r}: {type(backend).__name__} lacks the method paged_attention_fp8 "
+                                   "of kernels.KernelBackend"))
+    has = tuple(op for op in OPERATORS if callable(getattr(backend, op, None)))
+    declared = getattr(backend, "operators", None)
+    if isinstance(declared, (tuple, list)) and not set(declared) <= set(has):
+        raise UsageError(printable(f"backend {owner!r}: operators={declared!r} names kernels it has no method for "
+                                   f"(it has {list(has)})"))
     codec = getattr(backend, "codec", None)
     notes = getattr(backend, "notes", None)
     source_record = getattr(backend, "kernel_source", None)
@@ -208,6 +223,7 @@ def capabilities_of(backend: object, *, source: str | None = None) -> Capabiliti
         "notes": tuple(notes()) if callable(notes) else _MISSING if notes is not None else (),
         "kernel_source": source_record.to_dict() if isinstance(source_record, KernelSource) else source_record,
         "runs_on_npu": runs_on_npu(backend),
+        "operators": has if declared is None else tuple(declared) if isinstance(declared, (tuple, list)) else declared,
     }
     return _checked(owner, fields)
 
@@ -284,13 +300,38 @@ def _checked(owner: str, fields: dict[str, Any]) -> Capabilities:
     notes = fields.get("notes", ())
     if not (isinstance(notes, tuple) and all(isinstance(n, str) for n in notes)):
         bad("notes", "a method notes() returning a list of strings")
+    operators = fields.get("operators", OPERATORS)
+    if not (isinstance(operators, tuple) and "paged_attention_fp8" in operators
+            and all(op in OPERATORS for op in operators) and len(set(operators)) == len(operators)):
+        bad("operators", f"a tuple of the kernels it implements among {OPERATORS}, paged_attention_fp8 included")
     kernel_source = fields.get("kernel_source")
     if kernel_source is not None and not isinstance(kernel_source, Mapping):
         bad("kernel_source", "None or a kernels.backends.KernelSource")
     if wrong:
-        raise UsageError(f"backend {owner!r} breaks the backend contract (kernels.KernelBackend, "
-                         f"kernels.Capabilities): " + "; ".join(wrong))
+        raise UsageError(printable(f"backend {owner!r} breaks the backend contract (kernels.KernelBackend, "
+                                   f"kernels.Capabilities): " + "; ".join(wrong)))
+    # Text a backend gives is data (kernels/backends/text.py): whatever shows it shows it as it reads.
+    for field in ("spec_codec_not_applicable", "out_of_bounds_reads", "selection"):
+        if fields.get(field) is not None:
+            fields[field] = printable(fields[field])
+    fields["name"] = printable(fields["name"], one_line=True)
+    fields["notes"] = tuple(printable(n) for n in fields.get("notes", ()))
+    if kernel_source is not None:
+        fields["kernel_source"] = {printable(k, one_line=True): printable(v, one_line=True) if isinstance(v, str) else v
+                                   for k, v in kernel_source.items()}
     return Capabilities(**fields)
+
+
+def implements(backend: object, operator: str) -> bool:
+    """Whether ``backend`` implements ``operator`` (one of :data:`OPERATORS`): its Capabilities say so
+    (a supervised backend), else its declared ``operators``, else its having the method."""
+    caps = getattr(backend, "capabilities", None)
+    if isinstance(caps, Capabilities):
+        return operator in caps.operators
+    declared = getattr(backend, "operators", None)
+    if isinstance(declared, (tuple, list)):
+        return operator in declared
+    return callable(getattr(backend, operator, None))
 
 
 def optional_method(backend: object, name: str) -> Callable[..., Any] | None:

@@ -9,7 +9,10 @@ Rules, the same for every caller:
   own import does that for modules; ``exec_module`` on a file does not), so a second load runs it
   again and fails the same way instead of finding a half-executed module;
 - every failure is one golden.errors.UsageError (a ValueError) naming the file or module and the
-  error, on one line: what the command line prints (exit 2), never a traceback.
+  error, on one line: what the command line prints (exit 2), never a traceback;
+- a file's bytes may be *pinned* (:func:`pin_source`): the supervisor reads a backend's file, hashes
+  it for the report and hands its worker those bytes, so that what runs is what was hashed, whatever
+  happens to the file meanwhile. :func:`locate_module` finds a module's file without running any code.
 """
 from __future__ import annotations
 
@@ -17,14 +20,48 @@ import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
 
 from golden.errors import UsageError
 
-__all__ = ["load_file_module", "import_named_module"]
+__all__ = ["load_file_module", "import_named_module", "pin_source", "locate_module"]
+
+#: Resolved path -> the bytes to execute for it (:func:`pin_source`).
+_PINNED: dict[str, bytes] = {}
+
+
+def pin_source(path: str | Path, source: bytes) -> None:
+    """Make :func:`load_file_module` execute ``source`` for the file at ``path`` (resolved), not what
+    the file holds when it is loaded."""
+    _PINNED[str(Path(path).resolve())] = bytes(source)
+
+
+def locate_module(name: str, search: Sequence[str] | None = None) -> Path | None:
+    """The file of module ``name`` (dotted) as an import would find it along ``search`` (default: the
+    working directory, then sys.path), found without executing any package's code; None when there is
+    none (not found, a namespace package, a built-in)."""
+    path: list[str] | None = list(search) if search is not None else [os.getcwd(), *sys.path]
+    spec = None
+    parts = name.split(".")
+    for k in range(len(parts)):
+        if path is None:
+            return None
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:k + 1]), path)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        path = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
+    if spec is None or not spec.has_location or not spec.origin:
+        return None
+    origin = Path(spec.origin)
+    return origin if origin.is_file() else None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -54,7 +91,7 @@ def load_file_module(path: str | Path, *, prefix: str = "_pfa_file_") -> ModuleT
     if not file.is_file():
         raise UsageError(f"{str(path)!r}: no such file")
     file = file.resolve()
-    source = file.read_bytes()
+    source = _PINNED.get(str(file)) or file.read_bytes()
     name = prefix + re.sub(r"\W", "_", str(file)) + "_" + hashlib.sha256(source).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]

@@ -9,19 +9,9 @@ parent ends, exits when the parent is already gone or its request pipe closes, a
 of its own (the supervisor kills the whole group, so the terminal's Ctrl-C never reaches a kernel
 halfway through a call and a kernel's children end with it).
 
-Messages (the supervisor's side is :class:`kernels.backends.supervisor.Worker`):
-
-=========================  =====================================================================
-request                    reply
-=========================  =====================================================================
-``load`` backend, options  ``ready`` capabilities (kernels.Capabilities.to_dict), or ``refused``
-                           (kind ``unavailable`` or ``usage``, message)
-``call`` op, scalars,      ``result`` the output tensor and the inputs the call changed, or
-tensors                    ``raised`` (kind, type, message); ``spoiled`` when the process must not
-                           run another call (pypto after a failure inside its trace, W7)
-``skip_reason`` configs    ``answers``: per config None or {kind, reason}
-``estimate`` configs       ``answers``: per config None or {seconds, text}
-=========================  =====================================================================
+The messages are kernels/backends/protocol.py's. A call's inputs are tensors on the memory file the
+supervisor handed this process when it started (``--inputs FD``), which the supervisor filled and
+reads back after the reply: what the kernel writes into its inputs, the supervisor sees for itself.
 
 A kernel that raises SystemExit or KeyboardInterrupt, or writes nothing, is answered ``raised`` like
 any other exception; one that ends the process (``os._exit``, a crash, a signal) leaves the pipe
@@ -43,8 +33,10 @@ import torch
 import kernels
 from golden import PagedAttentionConfig
 from golden.errors import UsageError
-from kernels.backends import BackendUnavailable, KernelRunError, limit_time, wire
+from kernels.backends import BackendUnavailable, KernelRunError, limit_time, protocol, wire
 from kernels.backends.contract import capabilities_of
+from kernels.backends.loader import pin_source
+from kernels.backends.reaping import adopt_orphans
 from kernels.pypto_workarounds import spoiled
 
 __all__ = ["main", "die_with_parent"]
@@ -94,8 +86,10 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return {"kind": kind, "type_name": type(exc).__name__, "message": text[:_TEXT], "traceback": where[-_TEXT:]}
 
 
-def _load(header: dict[str, Any]) -> tuple[object, dict[str, Any]]:
+def _load(header: dict[str, Any], buffers: list[bytearray]) -> tuple[object, dict[str, Any]]:
 
+    if header.get("pinned") and buffers:       # the bytes the driver hashed run, not what the file holds now
+        pin_source(header["pinned"], bytes(buffers[0]))
     name, options = header["backend"], dict(header.get("options") or {})
     device = header.get("device")
     backend = kernels.get_backend(name, device=device, **options) if device is not None else \
@@ -108,20 +102,23 @@ def _load(header: dict[str, Any]) -> tuple[object, dict[str, Any]]:
     return backend, capabilities.to_dict()
 
 
-def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> tuple[dict[str, Any], list]:
+def _call(backend: object, header: dict[str, Any], inputs: int) -> tuple[dict[str, Any], list]:
 
-    tensors = wire.unpack_tensors(header["tensors"], buffers)
-    before = {k: bytes(wire.raw_bytes(t)) for k, t in tensors.items()}
     op = header["op"]
     if op not in ("paged_attention_fp8", "qk_matmul_scale"):
         return {"type": "raised", "kind": "usage", "type_name": "ValueError", "message": f"op={op!r} is not a kernel"}, []
-    start = time.perf_counter()
-    out = getattr(backend, op)(**tensors, **header.get("scalars", {}))
-    seconds = time.perf_counter() - start
-    changed = {}
-    for k, t in tensors.items():
-        if wire.raw_bytes(t) != before[k]:
-            changed[k] = t
+    tensors, mapping = protocol.map_inputs(inputs, header.get("inputs"), header.get("inputs_bytes"))
+    try:
+        start = time.perf_counter()
+        out = getattr(backend, op)(**tensors, **header.get("scalars", {}))
+        seconds = time.perf_counter() - start
+    finally:
+        tensors.clear()
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:       # the kernel kept a view of its inputs: the mapping goes with the process
+                pass
     if not isinstance(out, torch.Tensor):
         return {"type": "raised", "kind": "kernel_run", "type_name": "TypeError",
                 "message": f"the kernel returned {type(out).__name__}, not a torch.Tensor", "seconds": seconds}, []
@@ -131,8 +128,8 @@ def _call(backend: object, header: dict[str, Any], buffers: list[bytearray]) -> 
                 "seconds": seconds}, []
     # A plain tensor of the same bits: a subclass's methods never run on the judging side.
     plain = {"output": out.as_subclass(torch.Tensor) if type(out) is not torch.Tensor else out}
-    entries, buffers_out = wire.pack_tensors({**plain, **changed})
-    return {"type": "result", "tensors": entries, "changed": sorted(changed), "seconds": seconds}, buffers_out
+    entries, buffers_out = wire.pack_tensors(plain)
+    return {"type": "result", "tensors": entries, "seconds": seconds}, buffers_out
 
 
 def _answers(backend: object, header: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +152,7 @@ def _spoiled() -> str | None:
     return spoiled()
 
 
-def serve(requests: int, replies: int) -> None:
+def serve(requests: int, replies: int, inputs: int) -> None:
     """Answer requests until the pipe closes (or the load fails)."""
     backend: object = None
     while True:
@@ -169,13 +166,13 @@ def serve(requests: int, replies: int) -> None:
         try:
             if kind == "load":
                 try:
-                    backend, capabilities = _load(header)
+                    backend, capabilities = _load(header, buffers)
                     reply = {"type": "ready", "capabilities": capabilities, "pid": os.getpid()}
                 except BaseException as exc:  # noqa: BLE001 - a factory that exits or raises cannot start
                     reply = {"type": "refused", **_error(exc)}
             elif kind == "call":
                 try:
-                    reply, out = _call(backend, header, buffers)
+                    reply, out = _call(backend, header, inputs)
                 except BaseException as exc:  # noqa: BLE001 - whatever the kernel raises is reported, as data
                     reply = {"type": "raised", **_error(exc)}
                 reply["spoiled"] = _spoiled()
@@ -186,7 +183,7 @@ def serve(requests: int, replies: int) -> None:
                          "message": f"unknown request {kind!r}"}
         except BaseException as exc:  # noqa: BLE001 - a backend's skip_reason or estimate that fails
             reply = {"type": "raised", **_error(exc)}
-        wire.write_message(replies, reply, out)
+        wire.write_message(replies, {**reply, "seq": header.get("seq")}, out)
         if kind == "load" and reply["type"] == "refused":
             return
 
@@ -195,10 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.backends.sandbox")
     parser.add_argument("--requests", type=int, required=True)
     parser.add_argument("--replies", type=int, required=True)
+    parser.add_argument("--inputs", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
-    serve(args.requests, args.replies)
+    adopt_orphans()       # what the kernel forks and abandons stays in this process's tree, where its end finds it
+    serve(args.requests, args.replies, args.inputs)
     return 0
 
 

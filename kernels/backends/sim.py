@@ -169,8 +169,8 @@ class SimBackend(PyptoBackend):
     def _paged_attention(self, dims, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table,
                          kv_act_seqs):
         if self.level == "compile":
-            raise BackendUnavailable("the sim backend at level 'compile' computes no output; "
-                                     "use level='execute' or compile_paged_attention()")
+            raise KernelRunError("the sim backend at level 'compile' computes no output; "
+                                 "use level='execute' or compile_paged_attention()")
         tensors = dict(q=q, q_scale=q_scale, k_cache=k_cache, k_scale=k_scale, v_cache=v_cache, v_scale=v_scale,
                        block_table=block_table, kv_act_seqs=kv_act_seqs)
         chunks = sim_cost.plan(kv_act_seqs.tolist(), s1=dims.s1, nkv=dims.nkv, g_steps=dims.group // dims.g_tile,
@@ -204,7 +204,7 @@ class SimBackend(PyptoBackend):
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
         if self.level == "compile":
-            raise BackendUnavailable("the sim backend at level 'compile' computes no output")
+            raise KernelRunError("the sim backend at level 'compile' computes no output")
         return self._at12(q, k, scale, q_scale, k_scale, execute=True)
 
     def compile_qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import os
 import queue
 import shutil
@@ -49,8 +50,20 @@ from typing import Any
 import torch
 
 from golden.errors import UsageError
-from kernels.backends import BackendUnavailable, KernelRunError, Skip, runs_on_npu, unsupported_shape, wire
+from kernels.backends import (
+    BackendUnavailable,
+    KernelRunError,
+    KernelSource,
+    Skip,
+    protocol,
+    runs_on_npu,
+    unsupported_shape,
+    user_kernel_file,
+    wire,
+)
 from kernels.backends.contract import Capabilities, CostEstimate
+from kernels.backends.reaping import Tree, adopt_orphans
+from kernels.backends.text import printable
 
 __all__ = ["BackendSpec", "KernelFault", "KernelRaised", "Reply", "Supervisor", "SupervisedBackend",
            "GuardedBackend", "RETRIES", "LOAD_TIMEOUT_S", "LOG_DIR_PREFIX", "describe_failure", "kill_all",
@@ -176,42 +189,71 @@ class Reply:
 
 @dataclasses.dataclass
 class _Job:
+    """A request waiting for, or at, a worker: ``tensors`` are a call's inputs (the driver's own copies,
+    written into the worker's input memory when it is handed over, and compared with it after the reply)."""
     key: object
     header: dict[str, Any]
-    buffers: list
+    tensors: Mapping[str, torch.Tensor]
     timeout: float | None
     max_reply_bytes: int
     attempts: int = 0
     retry_cause: str | None = None
     sent_at: float = 0.0
+    buffers: tuple[bytes, ...] = ()       # a load request's pinned kernel file
 
 
-def _load_header(spec: BackendSpec, slot: int) -> dict[str, Any]:
-    """The load request of worker ``slot``: an npu backend's worker k takes NPU ``device + k``."""
+def _load_job(spec: BackendSpec, slot: int, pinned: tuple[Path, bytes] | None) -> _Job:
+    """The load request of worker ``slot`` (an npu backend's worker k takes NPU ``device + k``), with the
+    bytes of the user's kernel file the driver hashed, which the worker executes instead of the file."""
     device = (int(spec.device or 0) + slot) if runs_on_npu(spec.name) else spec.device
-    return {"type": "load", "backend": spec.name, "device": device, "options": dict(spec.options),
-            "threads": spec.threads, "max_seconds": spec.max_seconds}
+    header = {"type": "load", "backend": spec.name, "device": device, "options": dict(spec.options),
+              "threads": spec.threads, "max_seconds": spec.max_seconds,
+              "pinned": None if pinned is None else str(pinned[0])}
+    return _Job("load", header, {}, LOAD_TIMEOUT_S, 2**24, buffers=() if pinned is None else (pinned[1],))
+
+
+def driver_kernel_source(name: str) -> tuple[bool, KernelSource | None, tuple[Path, bytes] | None]:
+    """``(named by the user, its KernelSource, (path, bytes) to pin)`` of backend ``name``, read by this
+    process: a report's sha256 of a user's kernel is the driver's, of the bytes its worker executes,
+    never what the backend declares. The suite's own backends keep the source they declare."""
+    user, file, function = user_kernel_file(name)
+    if not user or file is None:
+        return user, None, None
+    try:
+        data = file.read_bytes()
+    except OSError:
+        return True, None, None
+    source = name.split(":", 1)[1].rsplit(":", 1)[0] if name.startswith("pypto-gym") else name.rpartition(":")[0]
+    return True, KernelSource(source, str(file), hashlib.sha256(data).hexdigest(), function), (file, data)
 
 
 class _Worker:
     """One worker process and the thread that talks to it (writes a job's request, reads its reply)."""
 
-    def __init__(self, spec: BackendSpec, slot: int, log_dir: Path, outbox: queue.Queue) -> None:
+    def __init__(self, spec: BackendSpec, slot: int, log_dir: Path, outbox: queue.Queue, tree: Tree,
+                 pinned: tuple[Path, bytes] | None) -> None:
         self.slot = slot
         self.outbox = outbox
+        self.tree = tree
         self.log = log_dir / f"worker-{slot}-{time.monotonic_ns()}.log"
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
+        self._inputs = protocol.open_input_memory()
+        self._seq = 0
         root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, PFA_VERIFY_WORKER_SLOT=str(slot),
+        env = dict(os.environ, PFA_VERIFY_WORKER_SLOT=str(slot), **tree.environment(),
                    PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "kernels.backends.sandbox", "--requests", str(req_r), "--replies", str(rep_w),
-                 "--parent", str(os.getpid())], pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        os.close(req_r)
-        os.close(rep_w)
+        try:
+            with open(self.log, "wb") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "kernels.backends.sandbox", "--requests", str(req_r), "--replies",
+                     str(rep_w), "--inputs", str(self._inputs), "--parent", str(os.getpid())],
+                    pass_fds=(req_r, rep_w, self._inputs), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        tree.started(self.process.pid)
         self.job: _Job | None = None
         self.deadline: float | None = None
         self.ended_seen: float | None = None      # when the process was first seen ended while busy
@@ -220,16 +262,19 @@ class _Worker:
         self._inbox: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._talk, name=f"pfa-verify worker {slot}", daemon=True)
         self._thread.start()
-        self.send(_Job("load", _load_header(spec, slot), [], LOAD_TIMEOUT_S, 2**24))
+        self.send(_load_job(spec, slot, pinned))
 
     def send(self, job: _Job) -> None:
+        self._seq += 1
+        job.header = {**job.header, "seq": self._seq}
         self.job = job
         job.sent_at = time.monotonic()
         self.deadline = None if job.timeout is None else job.sent_at + job.timeout
         self._inbox.put(job)
 
     def _talk(self) -> None:
-        """The thread: one job at a time; it alone closes the pipes, when it ends (a pipe closed under a
+        """The thread: one job at a time (its inputs into the input memory, the request, the reply checked,
+        the inputs read back); it alone closes the pipes and the memory, when it ends (a pipe closed under a
         blocked read would let its number be reused by another worker's pipe)."""
         try:
             while True:
@@ -237,18 +282,34 @@ class _Worker:
                 if job is None:
                     return
                 try:
-                    wire.write_message(self._req_w, job.header, job.buffers)
-                    reply = wire.read_message(self._rep_r, max_bytes=job.max_reply_bytes)
+                    self.outbox.put((self, job, self._exchange(job)))
                 except (OSError, wire.WireError) as exc:
                     self.outbox.put((self, job, exc))
                     return
-                self.outbox.put((self, job, reply))
         finally:
-            for fd in (self._req_w, self._rep_r):
+            for fd in (self._req_w, self._rep_r, self._inputs):
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+
+    def _exchange(self, job: _Job) -> tuple[protocol.Reply, dict[str, torch.Tensor]]:
+        """One request and its checked reply, with the inputs the call changed as read back here."""
+        request = job.header["type"]
+        slots: list[protocol.Slot] = []
+        if request == "call":
+            slots, size = protocol.layout(job.tensors)
+            protocol.write_inputs(self._inputs, job.tensors, slots, size)
+            job.header = {**job.header, "inputs": [s.to_dict() for s in slots], "inputs_bytes": size}
+        try:
+            wire.write_message(self._req_w, job.header, job.buffers)
+            header, buffers = wire.read_message(self._rep_r, max_bytes=job.max_reply_bytes)
+            reply = protocol.parse_reply(header, buffers, request=request, seq=job.header["seq"])
+            changed = protocol.changed_inputs(self._inputs, job.tensors, slots) if slots else {}
+        finally:
+            if slots:
+                protocol.release_inputs(self._inputs)
+        return reply, changed
 
     def how_it_ended(self, wait_s: float = 5.0) -> str:
         """How the process ended, in words (it is killed if it has not within ``wait_s``)."""
@@ -266,18 +327,16 @@ class _Worker:
 
     def log_tail(self) -> str:
         try:
-            text = self.log.read_bytes()[-_LOG_TAIL:].decode("utf-8", "replace").strip()
+            text = printable(self.log.read_bytes()[-_LOG_TAIL:].decode("utf-8", "replace").strip())
         except OSError:
             return ""
         return f"; its last output: {text}" if text else ""
 
     def kill(self) -> None:
-        """SIGKILL the worker's whole process group (its leader may have ended already: what it forked
-        may not have); its thread then ends and closes the pipes."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """SIGKILL the worker, its process group and every process it started, in its session or not
+        (kernels/backends/reaping.py; its leader may have ended already: what it forked may not have);
+        its thread then ends and closes the pipes."""
+        self.tree.kill(self.process.pid)
         self._inbox.put(None)
 
 
@@ -331,6 +390,10 @@ class Supervisor:
         self.started = 0          # processes started, replacements included
         self.generation = 0       # bumped by reload(): backends made before it are stale
         self.refused: dict[int, str] = {}    # slot -> why its worker could not load the backend
+        self._tree = Tree()
+        self._recorded_at = 0.0
+        self._user_named, self._kernel_source, self._pinned = driver_kernel_source(spec.name)
+        adopt_orphans()          # what a kernel starts and abandons comes back to this process, to be ended
         _LIVE.add(self)
 
     # -- life ------------------------------------------------------------------------------------
@@ -359,6 +422,7 @@ class Supervisor:
                     w.process.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
+        self._tree.sweep()
         shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def start(self) -> Capabilities:
@@ -376,6 +440,7 @@ class Supervisor:
         if self.pending:
             raise RuntimeError("reload() needs a supervisor with no call pending")
         self.spec, self.capabilities = spec, None
+        self._user_named, self._kernel_source, self._pinned = driver_kernel_source(spec.name)
         self.generation += 1
         self.refused = {}
         for slot, w in enumerate(self._slots):
@@ -385,7 +450,7 @@ class Supervisor:
                 self._spawn(slot)
                 continue
             w.capabilities = None
-            w.send(_Job("load", _load_header(spec, slot), [], LOAD_TIMEOUT_S, 2**24))
+            w.send(_load_job(spec, slot, self._pinned))
         while self.capabilities is None:
             self._pump(timeout=None)
         return self.capabilities
@@ -393,7 +458,7 @@ class Supervisor:
     def _spawn(self, slot: int) -> _Worker:
         if self._closed:
             raise RuntimeError("the supervisor is closed")
-        worker = _Worker(self.spec, slot, self._log_dir, self._outbox)
+        worker = _Worker(self.spec, slot, self._log_dir, self._outbox, self._tree, self._pinned)
         self._slots[slot] = worker
         self.started += 1
         return worker
@@ -403,12 +468,12 @@ class Supervisor:
                timeout: float | None = None) -> None:
         """Hand ``op(**tensors, **scalars)`` to a worker; its :class:`Reply` comes back from :meth:`wait`
         under ``key``. ``timeout``: this call's limit (default: ``case_timeout``)."""
-        entries, buffers = wire.pack_tensors(tensors)
-        inputs = sum(b.nbytes for b in buffers)
-        header = {"type": "call", "op": op, "scalars": dict(scalars), "tensors": entries}
-        # A reply holds the output and at most the inputs again: anything larger is refused unread.
-        limit = 2 * inputs + 64 * 2**20
-        self._queue.append(_Job(key, header, buffers, self.case_timeout if timeout is None else timeout, limit))
+        protocol.layout(tensors)              # a dtype that does not cross is refused here, not in the thread
+        inputs = sum(t.numel() * t.element_size() for t in tensors.values())
+        header = {"type": "call", "op": op, "scalars": dict(scalars)}
+        # A reply holds the output, no larger than the inputs: anything larger is refused unread.
+        limit = inputs + 64 * 2**20
+        self._queue.append(_Job(key, header, dict(tensors), self.case_timeout if timeout is None else timeout, limit))
         self._dispatch()
 
     @property
@@ -453,7 +518,7 @@ class Supervisor:
         if not configs:
             return []
         key = object()
-        self._queue.append(_Job(key, {"type": kind, "configs": configs}, [], LOAD_TIMEOUT_S, 2**24))
+        self._queue.append(_Job(key, {"type": kind, "configs": configs}, {}, LOAD_TIMEOUT_S, 2**24))
         self._dispatch()
         others: list[tuple[object, Reply]] = []
         try:
@@ -464,10 +529,10 @@ class Supervisor:
                         continue
                     if reply.failure is not None:
                         raise reply.failure
-                    if reply.answers is None or len(reply.answers) != len(configs):
-                        raise KernelFault(f"the backend's {kind} gave {reply.answers!r} for {len(configs)} "
-                                          "config(s)", kind="protocol")
-                    return reply.answers
+                    try:
+                        return protocol.check_answers(kind, reply.answers or [], len(configs))
+                    except protocol.ProtocolError as exc:
+                        raise KernelFault(f"the backend's {kind}: {exc}", kind="protocol") from None
         finally:
             self._done[:0] = others
 
@@ -497,6 +562,8 @@ class Supervisor:
             self._expire()
             self._reap()
             return
+        finally:
+            self._record()
         if worker is not self._slots[worker.slot] or job is not worker.job:
             return                               # a killed worker's last words
         worker.job, worker.deadline = None, None
@@ -506,11 +573,20 @@ class Supervisor:
             worker.kill()
             how = worker.how_it_ended()
             what = (f"the kernel's worker process {how} during the call" if ended else
-                    f"the kernel's worker process sent a malformed reply ({got}); it was killed")
+                    f"the kernel's worker process (worker {worker.slot}, pid {worker.process.pid}) sent a malformed "
+                    f"reply ({printable(got)}); it was killed")
             self._lost(worker, job, what + worker.log_tail(), kind="ended" if ended else "protocol", seconds=seconds)
         else:
             self._answered(worker, job, *got, seconds=seconds)
         self._dispatch()
+
+    def _record(self) -> None:
+        """Note who the busy workers started (reaping.Tree.record), at most every _POLL_S: should such a
+        process lose its parent and its mark, it is still known when its worker is killed."""
+        now = time.monotonic()
+        if now - self._recorded_at >= _POLL_S and any(w is not None and w.job is not None for w in self._slots):
+            self._recorded_at = now
+            self._tree.record()
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -567,55 +643,53 @@ class Supervisor:
         self._finish(job, Reply(output=None, changed={}, failure=KernelFault(what, kind=kind), seconds=seconds,
                                 attempts=job.attempts, retry_cause=job.retry_cause))
 
-    def _answered(self, worker: _Worker, job: _Job, header: dict[str, Any], buffers: list, *, seconds: float) -> None:
-        kind = header.get("type")
+    def _answered(self, worker: _Worker, job: _Job, reply: protocol.Reply, changed: dict[str, torch.Tensor], *,
+                  seconds: float) -> None:
+        """A checked reply (kernels/backends/protocol.py) and the inputs the driver found changed."""
+        fields = reply.fields
         if job.key == "load":
-            if kind == "ready":
-                caps = Capabilities.from_dict(header.get("capabilities") or {})
+            if reply.type == "ready":
+                try:
+                    caps = Capabilities.from_dict(fields["capabilities"])
+                except UsageError as exc:
+                    if self.capabilities is None:
+                        self.close()
+                        raise
+                    self._load_failed(worker, str(exc))
+                    return
+                if self._user_named:      # the driver's reading of the user's file, never the backend's claim
+                    source = None if self._kernel_source is None else self._kernel_source.to_dict()
+                    caps = dataclasses.replace(caps, kernel_source=source)
                 worker.capabilities = caps.to_dict()
                 if self.capabilities is None:
                     self.capabilities = caps
                 return
-            message = f"{header.get('message')}"
-            if header.get("kind") == "usage" and self.capabilities is None:
+            message = fields["message"]
+            if fields["kind"] == "usage" and self.capabilities is None:
                 self.close()
                 raise UsageError(message)
-            if header.get("kind") not in ("unavailable", "usage"):
-                message = (f"loading it raised {header.get('type_name')}: {message}" if header.get("kind") != "exit"
+            if fields["kind"] not in ("unavailable", "usage"):
+                message = (f"loading it raised {fields.get('type_name')}: {message}" if fields["kind"] != "exit"
                            else f"loading it called sys.exit: {message}")
             worker.kill()
             worker.how_it_ended()
-            self._load_failed(worker, message, unavailable=header.get("kind") == "unavailable")
+            self._load_failed(worker, message, unavailable=fields["kind"] == "unavailable")
             return
         job.attempts += 1
-        spoiled = header.get("spoiled")
-        if spoiled:
+        if fields.get("spoiled"):
             worker.kill()
             worker.how_it_ended()
             self._slots[worker.slot] = None
-        if kind == "answers":
+        if reply.type == "answers":
             self._finish(job, Reply(output=None, changed={}, failure=None, seconds=seconds,
-                                    answers=list(header.get("answers") or [])))
+                                    answers=list(fields["answers"])))
             return
-        if kind == "raised":
-            self._finish(job, Reply(output=None, changed={}, failure=_raised(header), seconds=seconds,
+        if reply.type == "raised":
+            self._finish(job, Reply(output=None, changed={}, failure=_raised(fields), seconds=seconds,
                                     attempts=job.attempts, retry_cause=job.retry_cause, pid=worker.process.pid))
             return
-        try:
-            if kind != "result":
-                raise wire.WireError(f"a reply of type {kind!r}")
-            tensors = wire.unpack_tensors(header.get("tensors"), buffers)
-            output = tensors.pop("output")
-            changed = {k: tensors[k] for k in header.get("changed", []) if k in tensors}
-        except (wire.WireError, KeyError, TypeError) as exc:
-            worker.kill()
-            worker.how_it_ended()
-            self._finish(job, Reply(output=None, changed={}, failure=KernelFault(
-                f"the kernel's worker process sent a malformed reply ({exc}); it was killed", kind="protocol"),
-                seconds=seconds, attempts=job.attempts, retry_cause=job.retry_cause))
-            return
-        self._finish(job, Reply(output=output, changed=changed, failure=None, seconds=seconds, attempts=job.attempts,
-                                retry_cause=job.retry_cause, pid=worker.process.pid))
+        self._finish(job, Reply(output=reply.output, changed=changed, failure=None, seconds=seconds,
+                                attempts=job.attempts, retry_cause=job.retry_cause, pid=worker.process.pid))
 
     def _load_failed(self, worker: _Worker, what: str, *, unavailable: bool = False) -> None:
         """A worker that could not load the backend: its slot takes no more calls (the others go on, and
@@ -638,15 +712,15 @@ class Supervisor:
         self._done.append((job.key, reply))
 
 
-def _raised(header: Mapping[str, Any]) -> BaseException:
-    """The exception a ``raised`` reply stands for."""
-    kind, message = header.get("kind"), str(header.get("message", ""))
-    if kind == "unavailable":
-        return BackendUnavailable(message)
-    if kind == "kernel_run":
+def _raised(fields: Mapping[str, Any]) -> BaseException:
+    """The exception a ``raised`` reply stands for: a KernelRunError (the kernel did not deliver), or
+    the KernelRaised of whatever it raised. kernels.BackendUnavailable from a call is raised too, never
+    a skip: only a backend that cannot start is unavailable (item 1 of the contract's docstring)."""
+    message = str(fields.get("message", ""))
+    if fields.get("kind") == "kernel_run":
         return KernelRunError(message)
-    return KernelRaised(message, type_name=str(header.get("type_name") or "Exception"),
-                        traceback_text=str(header.get("traceback", "")))
+    return KernelRaised(message, type_name=str(fields.get("type_name") or "Exception"),
+                        traceback_text=str(fields.get("traceback", "")))
 
 
 class SupervisedBackend:
@@ -727,39 +801,54 @@ class SupervisedBackend:
 
     def prefetch(self, configs: list[Any]) -> None:
         """Ask a worker once for the skip_reason and estimate of every config not asked yet (the run asks
-        before its first case, while every worker is free)."""
+        before its first case, while every worker is free). A query that fails is asked again per config
+        (:meth:`skip_reason` then says why, for that case alone)."""
         for kind, cache, wanted in (("skip_reason", self._skips, self.capabilities.has_skip_reason),
                                     ("estimate", self._estimates, self.capabilities.has_estimate)):
             todo = {self._key(c): c for c in configs if self._key(c) not in cache} if wanted else {}
             if not todo:
                 continue
-            answers = self.supervisor.query(kind, [c.to_dict() for c in todo.values()])
+            try:
+                answers = self.supervisor.query(kind, [c.to_dict() for c in todo.values()])
+            except (KernelRunError, KernelRaised):
+                continue
             for key, answer in zip(todo, answers, strict=True):
-                if kind == "skip_reason":
-                    self._skips[key] = None if answer is None else Skip(answer["kind"], answer["reason"])
-                else:
-                    self._estimates[key] = (None if answer is None
-                                            else CostEstimate(seconds=answer["seconds"], text=answer["text"]))
+                cache[key] = _answer(kind, answer)       # type: ignore[assignment]
 
     def skip_reason(self, config: Any) -> Skip | None:
-        """The backend's own skip_reason (asked of a worker once per config), or its shape limits."""
+        """The backend's own skip_reason (asked of a worker once per config), or its shape limits. A
+        skip_reason that raises or answers outside the protocol raises (KernelRaised, KernelFault): the
+        case is an error, never a skip."""
         if not self.capabilities.has_skip_reason:
             return unsupported_shape(config, self.supported_shapes)
         key = self._key(config)
         if key not in self._skips:
             (answer,) = self.supervisor.query("skip_reason", [config.to_dict()])
-            self._skips[key] = None if answer is None else Skip(answer["kind"], answer["reason"])
+            self._skips[key] = _answer("skip_reason", answer)     # type: ignore[assignment]
         return self._skips[key]
 
     def estimate(self, config: Any) -> CostEstimate | None:
-        """The backend's own cost estimate of ``config`` (asked of a worker once per config), or None."""
+        """The backend's own cost estimate of ``config`` (asked of a worker once per config), or None (none,
+        or an estimate that failed: the case then runs without one)."""
         if not self.capabilities.has_estimate:
             return None
         key = self._key(config)
         if key not in self._estimates:
-            (answer,) = self.supervisor.query("estimate", [config.to_dict()])
-            self._estimates[key] = None if answer is None else CostEstimate(seconds=answer["seconds"], text=answer["text"])
+            try:
+                (answer,) = self.supervisor.query("estimate", [config.to_dict()])
+            except (KernelRunError, KernelRaised):
+                answer = None
+            self._estimates[key] = _answer("estimate", answer)    # type: ignore[assignment]
         return self._estimates[key]
+
+
+def _answer(kind: str, answer: Mapping[str, Any] | None) -> Skip | CostEstimate | None:
+    """A checked answer (protocol.check_answers) as the Skip or CostEstimate it stands for."""
+    if answer is None:
+        return None
+    if kind == "skip_reason":
+        return Skip(answer["kind"], answer["reason"])
+    return CostEstimate(seconds=float(answer["seconds"]), text=answer["text"])
 
 
 class GuardedBackend:

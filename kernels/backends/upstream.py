@@ -38,7 +38,7 @@ from typing import Any
 
 from golden.errors import UsageError, check_known
 from golden.model import SPEC_MODEL
-from kernels.backends import BackendUnavailable, KernelSource, spec_codec_options
+from kernels.backends import KernelSource, spec_codec_options
 from kernels.backends.loader import import_named_module, load_file_module
 from kernels.backends.npu import NpuBackend
 from kernels.backends.pypto_backend import PyptoBackend
@@ -130,6 +130,9 @@ class _UpstreamKernel(PyptoBackend):
     before SimBackend or NpuBackend (both PyptoBackends, after it in the MRO), which do everything else
     (W9, batch chunks, the device)."""
 
+    #: A paged-attention kernel: it has no AT-12 entry (its AT-12 laws are not run, kernels.Capabilities).
+    operators = ("paged_attention_fp8",)
+
     def __init__(self, source: str, function: str = UPSTREAM_FUNCTION, *, tiles: dict | None = None,
                  supported: dict | None = None, **options) -> None:
         super().__init__(**options)        # the sim's pypto from the overlay (W1-W13), or the npu's checks, first
@@ -158,9 +161,6 @@ class _UpstreamKernel(PyptoBackend):
 
     def _kernel_arguments(self, dims, out) -> list:
         return [out, dims.softmax_scale, self.tile_config(dims)]
-
-    def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
-        raise BackendUnavailable(f"{self.name} is a paged-attention kernel; it has no AT-12 entry")
 
 
 class UpstreamKernelBackend(_UpstreamKernel, SimBackend):

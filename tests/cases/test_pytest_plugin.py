@@ -51,3 +51,25 @@ def test_a_session_of_other_tests_keeps_hypothesis_defaults_and_never_imports_to
     result = outside.runpytest_subprocess(*_plugin_args())
     result.assert_outcomes(passed=1)
     assert "pfa-verify:" not in result.stdout.str()
+
+
+def test_a_kernel_that_raises_backend_unavailable_in_a_call_fails_its_laws(outside):
+    """Raised during a kernel call, kernels.BackendUnavailable is the kernel's error, never a skip: without
+    --allow-unavailable and with it alike (it covers a backend that cannot start, nothing else)."""
+    hostile = ROOT / "tests" / "kernels" / "hostile_kernels.py"
+    for extra in ((), ("--allow-unavailable",)):
+        result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
+                                              f"{hostile}:unavailable_in_a_call", "-k", "acceptance and not at12",
+                                              "--hypothesis-profile", "ci", *extra)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        result.assert_outcomes(failed=1)
+
+
+def test_the_laws_of_a_kernel_the_backend_does_not_implement_are_not_run_and_fail_the_session(outside):
+    hostile = ROOT / "tests" / "kernels" / "hostile_kernels.py"
+    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
+                                          f"{hostile}:paged_only", "-k", "at12_default_scale or outputs_finite",
+                                          "--hypothesis-profile", "ci")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*does not implement qk_matmul_scale*", "*1 law test(s) not run on this backend*"])

@@ -4,6 +4,7 @@ Every hostile kernel of tests/kernels/hostile_kernels.py against the one rule th
 backend: none passes, each ends as the failure it is, and the next call gets a working process."""
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -136,6 +137,135 @@ def test_a_changed_input_comes_back_and_the_rule_sees_it():
     try:
         with pytest.raises(InputsModified):
             judge(backend, CASE)
+    finally:
+        backend.close()
+
+
+def test_a_kernel_that_hides_its_writes_in_its_own_process_is_caught_by_the_driver():
+    """The kernel zeroes k_cache and patches whatever its worker could compare: the driver reads the
+    input memory back itself (kernels/backends/protocol.py)."""
+    backend = _supervised("hides_its_writes")
+    try:
+        with pytest.raises(InputsModified, match="Input k_cache after the hostile-hides-its-writes call"):
+            judge(backend, CASE)
+    finally:
+        backend.close()
+
+
+def test_a_kernel_that_cuts_its_input_memory_is_a_protocol_error_and_the_driver_lives():
+    backend = _supervised("truncates_its_inputs")
+    try:
+        with pytest.raises(KernelFault, match="the memory holding the kernel's inputs was cut short") as raised:
+            judge(backend, CASE)
+        assert raised.value.kind == "protocol"
+    finally:
+        backend.close()
+
+
+def test_a_well_formed_forged_reply_does_not_hide_a_changed_input():
+    """A result frame the kernel writes itself, with the right request number and the golden's output,
+    after zeroing k_cache: the driver's own reading of the input memory still sees the write."""
+    backend = _supervised("forges_its_reply")
+    try:
+        with pytest.raises(InputsModified, match="k_cache"):
+            judge(backend, CASE)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("frame, text", [
+    ("claims_changed_none", "field(s) the protocol does not have: changed"),
+    ("unknown_tensor", "exactly one tensor, named output"),
+    ("null_tensors", "whose tensors is NoneType, not list"),
+    ("wrong_seq", "not the answer to this request"),
+    ("unknown_type", "a reply of type 'zzz' to a call request"),
+])
+def test_a_malformed_or_unexpected_reply_is_an_error_naming_the_worker(frame, text):
+    backend = SupervisedBackend(Supervisor(BackendSpec(name=f"{HOSTILE}:forges_its_reply", options={"frame": frame})))
+    try:
+        for _ in range(2):              # the worker is killed; the next call's new worker is answered the same way
+            with pytest.raises(KernelFault) as raised:
+                judge(backend, CASE)
+            assert raised.value.kind == "protocol" and text in str(raised.value)
+            assert "worker 0, pid" in str(raised.value)
+        assert backend.supervisor.started == 2
+    finally:
+        backend.close()
+
+
+def _alive_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker.encode() in argv and state not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finding every process a kernel started needs /proc (Linux)")
+def test_every_process_the_kernel_starts_ends_with_its_worker(monkeypatch):
+    """One process in a session of its own, one more that also clears its environment and loses its parent:
+    none outlives the supervisor (kernels/backends/reaping.py)."""
+    marker = f"pfa-verify-test-orphan-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("PFA_VERIFY_TEST_MARKER", marker)
+    backend = _supervised("starts_a_session")
+    try:
+        assert judge(backend, CASE).passed
+        deadline = time.monotonic() + 20
+        while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_alive_with(marker)) == 2          # both were started: the test can fail
+    finally:
+        backend.close()
+    deadline = time.monotonic() + 10
+    while _alive_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive_with(marker) == []
+
+
+def test_the_kernel_source_is_the_drivers_reading_of_the_file_not_the_backends_claim():
+    backend = _supervised("claims_another_source")
+    try:
+        source = backend.capabilities.kernel_source
+        assert source is not None
+        assert source["sha256"] == hashlib.sha256(Path(HOSTILE).read_bytes()).hexdigest()
+        assert source["path"] == str(Path(HOSTILE).resolve()) and source["function"] == "claims_another_source"
+    finally:
+        backend.close()
+
+
+def test_the_worker_runs_the_bytes_the_driver_hashed(tmp_path):
+    """The file changes after the driver read it: the worker executes what was hashed."""
+    file = tmp_path / "swapped.py"
+    file.write_text("from kernels.backends.golden_backend import GoldenBackend\n"
+                    "def make():\n    b = GoldenBackend(); b.name = 'as-hashed'; return b\n")
+    supervisor = Supervisor(BackendSpec(name=f"{file}:make"))
+    try:
+        file.write_text("def make():\n    raise RuntimeError('swapped after hashing')\n")
+        assert supervisor.start().name == "as-hashed"
+    finally:
+        supervisor.close()
+
+
+def test_backend_unavailable_from_a_call_is_an_error_never_a_skip():
+    backend = _supervised("unavailable_in_a_call")
+    try:
+        with pytest.raises(KernelRaised, match="built for one KV head") as raised:
+            judge(backend, load_catalog()["pfa_fp8_b16_s1_1_s2_256_nkv_4"])
+        assert raised.value.type_name == "BackendUnavailable"
+    finally:
+        backend.close()
+
+
+def test_a_backend_declares_the_kernels_it_implements():
+    backend = _supervised("paged_only")
+    try:
+        assert backend.capabilities.operators == ("paged_attention_fp8",)
     finally:
         backend.close()
 
