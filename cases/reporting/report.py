@@ -199,7 +199,7 @@ def summarize(run) -> RunSummary:
         reasons.append("auto fell back to the golden, so no kernel was checked (--allow-fallback accepts that; "
                        "--backend golden runs the golden on purpose)")
     for failure in run.write_failures:
-        reasons.append(f"evidence not written: {failure}")
+        reasons.append(f"evidence lost or not written: {failure}")
     n_skipped = sum(skipped_by_kind.values())
     inside = sum((row.codec.envelope_figures.inside_only if row.codec.envelope_figures else 0)
                  for row in _all_rows(run) if row.codec is not None and row.counts and row.verdict == "pass")

@@ -386,3 +386,18 @@ def test_a_captured_case_of_another_law_names_that_law_as_its_reference(tmp_path
                      "--examples", "0", "--no-capture", "--json", str(report)]) == 0
     (row,) = json.loads(report.read_text())["results"]
     assert row["reference"] == f"law {law}" and row["verdict"] == "pass"
+
+
+def test_captures_are_read_before_the_backend_starts_and_their_loss_fails_the_run(tmp_path, monkeypatch):
+    """The backend's factory empties the regressions folder: the run still replays what it read before the
+    backend started, and says which captures were removed while it ran (exit 1, never 0)."""
+    status, _ = _run(tmp_path, backend=PERTURB)
+    assert status == 1 and len(regressions.list_ids(directory=tmp_path / "regs")) == 2
+    monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(tmp_path / "regs"))
+    status, data = _run(tmp_path, backend="tests/kernels/hostile_kernels.py:deletes_the_captures",
+                        cases="regressions")
+    assert regressions.list_ids(directory=tmp_path / "regs") == []          # the factory did what it says
+    assert [r["source"] for r in data["results"]] == ["regression", "regression"]
+    assert {r["verdict"] for r in data["results"]} == {"pass"}              # replayed: the golden passes them
+    lost = data["summary"]["write_failures"]
+    assert status == 1 and len(lost) == 4 and all("removed or changed while the run ran" in line for line in lost)

@@ -293,3 +293,13 @@ def unavailable_in_a_call():
 
 def paged_only():
     return _named(_PagedOnly, "paged-only")
+
+
+def deletes_the_captures():
+    """A factory that empties the regressions folder ($PFA_VERIFY_REGRESSIONS) when the backend is made,
+    before its first call: what the run read before it started must still be replayed, and the loss said."""
+    folder = os.environ.get("PFA_VERIFY_REGRESSIONS")
+    if folder and os.path.isdir(folder):
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+    return _named(GoldenBackend, "deletes-the-captures")
