@@ -103,9 +103,9 @@ def finish_output(out, kv_act_seqs=None, s1: int = 1, details: Callable[[], str]
 
 
 #: Why a case was not checked: the kernel is not built for its shape; it is over a cost limit of this
-#: backend here; the run's time budget is spent; the ledger quarantines it; the backend could not run
-#: it (BackendUnavailable raised by the call).
-SKIP_KINDS = ("unsupported", "limit", "budget", "quarantined", "unavailable")
+#: backend here; the run's time budget is spent; the ledger quarantines it. (A kernel call that raises,
+#: kernels.BackendUnavailable included, is an error, never a skip.)
+SKIP_KINDS = ("unsupported", "limit", "budget", "quarantined")
 
 
 @dataclasses.dataclass(frozen=True)
