@@ -1,7 +1,7 @@
 """``pfa-verify cases list | show | replay | prune``: the captured regressions (cases/data/regressions.py)
 from the command line. cases/cli/__init__.py adds this subcommand with :func:`add_arguments`; the exit status
-follows its rule (0 passed, 1 a replayed case still fails or `list` found an unreadable case file,
-2 could not run).
+follows its rule (0 passed, 1 a replayed case still fails, errs or is nondeterministic, or `list` found an
+unreadable case file, 2 could not run, a case file refused included).
 """
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import json
 
 from cases.cli import preflight
 from cases.cli.arguments import byte_count, count
-from cases.data import regressions
+from cases.data import capture_identity, regressions
+from cases.running.replays import replay_times
 from cases.running.run import open_backend
 from golden.errors import UsageError
 from kernels import BackendUnavailable
 from kernels.backends.supervisor import KernelFault, describe_failure
+from kernels.backends.text import printable
 from properties import ledger
 from properties.coverage import BINS, classify
 
@@ -25,19 +27,19 @@ def _cmd_list(args) -> int:
     preflight.check_command(args)
     ids = regressions.list_ids(directory=args.dir)
     if not ids:
-        print(f"no captured regressions in {regressions.directory(args.dir)}")
+        print(f"no captured regressions in {printable(regressions.directory(args.dir), one_line=True)}")
     unreadable = 0
     for rid in ids:
         try:
-            print(regressions.load(rid, directory=args.dir).summary())
+            print(printable(regressions.load(rid, directory=args.dir).summary(), one_line=True))
         except UsageError as exc:   # damaged, half-written by an older writer, or not a case file at all
             unreadable += 1
-            print(f"{rid}  unreadable: {exc}")
+            print(printable(f"{rid}  unreadable: {exc}", one_line=True))
     stale, young = regressions.leftovers(args.dir)
     for item in stale:
-        print(f"leftover {item.name}: {item.why} (`pfa-verify cases prune` removes it)")
+        print(f"leftover {printable(item.name, one_line=True)}: {item.why} (`pfa-verify cases prune` removes it)")
     for item in young:
-        print(f"leftover {item.name}: {item.why}")
+        print(f"leftover {printable(item.name, one_line=True)}: {item.why}")
     if unreadable:
         # Damaged evidence is a finding, not a listing detail: a script that checks the folder must see it.
         print(f"{unreadable} of {len(ids)} case files unreadable")
@@ -51,16 +53,21 @@ def _cmd_show(args) -> int:
     data = reg.to_json()
     message = data.pop("message")
     print(json.dumps(data, indent=2))
+    covered = ", ".join(capture_identity.COVERED[min(reg.format, 4)])
+    print(f"\nid: {reg.id} is what its content hashes to (format {reg.format}: {covered})")
     if reg.tensors:
         checked = ("its sha256 matches the record" if reg.tensors_sha256 else
                    "an older record without a sha256")
-        print(f"\ntensors: {reg.tensors} ({checked}; names, dtypes and shapes are those the config implies)")
-    print("\nmessage:\n" + message)
+        print(f"tensors: {reg.tensors} ({checked}; names, dtypes and shapes are those the config implies, "
+              "kv_act_seqs and block_table those it states)")
+    print("\nmessage:\n" + printable(message))
     return 0
 
 
 def _cmd_replay(args) -> int:
     preflight.check_command(args)
+    if args.times < 1:
+        raise UsageError(f"--times {args.times} must be at least 1")
     reg = regressions.load(args.id, directory=args.dir)
     name = args.backend or reg.backend
     # The kernel runs under a supervisor (kernels/backends/supervisor.py): whatever it does, this process decides.
@@ -73,35 +80,70 @@ def _cmd_replay(args) -> int:
 
 
 def _replayed(args, reg, name: str, backend) -> int:
-    print(f"replaying {reg.id}: law {reg.law} on backend {name} (captured on {reg.backend})")
+    times = args.times
+    print(f"replaying {reg.id}: law {reg.law} on backend {printable(name)} (captured on {printable(reg.backend)})"
+          + (f", {times} times" if times > 1 else ""))
     if name != reg.backend:
-        print(f"note: this checks {name}, not {reg.backend}, on the captured case")
+        print(f"note: this checks {printable(name)}, not {printable(reg.backend)}, on the captured case")
+    if reg.nondeterministic:
+        print(f"note: {reg.id} is marked nondeterministic (seen {_seen(reg)}): a passing replay proves little")
     if reg.case.get("kind") == "paged":           # the coverage of a replay is the replayed case's
         hit = classify(reg.to_case().config)
         singles = [b.name for b in BINS if b.name in hit]
         print(f"covers {len(singles)} bins and {len(hit) - len(singles)} crosses (properties/coverage.py): "
               + ", ".join(sorted(hit)))
-    try:
-        regressions.replay(reg, backend, directory=args.dir)
-    except AssertionError as exc:
-        print(f"FAIL\n{exc}")
-        return 1
-    except BackendUnavailable:
-        raise
-    except KernelFault as exc:        # the kernel's worker process ended or timed out: never a pass
-        print(f"ERROR: the {name} backend did not return on this case: {exc}")
-        return 1
-    except Exception as exc:  # noqa: BLE001 - the backend crashed on the case: an error, reported as one
-        print(f"ERROR: the {name} backend raised on this case: {describe_failure(exc)}")
-        return 1
+    each = (lambda k, outcome: print(f"replay {k + 1} of {times}: {outcome.upper()}")) if times > 1 else None
+    seen = replay_times(reg, backend, times, directory=args.dir, stop=lambda: args.interruption.signal, each=each)
     if args.interruption.signal:      # a KeyboardInterrupt lost in a garbage-collection callback
         return args.interruption.exit_status
-    print("PASS: the captured failure no longer reproduces")
+    if seen.error is not None:
+        print(f"ERROR: the {printable(name)} backend {_error_words(seen.error)}")
+    if seen.failure is not None:
+        print(f"FAIL\n{printable(seen.failure)}")
+    unsteady = seen.nondeterministic()
+    if unsteady:
+        # Both outcomes, or other bits for the same inputs: never a pass, and the capture is kept for good.
+        said = (_marked(args.dir, reg, f"cases replay --times {times}: {unsteady}") if name == reg.backend else
+                f"not marked: replayed on {printable(name)}, captured on {printable(reg.backend)}")
+        print(f"NONDETERMINISTIC: {unsteady} ({said})")
+        return 1
+    if seen.error is not None or seen.failure is not None:
+        return 1
+    print("PASS: the captured failure no longer reproduces" + (f" ({times} of {times} replays)" if times > 1 else ""))
     return 0
+
+
+def _error_words(exc: BaseException) -> str:
+    """What a replay's error was, after "the NAME backend": a call that never came back, or a raise."""
+    if isinstance(exc, KernelFault):      # the kernel's worker process ended or timed out: never a pass
+        return f"did not return on this case: {printable(exc)}"
+    return f"raised on this case: {printable(describe_failure(exc))}"
+
+
+def _seen(reg) -> str:
+    return printable((reg.nondeterministic or {}).get("seen", ""), one_line=True)
+
+
+def _marked(directory, reg, seen: str) -> str:
+    """Mark ``reg`` nondeterministic (``seen``: how), durably; the words saying what was done."""
+    try:
+        done = regressions.mark_nondeterministic(reg.id, seen, directory=directory)
+    except (UsageError, OSError) as exc:
+        return f"could not mark {reg.id}: {printable(exc, one_line=True)}"
+    return (f"marked {reg.id} nondeterministic: `cases prune` keeps it" if done else
+            f"{reg.id} was marked nondeterministic already")
+
+
+#: How many replays must all pass before ``cases prune`` removes a capture. A failure that shows on a
+#: fraction p of a kernel's calls (a race) survives N passing replays with probability (1 - p)^N: for N =
+#: 10, 1/1024 at p = 1/2 and 5.6% at p = 1/4; each replay costs one run of the case's law.
+PRUNE_REPLAYS = 10
 
 
 def _cmd_prune(args) -> int:
     preflight.check_command(args)
+    if args.replays < 1:
+        raise UsageError(f"--replays {args.replays} must be at least 1")
     folder = regressions.directory(args.dir)
     backends: dict = {}
     try:
@@ -113,17 +155,20 @@ def _cmd_prune(args) -> int:
 
 
 def _pruned(args, folder, backends: dict) -> int:
-    removed = 0
+    removed, verb = 0, "would remove" if args.dry_run else "removed"
     for rid in regressions.list_ids(directory=args.dir):
         try:
             reg = regressions.load(rid, directory=args.dir)
         except UsageError as exc:
-            print(f"kept {rid}: unreadable ({exc})")
+            print(printable(f"kept {rid}: unreadable ({exc})", one_line=True))
             continue
         if args.backend and args.backend != reg.backend:
             # A case passes or fails on the backend it was captured on; another backend's pass says
             # nothing about it (a sim failure passes on the golden).
-            print(f"kept {rid}: captured on {reg.backend}, not {args.backend}")
+            print(f"kept {rid}: captured on {printable(reg.backend)}, not {printable(args.backend)}")
+            continue
+        if reg.nondeterministic:          # its kernel answered it both ways: no number of passes removes it
+            print(f"kept {rid}: nondeterministic (seen {_seen(reg)})")
             continue
         config = reg.to_case().config if reg.case.get("kind") == "paged" else None
         if ledger.lookup(rid, reg.backend, config=config):
@@ -135,26 +180,29 @@ def _pruned(args, folder, backends: dict) -> int:
                 backends[reg.backend] = (opened[0], opened[1])
             backend = backends[reg.backend][0]
         except BackendUnavailable as exc:
-            print(f"kept {rid}: backend {reg.backend} cannot run here ({exc.reason})")
+            print(f"kept {rid}: backend {printable(reg.backend)} cannot run here ({printable(exc.reason)})")
             continue
-        try:
-            regressions.replay(reg, backend)
-        except AssertionError:
-            continue
-        except Exception as exc:  # noqa: BLE001 - a case the backend crashes on is kept, and said so
-            print(f"kept {rid}: the {reg.backend} backend raised ({describe_failure(exc)})")
-            continue
-        if not args.dry_run:
-            _changing(folder, regressions.remove, rid, directory=args.dir)
-        print(f"{'would remove' if args.dry_run else 'removed'} {rid} (passes on {reg.backend})")
-        removed += 1
+        seen = replay_times(reg, backend, args.replays, until_not_passing=True)
+        unsteady = seen.nondeterministic()
+        if unsteady:
+            said = "not marked: --dry-run" if args.dry_run else _marked(args.dir, reg, f"cases prune: {unsteady}")
+            print(f"kept {rid}: nondeterministic (seen {unsteady}; {said})")
+        elif seen.error is not None:      # a case the backend crashes on is kept, and said so
+            print(f"kept {rid}: the {printable(reg.backend)} backend raised ({printable(describe_failure(seen.error))})")
+        elif seen.failure is not None:
+            print(f"kept {rid}: still fails on {printable(reg.backend)}")
+        else:
+            if not args.dry_run:
+                _changing(folder, regressions.remove, rid, directory=args.dir)
+            print(f"{verb} {rid} (passes {args.replays} of {args.replays} replays on {printable(reg.backend)})")
+            removed += 1
     stale, young = _changing(folder, regressions.remove_leftovers, args.dir, dry_run=args.dry_run)
     for item in stale:
-        print(f"{'would remove' if args.dry_run else 'removed'} leftover {item.name} ({item.why})")
+        print(f"{verb} leftover {printable(item.name, one_line=True)} ({item.why})")
     for item in young:
-        print(f"kept {item.name} ({item.why})")
+        print(f"kept {printable(item.name, one_line=True)} ({item.why})")
     print(f"{removed} passing case(s) and {len(stale)} leftover file(s) {'to remove' if args.dry_run else 'removed'} "
-          f"in {folder}")
+          f"in {printable(folder, one_line=True)}")
     return 0
 
 
@@ -186,11 +234,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "killed; an error, exit 1; default: no limit)")
     replay.add_argument("--in-process", action="store_true",
                         help="run the kernel in this process, not in a supervised worker process (for a debugger)")
+    replay.add_argument("--times", type=count(at_most=10_000), default=1, metavar="N",
+                        help="replay N times (default 1): a kernel that passes some and fails others, or answers the "
+                             "same inputs with other bits, is NONDETERMINISTIC (exit 1, never a pass; the case file "
+                             "is marked so and prune keeps it)")
     replay.set_defaults(func=_cmd_replay)
-    prune = sub.add_parser("prune", help="delete captured cases that pass now on the backend they were captured "
-                                         "on (ledger entries are kept), and leftovers: temporary files older than "
-                                         "an hour and .npz files no case names")
+    prune = sub.add_parser("prune", help=f"delete captured cases that pass now on the backend they were captured on, "
+                                         f"{PRUNE_REPLAYS} replays out of {PRUNE_REPLAYS} by default (cases marked "
+                                         "nondeterministic and ledger entries are kept), and leftovers: temporary "
+                                         "files older than an hour and .npz files no case names")
     prune.add_argument("--backend", default=None, help="only cases captured on this backend")
+    prune.add_argument("--replays", type=count(at_most=10_000), default=PRUNE_REPLAYS, metavar="N",
+                       help=f"replays that must all pass before a case is removed (default {PRUNE_REPLAYS}: a failure "
+                            "showing on a fraction p of calls survives N passes with probability (1-p)^N, 1/1024 for "
+                            "p = 1/2 and 6%% for p = 1/4); a pass and a failure, or other output bits for the same "
+                            "inputs, mark the case nondeterministic, and it is never removed")
     prune.add_argument("--dry-run", action="store_true")
     prune.set_defaults(func=_cmd_prune)
     for action in (listed, show, replay, prune):    # --dir before or after the action: the same folder

@@ -13,7 +13,8 @@ instant the capture changes, atomically) and only then removes the old .npz. The
 crash at any step leaves the old capture or the new one, never a record beside the wrong tensors, as an
 in-place ``<id>.npz`` would. One capture at a time holds an exclusive ``flock`` on the folder itself (no
 lock file is left behind): two processes re-capturing one id, or ``cases prune`` sweeping leftovers,
-never remove an .npz that the other's record is about to name. Where ``fcntl`` is missing (Windows)
+never remove an .npz that the other's record is about to name; a record rewritten alone (:func:`rewrite`:
+the ``nondeterministic`` mark) goes the same way, under the lock. Where ``fcntl`` is missing (Windows)
 there is no lock, and the temporary names alone keep concurrent captures of different ids apart.
 
 Reading (:func:`read_regular`, :func:`parse_json`): a file is read only when it is a regular file (not
@@ -32,6 +33,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -41,7 +43,7 @@ from golden.errors import UsageError
 
 __all__ = ["CaptureWriteError", "MAX_JSON_DEPTH", "STALE_TEMPORARY_SECONDS", "LOCK_TIMEOUT_SECONDS",
            "TEMPORARY_SUFFIX", "Leftover", "locked_folder", "write_durably", "fsync_folder", "read_regular",
-           "parse_json", "is_plain_name", "pointer", "commit", "discard", "leftovers", "sweep"]
+           "parse_json", "is_plain_name", "pointer", "commit", "rewrite", "discard", "leftovers", "sweep"]
 
 #: Deeper than any record (the block table sits 5 levels down): deeper is not a record, and is refused
 #: before ``json.loads`` recurses into it.
@@ -163,8 +165,19 @@ def parse_json(blob: bytes, name: str, *, max_depth: int = MAX_JSON_DEPTH):
 def pointer(record: Path, limit: int) -> tuple[bool, str | None]:
     """``(readable, name)``: whether a record reads as :func:`read_regular` and :func:`parse_json` read
     (nothing more is checked), and the .npz its ``tensors`` names (None: none, or not a plain name)."""
+    return _pointer_of(record, _bytes_or_none(record, limit))
+
+
+def _bytes_or_none(record: Path, limit: int) -> bytes | None:
     try:
-        data = parse_json(read_regular(record, limit), record.name)
+        return read_regular(record, limit)
+    except UsageError:
+        return None
+
+
+def _pointer_of(record: Path, blob: bytes | None) -> tuple[bool, str | None]:
+    try:
+        data = parse_json(blob, record.name) if blob is not None else None
     except UsageError:
         return False, None
     name = data.get("tensors") if isinstance(data, dict) else None
@@ -237,19 +250,22 @@ def fsync_folder(fd: int) -> None:
             raise
 
 
-def commit(folder: Path, record: str, text: bytes, npz: str | None, blob: bytes | None, *, record_limit: int) -> None:
-    """Write one capture: the .npz ``npz`` (``blob``, when given) then the record ``record`` (``text``),
-    under the folder's lock (made if missing); then remove the .npz the replaced record named, if
-    another. On any failure, the .npz written here is removed unless a record on disk names it, and the
+def commit(folder: Path, record: str, text: bytes | Callable[[bytes | None], bytes], npz: str | None,
+           blob: bytes | None, *, record_limit: int) -> None:
+    """Write one capture: the .npz ``npz`` (``blob``, when given) then the record ``record`` (``text``, or
+    ``text(the record it replaces, None if none reads)``: what a re-capture keeps of it is decided under
+    the lock), under the folder's lock (made if missing); then remove the .npz the replaced record named,
+    if another. On any failure, the .npz written here is removed unless a record on disk names it, and the
     exception propagates (OSError as the OS raised it; an interrupt as it came)."""
     with locked_folder(folder, create=True) as fd:
-        _, old = pointer(folder / record, record_limit)
+        replaced = _bytes_or_none(folder / record, record_limit)
+        _, old = _pointer_of(folder / record, replaced)
         try:
             if blob is not None:
                 assert npz is not None     # the caller names the .npz of the bytes it gives
                 write_durably(folder, npz, blob)
                 fsync_folder(fd)       # the .npz is on disk before a record names it
-            write_durably(folder, record, text)
+            write_durably(folder, record, text(replaced) if callable(text) else text)
         except BaseException:
             # Ours and named by no record: never left behind. The record on disk decides (an interrupt
             # can land after its rename, and the capture is then made).
@@ -261,6 +277,20 @@ def commit(folder: Path, record: str, text: bytes, npz: str | None, blob: bytes 
             fsync_folder(fd)
             if old is not None and old != npz:
                 os.unlink(folder / old)            # should this fail, it is an orphan that prune removes
+
+
+def rewrite(folder: Path, record: str, update: Callable[[bytes], bytes | None], *, record_limit: int) -> bool:
+    """Rewrite the record ``record`` alone (its .npz untouched), durably, under the folder's lock:
+    ``update(its bytes)`` gives the new bytes, or None to leave it as it is. False when nothing was
+    written (no record reads, or ``update`` said None); OSError as the OS raised it."""
+    with locked_folder(folder) as fd:
+        current = _bytes_or_none(folder / record, record_limit)
+        new = update(current) if current is not None else None
+        if new is None:
+            return False
+        write_durably(folder, record, new)
+        fsync_folder(fd)
+    return True
 
 
 def discard(folder: Path, record: str, *, record_limit: int) -> list[str]:

@@ -11,7 +11,10 @@ tensors alone: the file is named by it, and the record carries it (cases/data/ca
 Reading checks, before any array's data is read (the .npy headers hold dtype and shape): exactly
 those sixteen members, each tensor of the storage dtype and shape :func:`expected` derives from the
 config (the shapes ``golden.make_inputs`` builds), each marker the dtype's name. Arrays are read with
-``allow_pickle=False``.
+``allow_pickle=False``. Once read, :func:`check_agreement` holds the values the config states to the
+arrays: ``kv_act_seqs`` (the config's lengths) and ``block_table`` (the config's table, or, where the
+config leaves it to ``make_inputs``' seed, a table that serves its lengths): a case replays the arrays, so a
+config that says otherwise would label the case it did not run.
 """
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ import torch
 
 import golden
 from golden.errors import UsageError
+from golden.validate import check_block_table
 
-__all__ = ["expected", "describe", "npz_bytes", "read_npz", "MARKER_PREFIX"]
+__all__ = ["expected", "describe", "npz_bytes", "read_npz", "check_agreement", "MARKER_PREFIX"]
 
 MARKER_PREFIX = "__dtype__"
 # Stored as another dtype (numpy has neither): the bits, viewed back on reading.
@@ -166,3 +170,26 @@ def _check_array(z: zipfile.ZipFile, name: str, w: dict) -> None:
     if marker != w["dtype"]:
         found = repr(marker) if marker is not None else f"an array of dtype {dtype}, shape {list(shape)}"
         raise UsageError(f"{name}: dtype marker of {w['name']!r} is {found}, expected {w['dtype']!r}")
+
+
+def check_agreement(name: str, config, tensors: dict[str, torch.Tensor]) -> None:
+    """A UsageError naming the field unless the stored ``tensors`` hold what ``config`` states: its
+    lengths in ``kv_act_seqs``; its ``block_table`` when it names one, else a table that serves its
+    lengths (each valid entry a block of its own in range, as make_inputs draws them)."""
+    lengths = [int(n) for n in tensors["kv_act_seqs"].tolist()]
+    if lengths != list(config.lengths):
+        raise UsageError(f"{name}: its config says kv_act_seqs {list(config.lengths)}, but the stored kv_act_seqs "
+                         f"is {lengths}: config and arrays disagree")
+    table = tensors["block_table"].tolist()
+    if config.block_table is not None:
+        want = [list(row) for row in config.block_table]
+        if table != want:
+            row = next(b for b, (got, need) in enumerate(zip(table, want, strict=True)) if got != need)
+            raise UsageError(f"{name}: its config says block_table row {row} is {want[row]}, but the stored "
+                             f"block_table's is {table[row]}: config and arrays disagree")
+        return
+    try:
+        check_block_table(table, lengths, block_size=config.block_size, num_blocks=config.physical_blocks,
+                          shape=(config.batch, config.table_columns), unique=True)
+    except ValueError as exc:
+        raise UsageError(f"{name}: its stored block_table does not serve its config ({exc})") from None

@@ -26,15 +26,19 @@ limit, a record nested deeper than ``MAX_JSON_DEPTH``, an .npz whose sha256 is n
 whose arrays are not those the case's config implies (names, dtypes, shapes: checked for every format),
 and a case over ``golden.memory_limit()`` (from the config, before anything is allocated).
 
-The id is a hash of (law, backend, case, parameters): capturing the same failure twice rewrites the
-same file. Hypothesis's database is a cache; this folder is the record. The folder is
+A case file is what its id says (cases/data/capture_identity.py): the id is a hash of everything a
+replay uses (law, backend, case, parameters, tolerance, the tensors' sha256), re-derived by :func:`load`,
+which also holds the tolerance to the law's of this version and the config to the stored arrays
+(capture_tensors.check_agreement); capturing the same failure twice rewrites the same file. A capture
+whose kernel answered the same inputs differently is marked ``nondeterministic`` (:func:`mark_nondeterministic`,
+a field the id does not cover; a re-capture keeps it), and ``cases prune`` never removes it.
+Hypothesis's database is a cache; this folder is the record. The folder is
 cases/regressions/ unless ``PFA_VERIFY_REGRESSIONS`` names another (tests use a temporary one).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import hashlib
 import json
 import math
@@ -42,37 +46,25 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 import golden
-from cases.data import FOLDER, capture_files, capture_tensors, schemas
+from cases.data import FOLDER, capture_files, capture_identity, capture_tensors, schemas
 from cases.data.capture_files import MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS, CaptureWriteError, Leftover
+from cases.data.capture_record import FORMAT_VERSION, TENSOR_BUDGET, Regression, case_from_dict, mark, stored
 from cases.data.schemas import check_written
-from cases.data.versions import versions
 from golden.errors import UsageError
 from kernels import KernelRunError, get_backend
 from properties import laws
-from properties.case import Case
-from properties.compare import TOLERANCES
 from properties.generation import reported_example
 from properties.laws import LAWS
-from properties.strategies import At12Case
 
 __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
-           "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers",
+           "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers", "mark_nondeterministic",
            "CaptureWriteError", "Leftover", "FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_NPZ_BYTES", "MAX_JSON_DEPTH",
            "STALE_TEMPORARY_SECONDS"]
 
-# Format 2 (pfa-verify of 2026-11-30 on): make_inputs' "tiny" distribution shrinks Q and K only. A
-# format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
-# Format 3: the .npz is named by its content and the record carries its sha256 and arrays. Formats 1
-# and 2 are still read, their .npz checked for names, dtypes and shapes (they carry no sha256).
-FORMAT_VERSION = 3
 REGRESSIONS_ENV = "PFA_VERIFY_REGRESSIONS"   # another regressions folder than cases/regressions/
-_TENSOR_BUDGET = 16 * 2**20  # bytes; larger inputs are replayed from config + seed only
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
-MAX_NPZ_BYTES = _TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy headers, markers and zip directory
+MAX_NPZ_BYTES = TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy headers, markers and zip directory
 
 
 def directory(path=None) -> Path:
@@ -80,84 +72,6 @@ def directory(path=None) -> Path:
         return Path(path)
     env = os.environ.get(REGRESSIONS_ENV)
     return Path(env) if env else FOLDER / "regressions"
-
-
-def _case_to_dict(case) -> dict:
-    if isinstance(case, Case):
-        return {"kind": "paged", "config": case.config.to_dict(), "seed": case.seed, "name": case.name}
-    if isinstance(case, At12Case):
-        return {"kind": "at12", **dataclasses.asdict(case)}
-    arr = np.asarray(case, dtype=np.float32)
-    return {"kind": "array", "shape": list(arr.shape), "values": [float(v) for v in arr.reshape(-1)]}
-
-
-def _case_from_dict(d: dict, explicit: dict | None):
-    kind = d.get("kind")
-    if kind == "paged":
-        return Case(golden.PagedAttentionConfig.from_dict(d["config"]), d["seed"], d.get("name"), explicit)
-    if kind == "at12":
-        return At12Case(**{k: v for k, v in d.items() if k != "kind"})
-    if kind == "array":
-        return np.array(d["values"], dtype=np.float32).reshape(d["shape"])
-    raise UsageError(f"case.kind={kind!r} must be 'paged', 'at12' or 'array'")
-
-
-def _tolerance(law: str) -> dict:
-    kind = LAWS[law].tolerance if law in LAWS else "attention"
-    t = TOLERANCES[kind]
-    return {"kind": kind, "rtol": t.rtol, "atol": t.atol}
-
-
-@dataclasses.dataclass(frozen=True)
-class Regression:
-    """One captured failure (the JSON file's fields)."""
-    id: str
-    law: str
-    backend: str
-    case: dict
-    params: dict
-    tolerance: dict
-    message: str
-    versions: dict
-    created: str
-    tensors: str | None = None   # name of the .npz next to the JSON, when inputs were stored
-    explicit: dict | None = dataclasses.field(default=None, compare=False, repr=False)
-    tensors_sha256: str | None = None   # of the .npz file; None for a record of format 1 or 2
-    arrays: list | None = None          # each stored tensor's name, dtype, stored_as and shape
-
-    @classmethod
-    def from_failure(cls, law: str, backend: str, case, params: dict, message: str) -> Regression:
-        case_d = _case_to_dict(case)
-        key = json.dumps([law, backend, case_d, params], sort_keys=True, default=str)
-        rid = hashlib.sha256(key.encode()).hexdigest()[:10]
-        explicit, stored = None, {}
-        if case_d["kind"] == "paged":
-            tensors = {k: v for k, v in case.inputs().kwargs().items() if isinstance(v, torch.Tensor)}
-            if sum(t.numel() * t.element_size() for t in tensors.values()) <= _TENSOR_BUDGET:
-                explicit, stored = tensors, _stored(rid, tensors)[1]
-        return cls(rid, law, backend, case_d, dict(params), _tolerance(law), message, versions(),
-                   datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                   explicit=explicit, **stored)
-
-    def to_json(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "explicit"}
-        return {"format": FORMAT_VERSION, **d}
-
-    def to_case(self):
-        return _case_from_dict(self.case, self.explicit)
-
-    def summary(self) -> str:
-        first = self.message.splitlines()[0] if self.message else ""
-        return f"{self.id}  {self.law:<22} {self.backend:<12} {first}"
-
-
-def _stored(rid: str, tensors: dict) -> tuple[bytes, dict]:
-    """The .npz bytes of ``tensors`` and the record's fields for them: the content-named file, its
-    sha256 and its arrays (cases/data/capture_tensors.py)."""
-    blob = capture_tensors.npz_bytes(tensors)
-    digest = hashlib.sha256(blob).hexdigest()
-    return blob, {"tensors": f"{rid}-{digest[:12]}.npz", "tensors_sha256": digest,
-                  "arrays": capture_tensors.describe(tensors)}
 
 
 def save(reg: Regression, *, directory=None) -> Path:
@@ -169,21 +83,70 @@ def save(reg: Regression, *, directory=None) -> Path:
     A failure of the disk or the folder is a :class:`CaptureWriteError`, with nothing of this capture
     left behind and an earlier capture of ``reg.id`` intact; so is an interrupt before the record is
     renamed (after it, the capture is made, and the old .npz may stay, an orphan for ``cases prune``).
+    A record whose id is not its content's (an edited Regression: a bug of ours) is a RuntimeError, before
+    anything is written; a ``nondeterministic`` mark of the record it replaces is kept.
     """
-    blob, stored = (_stored(reg.id, reg.explicit) if reg.explicit
+    blob, fields = (stored(reg.id, reg.explicit) if reg.explicit
                     else (None, dict.fromkeys(("tensors", "tensors_sha256", "arrays"))))
-    data = {**reg.to_json(), **stored}
+    data = {**reg.to_json(), "format": FORMAT_VERSION, **fields}
     check_written(data, "regression")
-    text = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode()
+    derived = capture_identity.content_id(data, FORMAT_VERSION)
+    if derived != reg.id:
+        raise RuntimeError(f"regression {reg.id}: its content hashes to id {derived}: a Regression is made by "
+                           "Regression.from_failure, never edited (a bug of ours)")
     folder = globals()["directory"](directory)
     path = folder / f"{reg.id}.json"
+
+    def text(replaced: bytes | None) -> bytes:
+        # A re-capture of a case marked nondeterministic keeps the mark: the new failure does not unsee it.
+        kept = data["nondeterministic"] or _mark_in(replaced, reg.id)
+        return _encoded({**data, "nondeterministic": kept})
     try:
-        capture_files.commit(folder, path.name, text, stored["tensors"], blob, record_limit=MAX_FILE_BYTES)
+        capture_files.commit(folder, path.name, text, fields["tensors"], blob, record_limit=MAX_FILE_BYTES)
     except CaptureWriteError:
         raise
     except OSError as exc:
         raise CaptureWriteError(path, exc) from None
     return path
+
+
+def _encoded(data: dict) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode()
+
+
+def _mark_in(record: bytes | None, rid: str) -> dict | None:
+    """The ``nondeterministic`` mark of the record bytes ``record`` when it is a record of ``rid`` with a
+    well-formed mark; else None."""
+    try:
+        data = capture_files.parse_json(record, f"{rid}.json") if record is not None else None
+    except UsageError:
+        return None
+    mark = data.get("nondeterministic") if isinstance(data, dict) and data.get("id") == rid else None
+    well_formed = isinstance(mark, dict) and set(mark) == {"seen", "at"} and all(isinstance(v, str) for v in mark.values())
+    return mark if well_formed else None
+
+
+def mark_nondeterministic(regression_id: str, seen: str, *, directory=None) -> bool:
+    """Mark the capture ``regression_id`` nondeterministic (``seen``: how its kernel was seen to answer the
+    same inputs differently), durably, through the one writer: its record is rewritten under the folder's
+    lock, its id and tensors unchanged (the id does not cover the mark). A record that does not load is a
+    UsageError (:func:`load`); False when it was marked already (the first sighting is kept) or is gone."""
+    load(regression_id, directory=directory)          # only a case file that is what its id says is marked
+    folder = globals()["directory"](directory)
+
+    def update(current: bytes) -> bytes | None:
+        data = capture_files.parse_json(current, f"{regression_id}.json")
+        if not isinstance(data, dict) or data.get("id") != regression_id or data.get("nondeterministic"):
+            return None
+        data["nondeterministic"] = mark(seen)
+        check_written(data, "regression")
+        return _encoded(data)
+    try:
+        return capture_files.rewrite(folder, f"{regression_id}.json", update, record_limit=MAX_FILE_BYTES)
+    except CaptureWriteError:
+        raise
+    except OSError as exc:
+        raise CaptureWriteError(folder / f"{regression_id}.json", exc) from None
 
 
 def remove(regression_id: str, *, directory=None) -> list[str]:
@@ -213,6 +176,8 @@ def _load_tensors(folder: Path, record: str, data: dict, config) -> dict:
     """The stored tensors of a paged case's record ``data``: the .npz against the record's sha256 (format
     3), then every array against what ``config`` implies (every format)."""
     name = data["tensors"]
+    if not capture_files.is_plain_name(name):
+        raise UsageError(f"{record}: names tensors {name!r}, not a file of its folder")
     want = capture_tensors.expected(config)
     if data.get("arrays") is not None and data["arrays"] != want:
         differ = next((f"{a}" for a, w in zip(data["arrays"], want, strict=False) if a != w), f"{len(data['arrays'])} arrays")
@@ -229,7 +194,9 @@ def _load_tensors(folder: Path, record: str, data: dict, config) -> dict:
         if digest != data["tensors_sha256"]:
             raise UsageError(f"{name}: sha256 {digest[:12]}... is not {data['tensors_sha256'][:12]}... that {record} "
                              "records: the file was damaged or replaced")
-    return capture_tensors.read_npz(blob, name, want)
+    tensors = capture_tensors.read_npz(blob, name, want)
+    capture_tensors.check_agreement(record, config, tensors)
+    return tensors
 
 
 def _check_schema(name: str, data) -> None:
@@ -288,8 +255,8 @@ def _load_record(p: Path, id_or_path) -> Regression:
         raise UsageError(f"{p.name}: a format-1 case of distribution 'tiny' without its tensors cannot be rebuilt "
                          "(make_inputs' 'tiny' changed in format 2); capture it again")
     try:
-        reg = Regression(**data)
-        probe = _case_from_dict(case, None)          # validates the config; allocates nothing
+        reg = Regression(**data, format=fmt)
+        probe = case_from_dict(case, None)          # validates the config; allocates nothing
     except (TypeError, ValueError, KeyError) as exc:
         raise UsageError(f"{p.name}: {exc}") from None
     if reg.law not in LAWS:
@@ -304,11 +271,13 @@ def _load_record(p: Path, id_or_path) -> Regression:
         if need > golden.memory_limit():
             raise UsageError(f"{p.name}: an AT-12 case of {probe.q_tile} x {probe.k_tile} x {probe.head_dim} needs "
                              f"{need} bytes, over the limit of {golden.memory_limit()}")
+    capture_identity.check_tolerance(p.name, reg.law, reg.tolerance)
     if data.get("tensors"):
         if case.get("kind") != "paged":
             raise UsageError(f"{p.name}: a case of kind {case.get('kind')!r} stores no tensors, "
                              f"yet names {data['tensors']}")
         reg = dataclasses.replace(reg, explicit=_load_tensors(p.parent, p.name, data, probe.config))
+    capture_identity.check_identity(p.name, data, fmt, p.stem)
     return reg
 
 
@@ -341,18 +310,19 @@ def replay_command(regression_id: str, directory=None) -> str:
 
 
 def capture(law: str, backend_name: str, case, params: dict, message: str, *, enabled: bool = True,
-            directory=None) -> tuple[str | None, str]:
+            directory=None, nondeterministic: str | None = None) -> tuple[str | None, str]:
     """Capture a failure of ``law``: ``(replay command or None, the line that ends its message)``.
 
     Written when ``enabled`` and :func:`should_capture`; with ``enabled`` False the line says the case
-    was not kept, instead of naming an id that does not exist on disk. A capture the disk or the folder
-    refuses raises :class:`CaptureWriteError` (one line; nothing left behind).
+    was not kept, instead of naming an id that does not exist on disk. ``nondeterministic`` (how the
+    kernel was seen to answer the same inputs differently) marks the capture so. A capture the disk or
+    the folder refuses raises :class:`CaptureWriteError` (one line; nothing left behind).
     """
     if not enabled:
         return None, "Not captured (--no-capture): run again without it to keep a replayable case"
     if not should_capture():
         return None, "Replay: captured once hypothesis has shrunk this example"
-    reg = Regression.from_failure(law, backend_name, case, params, message)
+    reg = Regression.from_failure(law, backend_name, case, params, message, nondeterministic=nondeterministic)
     save(reg, directory=directory)
     command = replay_command(reg.id, directory)
     return command, f"Replay: {command}"

@@ -23,12 +23,13 @@ def write_failure(capture: Capture) -> str | None:
 
 
 def capture_case(law: str, backend_name: str, case, message: str, *, params: dict | None = None, enabled: bool,
-                 directory, group: tuple[str, ...] = (), how: str = "") -> Capture:
-    """Capture ``case``'s failure of ``law`` on ``backend_name`` with ``message`` (its failure text):
+                 directory, group: tuple[str, ...] = (), how: str = "", nondeterministic: str | None = None) -> Capture:
+    """Capture ``case``'s failure of ``law`` on ``backend_name`` with ``message`` (its failure text), marked
+    nondeterministic when ``nondeterministic`` says how its kernel answered the same inputs differently:
     the Capture of the file written, or of why nothing was."""
     try:
         command, line = regressions.capture(law, backend_name, case, dict(params or {}), message, enabled=enabled,
-                                            directory=directory)
+                                            directory=directory, nondeterministic=nondeterministic)
     except regressions.CaptureWriteError as exc:
         return Capture(replay=None, line=f"Not captured: could not write it: {exc}", group=group, how=how)
     written = command.rsplit(" ", 1)[-1] if command else None      # replay_command ends with the id it names

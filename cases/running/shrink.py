@@ -7,7 +7,9 @@ anything is captured the failures are grouped by :func:`signature` (category of 
 rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker: the
 draws that produced the case are replayed (the same aim's strategy and seed, properties/directed.py) with
 "fails with this signature" as the failure, so Hypothesis meets the group's first failing case and
-shrinks from it.
+shrinks from it. A kernel that answers the same case differently meanwhile (other output bits than in the
+run or earlier in the shrink, a raise, or Hypothesis' final replay of the smallest failure passing: Flaky)
+has the group's capture marked nondeterministic (cases/running/answers.py), never lost.
 """
 from __future__ import annotations
 
@@ -20,19 +22,21 @@ from typing import Generic, TypeVar
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import HypothesisException
+from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.strategies import SearchStrategy
 
 import golden
+from cases.running.answers import Answers, answer, raised
 from cases.running.capture import capture_case
 from kernels.backends.contract import shrink_budget
+from kernels.backends.supervisor import KernelFault
 from properties.acceptance import judge, split_bundle
 from properties.case import Case
 from properties.diagnosis import Probe, diagnose_verdict
 from properties.error_probes import probe_error
 from properties.probes import probe
 
-__all__ = ["Hunt", "hunt", "signature", "capture_generated", "probe_groups", "probe_errors"]
+__all__ = ["Hunt", "hunt", "signature", "capture_generated", "nondeterminism", "probe_groups", "probe_errors"]
 
 
 #: What the searched strategy draws (properties.law_examples.Example, properties.case.Case).
@@ -50,6 +54,11 @@ class Hunt(Generic[T]):
     error: BaseException | None = None
     cut: bool = False
     shrink_calls: int = 0           # calls of check while shrinking (after the first failure)
+    #: Hypothesis' word (Flaky) when its final replay of the smallest failure called check and it passed:
+    #: the same example failed, then passed (None: no such replay; one cut by the budget is no evidence).
+    unreliable: str | None = None
+    last_checked: bool = dataclasses.field(default=False, repr=False)   # the latest attempt called check
+    last_failed: bool = dataclasses.field(default=False, repr=False)    # ... and it raised
 
 
 class _Failed(Exception):
@@ -98,9 +107,11 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
             found.examples += 1
         elif (time.perf_counter() - start - found.seconds > shrink_s
               or (shrink_calls is not None and found.shrink_calls >= shrink_calls)):
+            found.last_checked = False
             return      # over budget (or Hypothesis' final replay without shrinking): "passes"
         else:
             found.shrink_calls += 1
+        found.last_checked, found.last_failed = True, False
         try:
             check(example)
         except Exception as exc:  # noqa: BLE001 - whatever check raises is the failure looked for
@@ -108,7 +119,7 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
                 found.seconds = time.perf_counter() - start
             elif _kind(exc) != _kind(found.error):
                 return
-            found.example, found.error = example, exc
+            found.example, found.error, found.last_failed = example, exc, True
             raise _Failed from None
 
     if key is not None:
@@ -120,10 +131,13 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
         run()
     except _OutOfTime:
         pass
-    except (_Failed, HypothesisException):
-        # FlakyFailure when the final replay "passed" (over budget): the failure found still stands.
+    except (_Failed, HypothesisException) as exc:
+        # Flaky (or FlakyFailure) when the final replay "passed": over budget, the failure found still
+        # stands; when check ran and passed, the same example failed and then passed (Hunt.unreliable).
         if found.error is None:
             raise
+        if isinstance(exc, Flaky) and found.last_checked and not found.last_failed:
+            found.unreliable = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if found.error is None:
         found.seconds = time.perf_counter() - start
     return found
@@ -186,13 +200,24 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
             groups.setdefault(verdict.signature, []).append(k)
     out = list(results)
     for sig, members in groups.items():
-        def fails_like(case, sig=sig):
+        # What the kernel answered each case (the run's answers for the members first): a case met again
+        # while shrinking is the same question, and another answer is nondeterminism.
+        answers = Answers()
+        for k in members:
+            if out[k].judgement is not None and items[k].case is not None:
+                answers.heard(items[k].case, answer(out[k].judgement.output), f"{items[k].name} in the run")
+
+        def fails_like(case, sig=sig, answers=answers):
             if stop():
                 return                     # interrupted: every attempt "passes", the shrinker keeps its best
             try:
                 verdict = judge(backend, case)
-            except Exception:  # noqa: BLE001 - another failure (the kernel raised, its worker ended): another bug
+            except KernelFault:            # its worker ended or timed out: another bug, and no answer
                 return
+            except Exception as exc:  # noqa: BLE001 - another failure (the kernel raised): another bug
+                answers.heard(case, raised(exc), "while shrinking")
+                return
+            answers.heard(case, answer(verdict.output), "while shrinking")
             if signature(verdict) == sig:
                 raise _FailsLikeTheGroup(verdict)
         # Replay the draws that produced a member (properties/directed.py): Hypothesis meets a failure of
@@ -221,10 +246,13 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
                f"lengths={list(case.config.lengths)}" if shrunk else
                f"not shrunk ({why_not_shrunk})" if why_not_shrunk else
                "not shrunk (--shrink-seconds 0)" if shrink_s <= 0 else "not shrunk (it did not fail again)")
+        unsteady = nondeterminism(answers, found, stop)
+        if unsteady:
+            how += f"; nondeterministic: {unsteady}"
         message = (judgement.message() if judgement is not None else out[members[0]].inputs_modified or "")
         note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
         captured = capture_case("acceptance", backend_name, case, message + "\n" + note, enabled=capture,
-                                directory=regressions_dir, group=names, how=how)
+                                directory=regressions_dir, group=names, how=how, nondeterministic=unsteady)
         diagnosis = None
         if judgement is not None and not why_not_shrunk:
             diagnosis = diagnose_verdict(judgement, *split_bundle(case.inputs()))
@@ -234,6 +262,17 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
             out[k] = dataclasses.replace(out[k], capture=captured, diagnosis=diagnosis,
                                          diagnosis_note=", on the shrunk case" if shrunk else "")
     return out
+
+
+def nondeterminism(answers: Answers, found: Hunt, stop) -> str | None:
+    """How a group's kernel was seen to answer the same case differently while it was shrunk (None: it
+    was not): another answer to a case it answered before, or Hypothesis' final replay of the smallest
+    failure passing (Flaky; not counted once ``stop()`` names a signal, which makes every attempt pass).
+    Either only ever keeps a capture (``cases prune`` keeps what is marked), so a doubtful sighting marks."""
+    seen = [answers.seen()]
+    if found.unreliable and not stop():
+        seen.append(f"Hypothesis replayed the smallest failure and it passed ({found.unreliable})")
+    return "; ".join(s for s in seen if s) or None
 
 
 def probe_groups(backend, items: list, results: list, *, stop=None) -> list:

@@ -17,6 +17,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from old_records import as_old_record
 
 import golden
 from cases import cli
@@ -75,7 +76,7 @@ def test_npz_bytes_depend_on_the_tensors_alone(monkeypatch):
 def test_a_record_names_its_npz_by_content_with_its_sha256_and_arrays(tmp_path):
     reg, path, data = _saved(tmp_path)
     digest = hashlib.sha256((tmp_path / data["tensors"]).read_bytes()).hexdigest()
-    assert data["format"] == 3 and data["tensors"] == f"{reg.id}-{digest[:12]}.npz" and data["tensors_sha256"] == digest
+    assert data["format"] == 4 and data["tensors"] == f"{reg.id}-{digest[:12]}.npz" and data["tensors_sha256"] == digest
     assert data["arrays"] == capture_tensors.expected(CASE.config) and data["arrays"][0] == {
         "name": "q", "dtype": "float8_e4m3fn", "stored_as": "uint8", "shape": [4, 4, 16]}
     assert sorted(os.listdir(tmp_path)) == sorted([path.name, data["tensors"]])
@@ -160,10 +161,10 @@ def test_a_damaged_capture_is_refused_by_load_and_listed_unreadable(tmp_path, ca
 
 
 def test_an_old_record_whose_arrays_are_right_still_loads(tmp_path):
-    reg, path, data = _saved(tmp_path)
-    data.update(format=2, tensors_sha256=None, arrays=None)
-    path.write_text(json.dumps(data))
-    back = regressions.load(reg.id, directory=tmp_path)
+    reg, _, data = _saved(tmp_path)
+    old_id = as_old_record(tmp_path, data, 2)
+    assert old_id != reg.id                     # another rule, another id
+    back = regressions.load(old_id, directory=tmp_path)
     for name, t in reg.explicit.items():
         assert back.explicit[name].dtype == t.dtype and torch.equal(back.explicit[name].view(torch.uint8),
                                                                     t.contiguous().view(torch.uint8))

@@ -83,7 +83,7 @@ def test_npz_is_loaded_without_pickle(tmp_path):
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
     (lambda d: d.pop("law"), r"missing field\(s\) \['law'\]"),
-    (lambda d: d.update(format=99), r"field 'format': 99 is not one of \[1, 2, 3\]"),
+    (lambda d: d.update(format=99), r"field 'format': 99 is not one of \[1, 2, 3, 4\]"),
     (lambda d: d.update(law=["a"]), "field 'law': \\['a'\\] is not of type 'string'"),
     (lambda d: d.update(tensors=5), "field 'tensors': 5 is not of type 'string', 'null'"),
     (lambda d: d.update(message=5), "field 'message': 5 is not of type 'string'"),
