@@ -134,10 +134,7 @@ def _marked(directory, reg, seen: str) -> str:
             f"{reg.id} was marked nondeterministic already")
 
 
-#: How many replays must all pass before ``cases prune`` removes a capture. A failure that shows on a
-#: fraction p of a kernel's calls (a race) survives N passing replays with probability (1 - p)^N: for N =
-#: 10, 1/1024 at p = 1/2 and 5.6% at p = 1/4; each replay costs one run of the case's law.
-PRUNE_REPLAYS = 10
+PRUNE_REPLAYS = regressions.PASSING_REPLAYS
 
 
 def _cmd_prune(args) -> int:

@@ -60,11 +60,18 @@ from properties.laws import LAWS
 __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers", "mark_nondeterministic",
            "CaptureWriteError", "Leftover", "FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_NPZ_BYTES", "MAX_JSON_DEPTH",
-           "STALE_TEMPORARY_SECONDS"]
+           "STALE_TEMPORARY_SECONDS", "PASSING_REPLAYS"]
 
 REGRESSIONS_ENV = "PFA_VERIFY_REGRESSIONS"   # another regressions folder than cases/regressions/
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
 MAX_NPZ_BYTES = TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy headers, markers and zip directory
+
+
+#: How many replays must all pass before a capture counts as passing where one replay would not do:
+#: ``cases prune`` removes a capture only then, and ``run`` replays a capture marked nondeterministic that
+#: many times. A failure that shows on a fraction p of a kernel's calls (a race) survives N passing replays
+#: with probability (1 - p)^N: for N = 10, 1/1024 at p = 1/2 and 5.6% at p = 1/4.
+PASSING_REPLAYS = 10
 
 
 def directory(path=None) -> Path:

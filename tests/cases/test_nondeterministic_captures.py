@@ -193,3 +193,17 @@ def test_hunt_says_when_hypothesis_final_replay_of_the_failure_passed():
     cut = hunt(st.integers(0, 1000), fails_once, seed=1, examples=200, shrink_s=30, shrink_calls=0)
     assert cut.error is not None and cut.unreliable is None       # the final replay was over budget: no evidence
     assert nondeterminism(Answers(), Hunt(), lambda: None) is None
+
+
+def test_run_replays_a_capture_marked_nondeterministic_as_often_as_prune_asks(tmp_path):
+    """One passing replay of a marked capture proves little: ``run`` replays it PASSING_REPLAYS times, each
+    its own row, and the racy kernel fails some of them (exit 1); the first replay alone would have passed."""
+    racy = _capture(tmp_path, RACY)
+    assert regressions.mark_nondeterministic(racy, "a test", directory=tmp_path)
+    report = tmp_path / "report.json"
+    done = _cli("run", "--backend", RACY, "--cases", "regressions", "--examples", "0", "--regressions",
+                str(tmp_path), "--no-capture", "--json", str(report))
+    rows = json.loads(report.read_text())["results"]
+    assert [r["name"] for r in rows] == [racy] + [f"{racy}#{k}" for k in range(2, regressions.PASSING_REPLAYS + 1)]
+    assert rows[0]["verdict"] == "pass" and {r["verdict"] for r in rows} == {"pass", "fail"}
+    assert done.returncode == 1, done.stdout + done.stderr
