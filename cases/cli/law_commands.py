@@ -30,8 +30,8 @@ __all__ = ["add_laws", "add_search", "add_min_examples"]
 
 def _cmd_search(args) -> int:
     """``pfa-verify search`` (cases/cli/): run, print, write the JSON report; exit 0, 1, or 2 in one line
-    (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
-    that cannot take the tasks)."""
+    (a usage error: an unknown or empty --laws, a --min-examples outside 1..--examples, a Redis database
+    without redis installed; or a cluster that cannot take the tasks)."""
     preflight.check_command(args)
     console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
     names = law_names(args.laws)
@@ -68,7 +68,7 @@ def add_search(parser) -> None:
     parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
                         "any name --backend of pfa-verify run takes")
     parser.add_argument("--laws", default=None, metavar="all|paged|at12|LAW,...",
-                        help=f"the laws: groups (all, paged, at12) or names among {', '.join(BACKEND_LAWS)}, "
+                        help=f"the laws: groups ({', '.join(LAW_GROUPS)}) or names among {', '.join(BACKEND_LAWS)}, "
                              "comma-separated (default: paged)")
     parser.add_argument("--examples", type=count(at_most=SEARCH_EXAMPLES), default=100,
                         help="examples per law, split over its tasks (default 100; the nightly profile's 2000 is a "
