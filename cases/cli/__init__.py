@@ -31,8 +31,9 @@ import textwrap
 
 from cases.cli import captured
 from cases.cli.interrupt import Interruption
+from cases.cli.law_commands import add_laws, add_search
 from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
-from cases.cli.run_commands import add_compare, add_laws, add_run, add_search, run_options
+from cases.cli.run_commands import add_compare, add_run, run_options
 from golden.errors import UsageError
 from golden.inputs import MAX_BYTES_ENV
 from kernels import BackendUnavailable

@@ -1,11 +1,10 @@
-"""``pfa-verify run``, ``compare``, ``laws`` and ``search``: their options, and the typed options each hands its room."""
+"""``pfa-verify run`` and ``compare``: their options, and the typed options each hands its room (``laws`` and
+``search``: cases/cli/law_commands.py)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -14,8 +13,6 @@ from cases.cli import preflight
 from cases.cli.arguments import (
     RUN_EXAMPLES,
     RUN_SECONDS,
-    SEARCH_EXAMPLES,
-    SEARCH_TASKS,
     SHRINK_SECONDS,
     add_cluster_argument,
     byte_count,
@@ -33,11 +30,9 @@ from cases.reporting.report_compare import compare, load_report, print_compariso
 from cases.running import run as runner
 from cases.running.pool import ClusterError
 from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR, RunOptions
-from cases.running.search import law_verdicts, render_law_table, render_table, search, summary_line, to_json
 from kernels import SKIP_KINDS
-from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS
 
-__all__ = ["run_options", "add_run", "add_compare", "add_search", "add_laws"]
+__all__ = ["run_options", "add_run", "add_compare"]
 
 
 class _Progress:
@@ -231,126 +226,3 @@ def add_compare(parser) -> None:
     parser.add_argument("b", metavar="B.json", help="a report of the same selection (the same selection fingerprint)")
     parser.add_argument("--html", metavar="PATH", help="write the comparison as one self-contained HTML file")
     parser.set_defaults(func=_cmd_compare)
-
-
-def _cmd_search(args) -> int:
-    """``pfa-verify search`` (cases/cli/): run, print, write the JSON report; exit 0, 1, or 2 in one line
-    (a usage error: an unknown or empty --laws, a Redis database without redis installed; or a cluster
-    that cannot take the tasks)."""
-    preflight.check_command(args)
-
-
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
-    laws = tuple(n.strip() for n in args.laws.split(",") if n.strip()) if args.laws is not None else PAGED_LAWS
-
-    def progress(payload, result):
-        law, task = payload[0], payload[1]
-        found = result.error or (result.value.failure and result.value.failure["kind"]) or "held"
-        print(f"  {law} task {task}: {found} ({result.node or '-'})", flush=True)
-    try:
-        run = search(args.backend, laws, examples=args.examples, tasks=args.tasks, seed=args.seed,
-                            database=args.database, workers=args.workers, cluster=args.cluster,
-                            shrink_s=args.shrink_seconds, capture=not args.no_capture, regressions_dir=args.regressions,
-                            progress=progress if args.verbose else None)
-    except ClusterError as exc:
-        print(f"pfa-verify: error: {exc}", file=sys.stderr)
-        return 2
-    console.print(render_table(run))
-    for c in run.captured:
-        console.print(f"{c['law']}: {len(c['tasks'])} task(s) failed alike, captured once ({c['how']}): {c['line']}",
-                      highlight=False, markup=False)
-    console.print(run.coverage().line("law examples"), highlight=False, markup=False)
-    console.print(summary_line(run), highlight=False, markup=False)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(to_json(run), indent=2) + "\n")
-        console.print(f"JSON report: {args.json}", highlight=False)
-    return run.exit_status
-
-
-def add_search(parser) -> None:
-    """The options of ``pfa-verify search``."""
-    parser.add_argument("--backend", default="golden", help="the backend whose laws are searched (default golden); "
-                        "any name --backend of pfa-verify run takes")
-    parser.add_argument("--laws", default=None, metavar="LAW,...", help="the laws (default: every paged law)")
-    parser.add_argument("--examples", type=count(at_most=SEARCH_EXAMPLES), default=100,
-                        help="examples per law, split over its tasks (default 100; the nightly profile's 2000 is a "
-                             f"night's search; at most {SEARCH_EXAMPLES:,})")
-    parser.add_argument("--tasks", type=count(at_most=SEARCH_TASKS), default=4,
-                        help=f"tasks per law, each with its own seed (default 4, at most {SEARCH_TASKS:,})")
-    parser.add_argument("--seed", type=count, default=0, help="seed the tasks' seeds derive from (default 0)")
-    parser.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT[/DB]",
-                        help="Hypothesis's example database shared by every task (a directory all nodes reach, or "
-                             "Redis): a failure found by one task is replayed first by the others and the next search")
-    parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
-                        help=f"local processes (default 1: here; at most 4 per CPU and 256: {worker_bound()} here)")
-    add_cluster_argument(parser, "the tasks")
-    parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
-                        help="time to shrink the first failure of each signature, on the driver (default 60, at "
-                             f"most {SHRINK_SECONDS:,})")
-    parser.add_argument("--regressions", metavar="DIR", default=None,
-                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
-    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
-    parser.add_argument("--json", metavar="PATH", help="write the search report as JSON")
-    parser.add_argument("--verbose", action="store_true", help="one line per task as it finishes")
-    parser.set_defaults(func=_cmd_search)
-
-
-#: ``--laws`` of ``pfa-verify laws``: a group's name, or laws by name.
-_LAW_GROUPS = {"all": BACKEND_LAWS, "paged": PAGED_LAWS, "at12": AT12_LAWS}
-
-
-def _cmd_laws(args) -> int:
-    """``pfa-verify laws``: every law of the backend, one search each within its budget; the table, each
-    failure in full (shrunk, diagnosed, captured), the coverage, one verdict line; exit 0 only when every
-    law held."""
-    preflight.check_command(args)
-    console = Console(width=100, highlight=False)
-    names = _LAW_GROUPS.get(args.laws) or tuple(n.strip() for n in args.laws.split(",") if n.strip())
-    try:
-        run = search(args.backend, names, examples=args.examples, tasks=1, seed=args.seed, workers=args.workers,
-                     shrink_s=args.shrink_seconds, capture=not args.no_capture, regressions_dir=args.regressions,
-                     seconds=args.seconds)
-    except ClusterError as exc:
-        print(f"pfa-verify: error: {exc}", file=sys.stderr)
-        return 2
-    console.print(render_law_table(run))
-    for c in run.captured:
-        ended = "ended in an error (the kernel raised)" if c["signature"][1] == "error" else "failed"
-        console.print(f"\n{c['law']} {ended} ({c['how']}):", markup=False)
-        console.print(c["message"].strip(), markup=False)
-        console.print(c["line"], markup=False)
-    console.print(run.coverage().line("law examples"), markup=False)
-    rows = law_verdicts(run)
-    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("held", "failed", "error", "not run")}
-    said = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    hint = "; --laws paged checks the paged-attention laws alone" if counts["not run"] else ""
-    console.print(f"laws on {run.backend}: {len(rows)} laws, {said}; {sum(r['examples'] for r in rows)} examples in "
-                  f"{run.seconds:.1f} s{hint} -> {'OK' if run.exit_status == 0 else 'FAILED'}", markup=False)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(to_json(run) | {"law_verdicts": rows}, indent=2) + "\n")
-        console.print(f"JSON report: {args.json}", markup=False)
-    return run.exit_status
-
-
-def add_laws(parser) -> None:
-    """The options of ``pfa-verify laws``."""
-    parser.add_argument("--backend", default="golden", help="the backend whose laws are checked (default golden); "
-                        "any name --backend of pfa-verify run takes")
-    parser.add_argument("--laws", default="all", metavar="all|paged|at12|LAW,...",
-                        help=f"the laws: all (default), paged, at12, or names among {', '.join(BACKEND_LAWS)}")
-    parser.add_argument("--examples", type=count(at_most=SEARCH_EXAMPLES), default=200,
-                        help=f"examples per law (default 200, at most {SEARCH_EXAMPLES:,})")
-    parser.add_argument("--seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
-                        help="time per law for its examples: the search stops there and says it was cut (default 60)")
-    parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=20, metavar="S",
-                        help="time to shrink a law's failure before it is diagnosed and captured (default 20)")
-    parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
-                        help=f"laws searched at once, each in a process (default 1, at most {worker_bound()} here)")
-    parser.add_argument("--seed", type=count, default=0, help="seed of the searches (default 0: reproducible)")
-    parser.add_argument("--regressions", metavar="DIR", default=None,
-                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
-    parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    parser.set_defaults(func=_cmd_laws)

@@ -14,8 +14,14 @@ node, and by tomorrow's search.
 The failures come back to the driver, grouped by :func:`failure_signature` (law, kind of failure);
 the first of each group, in law and task order, is shrunk here by Hypothesis for ``shrink_s``
 seconds (the task's seed replayed, or the database) and captured once through cases/data/regressions.py;
-every other member points at it. Exit 1 when anything failed, or a task ended in an error (its worker
-died twice, the backend could not start); 0 when every example of every law held.
+every other member points at it.
+
+Each law gets one verdict over its tasks (:func:`law_verdicts`). It holds only on evidence: every task
+ran, none failed, and together they checked at least ``min_examples`` examples (checked: calls of the law,
+counted by the task; a search the time budget cut, or one where Hypothesis drew fewer than asked, has
+"too few examples"). Exit 0 only when every law held. While it runs, each task's count of examples checked
+reaches the driver through cases/running/search_channel.py, which also carries ``--fail-fast``'s stop.
+The JSON report, the summary line and the tables are cases/reporting/search_report.py.
 """
 from __future__ import annotations
 
@@ -26,21 +32,32 @@ import time
 from collections import Counter
 
 from hypothesis.database import DirectoryBasedExampleDatabase
-from rich.markup import escape
-from rich.table import Table
 
 from cases.running.capture import capture_case
 from cases.running.pool import Pool, task_resources, worker_backend
+from cases.running.search_channel import Channel, TaskChannel, watch
 from cases.running.shrink import hunt
 from golden.errors import UsageError, check_known
 from kernels import BackendUnavailable
 from kernels.backends.contract import shrink_budget
 from properties import law_examples, laws
 from properties.coverage import Coverage, classify
-from properties.law_examples import BACKEND_LAWS, PAGED_LAWS
+from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS
 
-__all__ = ["TaskReport", "SearchRun", "task_seed", "failure_signature", "open_database", "search", "to_json",
-           "summary_line", "render_table", "law_verdicts", "render_law_table"]
+__all__ = ["TaskReport", "SearchTask", "SearchRun", "LAW_GROUPS", "MIN_EXAMPLES", "VERDICT_STYLES", "law_names",
+           "task_seed", "failure_signature", "open_database", "search", "verdict_of", "law_verdicts"]
+
+#: ``--laws`` of ``pfa-verify laws`` and ``search``: a group's name stands for its laws.
+LAW_GROUPS = {"all": BACKEND_LAWS, "paged": PAGED_LAWS, "at12": AT12_LAWS}
+
+#: The fewest examples a law must have checked to hold, unless ``--min-examples`` lowers it (and never above
+#: ``--examples``): the 20 examples per law of the pytest laws' ``ci`` and ``dev`` profiles (``tox``, a
+#: developer's run). A law searched less than the quick test suite searches it has not held.
+MIN_EXAMPLES = 20
+
+#: The rich style of each verdict of a law, in the order of the summary line.
+VERDICT_STYLES = {"held": "green", "too few examples": "bold yellow", "failed": "bold red", "error": "bold magenta",
+                  "not run": "yellow", "stopped": "yellow"}
 
 
 @dataclasses.dataclass
@@ -59,6 +76,23 @@ class TaskReport:
     hits: dict = dataclasses.field(default_factory=dict)   # coverage bin -> examples that hit it (properties/coverage.py)
     cut: bool = False               # the law's time budget ended the task before its examples were drawn
     skipped: str | None = None      # why the backend cannot run this law (kernels.BackendUnavailable), or None
+    stopped: bool = False           # --fail-fast ended the task (or it never started): not a verdict of the law
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchTask:
+    """One task as the pool hands it out: the law, its index and seed, the examples it asks for, the backend,
+    the example database, its time budget (None: no limit), the folder of cases/running/search_channel.py
+    (None: none) and whether a stop written there ends it (--fail-fast)."""
+    law: str
+    task: int
+    seed: int
+    examples: int
+    backend: str
+    database: str | None = None
+    seconds: float | None = None
+    channel: str | None = None
+    fail_fast: bool = False
 
 
 @dataclasses.dataclass
@@ -73,6 +107,8 @@ class SearchRun:
     captured: list
     seconds: float
     execution: dict | None = None
+    min_examples: int = 1           # a law that checked fewer has "too few examples" (not held)
+    fail_fast: bool = False
 
     def coverage(self) -> Coverage:
         """The coverage (properties.coverage.Coverage) of every example the tasks drew."""
@@ -85,8 +121,23 @@ class SearchRun:
 
     @property
     def exit_status(self) -> int:
-        """1 when a law failed, a task broke, or a law could not run on the backend (nothing checked it)."""
-        return 1 if any(t.failure or t.error or t.skipped for t in self.tasks) else 0
+        """0 when every law held (:func:`law_verdicts`); 1 when one failed, broke, could not run on the backend,
+        was stopped by --fail-fast, or checked fewer than ``min_examples``."""
+        return 0 if all(row["verdict"] == "held" for row in law_verdicts(self)) else 1
+
+
+def law_names(text: str | None, option: str = "--laws") -> tuple:
+    """The laws ``text`` names (``LAW,...``, each a law of the backend or a group of :data:`LAW_GROUPS`), in
+    order and each once; None: every paged law. A UsageError names ``option`` and the unknown names."""
+    if text is None:
+        return PAGED_LAWS
+    given = [n.strip() for n in text.split(",") if n.strip()]
+    if not given:
+        raise UsageError(f"{option}: none given; expected some of {', '.join(BACKEND_LAWS)}, or "
+                         f"{', '.join(LAW_GROUPS)}")
+    check_known(option, "law", given, (*BACKEND_LAWS, *LAW_GROUPS),
+                hint=f"expected {', '.join(LAW_GROUPS)} or some of {', '.join(BACKEND_LAWS)}")
+    return tuple(dict.fromkeys(law for n in given for law in LAW_GROUPS.get(n, (n,))))
 
 
 def task_seed(seed: int, law: str, task: int) -> int:
@@ -119,20 +170,44 @@ def _key(law: str, backend_name: str) -> str:
     return f"pfa-verify search {law} {backend_name}"
 
 
-def _search_task(payload) -> TaskReport:
-    """One task in a worker (cases/running/pool.py): the worker's backend, then the law's search."""
-    law, task, seed, examples, backend_name, database, seconds = payload
-    report = TaskReport(law, task, seed)
-    backend = worker_backend(backend_name)
+class _Stopped(BaseException):
+    """Ends a task the driver told to stop (--fail-fast). A BaseException, as shrink.hunt's own time budget
+    is: Hypothesis lets it through at once instead of taking it for a failure of the law."""
+
+
+def _search_task(task: SearchTask) -> TaskReport:
+    """One task in a worker (cases/running/pool.py): the worker's backend, then the law's search; its count
+    of examples checked goes to the channel as it grows, and a stop there (--fail-fast) ends it."""
+    report = TaskReport(task.law, task.task, task.seed)
+    channel = TaskChannel(task.channel, task.law, task.task) if task.channel else None
+
+    def stopped() -> bool:
+        return task.fail_fast and channel is not None and channel.stopped()
+    if stopped():
+        report.stopped = True
+        return report
+    backend = worker_backend(task.backend)
+    start = time.perf_counter()
 
     def check(example):
+        if stopped():
+            raise _Stopped
         config = getattr(example[0], "config", None)   # a paged case (an AT-12 call has no coverage bins)
         for name in classify(config) if config is not None else ():    # what the search covered, failing example included
             report.hits[name] = report.hits.get(name, 0) + 1
-        laws.run(law, backend, example[0], **example[1])
-    found = hunt(law_examples.examples(law, backend), check, seed=seed, examples=examples,
-                 database=open_database(database), key=_key(law, backend_name), seconds=seconds)
-    report.examples, report.seconds, report.cut = found.examples, found.seconds, found.cut
+        report.examples += 1            # checked (hunt counts the same calls; a stopped task keeps this count)
+        try:
+            laws.run(task.law, backend, example[0], **example[1])
+        finally:
+            if channel is not None:
+                channel.checked(report.examples, time.perf_counter() - start)
+    try:
+        found = hunt(law_examples.examples(task.law, backend), check, seed=task.seed, examples=task.examples,
+                     database=open_database(task.database), key=_key(task.law, task.backend), seconds=task.seconds)
+    except _Stopped:
+        report.stopped, report.seconds = True, time.perf_counter() - start
+        return report
+    report.seconds, report.cut = found.seconds, found.cut
     if isinstance(found.error, BackendUnavailable):    # e.g. AT-12 on a paged-attention-only kernel: not run
         report.skipped, report.examples = found.error.reason, 0
         return report
@@ -144,6 +219,13 @@ def _search_task(payload) -> TaskReport:
         message = f"{type(found.error).__name__}: {text}" if kind == "error" else text
         report.failure = {"case": case, "params": dict(params), "kind": kind, "message": message}
     return report
+
+
+def _report(task: SearchTask, result) -> TaskReport:
+    """The TaskReport of a pool's TaskResult: the task's own, or an error when the task broke."""
+    rep = result.value if result.error is None else TaskReport(task.law, task.task, task.seed, error=result.error)
+    rep.node = result.node
+    return rep
 
 
 def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples: int, database, shrink_s: float):
@@ -171,28 +253,59 @@ def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples:
 
 def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: int = 0, database: str | None = None,
            workers: int = 1, cluster=None, shrink_s: float = 60.0, capture: bool = True, regressions_dir=None,
-           progress=None, seconds: float | None = None) -> SearchRun:
+           progress=None, seconds: float | None = None, min_examples: int | None = None,
+           fail_fast: bool = False) -> SearchRun:
     """Every law's search of ``examples`` examples in ``tasks`` tasks on the pool, each task within
-    ``seconds`` (None: no limit); failures grouped, the first of each group shrunk and captured once, here."""
+    ``seconds`` (None: no limit); failures grouped, the first of each group shrunk and captured once, here.
+    A law whose tasks checked fewer than ``min_examples`` together (default: ``examples`` or
+    :data:`MIN_EXAMPLES`, the fewer) has too few examples. ``fail_fast``: after the first task that fails or
+    errs, no task starts and those running stop after their current example.
+
+    ``progress(event, task, data)``: ``"start"`` (data None) as a :class:`SearchTask` is handed out,
+    ``"checked"`` with ``(examples, seconds)`` while it runs (from another thread; not from a cluster's
+    nodes), ``"done"`` with its :class:`TaskReport`."""
     if not laws:
         raise UsageError(f"--laws: none given; expected some of {', '.join(BACKEND_LAWS)}")
     check_known("--laws", "law", laws, BACKEND_LAWS)
     for option, value in (("--tasks", tasks), ("--examples", examples)):
         if value < 1:
             raise UsageError(f"{option} {value} must be at least 1")
+    least = min(examples, MIN_EXAMPLES) if min_examples is None else min_examples
+    if not 1 <= least <= examples:
+        raise UsageError(f"--min-examples {least} must be at least 1 and at most --examples ({examples}): a law "
+                         "cannot check more examples than it is given")
     start = time.perf_counter()
     backend = worker_backend(backend_name)        # the driver shrinks: it needs the backend too (supervised)
     db = open_database(database)
     per_task = math.ceil(examples / tasks)
-    payloads = [(law, k, task_seed(seed, law, k), per_task, backend_name, database, seconds)
-                for law in laws for k in range(tasks)]
-    with Pool(workers=workers, cluster=cluster, resources=task_resources(backend)) as pool:
-        results = pool.map(_search_task, payloads, on_done=progress and (lambda n, r: progress(payloads[n], r)))
-    reports = []
-    for payload, r in zip(payloads, results, strict=True):
-        rep = r.value if r.error is None else TaskReport(payload[0], payload[1], payload[2], error=r.error)
-        rep.node = r.node
-        reports.append(rep)
+    channel = Channel() if progress is not None or fail_fast else None
+    work = [SearchTask(law, k, task_seed(seed, law, k), per_task, backend_name, database, seconds,
+                       channel.folder if channel else None, fail_fast) for law in laws for k in range(tasks)]
+    running: dict = {}
+    tell = progress or (lambda event, task, data: None)
+
+    def started(n: int) -> None:
+        running[n] = work[n]
+        tell("start", work[n], None)
+
+    def done(n: int, r) -> None:
+        running.pop(n, None)
+        rep = _report(work[n], r)
+        if fail_fast and channel is not None and (rep.failure or rep.error):
+            channel.stop()
+        tell("done", work[n], rep)
+    unwatch = (watch(channel, lambda: [(t.law, t.task) for t in list(running.values())],
+                     lambda law, k, n, s: tell("checked", work[laws.index(law) * tasks + k], (n, s)))
+               if channel is not None and progress is not None else None)
+    try:
+        with Pool(workers=workers, cluster=cluster, resources=task_resources(backend)) as pool:
+            results = pool.map(_search_task, work, on_start=started, on_done=done)
+    finally:
+        if unwatch is not None:
+            unwatch()
+        if channel is not None:
+            channel.close()
+    reports = [_report(task, r) for task, r in zip(work, results, strict=True)]
     groups: dict = {}
     for rep in reports:
         if rep.failure is not None:
@@ -213,82 +326,56 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
         captured.append({"signature": list(sig), "law": first.law, "tasks": names, "replay": kept.replay,
                          "line": kept.line, "how": how, "message": message, "case": label})
     return SearchRun(backend_name, tuple(laws), examples, tasks, seed, database, reports, captured,
-                     time.perf_counter() - start, pool.describe())
+                     time.perf_counter() - start, pool.describe(), min_examples=least, fail_fast=fail_fast)
 
 
-def _law_totals(run: SearchRun) -> dict:
-    out = {}
-    for law in run.laws:
-        mine = [t for t in run.tasks if t.law == law]
-        n, s = sum(t.examples for t in mine), sum(t.seconds for t in mine)
-        out[law] = {"examples": n, "task_seconds": round(s, 2), "examples_per_task_second": round(n / s, 3) if s else None,
-                    "failures": sum(1 for t in mine if t.failure), "errors": sum(1 for t in mine if t.error),
-                    "cut": sum(1 for t in mine if t.cut), "skipped": sum(1 for t in mine if t.skipped)}
-    return out
-
-
-def to_json(run: SearchRun) -> dict:
-    """The search report (schema ``pfa-verify-search/1``): tasks, per-law totals, captured cases."""
-    def task(t: TaskReport) -> dict:
-        failure = None
-        if t.failure is not None:
-            case = t.failure["case"]
-            failure = {"config": case.config.to_dict() if hasattr(case, "config") else dataclasses.asdict(case),
-                       "seed": case.seed, "params": t.failure["params"], "kind": t.failure["kind"],
-                       "message": t.failure["message"].split("\n")[0]}
-        return {"law": t.law, "task": t.task, "seed": t.seed, "examples": t.examples, "seconds": round(t.seconds, 3),
-                "node": t.node, "failure": failure, "error": t.error, "replay": t.replay, "cut": t.cut,
-                "skipped": t.skipped}
-    examples = sum(t.examples for t in run.tasks)
-    return {"schema": "pfa-verify-search/1", "backend": run.backend, "laws": list(run.laws), "examples": run.examples,
-            "tasks_per_law": run.tasks_per_law, "seed": run.seed, "database": run.database, "execution": run.execution,
-            "tasks": [task(t) for t in run.tasks], "laws_summary": _law_totals(run),
-            "captured": [{k: v for k, v in c.items() if k != "line"} for c in run.captured],
-            "examples_run": examples, "seconds": round(run.seconds, 2),
-            "examples_per_second": round(examples / run.seconds, 3) if run.seconds else None,
-            "coverage": run.coverage().to_dict(), "exit_status": run.exit_status}
-
-
-def summary_line(run: SearchRun) -> str:
-    data = to_json(run)
-    failed = sum(1 for t in run.tasks if t.failure)
-    broke = sum(1 for t in run.tasks if t.error)
-    skipped = sorted({t.law for t in run.tasks if t.skipped})
-    cut = sum(1 for t in run.tasks if t.cut)
-    return (f"search on {run.backend}: {len(run.laws)} law(s) x {run.tasks_per_law} task(s), {data['examples_run']} examples "
-            f"in {run.seconds:.1f} s ({data['examples_per_second']} per second); {failed} task(s) found a failure, "
-            f"{len(run.captured)} captured once per signature" + (f", {broke} task(s) broke" if broke else "")
-            + (f", {cut} task(s) cut by the time budget" if cut else "")
-            + (f"; not run (the backend cannot run them): {', '.join(skipped)}" if skipped else "")
-            + " -> " + ("OK" if run.exit_status == 0 else "FAILED"))
+def verdict_of(tasks: list, *, min_examples: int, asked: int) -> tuple[str, str]:
+    """``(verdict, detail)`` of one law over its ``tasks`` (TaskReports) that were ``asked`` for that many
+    examples together: ``failed`` (the law's assertion) or ``error`` (the kernel raised, or a task broke),
+    ``not run`` (the backend cannot run it; or --fail-fast stopped it before it started), ``stopped`` (by
+    --fail-fast, partway), ``too few examples`` (fewer than ``min_examples`` checked: cut by the time
+    budget, or Hypothesis drew no more), ``held``."""
+    examples = sum(t.examples for t in tasks)
+    failed = next((t for t in tasks if t.failure), None)
+    broke = next((t for t in tasks if t.error), None)
+    skipped = next((t for t in tasks if t.skipped), None)
+    if failed is not None:
+        assert failed.failure is not None
+        # the kernel raised on an example: an error of the law's check, never a verdict of the law
+        return ("failed" if failed.failure["kind"] == "law" else "error",
+                (failed.failure["message"].strip().splitlines() or [""])[0])
+    if broke is not None:
+        return "error", str(broke.error)
+    if skipped is not None:
+        return "not run", f"the backend cannot run it: {skipped.skipped}"
+    said = f"{examples} example{'' if examples == 1 else 's'}"
+    if any(t.stopped for t in tasks):
+        return ("stopped", f"by --fail-fast after {said}") if examples else ("not run", "stopped by --fail-fast")
+    if any(t.cut for t in tasks):
+        why = f"{said}, then cut by the time budget"
+    elif examples < asked:
+        why = (f"{said} of {asked}: Hypothesis drew no more (the law's domain ran out of distinct examples, or "
+               "its filters rejected the draws)")
+    else:
+        why = f"all {said}"
+    if examples < min_examples:
+        return "too few examples", f"{why}; fewer than the {min_examples} a law holds on (--min-examples)"
+    return "held", why
 
 
 def law_verdicts(run: SearchRun) -> list[dict]:
-    """One verdict per law over its tasks: ``law``, ``examples``, ``seconds`` (the tasks' own), ``verdict``
-    (``failed``, ``error``, ``not run``, ``held``) and ``detail`` (the first failure's first line, the
-    error, why it was not run, or how a held law's search ended)."""
+    """One verdict per law over its tasks (:func:`verdict_of`): ``law``, ``examples``, ``seconds`` (the tasks'
+    own), ``verdict``, ``detail`` (a failure's: after how many examples, the shrunk case, the diagnosis and
+    the capture) and ``replay``."""
     rows = []
     for law in run.laws:
         mine = [t for t in run.tasks if t.law == law]
         examples, seconds = sum(t.examples for t in mine), sum(t.seconds for t in mine)
-        failed = next((t for t in mine if t.failure), None)
-        broke = next((t for t in mine if t.error), None)
-        skipped = next((t for t in mine if t.skipped), None)
+        asked = math.ceil(run.examples / run.tasks_per_law) * run.tasks_per_law
+        verdict, detail = verdict_of(mine, min_examples=run.min_examples, asked=asked)
         group = next((c for c in run.captured if c["law"] == law), None)
-        if failed is not None:
-            assert failed.failure is not None
-            # the kernel raised on an example: an error of the law's check, never a verdict of the law
-            verdict = "failed" if failed.failure["kind"] == "law" else "error"
-            detail = (_failure_detail(group, examples) if group is not None
-                      else failed.failure["message"].strip().splitlines()[0])
-        elif broke is not None:
-            verdict, detail = "error", str(broke.error)
-        elif skipped is not None:
-            verdict, detail = "not run", f"the backend cannot run it: {skipped.skipped}"
-        else:
-            cut = sum(1 for t in mine if t.cut)
-            verdict = "held"
-            detail = (f"{examples} examples, then cut by the time budget" if cut else f"all {examples} examples")
+        if verdict in ("failed", "error") and group is not None:
+            detail = _failure_detail(group, examples)
         rows.append({"law": law, "examples": examples, "seconds": round(seconds, 2), "verdict": verdict,
                      "detail": detail, "replay": next((t.replay for t in mine if t.replay), None)})
     return rows
@@ -303,31 +390,3 @@ def _failure_detail(group: dict, examples: int) -> str:
         said += "; " + (diagnosis.split(" explains ", 1)[0] if " explains " in diagnosis else diagnosis.split(":")[0]
                         + ": " + diagnosis.split(": ", 2)[1])
     return said + (f"; replay {group['replay'].rsplit(' ', 1)[-1]}" if group["replay"] else "; not captured")
-
-
-def render_law_table(run: SearchRun, width: int = 100):
-    """A rich Table of :func:`law_verdicts`, one row per law, ``width`` columns at most."""
-    table = Table(title=f"laws on {run.backend}", title_justify="left", width=width)
-    table.add_column("law", no_wrap=True)
-    table.add_column("examples", justify="right")
-    table.add_column("s", justify="right")
-    table.add_column("verdict", ratio=1)
-    style = {"failed": "bold red", "error": "bold magenta", "not run": "yellow", "held": "green"}
-    for row in law_verdicts(run):
-        text = f"[{style[row['verdict']]}]{row['verdict']}[/]: " + escape(row["detail"][:240])
-        table.add_row(row["law"], str(row["examples"]), f"{row['seconds']:.1f}", text)
-    return table
-
-
-def render_table(run: SearchRun):
-    """A rich Table: one row per task."""
-    table = Table(title=f"pfa-verify search: backend {run.backend}", title_justify="left")
-    for col in ("law", "task", "seed", "examples", "s", "node", "result"):
-        table.add_column(col)
-    for t in run.tasks:
-        result = ("[bold magenta]error: " + t.error + "[/]") if t.error else (
-            f"[bold red]{t.failure['kind']}: {t.failure['message'].splitlines()[0][:80]}[/]" if t.failure else
-            f"[yellow]not run: {t.skipped}[/]" if t.skipped else
-            "[green]held[/]" + (" (cut by the time budget)" if t.cut else ""))
-        table.add_row(t.law, str(t.task), str(t.seed), str(t.examples), f"{t.seconds:.1f}", t.node or "-", result)
-    return table
