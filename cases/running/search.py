@@ -33,16 +33,16 @@ from collections import Counter
 
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from cases.running.answers import Answers, Recorded
 from cases.running.capture import capture_case
 from cases.running.pool import Pool, task_resources, worker_backend
 from cases.running.search_channel import Channel, TaskChannel, watch
-from cases.running.shrink import hunt
+from cases.running.shrink import hunt, nondeterminism
 from golden.errors import UsageError, check_known
-from kernels import BackendUnavailable
-from kernels.backends.contract import shrink_budget
+from kernels.backends.contract import implements, shrink_budget
 from properties import law_examples, laws
 from properties.coverage import Coverage, classify
-from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS
+from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
 
 __all__ = ["TaskReport", "SearchTask", "SearchRun", "LAW_GROUPS", "MIN_EXAMPLES", "VERDICT_STYLES", "law_names",
            "task_seed", "failure_signature", "open_database", "search", "verdict_of", "law_verdicts"]
@@ -75,7 +75,7 @@ class TaskReport:
     replay: str | None = None
     hits: dict = dataclasses.field(default_factory=dict)   # coverage bin -> examples that hit it (properties/coverage.py)
     cut: bool = False               # the law's time budget ended the task before its examples were drawn
-    skipped: str | None = None      # why the backend cannot run this law (kernels.BackendUnavailable), or None
+    skipped: str | None = None      # why the backend cannot run this law (it does not implement its kernel), or None
     stopped: bool = False           # --fail-fast ended the task (or it never started): not a verdict of the law
 
 
@@ -188,6 +188,11 @@ def _search_task(task: SearchTask) -> TaskReport:
         return report
     backend = worker_backend(task.backend)
     start = time.perf_counter()
+    operator = operator_of(task.law)
+    if operator is not None and not implements(backend, operator):
+        # declared when the backend was loaded (kernels.Capabilities.operators), never learnt from a call
+        report.skipped = f"the backend does not implement {operator} (kernels.Capabilities.operators)"
+        return report
 
     def check(example):
         if stopped():
@@ -208,10 +213,7 @@ def _search_task(task: SearchTask) -> TaskReport:
         report.stopped, report.seconds = True, time.perf_counter() - start
         return report
     report.seconds, report.cut = found.seconds, found.cut
-    if isinstance(found.error, BackendUnavailable):    # e.g. AT-12 on a paged-attention-only kernel: not run
-        report.skipped, report.examples = found.error.reason, 0
-        return report
-    if found.error is not None:
+    if found.error is not None:               # whatever the kernel raised (BackendUnavailable too): an error
         assert found.example is not None        # hunt sets the failing example with its error
         case, params = found.example
         kind = "law" if isinstance(found.error, AssertionError) else "error"
@@ -229,8 +231,12 @@ def _report(task: SearchTask, result) -> TaskReport:
 
 
 def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples: int, database, shrink_s: float):
-    """``(case, params, message, how)`` of the group's first failure, shrunk by Hypothesis when it
-    reproduces (the task's seed, or the database, replayed here on the driver); else as the task found it."""
+    """``(case, params, message, how, nondeterministic)`` of the group's first failure, shrunk by Hypothesis
+    when it reproduces (the task's seed, or the database, replayed here on the driver); else as the task
+    found it. ``nondeterministic``: how the kernel was seen to answer the same case differently while it
+    was shrunk (cases.running.shrink.nondeterminism), or None."""
+    answers = Answers()
+    backend = Recorded(backend, answers, "while shrinking on the driver")
     if shrink_s > 0:
         def check(example):
             try:
@@ -245,10 +251,14 @@ def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples:
         if found.error is not None:
             assert found.example is not None    # hunt sets the failing example with its error
             case, params = found.example
-            return case, dict(params), str(found.error), "shrunk by Hypothesis on the driver"
+            return (case, dict(params), str(found.error), "shrunk by Hypothesis on the driver",
+                    nondeterminism(answers, found, lambda: None))
+        seen = nondeterminism(answers, found, lambda: None)
+    else:
+        seen = None
     failure = first.failure
     assert failure is not None                  # a group's first member is a task that failed
-    return failure["case"], failure["params"], failure["message"], "not shrunk"
+    return failure["case"], failure["params"], failure["message"], "not shrunk", seen
 
 
 def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: int = 0, database: str | None = None,
@@ -314,12 +324,12 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     captured = []
     for sig, members in groups.items():
         first = members[0]
-        case, params, message, how = _shrunk(first.law, backend, first, sig, examples=per_task, database=db,
-                                             shrink_s=shrink_s)
+        case, params, message, how, flaky = _shrunk(first.law, backend, first, sig, examples=per_task, database=db,
+                                                    shrink_s=shrink_s)
         names = [f"{m.law}#{m.task}" for m in members]
         note = f"{len(members)} search task(s) failed like this ({', '.join(names)}); {how}"
         kept = capture_case(first.law, backend_name, case, f"{message}\n{note}", params=params, enabled=capture,
-                            directory=regressions_dir)
+                            directory=regressions_dir, nondeterministic=flaky)
         for m in members:
             m.replay = kept.replay
         label = case.label() if hasattr(case, "label") else repr(case)
