@@ -33,9 +33,11 @@ from cases.cli import captured
 from cases.cli.interrupt import Interruption
 from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
 from cases.cli.run_commands import add_compare, add_laws, add_run, add_search, run_options
+from cases.reporting.terminal import guarded_streams
 from golden.errors import UsageError
 from golden.inputs import MAX_BYTES_ENV
 from kernels import BackendUnavailable
+from kernels.backends.text import printable
 
 __all__ = ["build_parser", "main", "run_options", "SUBCOMMANDS"]
 
@@ -81,8 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run one subcommand. A :class:`golden.errors.UsageError` (bad names, case files, catalog, sizes,
     arguments) or a backend that cannot start is one line on stderr and exit 2; anything else is a bug
-    of ours and propagates with its traceback (never reported as "could not run")."""
-    args = build_parser().parse_args(argv)
+    of ours and propagates with its traceback (never reported as "could not run").
+
+    What it prints never acts on the terminal and never raises for a character the stream cannot encode
+    (cases/reporting/terminal.py)."""
+    with guarded_streams():
+        return _command(build_parser().parse_args(argv))
+
+
+def _command(args) -> int:
     if getattr(args, "max_bytes", None):
         os.environ[MAX_BYTES_ENV] = str(args.max_bytes)   # spawned workers inherit it
     # pfa-verify run winds down by itself (it asks args.interruption.stop() between steps); the others stop at once.
@@ -95,16 +104,17 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return args.interruption.exit_status
     except BackendUnavailable as exc:
-        print(f"pfa-verify: error: the backend cannot run here: {exc.reason}", file=sys.stderr)
+        print(f"pfa-verify: error: the backend cannot run here: {printable(exc.reason)}", file=sys.stderr)
         return 2
     except UsageError as exc:
-        print(f"pfa-verify: error: {exc}", file=sys.stderr)
+        print(f"pfa-verify: error: {printable(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
         # A write that fails after the up-front checks passed (a disk that filled, a folder removed): the
         # machine's doing, not ours: one line naming the path, and the command failed.
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"pfa-verify: error: could not complete the command:{where} {exc.strerror or exc}", file=sys.stderr)
+        where = f" {printable(exc.filename)}" if exc.filename else ""
+        print(f"pfa-verify: error: could not complete the command:{where} {printable(exc.strerror or exc)}",
+              file=sys.stderr)
         return args.interruption.exit_status if args.interruption.signal else 1
     # An interrupt whose KeyboardInterrupt was lost (raised inside a garbage-collection callback) still counts.
     return args.interruption.exit_status if args.interruption.signal else status
