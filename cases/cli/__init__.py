@@ -19,8 +19,10 @@ Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are
 
 Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 the command could not run (a
 usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
-one line), 1 also for a write that fails once the command ran (a full disk: one line naming the path), 130 or 143 interrupted by SIGINT or SIGTERM (cases/cli/interrupt.py: a run summarizes what it
-checked first; a second signal ends at once). Any other exception is a bug of ours and keeps its traceback.
+one line), 1 also for a write that fails once the command ran (a full disk: one line naming the path), 128 + the
+signal's number when a signal interrupted it: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1
+(cases/cli/interrupt.py: a run summarizes what it checked first; a second signal ends at once). Any other
+exception is a bug of ours and keeps its traceback.
 """
 from __future__ import annotations
 

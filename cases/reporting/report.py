@@ -37,6 +37,7 @@ from rich.text import Text
 from cases.data import schemas
 from cases.data.schemas import check_written
 from cases.data.versions import versions
+from cases.reporting.signals import EXIT_INTERRUPTED
 from cases.reporting.terminal import printable_data, shown
 from cases.running.verdict import CaseVerdict
 from properties.acceptance import CodecVerdict
@@ -47,9 +48,6 @@ __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "che
            "provenance_lines", "execution_line", "short", "EXIT_INTERRUPTED"]
 
 SCHEMA_ID = "pfa-verify-run-report/5"
-
-#: The exit status of an interrupted run, by the signal that stopped it (128 + its number, as a shell shows it).
-EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
 
 
