@@ -21,7 +21,8 @@ Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 
 usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
 one line), 1 also for a write that fails once the command ran (a full disk: one line naming the path), 128 + the
 signal's number when a signal interrupted it: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1
-(cases/cli/interrupt.py: a run summarizes what it checked first; a second signal ends at once). Any other
+(cases/cli/interrupt.py: a run summarizes what it checked first; a second signal ends at once). With
+--in-process, never 0 when the command ended before its summary (cases/cli/in_process.py). Any other
 exception is a bug of ours and keeps its traceback.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import os
 import sys
 import textwrap
 
-from cases.cli import captured
+from cases.cli import captured, in_process
 from cases.cli.interrupt import Interruption
 from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
 from cases.cli.run_commands import add_compare, add_laws, add_run, add_search, run_options
@@ -88,9 +89,17 @@ def main(argv=None) -> int:
     of ours and propagates with its traceback (never reported as "could not run").
 
     What it prints never acts on the terminal and never raises for a character the stream cannot encode
-    (cases/reporting/terminal.py)."""
+    (cases/reporting/terminal.py). ``argv`` None is the command itself (``pfa-verify``, ``python -m
+    cases.cli``): with ``--in-process`` it runs again as a child process that this one watches
+    (cases/cli/in_process.py); a caller that passes ``argv`` runs the command in its own process."""
     with guarded_streams():
-        return _command(build_parser().parse_args(argv))
+        channel = in_process.open_channel()
+        args = build_parser().parse_args(argv)
+        if getattr(args, "in_process", False) and argv is None and channel is None:
+            return in_process.watch([sys.executable, *sys.orig_argv[1:]])
+        status = _command(args)
+        in_process.say_finished(channel)
+        return status
 
 
 def _command(args) -> int:

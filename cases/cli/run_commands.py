@@ -204,9 +204,12 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                              "the case is an error; 0: no limit; default: none, except where the backend has a cost "
                              f"model: {runner_limit_text()})")
     parser.add_argument("--in-process", action="store_true",
-                        help="run the kernel in this process, not in supervised worker processes (for a debugger: a "
-                             "kernel that ends the process then ends the run; its SystemExit and KeyboardInterrupt "
-                             "are still errors)")
+                        help="run the kernel in the command's process, not in supervised worker processes (for a "
+                             "debugger). Its exceptions, sys.exit, os._exit and posix._exit are still errors; what it "
+                             "cannot guard against is a kernel that ends the process another way (a signal, a crash, an "
+                             "_exit saved before the call) or corrupts it: such an end is never exit 0 (the command "
+                             "runs as a child of a process that watches it and says \"the run ended before its "
+                             "summary\", exit 1)")
     parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
                              f"(0: capture the first failing case as it is; default 60, at most {SHRINK_SECONDS:,})")

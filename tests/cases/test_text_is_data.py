@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 import golden
@@ -62,8 +63,8 @@ def _assert_shown_as_text(out: str, text: str = EVIL) -> None:
     assert _flat(printable(text)) in _flat(out), out
 
 
-def test_a_hostile_backend_is_shown_as_text_on_the_terminal_and_in_both_reports(tmp_path):
-    mode = ()
+@pytest.mark.parametrize("mode", [(), ("--in-process",)], ids=["supervised", "in-process"])
+def test_a_hostile_backend_is_shown_as_text_on_the_terminal_and_in_both_reports(tmp_path, mode):
     path = _hostile_file(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING="utf-8")   # strict: a surrogate would raise
     proc = subprocess.run([sys.executable, "-m", "cases.cli", "run", "--backend", f"{path}:make", "--cases", CASES,
