@@ -18,7 +18,9 @@ the whole group, ``kill PID`` to the parent alone. The child's Python writes eac
 on the same pipe, the moment it arrives (``signal.set_wakeup_fd``); the parent forwards a signal it
 received to the child only when the child has not said within :data:`GRACE_S` that it got it too.
 The child's own handlers (cases/cli/interrupt.py) then stop the command, and the parent returns the
-child's status (128 + the signal's number for a child a signal killed).
+child's status (128 + the signal's number for a child a signal killed); a signal the child's handlers
+never saw (it ended first) is one line, and a status of 0 becomes the signal's (128 + its number), as
+it would have been in one process.
 
 What this cannot guard: a kernel that writes the byte itself, or corrupts the process's memory or its
 files; that is what the supervised default is for.
@@ -89,32 +91,48 @@ def _ended(returncode: int) -> str:
 
 
 class _Signals:
-    """The signals the parent received and those the child said it received, paired within GRACE_S."""
+    """The signals the parent received, those it forwarded, and those the child said it received (its
+    handlers write each on the pipe as it arrives): paired within GRACE_S."""
 
     def __init__(self) -> None:
         self.received: list[tuple[int, float]] = []
+        self.forwarded: list[tuple[int, float]] = []
         self.acknowledged: list[tuple[int, float]] = []
 
     def note(self, signum: int, frame: FrameType | None) -> None:
         self.received.append((signum, time.monotonic()))
 
+    def _echo(self, signum: int, since: float) -> bool:
+        """Take the child's word that it got ``signum`` at or after ``since``, if it gave it."""
+        echo = next((a for a in self.acknowledged if a[0] == signum and a[1] >= since), None)
+        if echo is not None:
+            self.acknowledged.remove(echo)
+        return echo is not None
+
     def forward(self, child: subprocess.Popen) -> None:
         """Forward each signal received over GRACE_S ago that the child has not acknowledged."""
         now = time.monotonic()
+        self.forwarded = [(signum, at) for signum, at in self.forwarded if not self._echo(signum, at)]
         pending = []
         for signum, at in self.received:
-            echo = next((a for a in self.acknowledged if a[0] == signum and a[1] >= at - GRACE_S), None)
-            if echo is not None:
-                self.acknowledged.remove(echo)
-            elif now - at >= GRACE_S:
-                try:
-                    os.kill(child.pid, signum)
-                except ProcessLookupError:
-                    pass
-            else:
+            if self._echo(signum, at - GRACE_S):
+                continue
+            if now - at < GRACE_S:
+                pending.append((signum, at))
+                continue
+            try:
+                os.kill(child.pid, signum)
+                self.forwarded.append((signum, now))
+            except ProcessLookupError:
                 pending.append((signum, at))
         self.received = pending
         self.acknowledged = [a for a in self.acknowledged if now - a[1] < 2 * GRACE_S]
+
+    def unhandled(self) -> int | None:
+        """A signal this process received that the child's handlers never saw (it ended first, or the
+        signal came once they were gone), or None."""
+        left = self.received + self.forwarded
+        return left[0][0] if left else None
 
 
 def _read(fd: int) -> bytes:
@@ -159,6 +177,11 @@ def watch(command: list[str]) -> int:
         restore_signals(previous)
         os.close(read_fd)
     status = _status(child.returncode)
+    late = signals.unhandled()
+    if late is not None and (finished or status == 0):     # the command ended before its handlers saw it
+        print(f"pfa-verify: {signal_name(late)}: received as the command ended; it counts as an interruption",
+              file=sys.stderr)
+        return status or 128 + late
     if finished:
         return status
     if child.returncode == 0:

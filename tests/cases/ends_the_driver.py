@@ -4,7 +4,9 @@
   process can take that name back);
 - ``posix_exit``: ``posix._exit(0)`` by that name, while the kernel runs;
 - ``sighup``, ``sigusr1``: the signal to the driver (the worker's parent; the process itself when it
-  runs --in-process), then the golden's answer.
+  runs --in-process), then the golden's answer;
+- ``sigusr1_to_parent``: SIGUSR1 to its process's parent whatever that is (under --in-process, the
+  process that watches the command), then the golden's answer.
 """
 import os
 import posix
@@ -40,14 +42,14 @@ class PosixExit(_Golden):
 
 
 class SignalsTheDriver(_Golden):
-    def __init__(self, signum):
-        self.signum = signum
+    def __init__(self, signum, *, to_parent=False):
+        self.signum, self.to_parent = signum, to_parent
         self.name = f"sends-{signal.Signals(signum).name}"
 
     def paged_attention_fp8(self, *args, **kwargs):
         with open("/proc/self/cmdline", "rb") as f:            # a worker runs kernels.backends.sandbox
             in_worker = b"kernels.backends.sandbox" in f.read() or "PFA_VERIFY_WORKER_SLOT" in os.environ
-        os.kill(os.getppid() if in_worker else os.getpid(), self.signum)
+        os.kill(os.getppid() if in_worker or self.to_parent else os.getpid(), self.signum)
         return super().paged_attention_fp8(*args, **kwargs)
 
 
@@ -65,3 +67,7 @@ def sighup():
 
 def sigusr1():
     return SignalsTheDriver(signal.SIGUSR1)
+
+
+def sigusr1_to_parent():
+    return SignalsTheDriver(signal.SIGUSR1, to_parent=True)

@@ -75,6 +75,15 @@ def test_posix_exit_in_process_is_an_error_with_its_summary(tmp_path):
     assert "the kernel called os._exit(0)" in out and ENDED_EARLY not in err
 
 
+def test_a_signal_to_the_watching_parent_is_never_lost(tmp_path):
+    """The kernel signals its process's parent: under --in-process, the parent that watches the command.
+    Forwarded, or (the command ended within the second the parent waits for the child's own copy) the
+    parent's own status: never 0."""
+    status, out, err = _run(tmp_path, f"{DOUBLES}:sigusr1_to_parent", "--in-process", "--cases", "edge_tail_tile_3_tokens")
+    assert status == 138, (out, err)
+    assert "SIGUSR1" in err and "Traceback" not in out + err
+
+
 def _start_in_process(tmp_path):
     proc = subprocess.Popen(_command(tmp_path, SLOW, "--in-process", cases="catalog"), cwd=ROOT, env=_env(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
