@@ -19,8 +19,11 @@ Nothing imports it, so ``python -m cases.cli`` and the ``pfa-verify`` script are
 
 Exit status: 0 passed, 1 failed (see cases/reporting/report.py for the rule), 2 the command could not run (a
 usage error, a backend that cannot start here, a case file that cannot be loaded: golden.errors.UsageError,
-one line), 1 also for a write that fails once the command ran (a full disk: one line naming the path), 130 or 143 interrupted by SIGINT or SIGTERM (cases/cli/interrupt.py: a run summarizes what it
-checked first; a second signal ends at once). Any other exception is a bug of ours and keeps its traceback.
+one line), 1 also for a write that fails once the command ran (a full disk: one line naming the path), 128 + the
+signal's number when a signal interrupted it: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1
+(cases/cli/interrupt.py: a run summarizes what it checked first; a second signal ends at once). With
+--in-process, never 0 when the command ended before its summary (cases/cli/in_process.py). Any other
+exception is a bug of ours and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -29,14 +32,16 @@ import os
 import sys
 import textwrap
 
-from cases.cli import captured
+from cases.cli import captured, in_process
 from cases.cli.interrupt import Interruption
 from cases.cli.law_commands import add_laws, add_search
 from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
 from cases.cli.run_commands import add_compare, add_run, run_options
+from cases.reporting.terminal import guarded_streams
 from golden.errors import UsageError
 from golden.inputs import MAX_BYTES_ENV
 from kernels import BackendUnavailable
+from kernels.backends.text import printable
 
 __all__ = ["build_parser", "main", "run_options", "SUBCOMMANDS"]
 
@@ -82,8 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run one subcommand. A :class:`golden.errors.UsageError` (bad names, case files, catalog, sizes,
     arguments) or a backend that cannot start is one line on stderr and exit 2; anything else is a bug
-    of ours and propagates with its traceback (never reported as "could not run")."""
-    args = build_parser().parse_args(argv)
+    of ours and propagates with its traceback (never reported as "could not run").
+
+    What it prints never acts on the terminal and never raises for a character the stream cannot encode
+    (cases/reporting/terminal.py). ``argv`` None is the command itself (``pfa-verify``, ``python -m
+    cases.cli``): with ``--in-process`` it runs again as a child process that this one watches
+    (cases/cli/in_process.py); a caller that passes ``argv`` runs the command in its own process."""
+    with guarded_streams():
+        channel = in_process.open_channel()
+        args = build_parser().parse_args(argv)
+        if getattr(args, "in_process", False) and argv is None and channel is None:
+            return in_process.watch([sys.executable, *sys.orig_argv[1:]])
+        status = _command(args)
+        in_process.say_finished(channel)
+        return status
+
+
+def _command(args) -> int:
     if getattr(args, "max_bytes", None):
         os.environ[MAX_BYTES_ENV] = str(args.max_bytes)   # spawned workers inherit it
     # pfa-verify run winds down by itself (it asks args.interruption.stop() between steps); the others stop at once.
@@ -96,16 +116,17 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return args.interruption.exit_status
     except BackendUnavailable as exc:
-        print(f"pfa-verify: error: the backend cannot run here: {exc.reason}", file=sys.stderr)
+        print(f"pfa-verify: error: the backend cannot run here: {printable(exc.reason)}", file=sys.stderr)
         return 2
     except UsageError as exc:
-        print(f"pfa-verify: error: {exc}", file=sys.stderr)
+        print(f"pfa-verify: error: {printable(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
         # A write that fails after the up-front checks passed (a disk that filled, a folder removed): the
         # machine's doing, not ours: one line naming the path, and the command failed.
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"pfa-verify: error: could not complete the command:{where} {exc.strerror or exc}", file=sys.stderr)
+        where = f" {printable(exc.filename)}" if exc.filename else ""
+        print(f"pfa-verify: error: could not complete the command:{where} {printable(exc.strerror or exc)}",
+              file=sys.stderr)
         return args.interruption.exit_status if args.interruption.signal else 1
     # An interrupt whose KeyboardInterrupt was lost (raised inside a garbage-collection callback) still counts.
     return args.interruption.exit_status if args.interruption.signal else status

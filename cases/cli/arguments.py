@@ -13,6 +13,7 @@ from golden import DISTRIBUTIONS
 from golden.errors import UsageError
 from golden.inputs import parse_byte_count
 from kernels import SKIP_KINDS
+from kernels.backends.text import printable
 from properties.coverage import bin_names
 
 __all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
@@ -120,7 +121,7 @@ def add_cluster_argument(parser, what: str) -> None:
 
 def cluster_refused(exc) -> int:
     """A cluster that cannot take the work: one line, exit 2, before any case ran (cases/running/pool.py)."""
-    print(f"pfa-verify: error: {exc}", file=sys.stderr)
+    print(f"pfa-verify: error: {printable(exc)}", file=sys.stderr)
     return 2
 
 

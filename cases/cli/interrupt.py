@@ -1,12 +1,19 @@
-"""Ctrl-C and SIGTERM on the command line: a run stops and says what it checked; a second one ends at once.
+"""Ctrl-C, SIGTERM, SIGHUP, SIGUSR1 and the like on the command line: a run stops and says what it
+checked; a second Ctrl-C or SIGTERM ends at once.
 
-:class:`Interruption` is installed around a command. The first SIGINT or SIGTERM is remembered (its
-name is what :meth:`Interruption.stop` returns from then on) and announced on stderr in one line. A
-``cooperative`` command (``pfa-verify run``) asks ``stop()`` between steps and winds down itself: its
+:class:`Interruption` is installed around a command, for every signal of
+:data:`cases.reporting.signals.INTERRUPTING_SIGNALS` (each one whose default would end the process:
+SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, the real-time ones...; SIGINT and SIGTERM
+always, the others unless something in the process already handles them). The first signal is
+remembered (its name is what :meth:`Interruption.stop` returns from then on) and announced on stderr
+in one line. A ``cooperative`` command (``pfa-verify run``) asks ``stop()`` between steps and winds down itself: its
 workers end, the cases checked so far are summarized and written, the failures found so far captured.
-Any other command gets a KeyboardInterrupt at once. The second signal kills every kernel worker of
-the process (kernels.backends.supervisor.kill_all) and exits at once with 130 (SIGINT) or 143
-(SIGTERM), the statuses of :data:`cases.reporting.report.EXIT_INTERRUPTED`.
+Any other command gets a KeyboardInterrupt at once. A second SIGINT, SIGTERM or SIGQUIT (a person
+insisting) kills every kernel worker of the process (kernels.backends.supervisor.kill_all) and exits
+at once with 128 + the first signal's
+number (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1: :data:`cases.reporting.signals.EXIT_INTERRUPTED`).
+A signal a kernel sends to the process that judges it (its worker's parent) is one of these: the run
+ends with its summary and reports, never silently.
 
 The signal's name stays set whatever happens to the KeyboardInterrupt (Python drops an exception raised
 inside a garbage-collection callback, "Exception ignored in ..."): the command line exits with the
@@ -19,10 +26,30 @@ import signal
 import threading
 from types import FrameType
 
-from cases.reporting.report import EXIT_INTERRUPTED
+from cases.reporting.signals import EXIT_INTERRUPTED, INTERRUPTING_SIGNALS, signal_name
 from kernels.backends.supervisor import kill_all
 
-__all__ = ["Interruption"]
+__all__ = ["Interruption", "catch_interrupting_signals", "restore_signals"]
+
+#: The signals whose second coming ends the command at once: what a person sends to insist (Ctrl-C,
+#: ``kill``, Ctrl-\\). Another signal once the command is stopping changes nothing.
+_INSIST = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+
+
+def catch_interrupting_signals(handler) -> dict:
+    """Make ``handler`` the handler of every signal of INTERRUPTING_SIGNALS (SIGINT and SIGTERM always, each
+    other one unless something in the process already handles it); the handlers it replaced, for
+    :func:`restore_signals`. Main thread only."""
+    previous = {}
+    for signum in INTERRUPTING_SIGNALS:
+        if signum in (signal.SIGINT, signal.SIGTERM) or signal.getsignal(signum) == signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def restore_signals(previous: dict) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 class Interruption:
@@ -34,7 +61,7 @@ class Interruption:
         self._previous: dict = {}
 
     def stop(self) -> str | None:
-        """The name of the signal that interrupted the command (SIGINT, SIGTERM), or None."""
+        """The name of the signal that interrupted the command (SIGINT, SIGTERM, SIGHUP...), or None."""
         return self.signal
 
     @property
@@ -43,24 +70,25 @@ class Interruption:
 
     def __enter__(self) -> Interruption:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous = catch_interrupting_signals(self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+        restore_signals(self._previous)
         self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if self.signal is not None:                       # the second one: end now
+        name = signal_name(signum)
+        if self.signal is not None and signum not in _INSIST:
+            return                                        # already stopping (a kernel may signal on every call)
+        if self.signal is not None:                       # a person insists: end now
             kill_all()
             os.write(2, f"\npfa-verify: {name} again: ending at once\n".encode())
             os._exit(EXIT_INTERRUPTED.get(self.signal, 130))
         self.signal = name
         what = ("stopping: the cases checked so far are summarized and written" if self.cooperative
                 else "stopping")
-        os.write(2, f"\npfa-verify: {name}: {what} ({name} again ends at once)\n".encode())
+        again = f"{name} again" if signum in _INSIST else "SIGINT or SIGTERM"
+        os.write(2, f"\npfa-verify: {name}: {what} ({again} ends at once)\n".encode())
         if not self.cooperative:
             raise KeyboardInterrupt

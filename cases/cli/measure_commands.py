@@ -9,8 +9,6 @@ import json as json_module
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 import golden
 from cases.cli import preflight
 from cases.cli.arguments import (
@@ -29,9 +27,12 @@ from cases.measuring import bench, conforming, kill_latency, tightness
 from cases.measuring import mutants as matrix
 from cases.measuring.bench import WORKLOADS
 from cases.measuring.tightness import measure, record, render_table
+from cases.reporting import terminal
+from cases.reporting.terminal import shown
 from cases.running.pool import ClusterError
 from golden.errors import UsageError
 from kernels import BackendUnavailable
+from kernels.backends.text import printable
 from kernels.conforming import VARIANTS
 from kernels.mutants import MUTANTS
 
@@ -47,15 +48,15 @@ def _conforming(args, console, names, laws) -> int:
     for v in run.variants:
         for c in v.cells:
             if c.first_failure:
-                console.print(f"{v.name}: {c.law}: {c.failures} false red(s), first: {c.first_failure['message']}",
-                              highlight=False, markup=False)
+                console.print(shown(f"{v.name}: {c.law}: {c.failures} false red(s), first: "
+                                    f"{c.first_failure['message']}"))
     for line in conforming.model_lines(run):
-        console.print(line, highlight=False, markup=False)
-    console.print(conforming.summary_line(run), highlight=False, markup=False)
+        console.print(shown(line))
+    console.print(shown(conforming.summary_line(run)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json_module.dumps(conforming.to_json(run), indent=2) + "\n")
-        console.print(f"JSON report: {args.json}", highlight=False)
+        console.print(shown(f"JSON report: {args.json}"))
     return run.exit_status
 
 
@@ -63,11 +64,11 @@ def _list_catalog(args, console) -> int:
     """``mutants --list``: the catalog of the level (the conforming variants for --level conforming)."""
     if args.level == "conforming":
         for v in VARIANTS.values():
-            console.print(f"conforming {v.name:<40} {v.description}", highlight=False, markup=False)
+            console.print(shown(f"conforming {v.name:<40} {v.description}"))
         return 0
     for m in MUTANTS.values():
         tag = " (equivalent)" if m.equivalent else ""
-        console.print(f"{m.level:<6} {m.name:<40} {m.bug}{tag}", highlight=False, markup=False)
+        console.print(shown(f"{m.level:<6} {m.name:<40} {m.bug}{tag}"))
     return 0
 
 
@@ -75,13 +76,13 @@ def _cmd_mutants(args) -> int:
     preflight.check_command(args)
 
 
-    console = Console() if sys.stdout.isatty() else Console(width=240, force_terminal=False)
+    console = terminal.console(width=None if sys.stdout.isatty() else 240, markup=True)   # the matrices' own markup
     if args.list:
         return _list_catalog(args, console)
 
     def progress(name, cell):
         verdict = f"killed after {cell.examples}" if cell.killed else f"survived {cell.examples}"
-        print(f"  {name or 'baseline'}: {cell.law}: {verdict} ({cell.seconds:.1f} s)", flush=True)
+        console.print(shown(f"  {name or 'baseline'}: {cell.law}: {verdict} ({cell.seconds:.1f} s)"))
 
     names = [n.strip() for n in args.mutants.split(",")] if args.mutants else None
     laws = [n.strip() for n in args.laws.split(",")] if args.laws else None
@@ -105,7 +106,7 @@ def _cmd_mutants(args) -> int:
                                  allowed_survivors=[n.strip() for n in args.allow_survivors.split(",") if n.strip()],
                                  cluster=args.cluster)
     except BackendUnavailable as exc:
-        print(f"pfa-verify: error: the {args.level} level cannot run here: {exc}", file=sys.stderr)
+        print(f"pfa-verify: error: the {args.level} level cannot run here: {printable(exc)}", file=sys.stderr)
         return 2
     except ClusterError as exc:
         return cluster_refused(exc)
@@ -114,17 +115,17 @@ def _cmd_mutants(args) -> int:
         first = m.first_kill
         if first is not None:
             smallest = matrix.counterexample_text(first.law, first.counterexample) if first.counterexample else "-"
-            console.print(f"{m.name}: first kill after {first.examples} example(s), {first.seconds:.1f} s; smallest "
-                          f"{smallest}", highlight=False, markup=False)
-    console.print(matrix.summary_line(run), highlight=False, markup=False)
+            console.print(shown(f"{m.name}: first kill after {first.examples} example(s), {first.seconds:.1f} s; "
+                                f"smallest {smallest}"))
+    console.print(shown(matrix.summary_line(run)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json_module.dumps(matrix.to_json(run), indent=2) + "\n")
-        console.print(f"JSON report: {args.json}", highlight=False)
+        console.print(shown(f"JSON report: {args.json}"))
     if args.html:
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)
         Path(args.html).write_text(matrix.render_html(run), encoding="utf-8")
-        console.print(f"HTML report: {args.html}", highlight=False)
+        console.print(shown(f"HTML report: {args.html}"))
     return run.exit_status
 
 
@@ -142,18 +143,18 @@ def _latency(args, console, names) -> int:
         rows = kill_latency.latency_rows(args.level, examples=args.examples, seed=args.seed, names=names,
                                          workers=args.workers, cluster=args.cluster)
     except BackendUnavailable as exc:
-        print(f"pfa-verify: error: the {args.level} level cannot run here: {exc}", file=sys.stderr)
+        print(f"pfa-verify: error: the {args.level} level cannot run here: {printable(exc)}", file=sys.stderr)
         return 2
     console.print(kill_latency.render_table(rows, level=args.level, examples=args.examples, seed=args.seed))
     broken = [r for r in rows if r.error]
     for r in broken:
-        console.print(f"{r.name}: broken: {r.error}", highlight=False, markup=False)
+        console.print(shown(f"{r.name}: broken: {r.error}"))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         data = {"level": args.level, "examples": args.examples, "seed": args.seed,
                 "rows": [dataclasses.asdict(r) for r in rows], "summary": kill_latency.summary(rows)}
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        console.print(f"JSON report: {args.json}", highlight=False)
+        console.print(shown(f"JSON report: {args.json}"))
     return 1 if broken else 0
 
 
@@ -246,5 +247,6 @@ def _cmd_tightness(args) -> int:
         print(json.dumps(record(seed=args.seed), indent=1))
         return 0
 
-    Console(width=160).print(render_table([measure(d, args.cases, args.seed) for d in golden.DISTRIBUTIONS]))
+    terminal.console(width=160, markup=True).print(render_table([measure(d, args.cases, args.seed)
+                                                                 for d in golden.DISTRIBUTIONS]))
     return 0

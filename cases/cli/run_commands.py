@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import sys
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cases.cli import preflight
@@ -24,19 +23,21 @@ from cases.cli.arguments import (
     worker_bound,
 )
 from cases.data.collect import SOURCES, aimed, shipped_left_out
-from cases.reporting import html_report, report
+from cases.reporting import html_report, report, terminal
 from cases.reporting.report import result_rows
 from cases.reporting.report_compare import compare, load_report, print_comparison, write_html
+from cases.reporting.terminal import shown
 from cases.running import run as runner
 from cases.running.pool import ClusterError
 from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR, RunOptions
 from kernels import SKIP_KINDS
+from kernels.backends.text import printable
 
 __all__ = ["run_options", "add_run", "add_compare"]
 
 
 class _Progress:
-    """A rich progress bar on a terminal, plain lines otherwise."""
+    """A rich progress bar on a terminal, plain lines otherwise (a case's name is text: printable)."""
 
     def __init__(self, console):
         self.console, self.done, self.total, self.bar, self.task = console, 0, None, None, None
@@ -46,15 +47,15 @@ class _Progress:
             return
         if event == "start":
             if self.bar is not None:
-                self.bar.update(self.task, description=item.name)
+                self.bar.update(self.task, description=printable(item.name, one_line=True))
             return
         self.done += 1
         verdicts = ",".join(sorted({row.verdict for row in result_rows(result)}))
         if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=item.name)
+            self.bar.update(self.task, advance=1, description=printable(item.name, one_line=True))
         else:
-            print(f"[{self.done:>{len(str(self.total))}}/{self.total}] {item.name} ({item.source}): {verdicts} "
-                  f"{result.seconds:.1f} s", flush=True)
+            self.console.print(shown(f"[{self.done:>{len(str(self.total))}}/{self.total}] {item.name} ({item.source}): "
+                                     f"{verdicts} {result.seconds:.1f} s"))
 
 
 def run_options(args: argparse.Namespace, command: str | None = None):
@@ -81,26 +82,27 @@ def _aimed(items) -> str:
 def _cmd_run(args) -> int:
     preflight.check_command(args)
 
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    console = terminal.console()
     progress = _Progress(console)
 
     def announce(items, note):
         progress.total = len(items)
-        console.print(note, highlight=False, markup=False)
+        console.print(shown(note))
         left_out = shipped_left_out(args.cases, args.regressions)
-        console.print(f"{len(items)} cases: " + ", ".join(
-            f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items), highlight=False)
+        console.print(shown(f"{len(items)} cases: " + ", ".join(
+            f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items)))
         if left_out:
-            console.print(f"--regressions {args.regressions}: the {len(left_out)} regressions shipped in "
-                          f"cases/regressions are left out ({', '.join(left_out)}); --cases all without "
-                          "--regressions runs them", highlight=False, markup=False)
+            console.print(shown(f"--regressions {args.regressions}: the {len(left_out)} regressions shipped in "
+                                f"cases/regressions are left out ({', '.join(left_out)}); --cases all without "
+                                "--regressions runs them"))
 
     stop = args.interruption.stop
     try:
         if console.is_terminal:
-            with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+            with Progress(TextColumn("{task.description:<34}", markup=False), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
-                          transient=True) as bar:
+                          transient=True, redirect_stdout=False, redirect_stderr=False) as bar, \
+                    terminal.lines_to(console):
                 task = bar.add_task("choosing backend", total=None)
                 progress.bar, progress.task = bar, task
 
@@ -116,7 +118,7 @@ def _cmd_run(args) -> int:
     run, summary, written = _write_reports(run, args)
     report.print_report(run, console, summary, verbose=args.verbose)
     for line in written:
-        console.print(line, highlight=False, markup=False)
+        console.print(shown(line))
     return summary.exit_status
 
 
@@ -196,9 +198,12 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                              "the case is an error; 0: no limit; default: none, except where the backend has a cost "
                              f"model: {runner_limit_text()})")
     parser.add_argument("--in-process", action="store_true",
-                        help="run the kernel in this process, not in supervised worker processes (for a debugger: a "
-                             "kernel that ends the process then ends the run; its SystemExit and KeyboardInterrupt "
-                             "are still errors)")
+                        help="run the kernel in the command's process, not in supervised worker processes (for a "
+                             "debugger). Its exceptions, sys.exit, os._exit and posix._exit are still errors; what it "
+                             "cannot guard against is a kernel that ends the process another way (a signal, a crash, an "
+                             "_exit saved before the call) or corrupts it: such an end is never exit 0 (the command "
+                             "runs as a child of a process that watches it and says \"the run ended before its "
+                             "summary\", exit 1)")
     parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
                         help="time for Hypothesis to shrink each kind of generated failure before it is captured "
                              f"(0: capture the first failing case as it is; default 60, at most {SHRINK_SECONDS:,})")
@@ -212,11 +217,11 @@ def _cmd_compare(args) -> int:
     preflight.check_command(args)
 
 
-    console = Console() if sys.stdout.isatty() else Console(width=200, force_terminal=False)
+    console = terminal.console()
     comparison = compare(load_report(args.a), load_report(args.b), paths=(args.a, args.b))
     print_comparison(comparison, console)
     if args.html:
-        console.print(f"HTML comparison: {write_html(comparison, args.html)}", highlight=False)
+        console.print(shown(f"HTML comparison: {write_html(comparison, args.html)}"))
     return comparison.exit_status
 
 

@@ -19,6 +19,7 @@ from cases.data.versions import versions
 from golden.errors import UsageError
 from kernels.backends.contract import implements, shrink_budget
 from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
+from kernels.backends.text import printable
 from properties import law_examples
 from properties.coverage import Coverage, classify
 from properties.generation import pin_local_constants, reported_example
@@ -76,12 +77,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     seed = config.getoption("hypothesis_seed", None)
     profile = settings.get_current_profile_name()
     derandomized = settings.default is not None and settings.default.derandomize
-    lines = [f"pfa-verify: backend={config.getoption('--backend')} torch={torch.__version__} pypto={pypto_version}",
+    backend = printable(config.getoption("--backend"), one_line=True)
+    lines = [f"pfa-verify: backend={backend} torch={torch.__version__} pypto={pypto_version}",
              (f"pfa-verify: hypothesis profile={profile} "
              f"seed={seed if seed is not None else ('derandomized' if derandomized else 'random')}")]
     if config.option.markexpr:
         # Under xdist the summary line does not count deselected tests: say here what is left out.
-        lines.append(f"pfa-verify: only tests matching -m {config.option.markexpr!r} run; the rest are not checked "
+        lines.append(f"pfa-verify: only tests matching -m {printable(repr(config.option.markexpr))} run; the rest are not checked "
                      "in this session")
     return lines
 
@@ -96,7 +98,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if reasons:
         terminalreporter.section("pfa-verify: skipped (cannot run here)")
         for reason, count in reasons.most_common():
-            terminalreporter.write_line(f"{count:5d}  {reason}")
+            terminalreporter.write_line(f"{count:5d}  {printable(reason)}")
     if (not_run := _not_run(config)):
         terminalreporter.write_line(f"pfa-verify: {not_run} law test(s) not run on this backend: the session fails "
                                     "(a law not run is not a pass)", red=True)
@@ -124,14 +126,14 @@ def backend(request: pytest.FixtureRequest):
             if name != "golden":        # --in-process: the kernel's exits are still failures (GuardedBackend)
                 chosen = GuardedBackend(chosen)
     except UsageError as exc:
-        pytest.fail(f"backend {name!r}: {exc}", pytrace=False)
+        pytest.fail(printable(f"backend {name!r}: {exc}"), pytrace=False)
     except kernels.BackendUnavailable as exc:
-        message = f"backend {name!r} cannot run here: {exc.reason}"
+        message = printable(f"backend {name!r} cannot run here: {exc.reason}")
         if request.config.getoption("--allow-unavailable"):
             pytest.skip(message)
         pytest.fail(message + " (--allow-unavailable skips its tests instead)", pytrace=False)
     if getattr(chosen, "fallback", False) and not request.config.getoption("--allow-fallback"):
-        pytest.fail(f"{chosen.selection} (--allow-fallback runs the golden instead)", pytrace=False)
+        pytest.fail(printable(f"{chosen.selection} (--allow-fallback runs the golden instead)"), pytrace=False)
     return chosen
 
 
@@ -180,6 +182,27 @@ def check_law(backend, request: pytest.FixtureRequest):
             elif failed:
                 after_failure[test] = 0
     return check
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test's report as text: a failure's or a skip's text and the output captured while it ran (a
+    kernel's message, what a kernel run in this process printed) with their control characters escaped
+    (kernels.backends.text.printable); a report with none is left as pytest made it."""
+    outcome = yield
+    _escape_report(outcome.get_result())
+
+
+def _escape_report(report) -> None:
+    """Make ``report`` (a pytest TestReport) printable in place: see :func:`pytest_runtest_makereport`."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:                   # a skip: (path, line, reason)
+        report.longrepr = (longrepr[0], longrepr[1], printable(longrepr[2]))
+    elif longrepr is not None:
+        text = str(longrepr)
+        if printable(text) != text:
+            report.longrepr = printable(text)
+    report.sections = [(title, printable(content)) for title, content in report.sections]
 
 
 #: Coverage bins (properties/coverage.py) of every paged case a law ran on in this process: name -> hits.

@@ -3,8 +3,10 @@
 Three pages share one look: the run report (cases/reporting/html_report.py), the kill matrix (cases/measuring/mutants.py)
 and the comparison of two runs (cases/reporting/report_compare.py). Each module computes what its page shows
 (rows, the geometry of its pictures) and :func:`render` fills the template; no page is assembled from
-strings. Every value is escaped by the template engine (``autoescape``), so a case name, a message or
-a file path cannot break the page; a name the template uses that the caller did not give is an error
+strings. Every value is made printable (kernels.backends.text: control characters, bidirectional
+controls and lone surrogates as visible escapes) and then escaped by the template engine
+(``autoescape``), so a case name, a message or a file path cannot break the page, reorder what it
+shows, or fail to encode; a name the template uses that the caller did not give is an error
 (``StrictUndefined``), not an empty cell.
 
 The pages are self-contained: inline CSS (``CSS``, the templates' ``base.html.j2``) and SVG, no
@@ -16,8 +18,10 @@ import functools
 import math
 
 import jinja2
+from markupsafe import Markup
 
 from cases.data import FOLDER
+from kernels.backends.text import printable
 
 __all__ = ["TEMPLATES", "render", "ratio_colour", "slug"]
 
@@ -28,10 +32,16 @@ TEMPLATES = FOLDER / "templates"
 def _environment():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
+                             keep_trailing_newline=True, finalize=_printable)
     env.filters["slug"] = slug
     env.globals["ratio_colour"] = ratio_colour
     return env
+
+
+def _printable(value):
+    """Every value a template prints, before it is escaped: text made printable (markup the page built
+    itself, a Markup, is left as it is)."""
+    return value if isinstance(value, Markup | int | float | jinja2.Undefined) else printable(value)
 
 
 def slug(text) -> str:

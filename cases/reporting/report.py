@@ -28,13 +28,15 @@ import json
 import math
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cases.data import schemas
 from cases.data.capture_files import write_durably
 from cases.data.schemas import check_written
 from cases.data.versions import versions
+from cases.reporting.signals import EXIT_INTERRUPTED
+from cases.reporting.terminal import printable_data, shown
 from cases.running.verdict import CaseVerdict
 from properties.acceptance import CodecVerdict
 from properties.coverage import coverage_text
@@ -45,8 +47,6 @@ __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "che
 
 SCHEMA_ID = "pfa-verify-run-report/5"
 
-#: The exit status of an interrupted run, by the signal that stopped it (128 + its number, as a shell shows it).
-EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
 
 # --- rows: each case's outcomes, as every report shows them --------------------------------------
@@ -247,17 +247,19 @@ def _result(row: ResultRow) -> dict:
 
 
 def to_json(run, summary: RunSummary | None = None) -> dict:
-    """The JSON report as a dict (validates against cases/report.schema.json)."""
+    """The JSON report as a dict (validates against cases/report.schema.json). Every string in it is
+    printable (kernels.backends.text): a kernel's message, a backend's name or a path holds no control
+    character or lone surrogate, so the report can be encoded, and shown, as it is."""
     summary = summary or summarize(run)
     prov = run.provenance or {}
-    return {"schema": SCHEMA_ID,
+    return printable_data({"schema": SCHEMA_ID,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": run.command,
             "backend": {"name": run.backend, "codec": run.codec, "chosen": run.backend_note,
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
             "selection": run.selection, "execution": execution(run), "coverage": run.coverage, "shared": list(run.shared),
-            "summary": summary.to_dict(), "results": [_result(row) for row in _all_rows(run)]}
+            "summary": summary.to_dict(), "results": [_result(row) for row in _all_rows(run)]})
 
 
 def execution(run) -> dict:
@@ -341,10 +343,11 @@ _STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped
 def render_table(run, *, verbose: bool = False, width: int = 100):
     """A rich Table of :func:`table_rows`: every row and column when ``verbose``; else, within ``width``
     columns, the rows that did not pass, one at a time, and one row per group of passing ones (their source
-    and comparison), with their count, their largest error and their time."""
+    and comparison), with their count, their largest error and their time. Every cell is text
+    (:func:`cases.reporting.terminal.shown`): a case's name or a kernel's message is never markup."""
     if verbose:
         return _every_row(run)
-    table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold",
+    table = Table(title=shown(f"pfa-verify run: backend {run.backend}"), title_justify="left", header_style="bold",
                   width=width)
     table.add_column("case", no_wrap=True)
     table.add_column("reference", no_wrap=True)
@@ -367,18 +370,19 @@ def render_table(run, *, verbose: bool = False, width: int = 100):
                         default=None)
             seconds = sum(r.case.seconds for r in group if r.first)
             name = f"{len(group)} {key[0]} case{'s' if len(group) != 1 else ''}"
-            table.add_row(name, row.reference, _fmt(worst), "-", f"{seconds:.1f}", f"[{_STYLE['pass']}]pass[/]")
+            table.add_row(shown(name), shown(row.reference), _fmt(worst), "-", f"{seconds:.1f}",
+                          shown("pass", _STYLE["pass"]))
             continue
         c = cells(row)
         verdict = row.shown_verdict + (f": {c['note']}" if row.verdict == "fail" and c["note"] else "")
-        table.add_row(row.case.name, row.reference, c["max_abs"], c["mismatched"],
-                      c["seconds"] if row.first else "", f"[{_STYLE[row.style]}]{escape(verdict)}[/]")
+        table.add_row(shown(row.case.name), shown(row.reference), c["max_abs"], c["mismatched"],
+                      c["seconds"] if row.first else "", shown(verdict, _STYLE[row.style]))
     return table
 
 
 def _every_row(run):
     """The whole table: every row, every column (``pfa-verify run -v``)."""
-    table = Table(title=f"pfa-verify run: backend {run.backend}", title_justify="left", header_style="bold")
+    table = Table(title=shown(f"pfa-verify run: backend {run.backend}"), title_justify="left", header_style="bold")
     nodes = (run.execution or {}).get("executor") == "ray"     # a cluster run names each case's node
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("backend", {"overflow": "fold"}), ("reference", {}),
                     ("max abs", {"justify": "right"}), ("max rel", {"justify": "right"}),
@@ -391,8 +395,9 @@ def _every_row(run):
         verdict = row.shown_verdict + (f": {c['note']}" if row.verdict == "fail" and c["note"] else "")
         case = (row.case.name, row.case.source, row.case.backend) if row.first else ("", "", "")
         node = (c["node"] if row.first else "",) if nodes else ()
-        table.add_row(*case, row.reference, c["max_abs"], c["max_rel"], c["mismatched"], c["worst"],
-                      c["seconds"] if row.first else "", *node, f"[{_STYLE[row.style]}]{verdict}[/]")
+        table.add_row(*(shown(v) for v in (*case, row.reference)), c["max_abs"], c["max_rel"], c["mismatched"],
+                      c["worst"], c["seconds"] if row.first else "", *(shown(v) for v in node),
+                      shown(verdict, _STYLE[row.style]))
     return table
 
 
@@ -412,27 +417,29 @@ def coverage_line(run) -> str | None:
 
 
 def print_report(run, console, summary: RunSummary | None = None, *, verbose: bool = False) -> None:
+    """The table, the skips, each counted failure in full, then what was checked and the summary line,
+    on ``console``; every line is text (:func:`cases.reporting.terminal.shown`), whatever the console parses."""
     summary = summary or summarize(run)
     console.print(render_table(run, verbose=verbose))
     for (_, why), names in skipped_groups(run).items():
-        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        console.print(f"[dim]Skipped {len(names)}: {shown}: {why}[/]", highlight=False,
-                      markup=True)
+        listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        console.print(shown(f"Skipped {len(names)}: {listed}: {why}", "dim"))
     for row in table_rows(run):
         if row.verdict in ("fail", "error") and row.counts:
-            console.print(f"\n[bold red]{row.verdict.upper()}[/] {row.case.name} ({row.reference})", highlight=False)
-            console.print(failure_text(row), highlight=False, markup=False)
+            console.print(Text.assemble("\n", shown(row.verdict.upper(), "bold red"),
+                                        shown(f" {row.case.name} ({row.reference})")))
+            console.print(shown(failure_text(row)))
     for found in run.shared:
-        console.print(f"\n{found['text']}", highlight=False, markup=False)
+        console.print(shown(f"\n{found['text']}"))
     if run.not_run:
-        shown = ", ".join(run.not_run[:6]) + (f" and {len(run.not_run) - 6} more" if len(run.not_run) > 6 else "")
-        console.print(f"\nNot run (interrupted by {run.interrupted}): {shown}", highlight=False, markup=False)
-    console.print(f"\n{run.backend_note}", highlight=False, markup=False)
+        listed = ", ".join(run.not_run[:6]) + (f" and {len(run.not_run) - 6} more" if len(run.not_run) > 6 else "")
+        console.print(shown(f"\nNot run (interrupted by {run.interrupted}): {listed}"))
+    console.print(shown(f"\n{run.backend_note}"))
     for line in provenance_lines(run):
-        console.print(line, highlight=False, markup=False)
+        console.print(shown(line))
     if coverage_line(run):
-        console.print(coverage_line(run), highlight=False, markup=False)
-    console.print(summary.line, highlight=False, markup=False)
+        console.print(shown(coverage_line(run)))
+    console.print(shown(summary.line))
 
 
 def execution_line(run) -> str:

@@ -21,13 +21,14 @@ import json
 import math
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cases.data.schemas import and_more
 from cases.reporting import html_pages
 from cases.reporting.html_report import CSS
-from cases.reporting.report import SCHEMA_ID, check_schema
+from cases.reporting.report import SCHEMA_ID, check_schema, write_text_atomically
+from cases.reporting.terminal import printable_data, shown
 from golden.errors import UsageError
 
 __all__ = ["SelectionMismatch", "ReportedCase", "DiffRow", "ReportDiff", "PREVIOUS_SCHEMA_ID", "upgraded", "load_report", "case_verdict", "compare",
@@ -106,10 +107,11 @@ def upgraded(data: dict) -> dict:
 
 def load_report(path) -> dict:
     """The JSON run report at ``path``, checked against cases/report.schema.json; a UsageError naming
-    the file when it is missing, not JSON, from another schema version, or invalid."""
+    the file when it is missing, not JSON, from another schema version, or invalid. Its strings are
+    made printable (kernels.backends.text): a report is a file from outside, shown as text."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = printable_data(json.loads(p.read_text(encoding="utf-8", errors="surrogateescape")))
     except OSError as exc:
         raise UsageError(f"report {str(path)!r}: cannot read it ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
@@ -218,7 +220,7 @@ def _ordered(c: ReportDiff) -> list:
 
 def render_table(c: ReportDiff):
     """A rich Table: one row per case, verdicts that differ first."""
-    table = Table(title=escape(f"pfa-verify compare: A = {_who(c.reports[0])}, B = {_who(c.reports[1])}"),
+    table = Table(title=shown(f"pfa-verify compare: A = {_who(c.reports[0])}, B = {_who(c.reports[1])}"),
                   title_justify="left", header_style="bold")
     for col, kw in (("case", {"no_wrap": True}), ("source", {}), ("A verdict", {}), ("A worst/tol", {"justify": "right"}),
                     ("B verdict", {}), ("B worst/tol", {"justify": "right"}), ("", {})):
@@ -228,16 +230,16 @@ def render_table(c: ReportDiff):
         cells = []
         for v in (r.a, r.b):
             text = v.verdict + (f": {v.detail}" if v.detail and v.verdict != "pass" else "")
-            cells += [f"[{style[v.verdict]}]{escape(text)}[/]", escape(_ratio_text(v))]
-        table.add_row(escape(r.name), r.source, *cells, "[bold]differs[/]" if r.differs else "")
+            cells += [shown(text, style[v.verdict]), shown(_ratio_text(v))]
+        table.add_row(shown(r.name), shown(r.source), *cells, Text("differs", "bold") if r.differs else "")
     return table
 
 
 def print_comparison(c: ReportDiff, console) -> None:
     console.print(render_table(c))
     for label, path, data in zip("AB", c.paths, c.reports, strict=True):
-        console.print(f"{label}: {path}: {data['summary']['verdict']}", highlight=False, markup=False)
-    console.print(summary_line(c), highlight=False, markup=False)
+        console.print(shown(f"{label}: {path}: {data['summary']['verdict']}"))
+    console.print(shown(summary_line(c)))
 
 
 # --- HTML ------------------------------------------------------------------------------------------
@@ -292,7 +294,5 @@ def render_html(c: ReportDiff) -> str:
 
 
 def write_html(c: ReportDiff, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(c), encoding="utf-8")
-    return path
+    """Write the page through a temporary file renamed into place (cases.reporting.report.write_text_atomically)."""
+    return write_text_atomically(Path(path), render_html(c))

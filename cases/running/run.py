@@ -113,9 +113,9 @@ def open_backend(name: str, *, device=None, max_seconds: float | None = None, wo
     or golden.errors.UsageError (one line) when the backend cannot start or breaks the contract."""
     if in_process:
         raw = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
-        capabilities_of(raw, source=name)
+        caps = capabilities_of(raw, source=name)     # the one reader of a backend's optional attributes
         use_backend_threads(raw)
-        backend: Any = GuardedBackend(limit_time(raw, max_seconds))
+        backend: Any = GuardedBackend(limit_time(raw, max_seconds), caps)
         supervisor = None
     else:
         supervisor = Supervisor(BackendSpec(name=name, device=device, max_seconds=max_seconds), workers=workers,
@@ -126,8 +126,8 @@ def open_backend(name: str, *, device=None, max_seconds: float | None = None, wo
         except BaseException:
             supervisor.close()
             raise
-    note = getattr(backend, "selection", None) or f"backend {backend.name} (as asked)"
-    note = "; ".join([note] + list(backend.notes()))
+        caps = backend.capabilities
+    note = "; ".join([caps.selection or f"backend {backend.name} (as asked)", *caps.notes])
     return backend, supervisor, backend.name if name == "auto" else name, note
 
 

@@ -854,24 +854,63 @@ def _answer(kind: str, answer: Mapping[str, Any] | None) -> Skip | CostEstimate 
 class GuardedBackend:
     """A backend run in this process (``--in-process``, for a debugger): its calls' SystemExit,
     KeyboardInterrupt and other exceptions become :class:`KernelRaised` (kernels.KernelRunError and
-    BackendUnavailable pass as they are), and so does a call of ``os._exit`` (the name raises while the
-    kernel runs). A kernel that ends the process another way (``posix._exit``, a signal, a crash) ends
-    this one: only the supervisor guards against that."""
+    BackendUnavailable pass as they are), and so does a call of ``os._exit`` or ``posix._exit`` (one
+    function under two names: both raise while the kernel runs). A kernel that ends the process another
+    way (a reference to ``_exit`` it took before the call, a signal, a crash) ends this one: only the
+    supervisor guards against that (cases/cli/in_process.py makes such an end a failed command).
 
-    def __init__(self, backend: Any) -> None:
+    Given the backend's ``capabilities`` (kernels.backends.contract.capabilities_of), its optional
+    attributes are theirs, defaults included, as a :class:`SupervisedBackend`'s are: a backend that
+    declares none of them runs here as it runs supervised."""
+
+    #: The module os takes ``_exit`` from (``posix`` on Linux): a kernel may call it by that name.
+    _os_module: Any = sys.modules[os.name]
+    #: The attributes read from the capabilities, when given (those SupervisedBackend sets from them).
+    _declared = ("model", "supported_shapes", "spec_codec_not_applicable", "out_of_bounds_reads", "threads",
+                 "kernel_errors_spoil_process", "shrink_calls", "default_budget_s", "fallback", "selection",
+                 "kernel_source")
+
+    def __init__(self, backend: Any, capabilities: Capabilities | None = None) -> None:
         self.inner = backend
+        self.capabilities = capabilities
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        capabilities = self.__dict__.get("capabilities")
+        if capabilities is not None:
+            if name in self._declared:
+                return getattr(capabilities, name)
+            found = {"skip_reason": self._skip_reason, "estimate": self._estimate,
+                     "notes": lambda: list(capabilities.notes)}.get(name)
+            if found is not None:
+                return found
+        if "inner" not in self.__dict__:          # not built yet (a copy): no attribute, never a recursion
+            raise AttributeError(name)
+        return getattr(self.__dict__["inner"], name)
 
-    def _guarded(self, method: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
-        real_exit = os._exit
+    def _skip_reason(self, config: Any) -> Skip | None:
+        """As SupervisedBackend.skip_reason: the backend's own (its answer made a Skip), or its shape limits."""
+        assert self.capabilities is not None
+        if not self.capabilities.has_skip_reason:
+            return unsupported_shape(config, self.capabilities.supported_shapes)
+        answer = self._guarded(self.inner.skip_reason, config)
+        return None if answer is None else Skip(str(getattr(answer, "kind", "")), str(getattr(answer, "reason", answer)))
+
+    def _estimate(self, config: Any) -> CostEstimate | None:
+        """As SupervisedBackend.estimate: the backend's own cost estimate, or None."""
+        assert self.capabilities is not None
+        if not self.capabilities.has_estimate:
+            return None
+        answer = self._guarded(self.inner.estimate, config)
+        return None if answer is None else CostEstimate(seconds=float(answer.seconds), text=str(answer.describe()))
+
+    def _guarded(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        posix = self._os_module
+        real_exit = posix._exit
 
         def refused_exit(status: int) -> None:
             raise SystemExit(f"os._exit({status})")
-        # os._exit cannot be caught; while the kernel runs here its name raises instead (posix._exit, a
-        # signal or a crash still end the process: only a supervised run is safe from those).
-        os._exit = refused_exit  # type: ignore[assignment]
+        # _exit cannot be caught; while the kernel runs here its names raise instead.
+        os._exit = posix._exit = refused_exit  # type: ignore[assignment]
         try:
             return method(*args, **kwargs)
         except (KernelRunError, BackendUnavailable):
@@ -883,7 +922,7 @@ class GuardedBackend:
                         else f"the kernel called sys.exit({exc.code!r})")
             raise KernelRaised(text, type_name=type(exc).__name__) from exc
         finally:
-            os._exit = real_exit
+            os._exit = posix._exit = real_exit
 
     def paged_attention_fp8(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self._guarded(self.inner.paged_attention_fp8, *args, **kwargs)
