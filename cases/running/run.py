@@ -45,9 +45,11 @@ from cases.running.pool import Pool, task_resources, worker_backend
 from cases.running.shrink import capture_generated, probe_errors, probe_groups, signature
 from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
 from golden import memory_limit
-from kernels import Skip
+from golden.errors import UsageError
+from kernels import BackendUnavailable, Skip
 from kernels.backends import limit_time, use_backend_threads
 from kernels.backends.contract import capabilities_of, implements
+from kernels.backends.loader import pin_source
 from kernels.backends.supervisor import (
     BackendSpec,
     GuardedBackend,
@@ -56,6 +58,7 @@ from kernels.backends.supervisor import (
     SupervisedBackend,
     Supervisor,
     describe_failure,
+    driver_kernel_source,
 )
 from properties import ledger
 from properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
@@ -112,8 +115,19 @@ def open_backend(name: str, *, device=None, max_seconds: float | None = None, wo
     kernels.get_backend's: npu, else sim, else the golden (``fallback``). Raises kernels.BackendUnavailable
     or golden.errors.UsageError (one line) when the backend cannot start or breaks the contract."""
     if in_process:
-        raw = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+        user_named, source, pinned = driver_kernel_source(name)
+        if pinned is not None:                       # what runs is what was hashed, as in a worker
+            pin_source(*pinned)
+        try:
+            raw = kernels.get_backend(name, device=device) if device is not None else kernels.get_backend(name)
+        except (UsageError, BackendUnavailable):
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the factory is the kernel's code: one line, as a worker says it
+            raise BackendUnavailable(f"backend {name!r} cannot start: loading it raised "
+                                     f"{describe_failure(exc)}") from None
         caps = capabilities_of(raw, source=name)     # the one reader of a backend's optional attributes
+        if user_named:
+            caps = dataclasses.replace(caps, kernel_source=None if source is None else source.to_dict())
         use_backend_threads(raw)
         backend: Any = GuardedBackend(limit_time(raw, max_seconds), caps)
         supervisor = None

@@ -853,8 +853,8 @@ def _answer(kind: str, answer: Mapping[str, Any] | None) -> Skip | CostEstimate 
 
 class GuardedBackend:
     """A backend run in this process (``--in-process``, for a debugger): its calls' SystemExit,
-    KeyboardInterrupt and other exceptions become :class:`KernelRaised` (kernels.KernelRunError and
-    BackendUnavailable pass as they are), and so does a call of ``os._exit`` or ``posix._exit`` (one
+    KeyboardInterrupt and other exceptions, BackendUnavailable included, become :class:`KernelRaised`
+    (a kernels.KernelRunError stays one), their text printable, and so does a call of ``os._exit`` or ``posix._exit`` (one
     function under two names: both raise while the kernel runs). A kernel that ends the process another
     way (a reference to ``_exit`` it took before the call, a signal, a crash) ends this one: only the
     supervisor guards against that (cases/cli/in_process.py makes such an end a failed command).
@@ -913,14 +913,14 @@ class GuardedBackend:
         os._exit = posix._exit = refused_exit  # type: ignore[assignment]
         try:
             return method(*args, **kwargs)
-        except (KernelRunError, BackendUnavailable):
-            raise
-        except BaseException as exc:
-            text = str(exc).strip()
+        except KernelRunError as exc:
+            raise KernelRunError(printable(exc)) from exc
+        except BaseException as exc:     # BackendUnavailable too: from a call, the kernel's error, never a skip
+            text = printable(str(exc).strip())
             if isinstance(exc, SystemExit):
-                text = (f"the kernel called {exc.code}" if str(exc.code).startswith("os._exit(")
-                        else f"the kernel called sys.exit({exc.code!r})")
-            raise KernelRaised(text, type_name=type(exc).__name__) from exc
+                text = (f"the kernel called {printable(exc.code)}" if str(exc.code).startswith("os._exit(")
+                        else f"the kernel called sys.exit({printable(repr(exc.code))})")
+            raise KernelRaised(text, type_name=printable(type(exc).__name__, one_line=True)) from exc
         finally:
             os._exit = posix._exit = real_exit
 
