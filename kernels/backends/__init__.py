@@ -465,7 +465,7 @@ def get_backend(name: str, *, device: int | str | None = None, **options) -> Bac
     if not callable(named):
         raise UsageError(f"name={name!r}: {module_name} has no callable {attr!r}")
     backend = named(device=device, **options) if device is not None else named(**options)
-    missing = [a for a in ("name", "codec", "paged_attention_fp8", "qk_matmul_scale") if not hasattr(backend, a)]
+    missing = [a for a in ("name", "codec", "paged_attention_fp8") if not hasattr(backend, a)]   # qk_matmul_scale: optional
     if missing:
         raise UsageError(f"name={name!r}: the factory returned {type(backend).__name__}, which lacks {missing}")
     declared_model(backend)              # a wider model is refused when the backend is loaded, naming the field

@@ -21,19 +21,26 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class PagedOnly:
-    """A kernel with no AT-12 stage: its qk_matmul_scale says so (kernels.BackendUnavailable)."""
+    """A kernel with no AT-12 stage: it has no qk_matmul_scale (kernels.Capabilities.operators)."""
     name = "paged-only"
     codec = None
 
     def paged_attention_fp8(self, **kwargs):
         return golden.paged_attention_fp8(**kwargs)
 
+
+class SaysUnavailableInACall(PagedOnly):
+    """A kernel whose qk_matmul_scale raises kernels.BackendUnavailable: an error of the law, never "not run"."""
     def qk_matmul_scale(self, q, k, **kwargs):
         raise BackendUnavailable("this kernel has no AT-12 stage")
 
 
 def make_paged_only() -> PagedOnly:
     return PagedOnly()
+
+
+def make_unavailable_in_a_call() -> SaysUnavailableInACall:
+    return SaysUnavailableInACall()
 
 
 def _laws(tmp_path, capsys, *args: str) -> tuple[int, str, dict]:
@@ -74,8 +81,17 @@ def test_a_law_the_backend_cannot_run_is_not_run_and_the_command_fails(tmp_path,
     rows = {r["law"]: r for r in data["law_verdicts"]}
     assert status == 1 and rows["acceptance"]["verdict"] == "held"
     assert rows["at12_acceptance"] == rows["at12_acceptance"] | {"verdict": "not run", "examples": 0}
-    assert "this kernel has no AT-12 stage" in rows["at12_acceptance"]["detail"]
+    assert "does not implement qk_matmul_scale" in rows["at12_acceptance"]["detail"]
     assert "1 held, 1 not run" in out and "--laws paged checks the paged-attention laws alone -> FAILED" in out
+
+
+def test_backend_unavailable_raised_in_a_call_is_an_error_of_the_law_never_not_run(tmp_path, capsys):
+    status, out, data = _laws(tmp_path, capsys, "--backend",
+                              "tests/cases/test_laws_command.py:make_unavailable_in_a_call",
+                              "--laws", "at12_acceptance", "--examples", "3", "--no-capture")
+    row = data["law_verdicts"][0]
+    assert status == 1 and row["verdict"] == "error" and row["examples"] == 1
+    assert "this kernel has no AT-12 stage" in out and "BackendUnavailable" in out
 
 
 def test_a_kernel_that_raises_is_an_error_not_a_verdict_of_the_law(tmp_path, capsys):
