@@ -40,6 +40,7 @@ from cases.running.search_channel import Channel, TaskChannel, watch
 from cases.running.shrink import hunt, nondeterminism
 from golden.errors import UsageError, check_known
 from kernels.backends.contract import implements, shrink_budget
+from kernels.backends.supervisor import describe_failure
 from properties import law_examples, laws
 from properties.coverage import Coverage, classify
 from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
@@ -217,8 +218,7 @@ def _search_task(task: SearchTask) -> TaskReport:
         assert found.example is not None        # hunt sets the failing example with its error
         case, params = found.example
         kind = "law" if isinstance(found.error, AssertionError) else "error"
-        text = str(found.error).strip()
-        message = f"{type(found.error).__name__}: {text}" if kind == "error" else text
+        message = describe_failure(found.error) if kind == "error" else str(found.error).strip()
         report.failure = {"case": case, "params": dict(params), "kind": kind, "message": message}
     return report
 
