@@ -53,6 +53,7 @@ from cases.data.capture_record import FORMAT_VERSION, TENSOR_BUDGET, Regression,
 from cases.data.schemas import check_written
 from golden.errors import UsageError
 from kernels import KernelRunError, get_backend
+from kernels.backends.supervisor import KernelRaised, describe_failure
 from properties import laws
 from properties.generation import reported_example
 from properties.laws import LAWS
@@ -349,9 +350,10 @@ def check(law: str, backend, case, *, backend_name: str | None = None, capture_f
         message = str(exc)
         line = _capture_line(law, name, case, params, message, capture_failures, directory)
         raise AssertionError(f"{message}\n{line}") from None
-    except KernelRunError as exc:
-        # The kernel did not deliver (an out-of-bounds read, a failure inside pypto): a failure of this case
-        # like any other, captured and replayable, its message naming the case.
+    except (KernelRunError, KernelRaised) as exc:
+        # The kernel did not deliver (an out-of-bounds read, a failure inside pypto) or raised (under a
+        # supervisor, or guarded in process): a failure of this case like any other, captured and
+        # replayable, its message naming the case and the kernel's own exception.
         message = kernel_raised(law, backend, case, exc)
         line = _capture_line(law, name, case, params, message, capture_failures, directory)
         raise AssertionError(f"{message}\n{line}") from exc
@@ -366,8 +368,9 @@ def _capture_line(law, backend_name, case, params, message, enabled, directory) 
 
 def kernel_raised(law: str, backend, case, exc: BaseException) -> str:
     """The failure text of a law whose kernel raised: the law, the case, the backend and the error."""
-    text = str(exc).strip()
-    return (f"Law {law}: the kernel raised {type(exc).__name__} [case {case.label()}, backend "
+    name, _, text = describe_failure(exc).partition(": ")       # the kernel's own exception type, not ours
+    label = case.label() if hasattr(case, "label") else repr(case)
+    return (f"Law {law}: the kernel raised {name} [case {label}, backend "
             f"{getattr(backend, 'name', '?')}]\n{text}")
 
 
