@@ -1,0 +1,25 @@
+"""Attack k4: a backend file whose path holds rich markup: it lives in a folder literally named "[", in
+its subfolder "x]" (so the path has "[/x]"). The kernel has the README's bug (V's dequant scale read
+from KV head n-1).
+
+Expected correct verdict: exit 1 with its summary; the path printed literally; no MarkupError traceback.
+"""
+import golden
+
+
+class Backend:
+    name = "attack-k4-path-markup"
+    codec = None
+
+    def paged_attention_fp8(self, q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs, *,
+                            softmax_scale=None, s2_tile=128, g_tile=None):
+        wrong = v_scale.roll(1, dims=1)
+        return golden.paged_attention_fp8(q, q_scale, k_cache, k_scale, v_cache, wrong, block_table, kv_act_seqs,
+                                          softmax_scale=softmax_scale, s2_tile=s2_tile, g_tile=g_tile)
+
+    def qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None, codec=None):
+        return golden.qk_matmul_scale(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale, codec=codec)
+
+
+def make():
+    return Backend()
