@@ -6,10 +6,10 @@ shrinking marks the captures of such a kernel (Hypothesis' Flaky included) inste
 The kernels are real backend files (tests/kernels/unsteady_kernels.py), run through the command line."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -36,10 +36,14 @@ def _capture(folder, backend, case=CASE) -> str:
 
 
 def _cli(*argv):
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    env.pop(regressions.REGRESSIONS_ENV, None)
-    return subprocess.run([sys.executable, "-m", "cases.cli", *argv], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    """The command line in this process (its kernels still run in supervised worker processes): exit
+    status, stdout and stderr, the regressions folder only what ``argv`` names."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.delenv(regressions.REGRESSIONS_ENV, raising=False)
+        patch.chdir(REPO_ROOT)
+        code = cli.main(list(argv))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def _record(folder, rid) -> dict:
