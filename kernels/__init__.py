@@ -8,8 +8,8 @@ or test session that named it fails with the reason. A case a backend does not r
 kernels.Skip(kind, reason) from its skip_reason(config). pypto is imported only by the sim and npu
 backends, and only when they are created.
 """
-from golden.errors import UsageError
-from kernels.backends import (
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends import (
     SKIP_KINDS,
     Backend,
     BackendUnavailable,
@@ -19,8 +19,8 @@ from kernels.backends import (
     register_prefix,
     resolve_device_index,
 )
-from kernels.conforming import get_variant
-from kernels.mutants import get_mutant
+from pfa_verify.kernels.conforming import get_variant
+from pfa_verify.kernels.mutants import get_mutant
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "get_backend",
            "resolve_device_index"]

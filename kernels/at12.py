@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pypto
 
-from kernels.jit import jit
+from pfa_verify.kernels.jit import jit
 
 __all__ = ["At12KernelConfig", "make_at12_kernel"]
 

@@ -8,7 +8,7 @@ Import only after kernels.pypto_workarounds.load_pypto().
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
 import pypto
 
-from kernels.jit import jit
+from pfa_verify.kernels.jit import jit
 
 __all__ = ["make_decode_probe", "make_encode_probe"]
 

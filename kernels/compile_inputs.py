@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from golden.paging import ceil_div
+from pfa_verify.golden.paging import ceil_div
 
 __all__ = ["compile_inputs"]
 

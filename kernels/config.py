@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from golden.paging import positive_int
-from golden.validate import PagedAttentionDims
+from pfa_verify.golden.paging import positive_int
+from pfa_verify.golden.validate import PagedAttentionDims
 
 __all__ = [
     "KERNEL_SHAPES",

@@ -28,9 +28,14 @@ from typing import Any, TypeAlias
 
 import pypto
 
-from golden.quant import FP8_MAX
-from kernels.config import UPSTREAM_PASS_OPTIONS, UPSTREAM_RUNTIME_OPTIONS, PagedAttentionKernelConfig, softmax_tile
-from kernels.jit import jit
+from pfa_verify.golden.quant import FP8_MAX
+from pfa_verify.kernels.config import (
+    UPSTREAM_PASS_OPTIONS,
+    UPSTREAM_RUNTIME_OPTIONS,
+    PagedAttentionKernelConfig,
+    softmax_tile,
+)
+from pfa_verify.kernels.jit import jit
 
 __all__ = ["paged_attention_fp8_body", "make_kernel", "TileStep"]
 

@@ -13,7 +13,7 @@ kernels.pypto_workarounds.load_pypto() (or on a 950, after torch_npu).
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.
 import pypto
 
-from kernels.jit import jit
+from pfa_verify.kernels.jit import jit
 
 __all__ = ["OPS", "make_probe_kernel"]
 

@@ -37,12 +37,12 @@ from typing import Any
 
 import torch
 
-from golden.codec import SPEC_CODEC
-from golden.model import SPEC_MODEL
-from kernels import pypto_workarounds as pw
-from kernels.backends import finish_output, unwritten_output
-from kernels.backends.npu import NpuBackend
-from kernels.backends.sim import SimBackend
+from pfa_verify.golden.codec import SPEC_CODEC
+from pfa_verify.golden.model import SPEC_MODEL
+from pfa_verify.kernels import pypto_workarounds as pw
+from pfa_verify.kernels.backends import finish_output, unwritten_output
+from pfa_verify.kernels.backends.npu import NpuBackend
+from pfa_verify.kernels.backends.sim import SimBackend
 
 __all__ = ["PROBES", "ROUNDING_MODES", "measured_model", "calibrate", "probe_runner", "SimProbeRunner",
            "NpuProbeRunner", "clear_cache"]
@@ -72,14 +72,14 @@ class SimProbeRunner:
             self._pw.execute_kernel(self._kernels[key], tensors)
 
     def run(self, op: str, inputs: list, out: torch.Tensor) -> torch.Tensor:
-        from kernels.probe_kernels import make_probe_kernel  # a pypto program: only once pypto is loaded
+        from pfa_verify.kernels.probe_kernels import make_probe_kernel  # a pypto program: only once pypto is loaded
         rows, cols = inputs[0].shape
         self._call((op, rows, cols), lambda mode, verify: make_probe_kernel(op, rows, cols, run_mode=mode,
                                                                             pass_verify=verify), [*inputs, out])
         return out
 
     def matmul_fp8(self, q8, k8, q_scale, k_scale, out) -> torch.Tensor:
-        from kernels.at12 import At12KernelConfig, make_at12_kernel  # a pypto program, as above
+        from pfa_verify.kernels.at12 import At12KernelConfig, make_at12_kernel  # a pypto program, as above
         cfg = At12KernelConfig(q_tile=q8.shape[0], k_len=k8.shape[0], head_dim=q8.shape[1], dtype="fp8", scale=1.0)
         self._call(("at12", cfg), lambda mode, verify: make_at12_kernel(cfg, run_mode=mode, pass_verify=verify),
                    [q8, k8, q_scale, k_scale, out])

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-import golden
-from golden.paging import token_slots
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.golden.paging import token_slots
+from pfa_verify.properties.case import Case
 
 __all__ = ["Ablation", "ABLATIONS", "ablations", "replaced_config", "with_lengths", "stage_family"]
 

@@ -27,8 +27,8 @@ from typing import TypeVar
 
 import torch
 
-from golden.attention import visible_lengths
-from golden.paging import ceil_div
+from pfa_verify.golden.attention import visible_lengths
+from pfa_verify.golden.paging import ceil_div
 
 
 def query_positions(tensors: Mapping[str, torch.Tensor]) -> int:

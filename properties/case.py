@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-import golden
+from pfa_verify import golden
 
 __all__ = ["Case", "REPO_ROOT"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (tests run from it)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from properties.compare_result import (
+from pfa_verify.properties.compare_result import (
     TOLERANCES,
     Comparison,
     NonFinite,

@@ -24,8 +24,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
-import golden
-from golden.paging import ceil_div
+from pfa_verify import golden
+from pfa_verify.golden.paging import ceil_div
 
 __all__ = ["Bin", "Coverage", "BINS", "CROSSES", "Facts", "classify", "coverage", "coverage_text", "bin_names",
            "facts_of"]

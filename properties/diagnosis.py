@@ -27,14 +27,23 @@ from typing import Any
 
 import torch
 
-import golden
-from golden.codec import Fp8Codec
-from golden.envelope import AttentionEnvelope
-from properties import compare as cmp
-from properties.acceptance import Judgement, Scalars, Tensors
-from properties.fault_models import FaultModel, fault_models
-from properties.readout import Location
-from properties.scoring import CLOSE, EXPLAINS, Candidate, Slack, minus_one_reads, model_output, score, slack_of
+from pfa_verify import golden
+from pfa_verify.golden.codec import Fp8Codec
+from pfa_verify.golden.envelope import AttentionEnvelope
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.acceptance import Judgement, Scalars, Tensors
+from pfa_verify.properties.fault_models import FaultModel, fault_models
+from pfa_verify.properties.readout import Location
+from pfa_verify.properties.scoring import (
+    CLOSE,
+    EXPLAINS,
+    Candidate,
+    Slack,
+    minus_one_reads,
+    model_output,
+    score,
+    slack_of,
+)
 
 __all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict",
            "failing_codec", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]

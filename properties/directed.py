@@ -37,10 +37,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
 
-from golden.paging import positive_int
-from properties import strategies as ps
-from properties.case import Case
-from properties.coverage import BINS, CROSSES, classify
+from pfa_verify.golden.paging import positive_int
+from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.coverage import BINS, CROSSES, classify
 
 _T = TypeVar("_T")
 

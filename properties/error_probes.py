@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-import golden
-from golden.paging import ceil_div
-from properties.ablations import ablations
-from properties.acceptance import JudgedBackend
-from properties.case import Case
-from properties.diagnosis import Diagnosis
-from properties.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
-from properties.readout import Location
+from pfa_verify import golden
+from pfa_verify.golden.paging import ceil_div
+from pfa_verify.properties.ablations import ablations
+from pfa_verify.properties.acceptance import JudgedBackend
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.diagnosis import Diagnosis
+from pfa_verify.properties.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
+from pfa_verify.properties.readout import Location
 
 __all__ = ["probe_error", "error_neighbours", "WIDENED"]
 

@@ -8,9 +8,9 @@ from typing import Any, TypeAlias
 
 import torch
 
-import golden
-from golden.codec import Fp8Codec
-from properties.acceptance import Scalars, Tensors
+from pfa_verify import golden
+from pfa_verify.golden.codec import Fp8Codec
+from pfa_verify.properties.acceptance import Scalars, Tensors
 
 __all__ = ["FaultModel", "ModelOutput", "Change", "golden_on"]
 

@@ -20,11 +20,11 @@ from typing import Any, TypeAlias
 
 from hypothesis import strategies as st
 
-from properties import laws, ledger
-from properties import strategies as ps
-from properties.case import Case
-from properties.coverage import BINS
-from properties.directed import narrowing
+from pfa_verify.properties import laws, ledger
+from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.coverage import BINS
+from pfa_verify.properties.directed import narrowing
 
 __all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "aims", "examples", "operator_of"]
 

@@ -27,19 +27,19 @@ import torch
 from hypothesis import target
 from hypothesis.control import currently_in_test_context
 
-import golden
-import golden.at12 as at12
-from golden.attention import visible_lengths
-from golden.codec import FP8_MAX
-from golden.validate import default_softmax_scale
-from kernels import Backend
-from properties import compare as cmp
-from properties import transforms as tf
-from properties.acceptance import Judgement, backend_model, call, judge, reference_backend, split_bundle
-from properties.case import Case
-from properties.diagnosis import diagnose_verdict
-from properties.generation import reported_example
-from properties.law_bounds import (
+import pfa_verify.golden.at12 as at12
+from pfa_verify import golden
+from pfa_verify.golden.attention import visible_lengths
+from pfa_verify.golden.codec import FP8_MAX
+from pfa_verify.golden.validate import default_softmax_scale
+from pfa_verify.kernels import Backend
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties import transforms as tf
+from pfa_verify.properties.acceptance import Judgement, backend_model, call, judge, reference_backend, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.diagnosis import diagnose_verdict
+from pfa_verify.properties.generation import reported_example
+from pfa_verify.properties.law_bounds import (
     Call,
     acceptance_width,
     assert_pair_within,
@@ -48,8 +48,8 @@ from properties.law_bounds import (
     case_tags,
     e4m3_half_spacing,
 )
-from properties.probes import probe
-from properties.strategies import At12Case
+from pfa_verify.properties.probes import probe
+from pfa_verify.properties.strategies import At12Case
 
 __all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
 

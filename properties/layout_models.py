@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-import golden
-from golden.codec import Fp8Codec
-from properties.acceptance import Scalars, Tensors
-from properties.fault_model import Change, FaultModel, golden_on
+from pfa_verify import golden
+from pfa_verify.golden.codec import Fp8Codec
+from pfa_verify.properties.acceptance import Scalars, Tensors
+from pfa_verify.properties.fault_model import Change, FaultModel, golden_on
 
 __all__ = ["layout_models"]
 

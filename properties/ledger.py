@@ -31,7 +31,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable
 
-from golden.errors import UsageError
+from pfa_verify.golden.errors import UsageError
 
 __all__ = ["KINDS", "Finding", "LEDGER", "lookup", "survivors", "survivor", "check"]
 

@@ -50,11 +50,11 @@ import math
 
 import torch
 
-import golden
-from golden.paging import ceil_div, token_slots, visible_lengths
-from properties.ablations import replaced_config
-from properties.case import Case
-from properties.walks import prefix_stage, tile_prefix
+from pfa_verify import golden
+from pfa_verify.golden.paging import ceil_div, token_slots, visible_lengths
+from pfa_verify.properties.ablations import replaced_config
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.walks import prefix_stage, tile_prefix
 
 __all__ = ["Readout", "Location", "READOUT_HEAD_DIM", "readout_case", "locate"]
 

@@ -28,10 +28,10 @@ import dataclasses
 
 import torch
 
-import golden
-from golden.paging import visible_lengths
-from properties.case import Case
-from properties.readout import Location
+from pfa_verify import golden
+from pfa_verify.golden.paging import visible_lengths
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.readout import Location
 
 __all__ = ["ScaleReadout", "ScaleReading", "scale_readout_case", "entry_values", "max_entries", "read_scales",
            "combine", "MANTISSAS", "LOWEST"]

@@ -11,12 +11,12 @@ from typing import Any, TypeAlias
 
 import torch
 
-from golden.codec import Fp8Codec
-from golden.envelope import AttentionEnvelope
-from properties import compare as cmp
-from properties import transforms as tf
-from properties.acceptance import Scalars, Tensors
-from properties.fault_model import FaultModel
+from pfa_verify.golden.codec import Fp8Codec
+from pfa_verify.golden.envelope import AttentionEnvelope
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties import transforms as tf
+from pfa_verify.properties.acceptance import Scalars, Tensors
+from pfa_verify.properties.fault_model import FaultModel
 
 __all__ = ["Candidate", "Prediction", "Slack", "slack_of", "score", "model_output", "minus_one_reads", "EXPLAINS",
            "CLOSE"]

@@ -19,8 +19,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import golden
-from properties.coverage import BINS, Facts, facts_of
+from pfa_verify import golden
+from pfa_verify.properties.coverage import BINS, Facts, facts_of
 
 __all__ = ["Fact", "Separation", "separate", "MAX_FACTS", "FACTS"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from golden.softmax_state import exp_f32
-from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
+from pfa_verify.golden.softmax_state import exp_f32
+from pfa_verify.kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 
 __all__ = ["RunningMaxNotUpdated", "ORescaleFactorsSwapped", "RescaleFactorsSwapped", "ORescaleFactorsSwappedFromEmpty",
            "NotNormalized", "RescaleAfterMaxStored", "OnlineMaxStartsAtZero", "TileFactorForgotten",

@@ -17,8 +17,8 @@ import collections
 
 import torch
 
-import golden
-from golden.paging import ceil_div, visible_lengths
+from pfa_verify import golden
+from pfa_verify.golden.paging import ceil_div, visible_lengths
 
 __all__ = ["tile_prefix", "tile_ends", "prefix_stage"]
 

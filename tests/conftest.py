@@ -1,8 +1,8 @@
 """The suite's own pytest setup: markers, the regressions replayed first, the Hypothesis profile, and
 ``suite_pytester``. The options, fixtures (``backend``, ``check_law``, ``examples_for``), the report
 header and the skip and coverage summaries are the package's pytest plugin (cases/plugin/ and its
-session part cases/plugin/session.py: the docstring lists the options), loaded here too, so that the
-suite runs from a clone with or without the package installed.
+session part cases/plugin/session.py: the docstring lists the options), loaded here by name, as a user
+loads it with ``-p pfa_verify.cases.plugin``.
 
 One option of the suite's own: ``--allow-quarantined``, captured cases the ledger quarantines are
 skips (else failures: tests/cases/test_replay_captured.py).
@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from cases.plugin.session import DEFAULT_PROFILE
+pytest.register_assert_rewrite("pfa_verify.cases.plugin")   # as pytest does for a plugin it loads by -p
+from pfa_verify.cases.plugin.session import DEFAULT_PROFILE  # noqa: E402 - after the line above
 
-pytest_plugins = ("pytester", "cases.plugin", "cases.plugin.session")
+pytest_plugins = ("pytester", "pfa_verify.cases.plugin", "pfa_verify.cases.plugin.session")
 
 # The laws' profiles are the plugin's (cases/plugin/: ci, dev, nightly, npu, sim); the suite's tests use
 # them too, the default chosen as the plugin chooses it (ci when CI is set).

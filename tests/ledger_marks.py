@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from kernels.mutants import MUTANTS
-from properties import ledger
+from pfa_verify.kernels.mutants import MUTANTS
+from pfa_verify.properties import ledger
 
 
 def survivor_params(names: Iterable[str], *, prefix: str = "") -> list:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import cli
+from pfa_verify.cases import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("golden", "kernels", "properties", "cases", "tests")

@@ -1,4 +1,4 @@
-"""The layout's one-way dependencies, held by the import-linter contracts in pyproject.toml
+"""The layout's one-way dependencies (every module under the one import name pfa_verify), held by the import-linter contracts in pyproject.toml
 ([tool.importlinter]; ``lint-imports`` at the project root checks them by hand):
 
 - ``packages``: golden <- kernels <- properties <- cases (tests may use all);
@@ -47,15 +47,18 @@ def _plant(path: Path, line: str) -> None:
 def test_a_planted_upward_import_breaks_the_contracts(tmp_path):
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
+    shutil.copytree(ROOT / "pfa_verify", tmp_path / "pfa_verify", symlinks=True)     # the links to the four
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    _plant(tmp_path / "golden" / "quant.py", "from cases.reporting import report")           # upward: golden -> cases
-    _plant(tmp_path / "cases" / "data" / "catalog.py", "from cases.reporting import html_report")  # data -> reporting
-    _plant(tmp_path / "golden" / "paging.py", "from golden import attention")     # attention imports paging
+    _plant(tmp_path / "golden" / "quant.py", "from pfa_verify.cases.reporting import report")     # golden -> cases
+    _plant(tmp_path / "cases" / "data" / "catalog.py", "from pfa_verify.cases.reporting import html_report")
+    _plant(tmp_path / "golden" / "paging.py", "from pfa_verify.golden import attention")  # attention imports paging
     done = lint_imports(tmp_path)
     out = done.stdout
     assert done.returncode == 1 and "Contracts: 0 kept, 3 broken." in out, out + done.stderr
-    assert "golden is not allowed to import cases:" in out and "golden.quant -> cases.reporting.report" in out
-    assert "cases.data is not allowed to import cases.reporting:" in out
-    assert "cases.data.catalog -> cases.reporting.html_report" in out
-    cycles = out.split("no import cycle")[-1]
-    assert "No cycles are allowed in golden." in cycles and "- .paging -> .attention (1 import)" in cycles
+    flat = " ".join(out.split())            # import-linter wraps long lines
+    assert "pfa_verify.golden is not allowed to import pfa_verify.cases:" in flat, out
+    assert "pfa_verify.golden.quant -> pfa_verify.cases.reporting.report" in flat, out
+    assert "pfa_verify.cases.data is not allowed to import pfa_verify.cases.reporting:" in flat, out
+    assert "pfa_verify.cases.data.catalog -> pfa_verify.cases.reporting.html_report" in flat, out
+    cycles = flat.split("no import cycle")[-1]
+    assert "No cycles are allowed in pfa_verify.golden." in cycles and "- .paging -> .attention (1 import)" in cycles

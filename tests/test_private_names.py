@@ -17,8 +17,13 @@ PACKAGES = ("golden", "kernels", "properties", "cases")
 
 
 def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+    """The import name of a module file of the four folders: pfa_verify.<folder>...."""
+    parts = ["pfa_verify", *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[:2] in [["pfa_verify", p] for p in PACKAGES]
 
 
 def _private(name: str) -> bool:
@@ -26,7 +31,7 @@ def _private(name: str) -> bool:
 
 
 def _is_module(root: Path, name: str) -> bool:
-    path = root.joinpath(*name.split("."))
+    path = root.joinpath(*name.split(".")[1:])       # pfa_verify.golden.x -> golden/x
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
@@ -51,7 +56,7 @@ def private_crossings(root: Path) -> list[str]:
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom):
                     source = _resolved(node, here, path.name == "__init__.py")
-                    if source.split(".")[0] not in PACKAGES or source == here:
+                    if not _ours(source) or source == here:
                         continue
                     for alias in node.names:
                         own_submodule = here.startswith(source + ".") and _is_module(root, f"{source}.{alias.name}")
@@ -61,7 +66,7 @@ def private_crossings(root: Path) -> list[str]:
                             modules[alias.asname or alias.name] = f"{source}.{alias.name}"
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
-                        if alias.name.split(".")[0] in PACKAGES and alias.asname:
+                        if _ours(alias.name) and alias.asname:
                             modules[alias.asname] = alias.name
             for node in ast.walk(tree):
                 if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
@@ -77,8 +82,9 @@ def test_no_module_reads_another_module_s_private_name():
 def test_a_planted_private_import_is_found(tmp_path):
     for package in PACKAGES:
         (tmp_path / package).mkdir()
-    (tmp_path / "golden" / "quant.py").write_text("from golden.codec import _planted\n")
-    (tmp_path / "cases" / "cli.py").write_text("from cases.running import pool\n\n\ndef f():\n    return pool._death\n")
+    (tmp_path / "golden" / "quant.py").write_text("from pfa_verify.golden.codec import _planted\n")
+    (tmp_path / "cases" / "cli.py").write_text("from pfa_verify.cases.running import pool\n\n\ndef f():\n"
+                                               "    return pool._death\n")
     (tmp_path / "cases" / "own.py").write_text("_mine = 1\n\n\ndef f():\n    return _mine\n")
-    assert private_crossings(tmp_path) == ["golden.quant:1: from golden.codec import _planted",
-                                           "cases.cli:5: cases.running.pool._death"]
+    assert private_crossings(tmp_path) == ["pfa_verify.golden.quant:1: from pfa_verify.golden.codec import _planted",
+                                           "pfa_verify.cases.cli:5: pfa_verify.cases.running.pool._death"]

@@ -32,16 +32,16 @@ import os
 import sys
 import textwrap
 
-from cases.cli import captured, in_process
-from cases.cli.interrupt import Interruption
-from cases.cli.law_commands import add_laws, add_search
-from cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
-from cases.cli.run_commands import add_compare, add_run, run_options
-from cases.reporting.terminal import guarded_streams
-from golden.errors import UsageError
-from golden.inputs import MAX_BYTES_ENV
-from kernels import BackendUnavailable
-from kernels.backends.text import printable
+from pfa_verify.cases.cli import captured, in_process
+from pfa_verify.cases.cli.interrupt import Interruption
+from pfa_verify.cases.cli.law_commands import add_laws, add_search
+from pfa_verify.cases.cli.measure_commands import add_bench, add_conforming, add_mutants, add_tightness
+from pfa_verify.cases.cli.run_commands import add_compare, add_run, run_options
+from pfa_verify.cases.reporting.terminal import guarded_streams
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.inputs import MAX_BYTES_ENV
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["build_parser", "main", "run_options", "SUBCOMMANDS"]
 

@@ -1,6 +1,6 @@
 """``python -m cases.cli``: the ``pfa-verify`` command."""
 import sys
 
-from cases.cli import main
+from pfa_verify.cases.cli import main
 
 sys.exit(main())

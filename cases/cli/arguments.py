@@ -8,13 +8,13 @@ import sys
 from collections.abc import Callable
 from typing import overload
 
-from cases.running.pool import parse_cluster
-from golden import DISTRIBUTIONS
-from golden.errors import UsageError
-from golden.inputs import parse_byte_count
-from kernels import SKIP_KINDS
-from kernels.backends.text import printable
-from properties.coverage import bin_names
+from pfa_verify.cases.running.pool import parse_cluster
+from pfa_verify.golden import DISTRIBUTIONS
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.inputs import parse_byte_count
+from pfa_verify.kernels import SKIP_KINDS
+from pfa_verify.kernels.backends.text import printable
+from pfa_verify.properties.coverage import bin_names
 
 __all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
            "coverage_bins", "RUN_EXAMPLES", "SEARCH_EXAMPLES", "MATRIX_EXAMPLES", "SEARCH_TASKS", "SHRINK_SECONDS",

@@ -8,17 +8,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from cases.cli import preflight
-from cases.cli.arguments import byte_count, count
-from cases.data import capture_identity, regressions
-from cases.running.replays import replay_times
-from cases.running.run import open_backend
-from golden.errors import UsageError
-from kernels import BackendUnavailable
-from kernels.backends.supervisor import KernelFault, describe_failure
-from kernels.backends.text import printable
-from properties import ledger
-from properties.coverage import BINS, classify
+from pfa_verify.cases.cli import preflight
+from pfa_verify.cases.cli.arguments import byte_count, count
+from pfa_verify.cases.data import capture_identity, regressions
+from pfa_verify.cases.running.replays import replay_times
+from pfa_verify.cases.running.run import open_backend
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.kernels.backends.supervisor import KernelFault, describe_failure
+from pfa_verify.kernels.backends.text import printable
+from pfa_verify.properties import ledger
+from pfa_verify.properties.coverage import BINS, classify
 
 __all__ = ["add_arguments"]
 

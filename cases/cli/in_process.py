@@ -35,8 +35,8 @@ import sys
 import time
 from types import FrameType
 
-from cases.cli.interrupt import catch_interrupting_signals, restore_signals
-from cases.reporting.signals import signal_name
+from pfa_verify.cases.cli.interrupt import catch_interrupting_signals, restore_signals
+from pfa_verify.cases.reporting.signals import signal_name
 
 __all__ = ["CHANNEL_ENV", "GRACE_S", "ENDED_EARLY", "open_channel", "say_finished", "watch"]
 

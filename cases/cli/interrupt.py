@@ -26,8 +26,8 @@ import signal
 import threading
 from types import FrameType
 
-from cases.reporting.signals import EXIT_INTERRUPTED, INTERRUPTING_SIGNALS, signal_name
-from kernels.backends.supervisor import kill_all
+from pfa_verify.cases.reporting.signals import EXIT_INTERRUPTED, INTERRUPTING_SIGNALS, signal_name
+from pfa_verify.kernels.backends.supervisor import kill_all
 
 __all__ = ["Interruption", "catch_interrupting_signals", "restore_signals"]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cases.cli import preflight
-from cases.cli.arguments import (
+from pfa_verify.cases.cli import preflight
+from pfa_verify.cases.cli.arguments import (
     SEARCH_EXAMPLES,
     SEARCH_TASKS,
     SHRINK_SECONDS,
@@ -19,11 +19,17 @@ from cases.cli.arguments import (
     count,
     worker_bound,
 )
-from cases.reporting.search_report import render_law_table, render_table, summary_line, to_json, verdict_counts
-from cases.running.pool import ClusterError
-from cases.running.search import LAW_GROUPS, MIN_EXAMPLES, law_names, law_verdicts, search, verdict_of
-from kernels.backends.text import printable
-from properties.law_examples import BACKEND_LAWS
+from pfa_verify.cases.reporting.search_report import (
+    render_law_table,
+    render_table,
+    summary_line,
+    to_json,
+    verdict_counts,
+)
+from pfa_verify.cases.running.pool import ClusterError
+from pfa_verify.cases.running.search import LAW_GROUPS, MIN_EXAMPLES, law_names, law_verdicts, search, verdict_of
+from pfa_verify.kernels.backends.text import printable
+from pfa_verify.properties.law_examples import BACKEND_LAWS
 
 __all__ = ["add_laws", "add_search", "add_min_examples"]
 

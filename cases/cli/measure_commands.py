@@ -9,9 +9,9 @@ import json as json_module
 import sys
 from pathlib import Path
 
-import golden
-from cases.cli import preflight
-from cases.cli.arguments import (
+from pfa_verify import golden
+from pfa_verify.cases.cli import preflight
+from pfa_verify.cases.cli.arguments import (
     BENCH_CASES,
     BENCH_REPEATS,
     MATRIX_EXAMPLES,
@@ -23,18 +23,18 @@ from cases.cli.arguments import (
     fraction,
     worker_bound,
 )
-from cases.measuring import bench, conforming, kill_latency, tightness
-from cases.measuring import mutants as matrix
-from cases.measuring.bench import WORKLOADS
-from cases.measuring.tightness import measure, record, render_table
-from cases.reporting import terminal
-from cases.reporting.terminal import shown
-from cases.running.pool import ClusterError
-from golden.errors import UsageError
-from kernels import BackendUnavailable
-from kernels.backends.text import printable
-from kernels.conforming import VARIANTS
-from kernels.mutants import MUTANTS
+from pfa_verify.cases.measuring import bench, conforming, kill_latency, tightness
+from pfa_verify.cases.measuring import mutants as matrix
+from pfa_verify.cases.measuring.bench import WORKLOADS
+from pfa_verify.cases.measuring.tightness import measure, record, render_table
+from pfa_verify.cases.reporting import terminal
+from pfa_verify.cases.reporting.terminal import shown
+from pfa_verify.cases.running.pool import ClusterError
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.kernels.backends.text import printable
+from pfa_verify.kernels.conforming import VARIANTS
+from pfa_verify.kernels.mutants import MUTANTS
 
 __all__ = ["add_mutants", "add_conforming", "add_bench", "add_tightness"]
 

@@ -8,8 +8,8 @@ import sys
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cases.cli import preflight
-from cases.cli.arguments import (
+from pfa_verify.cases.cli import preflight
+from pfa_verify.cases.cli.arguments import (
     RUN_EXAMPLES,
     RUN_SECONDS,
     SHRINK_SECONDS,
@@ -22,16 +22,16 @@ from cases.cli.arguments import (
     skip_kinds,
     worker_bound,
 )
-from cases.data.collect import SOURCES, aimed, shipped_left_out
-from cases.reporting import html_report, report, terminal
-from cases.reporting.report import result_rows
-from cases.reporting.report_compare import compare, load_report, print_comparison, write_html
-from cases.reporting.terminal import shown
-from cases.running import run as runner
-from cases.running.pool import ClusterError
-from cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR, RunOptions
-from kernels import SKIP_KINDS
-from kernels.backends.text import printable
+from pfa_verify.cases.data.collect import SOURCES, aimed, shipped_left_out
+from pfa_verify.cases.reporting import html_report, report, terminal
+from pfa_verify.cases.reporting.report import result_rows
+from pfa_verify.cases.reporting.report_compare import compare, load_report, print_comparison, write_html
+from pfa_verify.cases.reporting.terminal import shown
+from pfa_verify.cases.running import run as runner
+from pfa_verify.cases.running.pool import ClusterError
+from pfa_verify.cases.running.run import CASE_LIMIT_BASE_S, CASE_LIMIT_FACTOR, RunOptions
+from pfa_verify.kernels import SKIP_KINDS
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["run_options", "add_run", "add_compare"]
 

@@ -39,7 +39,7 @@ from types import ModuleType
 
 import numpy as np
 
-from golden.errors import UsageError
+from pfa_verify.golden.errors import UsageError
 
 __all__ = ["CaptureWriteError", "MAX_JSON_DEPTH", "STALE_TEMPORARY_SECONDS", "LOCK_TIMEOUT_SECONDS",
            "TEMPORARY_SUFFIX", "Leftover", "locked_folder", "write_durably", "fsync_folder", "read_regular",

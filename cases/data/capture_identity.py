@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from golden.errors import UsageError
-from properties.compare import TOLERANCES
-from properties.laws import LAWS
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.properties.compare import TOLERANCES
+from pfa_verify.properties.laws import LAWS
 
 __all__ = ["ID_DIGITS", "COVERED", "content_id", "tensors_name", "law_tolerance", "check_identity",
            "check_tolerance"]

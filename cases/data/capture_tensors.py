@@ -25,9 +25,9 @@ import zlib
 import numpy as np
 import torch
 
-import golden
-from golden.errors import UsageError
-from golden.validate import check_block_table
+from pfa_verify import golden
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.validate import check_block_table
 
 __all__ = ["expected", "describe", "npz_bytes", "read_npz", "check_agreement", "MARKER_PREFIX"]
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import golden
-from cases.data import FOLDER, schemas
-from golden.errors import UsageError
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.cases.data import FOLDER, schemas
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.properties.case import Case
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
 

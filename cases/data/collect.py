@@ -18,14 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cases.data import regressions
-from cases.data.catalog import load_catalog
-from golden.errors import UsageError
-from kernels.backends import unsupported_shape
-from properties import ledger
-from properties.case import Case
-from properties.coverage import classify
-from properties.directed import Aim, directed_cases, draw, plain_draws
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends import unsupported_shape
+from pfa_verify.properties import ledger
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.coverage import classify
+from pfa_verify.properties.directed import Aim, directed_cases, draw, plain_draws
 
 __all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "chosen_items", "with_generated",
            "shipped_left_out", "aimed",

@@ -22,11 +22,11 @@ import hashlib
 from collections.abc import Collection
 from pathlib import Path
 
-from cases.data import capture_files, regressions
-from cases.data.catalog import CATALOG_PATH
-from cases.data.versions import project
-from golden.errors import UsageError
-from properties.acceptance import backend_model
+from pfa_verify.cases.data import capture_files, regressions
+from pfa_verify.cases.data.catalog import CATALOG_PATH
+from pfa_verify.cases.data.versions import project
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.properties.acceptance import backend_model
 
 __all__ = ["backend_provenance", "catalog_fingerprint", "capture_digests", "regressions_fingerprint", "lost_captures",
            "run_provenance"]

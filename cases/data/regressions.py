@@ -46,17 +46,17 @@ import os
 import time
 from pathlib import Path
 
-import golden
-from cases.data import FOLDER, capture_files, capture_identity, capture_tensors, schemas
-from cases.data.capture_files import MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS, CaptureWriteError, Leftover
-from cases.data.capture_record import FORMAT_VERSION, TENSOR_BUDGET, Regression, case_from_dict, mark, stored
-from cases.data.schemas import check_written
-from golden.errors import UsageError
-from kernels import KernelRunError, get_backend
-from kernels.backends.supervisor import KernelRaised, describe_failure
-from properties import laws
-from properties.generation import reported_example
-from properties.laws import LAWS
+from pfa_verify import golden
+from pfa_verify.cases.data import FOLDER, capture_files, capture_identity, capture_tensors, schemas
+from pfa_verify.cases.data.capture_files import MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS, CaptureWriteError, Leftover
+from pfa_verify.cases.data.capture_record import FORMAT_VERSION, TENSOR_BUDGET, Regression, case_from_dict, mark, stored
+from pfa_verify.cases.data.schemas import check_written
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels import KernelRunError, get_backend
+from pfa_verify.kernels.backends.supervisor import KernelRaised, describe_failure
+from pfa_verify.properties import laws
+from pfa_verify.properties.generation import reported_example
+from pfa_verify.properties.laws import LAWS
 
 __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers", "mark_nondeterministic",

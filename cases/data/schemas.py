@@ -22,7 +22,7 @@ import json
 
 import jsonschema
 
-from cases.data import FOLDER
+from pfa_verify.cases.data import FOLDER
 
 __all__ = ["SCHEMA_DIR", "schema", "violations", "errors", "describe", "where", "and_more", "check_written"]
 

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from cases.data import FOLDER
+from pfa_verify.cases.data import FOLDER
 
 __all__ = ["versions", "project"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cases.laws import check
+from pfa_verify.cases.laws import check
 
 
 @given(data=st.data())

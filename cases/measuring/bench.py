@@ -30,13 +30,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
-import golden
-from cases.data.catalog import SPEC_CASE_NAMES, load_catalog
-from cases.data.collect import generated_cases
-from cases.measuring import bench_stages as bs
-from cases.measuring import tightness as tightness_module
-from cases.measuring.bench_stages import conforming_workload
-from golden import (
+from pfa_verify import golden
+from pfa_verify.cases.data.catalog import SPEC_CASE_NAMES, load_catalog
+from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.cases.measuring import bench_stages as bs
+from pfa_verify.cases.measuring import tightness as tightness_module
+from pfa_verify.cases.measuring.bench_stages import conforming_workload
+from pfa_verify.golden import (
     DISTRIBUTIONS,
     InputBundle,
     PagedAttentionConfig,
@@ -44,9 +44,9 @@ from golden import (
     paged_attention_fp8,
     paged_attention_fp8_loop,
 )
-from golden.errors import UsageError
-from kernels.config import KERNEL_SHAPES
-from properties.case import Case
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.properties.case import Case
 
 __all__ = ["WORKLOADS", "upstream_cases", "kernel_workload", "small_workload", "BenchRow", "run_bench",
            "run_stages", "main"]

@@ -35,18 +35,18 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-import golden
-from cases.data.collect import generated_cases
-from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
-from golden.codec import get_codec
-from golden.inputs import drawn_values
-from golden.quant import quantize_rows
-from golden.validate import check_paged_attention_args
-from kernels.config import KERNEL_SHAPES
-from kernels.conforming import VARIANTS, get_variant
-from properties import acceptance
-from properties import compare as cmp
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
+from pfa_verify.golden.codec import get_codec
+from pfa_verify.golden.inputs import drawn_values
+from pfa_verify.golden.quant import quantize_rows
+from pfa_verify.golden.validate import check_paged_attention_args
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.kernels.conforming import VARIANTS, get_variant
+from pfa_verify.properties import acceptance
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.case import Case
 
 __all__ = ["GOALS", "StageRow", "CodecRow", "fp32_loop_oracle", "conforming_workload",
            "stage_rows", "codec_rows", "format_stage_row", "format_codec_row", "STAGE_HEADER", "CODEC_HEADER"]

@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 from rich.table import Table
 
-from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
-from cases.running.pool_worker import worker_backend
-from golden.errors import check_known
-from golden.model import declared_model
-from kernels.conforming import VARIANTS
-from properties import law_examples, laws
-from properties.acceptance import judge
-from properties.law_examples import PAGED_LAWS
+from pfa_verify.cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
+from pfa_verify.cases.running.pool_worker import worker_backend
+from pfa_verify.golden.errors import check_known
+from pfa_verify.golden.model import declared_model
+from pfa_verify.kernels.conforming import VARIANTS
+from pfa_verify.properties import law_examples, laws
+from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.law_examples import PAGED_LAWS
 
 __all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "model_lines", "summary_line"]
 

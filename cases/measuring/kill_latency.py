@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from cases.data.collect import collect_items, generated_cases
-from cases.measuring.matrix import run_rows
-from cases.running.pool_worker import worker_backend
-from golden.errors import check_known
-from golden.paging import positive_int
-from kernels import Backend, BackendUnavailable, KernelRunError, mutants
-from properties.acceptance import judge
+from pfa_verify.cases.data.collect import collect_items, generated_cases
+from pfa_verify.cases.measuring.matrix import run_rows
+from pfa_verify.cases.running.pool_worker import worker_backend
+from pfa_verify.golden.errors import check_known
+from pfa_verify.golden.paging import positive_int
+from pfa_verify.kernels import Backend, BackendUnavailable, KernelRunError, mutants
+from pfa_verify.properties.acceptance import judge
 
 if TYPE_CHECKING:
     from rich.table import Table

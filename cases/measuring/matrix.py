@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from cases.data.catalog import load_catalog
-from cases.running.pool import Pool
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.cases.running.pool import Pool
 
 __all__ = ["run_rows", "catalog_cases", "example_record", "CATALOG"]
 

@@ -26,17 +26,17 @@ import time
 
 from rich.table import Table
 
-from cases.data.schemas import check_written
-from cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
-from cases.reporting import html_pages
-from cases.running.pool_worker import worker_backend
-from cases.running.shrink import hunt
-from golden.errors import check_known
-from kernels import Backend, KernelRunError, mutants
-from kernels.backends.contract import shrink_budget
-from properties import law_examples, laws, ledger
-from properties.acceptance import judge
-from properties.law_examples import PAGED_LAWS
+from pfa_verify.cases.data.schemas import check_written
+from pfa_verify.cases.measuring.matrix import CATALOG, catalog_cases, example_record, run_rows
+from pfa_verify.cases.reporting import html_pages
+from pfa_verify.cases.running.pool_worker import worker_backend
+from pfa_verify.cases.running.shrink import hunt
+from pfa_verify.golden.errors import check_known
+from pfa_verify.kernels import Backend, KernelRunError, mutants
+from pfa_verify.kernels.backends.contract import shrink_budget
+from pfa_verify.properties import law_examples, laws, ledger
+from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.law_examples import PAGED_LAWS
 
 __all__ = ["LawKill", "MutantResult", "MutantsRun", "search", "catalog_kill", "kill_matrix", "to_json",
            "render_table", "render_html", "GOALS"]

@@ -1,8 +1,9 @@
 """The pytest plugin of pfa-verify: the laws of SPEC §2-§6 as pytest tests against a backend you name.
 
-Installed with the package (the ``pytest11`` entry point), so that after ``pip install pfa-verify``::
+Loaded by name, never by an entry point, so that installing pfa-verify changes no other pytest session
+of the environment: after ``pip install pfa-verify``::
 
-    pytest --pyargs cases.laws --backend path/to/my_kernel.py:make_backend -n 2
+    pytest -p pfa_verify.cases.plugin --pyargs pfa_verify.cases.laws --backend path/to/my_kernel.py:make -n 2
 
 runs every law (cases/laws/) against that backend, from any folder.
 
@@ -36,8 +37,8 @@ Fixtures (cases/plugin/session.py): ``backend``; ``check_law(name, case, **param
 properties.laws on the backend under test and captures a failure (cases.data.regressions.check);
 ``examples_for(law)``, the law's examples for the backend (properties/law_examples.py).
 
-This module is what the entry point loads in every pytest session of the environment, so it imports
-pytest only and holds the options. A session that runs the laws (it names cases.laws or a --backend)
+This module imports pytest only and holds the options. A session that runs the laws (it names the
+laws or a --backend)
 gets the rest, cases/plugin/session.py: the profiles, torch, the backends, the fixtures, the report
 header and summaries. Any other session is left as it is: no torch, and none of these profiles, whose
 names (ci, dev) Hypothesis would otherwise take for its own (it loads a "ci" profile by itself under CI).
@@ -52,7 +53,7 @@ import pytest
 __all__ = ["SESSION_PLUGIN"]
 
 #: The plugin of a session that runs the laws (registered by :func:`pytest_configure`).
-SESSION_PLUGIN = "cases.plugin.session"
+SESSION_PLUGIN = "pfa_verify.cases.plugin.session"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -80,9 +81,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def runs_the_laws(config: pytest.Config) -> bool:
-    """Whether the session names the laws (cases.laws) or a backend: the sessions the plugin is for."""
+    """Whether the session names the laws (pfa_verify.cases.laws) or a backend: the sessions the plugin is for."""
     args = [str(a) for a in config.invocation_params.args]
-    return any("cases.laws" in a or "cases/laws" in a or a.startswith("--backend") for a in args)
+    return any("pfa_verify.cases.laws" in a or "cases/laws" in a or a.startswith("--backend") for a in args)
 
 
 @pytest.hookimpl(tryfirst=True)     # before Hypothesis' own, which loads a --hypothesis-profile by name

@@ -13,17 +13,17 @@ import torch
 from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis.control import currently_in_test_context
 
-import kernels
-from cases.data import regressions
-from cases.data.versions import versions
-from golden.errors import UsageError
-from kernels.backends.contract import implements, shrink_budget
-from kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
-from kernels.backends.text import printable
-from properties import law_examples
-from properties.coverage import Coverage, classify
-from properties.generation import pin_local_constants, reported_example
-from properties.law_examples import operator_of
+from pfa_verify import kernels
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.data.versions import versions
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends.contract import implements, shrink_budget
+from pfa_verify.kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
+from pfa_verify.kernels.backends.text import printable
+from pfa_verify.properties import law_examples
+from pfa_verify.properties.coverage import Coverage, classify
+from pfa_verify.properties.generation import pin_local_constants, reported_example
+from pfa_verify.properties.law_examples import operator_of
 
 __all__ = ["DEFAULT_PROFILE", "register_profiles", "NOT_RUN"]
 

@@ -20,8 +20,8 @@ import math
 import jinja2
 from markupsafe import Markup
 
-from cases.data import FOLDER
-from kernels.backends.text import printable
+from pfa_verify.cases.data import FOLDER
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["TEMPLATES", "render", "ratio_colour", "slug"]
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from cases.data.versions import versions
-from cases.reporting import html_pages
-from cases.reporting.html_pages import ratio_colour, slug
-from cases.reporting.report import (
+from pfa_verify.cases.data.versions import versions
+from pfa_verify.cases.reporting import html_pages
+from pfa_verify.cases.reporting.html_pages import ratio_colour, slug
+from pfa_verify.cases.reporting.report import (
     RunSummary,
     cells,
     coverage_line,
@@ -33,7 +33,7 @@ from cases.reporting.report import (
     table_rows,
     write_text_atomically,
 )
-from properties.attribution import RATIO_BINS
+from pfa_verify.properties.attribution import RATIO_BINS
 
 __all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]
 

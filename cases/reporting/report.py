@@ -31,15 +31,15 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from cases.data import schemas
-from cases.data.capture_files import write_durably
-from cases.data.schemas import check_written
-from cases.data.versions import versions
-from cases.reporting.signals import EXIT_INTERRUPTED
-from cases.reporting.terminal import printable_data, shown
-from cases.running.verdict import CaseVerdict
-from properties.acceptance import CodecVerdict
-from properties.coverage import coverage_text
+from pfa_verify.cases.data import schemas
+from pfa_verify.cases.data.capture_files import write_durably
+from pfa_verify.cases.data.schemas import check_written
+from pfa_verify.cases.data.versions import versions
+from pfa_verify.cases.reporting.signals import EXIT_INTERRUPTED
+from pfa_verify.cases.reporting.terminal import printable_data, shown
+from pfa_verify.cases.running.verdict import CaseVerdict
+from pfa_verify.properties.acceptance import CodecVerdict
+from pfa_verify.properties.coverage import coverage_text
 
 __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "check_schema", "ResultRow",
            "result_rows", "failure_text", "table_rows", "skipped_groups", "render_table", "print_report",

@@ -24,12 +24,12 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from cases.data.schemas import and_more
-from cases.reporting import html_pages
-from cases.reporting.html_report import CSS
-from cases.reporting.report import SCHEMA_ID, check_schema, write_text_atomically
-from cases.reporting.terminal import printable_data, shown
-from golden.errors import UsageError
+from pfa_verify.cases.data.schemas import and_more
+from pfa_verify.cases.reporting import html_pages
+from pfa_verify.cases.reporting.html_report import CSS
+from pfa_verify.cases.reporting.report import SCHEMA_ID, check_schema, write_text_atomically
+from pfa_verify.cases.reporting.terminal import printable_data, shown
+from pfa_verify.golden.errors import UsageError
 
 __all__ = ["SelectionMismatch", "ReportedCase", "DiffRow", "ReportDiff", "PREVIOUS_SCHEMA_ID", "upgraded", "load_report", "case_verdict", "compare",
            "format_ratio", "summary_line", "render_table", "print_comparison", "scatter", "render_html", "write_html"]

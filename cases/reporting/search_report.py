@@ -9,8 +9,8 @@ import dataclasses
 from rich.table import Table
 from rich.text import Text
 
-from cases.running.search import VERDICT_STYLES, SearchRun, TaskReport, law_verdicts
-from kernels.backends.text import printable
+from pfa_verify.cases.running.search import VERDICT_STYLES, SearchRun, TaskReport, law_verdicts
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["to_json", "verdict_counts", "summary_line", "render_law_table", "render_table"]
 

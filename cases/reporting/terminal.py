@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.text import Text
 
-from kernels.backends.text import printable
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["SafeStream", "guarded_streams", "console", "lines_to", "shown", "printable_data"]
 

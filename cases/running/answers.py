@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kernels.backends.supervisor import KernelFault
+from pfa_verify.kernels.backends.supervisor import KernelFault
 
 __all__ = ["Answers", "Recorded", "question", "answer", "raised"]
 

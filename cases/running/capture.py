@@ -9,8 +9,8 @@ the run's report lists it (``RunResult.write_failures``) and fails.
 """
 from __future__ import annotations
 
-from cases.data import regressions
-from cases.running.verdict import Capture
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.running.verdict import Capture
 
 __all__ = ["capture_case", "write_failure"]
 

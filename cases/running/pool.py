@@ -39,7 +39,7 @@ from typing import Any
 
 # The worker side (what runs in a worker process) is cases/running/pool_worker.py; its public names are
 # re-exported here, where run, mutants and search import them.
-from cases.running.pool_worker import (
+from pfa_verify.cases.running.pool_worker import (
     WorkerSpoiled,
     call_in_worker,
     local_init,
@@ -49,7 +49,7 @@ from cases.running.pool_worker import (
     worker_setup,
     worker_slot,
 )
-from kernels.backends import runs_on_npu
+from pfa_verify.kernels.backends import runs_on_npu
 
 __all__ = ["ClusterError", "TaskResult", "Pool", "parse_cluster", "task_resources", "worker_slot",
            "worker_setup", "worker_backend", "RETRIES"]

@@ -15,11 +15,11 @@ from multiprocessing.util import Finalize
 
 import torch
 
-from golden.errors import UsageError
-from kernels.backends import runs_on_npu
-from kernels.backends.sandbox import die_with_parent
-from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
-from kernels.pypto_workarounds import spoiled
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends import runs_on_npu
+from pfa_verify.kernels.backends.sandbox import die_with_parent
+from pfa_verify.kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+from pfa_verify.kernels.pypto_workarounds import spoiled
 
 __all__ = ["worker_setup", "worker_slot", "worker_backend"]
 
@@ -107,7 +107,7 @@ def _node() -> str:
 def retire_if_spoiled() -> str | None:
     """Why this process must not run another task (pypto's state after a failure inside its trace,
     kernels.pypto_workarounds.spoiled), or None."""
-    if "kernels.pypto_workarounds" not in sys.modules:
+    if "pfa_verify.kernels.pypto_workarounds" not in sys.modules:
         return None
     return spoiled()
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from cases.data import regressions
-from cases.running.answers import Answers, Recorded
-from kernels import BackendUnavailable
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.running.answers import Answers, Recorded
+from pfa_verify.kernels import BackendUnavailable
 
 __all__ = ["Replays", "replay_times", "PASS", "FAIL", "ERROR"]
 

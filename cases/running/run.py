@@ -36,21 +36,21 @@ from typing import Any
 
 import torch
 
-import kernels
-from cases.data import regressions
-from cases.data.collect import Item, chosen_items, selection, with_generated
-from cases.data.provenance import capture_digests, lost_captures, run_provenance
-from cases.running.capture import capture_case, write_failure
-from cases.running.pool import Pool, task_resources, worker_backend
-from cases.running.shrink import capture_generated, probe_errors, probe_groups, signature
-from cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
-from golden import memory_limit
-from golden.errors import UsageError
-from kernels import BackendUnavailable, Skip
-from kernels.backends import limit_time, use_backend_threads
-from kernels.backends.contract import capabilities_of, implements
-from kernels.backends.loader import pin_source
-from kernels.backends.supervisor import (
+from pfa_verify import kernels
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.data.collect import Item, chosen_items, selection, with_generated
+from pfa_verify.cases.data.provenance import capture_digests, lost_captures, run_provenance
+from pfa_verify.cases.running.capture import capture_case, write_failure
+from pfa_verify.cases.running.pool import Pool, task_resources, worker_backend
+from pfa_verify.cases.running.shrink import capture_generated, probe_errors, probe_groups, signature
+from pfa_verify.cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
+from pfa_verify.golden import memory_limit
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels import BackendUnavailable, Skip
+from pfa_verify.kernels.backends import limit_time, use_backend_threads
+from pfa_verify.kernels.backends.contract import capabilities_of, implements
+from pfa_verify.kernels.backends.loader import pin_source
+from pfa_verify.kernels.backends.supervisor import (
     BackendSpec,
     GuardedBackend,
     KernelFault,
@@ -60,12 +60,12 @@ from kernels.backends.supervisor import (
     describe_failure,
     driver_kernel_source,
 )
-from properties import ledger
-from properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
-from properties.coverage import coverage
-from properties.diagnosis import diagnose_verdict
-from properties.law_examples import operator_of
-from properties.separation import separate
+from pfa_verify.properties import ledger
+from pfa_verify.properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
+from pfa_verify.properties.coverage import coverage
+from pfa_verify.properties.diagnosis import diagnose_verdict
+from pfa_verify.properties.law_examples import operator_of
+from pfa_verify.properties.separation import separate
 
 __all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
            "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]

@@ -33,17 +33,17 @@ from collections import Counter
 
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from cases.running.answers import Answers, Recorded
-from cases.running.capture import capture_case
-from cases.running.pool import Pool, task_resources, worker_backend
-from cases.running.search_channel import Channel, TaskChannel, watch
-from cases.running.shrink import hunt, nondeterminism
-from golden.errors import UsageError, check_known
-from kernels.backends.contract import implements, shrink_budget
-from kernels.backends.supervisor import describe_failure
-from properties import law_examples, laws
-from properties.coverage import Coverage, classify
-from properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
+from pfa_verify.cases.running.answers import Answers, Recorded
+from pfa_verify.cases.running.capture import capture_case
+from pfa_verify.cases.running.pool import Pool, task_resources, worker_backend
+from pfa_verify.cases.running.search_channel import Channel, TaskChannel, watch
+from pfa_verify.cases.running.shrink import hunt, nondeterminism
+from pfa_verify.golden.errors import UsageError, check_known
+from pfa_verify.kernels.backends.contract import implements, shrink_budget
+from pfa_verify.kernels.backends.supervisor import describe_failure
+from pfa_verify.properties import law_examples, laws
+from pfa_verify.properties.coverage import Coverage, classify
+from pfa_verify.properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
 
 __all__ = ["TaskReport", "SearchTask", "SearchRun", "LAW_GROUPS", "MIN_EXAMPLES", "VERDICT_STYLES", "law_names",
            "task_seed", "failure_signature", "open_database", "search", "verdict_of", "law_verdicts"]

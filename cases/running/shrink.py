@@ -25,16 +25,16 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.strategies import SearchStrategy
 
-import golden
-from cases.running.answers import Answers, answer, raised
-from cases.running.capture import capture_case
-from kernels.backends.contract import shrink_budget
-from kernels.backends.supervisor import KernelFault
-from properties.acceptance import judge, split_bundle
-from properties.case import Case
-from properties.diagnosis import Probe, diagnose_verdict
-from properties.error_probes import probe_error
-from properties.probes import probe
+from pfa_verify import golden
+from pfa_verify.cases.running.answers import Answers, answer, raised
+from pfa_verify.cases.running.capture import capture_case
+from pfa_verify.kernels.backends.contract import shrink_budget
+from pfa_verify.kernels.backends.supervisor import KernelFault
+from pfa_verify.properties.acceptance import judge, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.diagnosis import Probe, diagnose_verdict
+from pfa_verify.properties.error_probes import probe_error
+from pfa_verify.properties.probes import probe
 
 __all__ = ["Hunt", "hunt", "signature", "capture_generated", "nondeterminism", "probe_groups", "probe_errors"]
 

@@ -5,7 +5,7 @@
 Replace the two golden calls with calls into your kernel. ``make_buggy_backend`` is the same kernel with
 one bug (V's dequant scale read from the neighbouring KV head), to see what a failure looks like.
 """
-import golden
+from pfa_verify import golden
 
 
 class MyBackend:

@@ -41,12 +41,13 @@ from typing import Any
 
 import torch
 
-from golden.attention import visible_lengths
-from golden.codec import get_codec
-from golden.errors import UsageError
-from golden.model import declared_model
-from golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
-from kernels.backends.loader import import_named_module, load_file_module, locate_module
+from pfa_verify import IMPORT_ROOT
+from pfa_verify.golden.attention import visible_lengths
+from pfa_verify.golden.codec import get_codec
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.model import declared_model
+from pfa_verify.golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
+from pfa_verify.kernels.backends.loader import import_named_module, load_file_module, locate_module
 
 __all__ = ["Backend", "BackendUnavailable", "KernelRunError", "Skip", "SKIP_KINDS", "spec_codec_options", "unwritten_output",
            "finish_output", "UNWRITTEN", "get_backend", "resolve_device_index",
@@ -249,7 +250,7 @@ def runs_on_npu(backend) -> bool:
     it: the worker pool gives such a backend a device per worker, and a cluster one NPU per task."""
     if isinstance(backend, str):
         return backend == "npu" or backend.startswith("pypto-gym-npu:")
-    from kernels.backends.npu import NpuBackend  # noqa: PLC0415 - it subclasses Backend, defined here
+    from pfa_verify.kernels.backends.npu import NpuBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return isinstance(backend, NpuBackend)
 
 
@@ -295,7 +296,7 @@ def resolve_device_index(device: int | str | None = None, environ=None) -> tuple
 
 
 def _golden(**options):
-    from kernels.backends.golden_backend import GoldenBackend  # noqa: PLC0415 - it subclasses Backend, defined here
+    from pfa_verify.kernels.backends.golden_backend import GoldenBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return GoldenBackend(**options)
 
 
@@ -307,7 +308,7 @@ def _our_kernel(backend):
 
 
 def _sim(**options):
-    from kernels.backends.sim import SimBackend  # noqa: PLC0415 - it subclasses Backend, defined here
+    from pfa_verify.kernels.backends.sim import SimBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return _our_kernel(SimBackend(**options))
 
 
@@ -322,12 +323,12 @@ def spec_codec_options(options: dict, name: str, plain: str) -> dict:
 
 def _sim_spec_codec(**options):
     """The sim backend with the spec's E4M3 in the calculator (kernels/pypto_workarounds/, W13)."""
-    from kernels.backends.sim import SimBackend  # noqa: PLC0415 - it subclasses Backend, defined here
+    from pfa_verify.kernels.backends.sim import SimBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return SimBackend(**spec_codec_options(options, "sim-spec-codec", "sim"))
 
 
 def _npu(device=None, **options):
-    from kernels.backends.npu import NpuBackend  # noqa: PLC0415 - it subclasses Backend, defined here
+    from pfa_verify.kernels.backends.npu import NpuBackend  # noqa: PLC0415 - it subclasses Backend, defined here
     return _our_kernel(NpuBackend(device=device, **options))
 
 
@@ -359,7 +360,7 @@ def _load_file_factory(name: str):
 
 
     path, _, attr = name.rpartition(":")
-    candidates = [Path(path), Path(__file__).resolve().parents[2] / path]
+    candidates = [Path(path), IMPORT_ROOT / path]
     file = next((c for c in candidates if c.is_file()), None)
     if file is None:
         raise UsageError(f"name={name!r}: no file {path!r} here or in the project root")
@@ -371,7 +372,7 @@ BUILTIN_BACKENDS: dict[str, Callable[..., Backend]] = {"golden": _golden, "sim":
 
 
 def _pypto_gym(name: str, *, device=None, **options):
-    from kernels.backends.upstream import make_backend  # noqa: PLC0415 - it imports this module
+    from pfa_verify.kernels.backends.upstream import make_backend  # noqa: PLC0415 - it imports this module
     return make_backend(name, device=device, **options)
 
 
@@ -403,7 +404,7 @@ def user_kernel_file(name: str) -> tuple[bool, Path | None, str | None]:
     if prefix in PREFIXED and not prefix.startswith("pypto-gym"):
         return False, None, None
     if prefix.startswith("pypto-gym"):
-        from kernels.backends.upstream import parse_name  # noqa: PLC0415 - it imports this module
+        from pfa_verify.kernels.backends.upstream import parse_name  # noqa: PLC0415 - it imports this module
         try:
             _, source, function = parse_name(name)
         except ValueError:
@@ -413,7 +414,7 @@ def user_kernel_file(name: str) -> tuple[bool, Path | None, str | None]:
         return True, (file.resolve() if file is not None and file.is_file() else None), function
     path, _, attr = name.rpartition(":")
     if ".py:" in name:
-        file = next((c for c in (Path(path), Path(__file__).resolve().parents[2] / path) if c.is_file()), None)
+        file = next((c for c in (Path(path), IMPORT_ROOT / path) if c.is_file()), None)
         return True, (file.resolve() if file is not None else None), attr
     return True, locate_module(path, _worker_path()), attr
 
@@ -421,7 +422,7 @@ def user_kernel_file(name: str) -> tuple[bool, Path | None, str | None]:
 def _worker_path() -> list[str]:
     """Where a worker process's imports look: its working directory, the project root, then this
     process's own path (kernels/backends/supervisor.py starts workers so)."""
-    return [os.getcwd(), str(Path(__file__).resolve().parents[2]), *sys.path[1:]]
+    return [os.getcwd(), str(IMPORT_ROOT), *sys.path[1:]]
 
 
 def get_backend(name: str, *, device: int | str | None = None, **options) -> Backend:

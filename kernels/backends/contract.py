@@ -22,17 +22,17 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from golden.codec import CODECS, SPEC_CODEC, Fp8Codec, get_codec
-from golden.errors import UsageError
-from golden.model import SPEC_MODEL, ConformanceModel
-from kernels.backends import KernelSource, runs_on_npu
-from kernels.backends.text import printable
+from pfa_verify.golden.codec import CODECS, SPEC_CODEC, Fp8Codec, get_codec
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.model import SPEC_MODEL, ConformanceModel
+from pfa_verify.kernels.backends import KernelSource, runs_on_npu
+from pfa_verify.kernels.backends.text import printable
 
 if TYPE_CHECKING:
     import torch
 
-    from golden.codec import Fp8Codec
-    from golden.model import ConformanceModel
+    from pfa_verify.golden.codec import Fp8Codec
+    from pfa_verify.golden.model import ConformanceModel
 
 __all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "SHAPE_FIELDS", "DEFAULT_SHRINK_CALLS",
            "shrink_budget", "OPERATORS", "implements"]

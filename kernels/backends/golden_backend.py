@@ -9,10 +9,10 @@ what `auto` falls back to where no kernel can run (a run that then fails unless 
 """
 from __future__ import annotations
 
-import golden
-from golden.codec import get_codec
-from golden.model import EXACT_MODEL
-from kernels.backends import Backend
+from pfa_verify import golden
+from pfa_verify.golden.codec import get_codec
+from pfa_verify.golden.model import EXACT_MODEL
+from pfa_verify.kernels.backends import Backend
 
 __all__ = ["GoldenBackend"]
 

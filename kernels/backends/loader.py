@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
 
-from golden.errors import UsageError
+from pfa_verify.golden.errors import UsageError
 
 __all__ = ["load_file_module", "import_named_module", "pin_source", "locate_module"]
 

@@ -28,10 +28,10 @@ import importlib.util
 
 import torch
 
-from golden.codec import SPEC_CODEC
-from golden.model import DETERMINISTIC_MODEL
-from kernels.backends import BackendUnavailable, finish_output, resolve_device_index, unwritten_output
-from kernels.backends.pypto_backend import PyptoBackend
+from pfa_verify.golden.codec import SPEC_CODEC
+from pfa_verify.golden.model import DETERMINISTIC_MODEL
+from pfa_verify.kernels.backends import BackendUnavailable, finish_output, resolve_device_index, unwritten_output
+from pfa_verify.kernels.backends.pypto_backend import PyptoBackend
 
 __all__ = ["NpuBackend"]
 

@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from kernels.backends import wire
-from kernels.backends.text import printable
+from pfa_verify.kernels.backends import wire
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["ProtocolError", "Slot", "Reply", "RAISED_KINDS", "BACKEND_SKIP_KINDS", "open_input_memory", "layout",
            "write_inputs", "changed_inputs", "release_inputs", "map_inputs", "parse_reply", "check_answers", "REPLIES"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.backends import Backend
-from kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
+from pfa_verify.kernels.backends import Backend
+from pfa_verify.kernels.config import KERNEL_SHAPES, PagedAttentionKernelConfig
 
 __all__ = ["PyptoBackend"]
 
@@ -49,7 +49,7 @@ class PyptoBackend(Backend):
 
     def _make_pfa_kernel(self, *, run_mode, pass_verify: bool):
         """The jit wrapper of the paged-attention kernel (ours: kernels/pfa_fp8.make_kernel)."""
-        from kernels.pfa_fp8 import make_kernel
+        from pfa_verify.kernels.pfa_fp8 import make_kernel
 
         return make_kernel(run_mode=run_mode, pass_verify=pass_verify, pass_options=self.pass_options)
 
@@ -63,7 +63,7 @@ class PyptoBackend(Backend):
 
     def _at12_kernel(self, q, k, scale: float, pass_verify: bool):
         """(jit kernel, At12KernelConfig) of our AT-12 kernel for these operands (kernels/at12.py)."""
-        from kernels.at12 import At12KernelConfig, make_at12_kernel
+        from pfa_verify.kernels.at12 import At12KernelConfig, make_at12_kernel
 
         cfg = At12KernelConfig(q_tile=q.shape[0], k_len=k.shape[0], head_dim=q.shape[1],
                                dtype=_AT12_DTYPES[str(q.dtype)], scale=scale)

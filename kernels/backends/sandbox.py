@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-import kernels
-from golden import PagedAttentionConfig
-from golden.errors import UsageError
-from kernels.backends import BackendUnavailable, KernelRunError, limit_time, protocol, wire
-from kernels.backends.contract import capabilities_of
-from kernels.backends.loader import pin_source
-from kernels.backends.reaping import adopt_orphans
-from kernels.pypto_workarounds import spoiled
+from pfa_verify import kernels
+from pfa_verify.golden import PagedAttentionConfig
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends import BackendUnavailable, KernelRunError, limit_time, protocol, wire
+from pfa_verify.kernels.backends.contract import capabilities_of
+from pfa_verify.kernels.backends.loader import pin_source
+from pfa_verify.kernels.backends.reaping import adopt_orphans
+from pfa_verify.kernels.pypto_workarounds import spoiled
 
 __all__ = ["main", "die_with_parent"]
 
@@ -147,7 +147,7 @@ def _answers(backend: object, header: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spoiled() -> str | None:
-    if "kernels.pypto_workarounds" not in sys.modules:
+    if "pfa_verify.kernels.pypto_workarounds" not in sys.modules:
         return None
     return spoiled()
 

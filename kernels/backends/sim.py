@@ -40,13 +40,20 @@ import re
 
 import torch
 
-from golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
-from golden.errors import UsageError
-from golden.model import DETERMINISTIC_MODEL
-from golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
-from kernels import pypto_workarounds as pw
-from kernels.backends import BackendUnavailable, KernelRunError, Skip, finish_output, sim_cost, unwritten_output
-from kernels.backends.pypto_backend import PyptoBackend
+from pfa_verify.golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.model import DETERMINISTIC_MODEL
+from pfa_verify.golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
+from pfa_verify.kernels import pypto_workarounds as pw
+from pfa_verify.kernels.backends import (
+    BackendUnavailable,
+    KernelRunError,
+    Skip,
+    finish_output,
+    sim_cost,
+    unwritten_output,
+)
+from pfa_verify.kernels.backends.pypto_backend import PyptoBackend
 
 __all__ = ["SimBackend", "LEVELS", "SIM_BUDGET_S", "calculator_error", "PYPTO_CODEC_REASON"]
 

@@ -30,7 +30,7 @@ import dataclasses
 
 import torch
 
-from golden.paging import blocks_needed, ceil_div, visible_lengths
+from pfa_verify.golden.paging import blocks_needed, ceil_div, visible_lengths
 
 __all__ = ["Estimate", "BatchChunk", "estimate", "plan", "chunk_inputs", "MEMORY_CAP_BYTES"]
 

@@ -49,8 +49,9 @@ from typing import Any
 
 import torch
 
-from golden.errors import UsageError
-from kernels.backends import (
+from pfa_verify import IMPORT_ROOT
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends import (
     BackendUnavailable,
     KernelRunError,
     KernelSource,
@@ -61,9 +62,9 @@ from kernels.backends import (
     user_kernel_file,
     wire,
 )
-from kernels.backends.contract import Capabilities, CostEstimate
-from kernels.backends.reaping import Tree, adopt_orphans
-from kernels.backends.text import printable
+from pfa_verify.kernels.backends.contract import Capabilities, CostEstimate
+from pfa_verify.kernels.backends.reaping import Tree, adopt_orphans
+from pfa_verify.kernels.backends.text import printable
 
 __all__ = ["BackendSpec", "KernelFault", "KernelRaised", "Reply", "Supervisor", "SupervisedBackend",
            "GuardedBackend", "RETRIES", "LOAD_TIMEOUT_S", "LOG_DIR_PREFIX", "describe_failure", "kill_all",
@@ -240,13 +241,13 @@ class _Worker:
         self._rep_r, rep_w = os.pipe()
         self._inputs = protocol.open_input_memory()
         self._seq = 0
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(IMPORT_ROOT)
         env = dict(os.environ, PFA_VERIFY_WORKER_SLOT=str(slot), **tree.environment(),
                    PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         try:
             with open(self.log, "wb") as log:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "kernels.backends.sandbox", "--requests", str(req_r), "--replies",
+                    [sys.executable, "-m", "pfa_verify.kernels.backends.sandbox", "--requests", str(req_r), "--replies",
                      str(rep_w), "--inputs", str(self._inputs), "--parent", str(os.getpid())],
                     pass_fds=(req_r, rep_w, self._inputs), stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True, env=env)

@@ -36,15 +36,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from golden.errors import UsageError, check_known
-from golden.model import SPEC_MODEL
-from kernels.backends import KernelSource, spec_codec_options
-from kernels.backends.loader import import_named_module, load_file_module
-from kernels.backends.npu import NpuBackend
-from kernels.backends.pypto_backend import PyptoBackend
-from kernels.backends.sim import SimBackend
-from kernels.config import KERNEL_SHAPES
-from kernels.jit import jit
+from pfa_verify.golden.errors import UsageError, check_known
+from pfa_verify.golden.model import SPEC_MODEL
+from pfa_verify.kernels.backends import KernelSource, spec_codec_options
+from pfa_verify.kernels.backends.loader import import_named_module, load_file_module
+from pfa_verify.kernels.backends.npu import NpuBackend
+from pfa_verify.kernels.backends.pypto_backend import PyptoBackend
+from pfa_verify.kernels.backends.sim import SimBackend
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.kernels.jit import jit
 
 __all__ = ["UPSTREAM_FUNCTION", "UpstreamTileConfig", "upstream_tile_config", "load_kernel", "UpstreamKernelBackend",
            "UpstreamNpuBackend", "parse_name", "make_backend"]

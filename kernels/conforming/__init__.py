@@ -8,8 +8,8 @@ false reds (goal 0); tests/golden/test_envelope.py holds the envelope against th
 """
 from __future__ import annotations
 
-from golden.errors import UsageError
-from kernels.conforming.kernel import EITHER_EDGE, ConformingKernel, Variant
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.conforming.kernel import EITHER_EDGE, ConformingKernel, Variant
 
 __all__ = ["VARIANTS", "Variant", "ConformingKernel", "get_variant"]
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from golden.model import SPEC_MODEL
+from pfa_verify.golden.model import SPEC_MODEL
 
 __all__ = ["ORDERS", "fsum", "exp_ulps", "exp_edge", "fma", "divide", "DIVISIONS"]
 

@@ -15,14 +15,14 @@ import dataclasses
 
 import torch
 
-from golden.attention import visible_lengths
-from golden.codec import get_codec
-from golden.envelope.stages import refine_score_bounds, score_bounds
-from golden.intervals import down32_add, lowbit, up32_add
-from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL
-from golden.quant import FP8_MAX
-from kernels.backends import Backend
-from kernels.conforming.arithmetic import DIVISIONS, ORDERS, divide, exp_edge, exp_ulps, fma, fsum
+from pfa_verify.golden.attention import visible_lengths
+from pfa_verify.golden.codec import get_codec
+from pfa_verify.golden.envelope.stages import refine_score_bounds, score_bounds
+from pfa_verify.golden.intervals import down32_add, lowbit, up32_add
+from pfa_verify.golden.model import DETERMINISTIC_MODEL, SPEC_MODEL
+from pfa_verify.golden.quant import FP8_MAX
+from pfa_verify.kernels.backends import Backend
+from pfa_verify.kernels.conforming.arithmetic import DIVISIONS, ORDERS, divide, exp_edge, exp_ulps, fma, fsum
 
 __all__ = ["Variant", "ConformingKernel", "VERTICES", "SCALE_ORDERS", "EITHER_EDGE"]
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from golden.errors import UsageError
-from kernels.backends.sim import SimBackend
-from kernels.mutants.golden_level import GOLDEN_MUTANTS
-from kernels.mutants.kernel_level import KERNEL_MUTANTS, make_kernel_mutant
-from kernels.mutants.staged import StagedGolden
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends.sim import SimBackend
+from pfa_verify.kernels.mutants.golden_level import GOLDEN_MUTANTS
+from pfa_verify.kernels.mutants.kernel_level import KERNEL_MUTANTS, make_kernel_mutant
+from pfa_verify.kernels.mutants.staged import StagedGolden
 
 __all__ = ["Mutant", "MUTANTS", "LEVELS", "get_mutant", "reference", "level_backend_class"]
 

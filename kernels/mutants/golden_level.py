@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from golden.attention import dequantize_values
-from golden.codec import Fp8Codec
-from golden.matmul import exact_matmul
-from golden.quant import quantize_rows
-from golden.softmax_state import exp_f32
-from kernels.mutants.staged import StagedGolden, WrittenOutUpdate
+from pfa_verify.golden.attention import dequantize_values
+from pfa_verify.golden.codec import Fp8Codec
+from pfa_verify.golden.matmul import exact_matmul
+from pfa_verify.golden.quant import quantize_rows
+from pfa_verify.golden.softmax_state import exp_f32
+from pfa_verify.kernels.mutants.staged import StagedGolden, WrittenOutUpdate
 
 __all__ = ["GOLDEN_MUTANTS"]
 

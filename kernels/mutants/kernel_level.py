@@ -15,10 +15,10 @@ import hashlib
 import os
 from pathlib import Path
 
-from golden.errors import UsageError
-from kernels.backends.loader import load_file_module
-from kernels.backends.sim import SimBackend
-from kernels.pypto_workarounds import cache_root
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends.loader import load_file_module
+from pfa_verify.kernels.backends.sim import SimBackend
+from pfa_verify.kernels.pypto_workarounds import cache_root
 
 __all__ = ["KernelMutant", "KERNEL_MUTANTS", "make_kernel_mutant", "mutated_source"]
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-import golden
-from golden.attention import dequantize_scores, dequantize_values
-from golden.codec import get_codec
-from golden.matmul import exact_matmul
-from golden.model import DETERMINISTIC_MODEL
-from golden.quant import quantize_rows
-from golden.softmax_state import OnlineSoftmaxState, exp_f32, local_softmax
-from kernels.backends import Backend
+from pfa_verify import golden
+from pfa_verify.golden.attention import dequantize_scores, dequantize_values
+from pfa_verify.golden.codec import get_codec
+from pfa_verify.golden.matmul import exact_matmul
+from pfa_verify.golden.model import DETERMINISTIC_MODEL
+from pfa_verify.golden.quant import quantize_rows
+from pfa_verify.golden.softmax_state import OnlineSoftmaxState, exp_f32, local_softmax
+from pfa_verify.kernels.backends import Backend
 
 __all__ = ["StagedGolden", "WrittenOutUpdate"]
 

@@ -94,18 +94,28 @@ bounds (W12).
 """
 from __future__ import annotations
 
-from kernels.pypto_workarounds._common import CACHE_ENV, SUPPORTED_PYPTO_VERSION, PyptoUnavailable, cache_root
-from kernels.pypto_workarounds.bounds import OutOfBoundsRead
-from kernels.pypto_workarounds.calculator import (
+from pfa_verify.kernels.pypto_workarounds._common import (
+                                                  CACHE_ENV,
+                                                  SUPPORTED_PYPTO_VERSION,
+                                                  PyptoUnavailable,
+                                                  cache_root,
+)
+from pfa_verify.kernels.pypto_workarounds.bounds import OutOfBoundsRead
+from pfa_verify.kernels.pypto_workarounds.calculator import (
                                                   E4M3_CODECS,
                                                   build_calculator,
                                                   current_e4m3_codec,
                                                   e4m3_codec,
                                                   load_calculator,
 )
-from kernels.pypto_workarounds.execute import CalculatorFailed, execute_kernel, forget_traces, reverify_unavailable
-from kernels.pypto_workarounds.overlay import build_overlay, load_pypto
-from kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim_session, spoiled
+from pfa_verify.kernels.pypto_workarounds.execute import (
+                                                  CalculatorFailed,
+                                                  execute_kernel,
+                                                  forget_traces,
+                                                  reverify_unavailable,
+)
+from pfa_verify.kernels.pypto_workarounds.overlay import build_overlay, load_pypto
+from pfa_verify.kernels.pypto_workarounds.session import RunCapture, reset_pypto_state, sim_session, spoiled
 
 __all__ = [
     "SUPPORTED_PYPTO_VERSION",

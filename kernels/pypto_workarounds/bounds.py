@@ -48,7 +48,7 @@ import struct
 import subprocess
 from pathlib import Path
 
-from kernels.pypto_workarounds import _common
+from pfa_verify.kernels.pypto_workarounds import _common
 
 __all__ = ["OutOfBoundsRead", "Violation", "preload", "attach", "attached", "reset", "first_violation",
            "checked_count", "SHIM_SOURCE"]

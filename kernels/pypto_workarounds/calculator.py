@@ -17,7 +17,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.pypto_workarounds import _common
+from pfa_verify.kernels.pypto_workarounds import _common
 
 __all__ = ["build_calculator", "load_calculator", "patch_calculator_build", "E4M3_CODECS", "e4m3_codec",
            "current_e4m3_codec"]

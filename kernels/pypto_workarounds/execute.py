@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.pypto_workarounds import _common, bounds
-from kernels.pypto_workarounds import native as pypto_native
-from kernels.pypto_workarounds.overlay import load_pypto
+from pfa_verify.kernels.pypto_workarounds import _common, bounds
+from pfa_verify.kernels.pypto_workarounds import native as pypto_native
+from pfa_verify.kernels.pypto_workarounds.overlay import load_pypto
 
 __all__ = ["execute_kernel", "forget_traces", "CalculatorFailed", "reverify_unavailable"]
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.pypto_workarounds import _common, bounds, bridge, calculator
+from pfa_verify.kernels.pypto_workarounds import _common, bounds, bridge, calculator
 
 __all__ = ["build_overlay", "load_pypto"]
 

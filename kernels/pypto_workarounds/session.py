@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.pypto_workarounds import _common
-from kernels.pypto_workarounds.execute import forget_traces
+from pfa_verify.kernels.pypto_workarounds import _common
+from pfa_verify.kernels.pypto_workarounds.execute import forget_traces
 
 __all__ = ["RunCapture", "sim_session", "reset_pypto_state", "spoiled"]
 

@@ -12,7 +12,7 @@ import os
 import posix
 import signal
 
-import golden
+from pfa_verify import golden
 
 _EXIT = posix._exit
 
@@ -48,7 +48,7 @@ class SignalsTheDriver(_Golden):
 
     def paged_attention_fp8(self, *args, **kwargs):
         with open("/proc/self/cmdline", "rb") as f:            # a worker runs kernels.backends.sandbox
-            in_worker = b"kernels.backends.sandbox" in f.read() or "PFA_VERIFY_WORKER_SLOT" in os.environ
+            in_worker = b"pfa_verify.kernels.backends.sandbox" in f.read() or "PFA_VERIFY_WORKER_SLOT" in os.environ
         os.kill(os.getppid() if in_worker or self.to_parent else os.getpid(), self.signum)
         return super().paged_attention_fp8(*args, **kwargs)
 

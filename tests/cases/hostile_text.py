@@ -9,7 +9,7 @@ on any other batch; cases with two or more KV heads it skips, with that text as 
 import os
 import types
 
-import golden
+from pfa_verify import golden
 
 #: What a terminal would act on, what rich and a browser would parse: everything but the surrogate.
 PRINTED = "\x1b]0;pwned\x07[bold]b[/bold] [/x] <b>h</b> \u202eevil\r\x1b[2K-> OK"

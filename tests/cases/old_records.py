@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cases.data import capture_identity
+from pfa_verify.cases.data import capture_identity
 
 
 def as_old_record(folder, data: dict, fmt: int) -> str:

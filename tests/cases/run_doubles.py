@@ -19,12 +19,12 @@ from typing import ClassVar
 
 import torch
 
-from golden.codec import PYPTO_CALCULATOR_CODEC
-from golden.model import EXACT_MODEL, SPEC_MODEL
-from kernels import BackendUnavailable, KernelRunError, Skip, get_backend
-from kernels.backends import finish_output, unwritten_output
-from kernels.backends.golden_backend import GoldenBackend
-from kernels.backends.sim_cost import Estimate
+from pfa_verify.golden.codec import PYPTO_CALCULATOR_CODEC
+from pfa_verify.golden.model import EXACT_MODEL, SPEC_MODEL
+from pfa_verify.kernels import BackendUnavailable, KernelRunError, Skip, get_backend
+from pfa_verify.kernels.backends import finish_output, unwritten_output
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.kernels.backends.sim_cost import Estimate
 
 
 class PerturbOne(GoldenBackend):

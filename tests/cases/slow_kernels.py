@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-import golden
+from pfa_verify import golden
 
 
 class SlowKernel:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-from cases.measuring import bench_stages as bs
-from cases.measuring.bench import BenchRow, kernel_workload, run_bench, small_workload
-from cases.measuring.bench_stages import fp32_loop_oracle
-from kernels.config import KERNEL_SHAPES
-from properties import acceptance
-from properties import compare as cmp
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.cases.measuring import bench_stages as bs
+from pfa_verify.cases.measuring.bench import BenchRow, kernel_workload, run_bench, small_workload
+from pfa_verify.cases.measuring.bench_stages import fp32_loop_oracle
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.properties import acceptance
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.case import Case
 
 
 def test_small_workload_is_deterministic_and_in_its_documented_space():

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from cases.data import catalog, schemas
-from golden.errors import UsageError
+from pfa_verify.cases.data import catalog, schemas
+from pfa_verify.golden.errors import UsageError
 
 
 def test_catalog_holds_the_six_spec_cases_by_name():

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-import golden
-from cases import cli
-from cases.data import regressions
-from cases.reporting import html_report
-from properties.case import REPO_ROOT, Case
-from properties.coverage import classify
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.reporting import html_report
+from pfa_verify.properties.case import REPO_ROOT, Case
+from pfa_verify.properties.coverage import classify
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
 
@@ -57,7 +57,7 @@ def test_unknown_id_is_an_error(tmp_path, capsys):
 
 def _module(*argv):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "cases.cli", *argv], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", *argv], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from cases import cli
-from cases.data import regressions
-from cases.running.search import search
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.running.search import search
 
 pytestmark = pytest.mark.cluster
 

@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from cases import cli
-from cases.reporting import html_report
-from cases.reporting.report import table_rows
-from cases.running import run as runner
-from kernels import Skip
-from properties.coverage import BINS, CROSSES
+from pfa_verify.cases import cli
+from pfa_verify.cases.reporting import html_report
+from pfa_verify.cases.reporting.report import table_rows
+from pfa_verify.cases.running import run as runner
+from pfa_verify.kernels import Skip
+from pfa_verify.properties.coverage import BINS, CROSSES
 
 
 def _run(tmp, backend, examples=0):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cases import cli
-from cases.cli.in_process import ENDED_EARLY
-from kernels.backends.contract import capabilities_of
-from kernels.backends.supervisor import GuardedBackend, KernelRaised
+from pfa_verify.cases import cli
+from pfa_verify.cases.cli.in_process import ENDED_EARLY
+from pfa_verify.kernels.backends.contract import capabilities_of
+from pfa_verify.kernels.backends.supervisor import GuardedBackend, KernelRaised
 from tests.cases.ends_the_driver import PosixExit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ SLOW = "tests/cases/run_doubles.py:Slow"
 
 
 def _command(tmp_path, backend, *extra, cases="edge_tail_tile_3_tokens,edge_all_batches_empty"):
-    return [sys.executable, "-m", "cases.cli", "run", "--backend", backend, "--cases", cases, "--examples", "0",
+    return [sys.executable, "-m", "pfa_verify.cases.cli", "run", "--backend", backend, "--cases", cases, "--examples", "0",
             "--regressions", str(tmp_path / "regs"), "--json", str(tmp_path / "r.json"), *extra]
 
 

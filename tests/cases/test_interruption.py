@@ -20,7 +20,7 @@ SLOW = "tests/cases/run_doubles.py:Slow"
 def _start(tmp_path, *extra, backend=SLOW):
     env = dict(os.environ, PFA_VERIFY_TEST_PIDS=str(tmp_path / "pids"), PYTHONPATH=str(ROOT))
     (tmp_path / "pids").mkdir()
-    return subprocess.Popen([sys.executable, "-m", "cases.cli", "run", "--backend", backend, "--cases", "catalog",
+    return subprocess.Popen([sys.executable, "-m", "pfa_verify.cases.cli", "run", "--backend", backend, "--cases", "catalog",
                              "--examples", "0", "--regressions", str(tmp_path / "regs"), "--json",
                              str(tmp_path / "r.json"), *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -42,7 +42,7 @@ def _sandboxes_of(pid: int) -> list[str]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"kernels.backends.sandbox" in args and str(pid).encode() in args and state != "Z":
+        if b"pfa_verify.kernels.backends.sandbox" in args and str(pid).encode() in args and state != "Z":
             found.append(entry.name)
     return found
 

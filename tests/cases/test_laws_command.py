@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import golden
-from cases import cli
-from cases.running.shrink import hunt
-from kernels import BackendUnavailable
-from properties import law_examples
-from properties.law_examples import BACKEND_LAWS
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.running.shrink import hunt
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.properties import law_examples
+from pfa_verify.properties.law_examples import BACKEND_LAWS
 
 EXAMPLE = "docs/examples/my_backend.py"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def test_a_slow_kernel_cut_by_the_time_budget_has_too_few_examples_through_the_c
     a few examples, under the default minimum of 20. Not held: its own verdict, and the command fails; the
     progress lines say when each law started and how it ended."""
     report = tmp_path / "laws.json"
-    result = subprocess.run([sys.executable, "-m", "cases.cli", "laws", "--backend", f"{SLOW}:make_quick", "--laws",
+    result = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", "laws", "--backend", f"{SLOW}:make_quick", "--laws",
                              "outputs_finite,block_permutation", "--seconds", "2", "--no-capture", "--json", str(report)],
                             cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), capture_output=True,
                             text=True, timeout=300, check=False)

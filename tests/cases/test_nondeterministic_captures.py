@@ -15,13 +15,13 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-import golden
-from cases import cli
-from cases.data import regressions
-from cases.running.answers import Answers, Recorded
-from cases.running.shrink import Hunt, hunt, nondeterminism
-from kernels.backends.supervisor import KernelFault
-from properties.case import REPO_ROOT, Case
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.running.answers import Answers, Recorded
+from pfa_verify.cases.running.shrink import Hunt, hunt, nondeterminism
+from pfa_verify.kernels.backends.supervisor import KernelFault
+from pfa_verify.properties.case import REPO_ROOT, Case
 
 RACY = "tests/kernels/unsteady_kernels.py:make_racy"      # wrong on every second call of its process
 BUGGY = "tests/kernels/unsteady_kernels.py:make_buggy"    # wrong on every call

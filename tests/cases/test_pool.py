@@ -18,16 +18,15 @@ from types import SimpleNamespace
 
 import pytest
 
-import golden
-import kernels
-from cases import cli
-from cases.cli.arguments import count as count_argument
-from cases.data import regressions
-from cases.running.pool import Pool, _death, parse_cluster, task_resources, worker_slot
-from kernels import KernelRunError
-from kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
-from properties.acceptance import judge
-from properties.case import Case
+from pfa_verify import golden, kernels
+from pfa_verify.cases import cli
+from pfa_verify.cases.cli.arguments import count as count_argument
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.running.pool import Pool, _death, parse_cluster, task_resources, worker_slot
+from pfa_verify.kernels import KernelRunError
+from pfa_verify.kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens,edge_constant_rows"
 DIES = "tests/cases/run_doubles.py:DiesOnTheTailCase"
@@ -207,7 +206,7 @@ def test_a_failure_inside_pypto_s_trace_leaves_the_next_case_its_own_worker(tmp_
     reg = regressions.Regression.from_failure("acceptance", name, bad, {}, "fails inside the trace")
     regressions.save(reg, directory=regs)
     report = tmp_path / "serial.json"
-    proc = subprocess.run([sys.executable, "-m", "cases.cli", "run", "--backend", name, "--cases",
+    proc = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", "run", "--backend", name, "--cases",
                            f"{reg.id},edge_lengths_0_1_bs_bs1", "--examples", "0", "--regressions", str(regs),
                            "--no-capture", "--json", str(report)], capture_output=True, text=True, timeout=900, check=False)
     data = json.loads(report.read_text())

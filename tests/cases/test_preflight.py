@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from cases import cli
-from cases.cli import arguments
-from cases.measuring import tightness
-from golden.errors import UsageError
-from properties import strategies
-from properties.case import REPO_ROOT
+from pfa_verify.cases import cli
+from pfa_verify.cases.cli import arguments
+from pfa_verify.cases.measuring import tightness
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.properties import strategies
+from pfa_verify.properties.case import REPO_ROOT
 
 RUN = ["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short", "--examples", "0"]
 SEARCH = ["search", "--backend", "golden", "--laws", "acceptance", "--examples", "1", "--tasks", "1"]
@@ -181,7 +181,7 @@ def test_a_bad_max_len_neither_breaks_the_import_nor_the_command():
     imported = subprocess.run([sys.executable, "-c", "import properties.strategies"], cwd=REPO_ROOT, env=env,
                               capture_output=True, text=True, timeout=120, check=False)
     assert imported.returncode == 0 and imported.stderr == "", imported.stderr
-    ran = subprocess.run([sys.executable, "-m", "cases.cli", *RUN, "--no-capture"], cwd=REPO_ROOT, env=env,
+    ran = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", *RUN, "--no-capture"], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == 2 and ran.stdout == "", ran.stdout
     assert ran.stderr.splitlines() == [("pfa-verify: error: PFA_VERIFY_MAX_LEN='junk': expected a whole number of "

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import types
 
-import cases.running.shrink as shrink
-from properties.diagnosis import Diagnosis
-from properties.scoring import Candidate
+import pfa_verify.cases.running.shrink as shrink
+from pfa_verify.properties.diagnosis import Diagnosis
+from pfa_verify.properties.scoring import Candidate
 
 
 def _candidate(model: str, stage: str, explained: int, mismatched: int = 10) -> Candidate:

@@ -23,13 +23,13 @@ def outside(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 
 
 def _plugin_args() -> tuple[str, ...]:
-    installed = any(ep.value == "cases.plugin" for ep in entry_points(group="pytest11"))
-    return ("-p", "no:cacheprovider") + (() if installed else ("-p", "cases.plugin"))
+    installed = any(ep.value == "pfa_verify.cases.plugin" for ep in entry_points(group="pytest11"))
+    return ("-p", "no:cacheprovider") + (() if installed else ("-p", "pfa_verify.cases.plugin"))
 
 
 def test_the_laws_run_from_the_package_against_a_named_backend(outside):
     example = ROOT / "docs" / "examples" / "my_backend.py"
-    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
+    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "pfa_verify.cases.laws", "--backend",
                                           f"{example}:make_backend", "-k", "at12 or outputs_finite")
     result.assert_outcomes(passed=4)
     profile = "ci" if os.environ.get("CI") else "dev"          # the plugin's default (cases/plugin/session.py)
@@ -57,7 +57,7 @@ def test_a_kernel_that_raises_backend_unavailable_in_a_call_fails_its_laws(outsi
     """Raised during a kernel call, kernels.BackendUnavailable is the kernel's error, never a skip, even with
     --allow-unavailable (it covers a backend that cannot start, nothing else)."""
     hostile = ROOT / "tests" / "kernels" / "hostile_kernels.py"
-    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
+    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "pfa_verify.cases.laws", "--backend",
                                           f"{hostile}:unavailable_in_a_call", "-k", "acceptance and not at12",
                                           "--hypothesis-profile", "ci", "--allow-unavailable")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -67,7 +67,7 @@ def test_a_kernel_that_raises_backend_unavailable_in_a_call_fails_its_laws(outsi
 
 def test_the_laws_of_a_kernel_the_backend_does_not_implement_are_not_run_and_fail_the_session(outside):
     hostile = ROOT / "tests" / "kernels" / "hostile_kernels.py"
-    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "cases.laws", "--backend",
+    result = outside.runpytest_subprocess(*_plugin_args(), "--pyargs", "pfa_verify.cases.laws", "--backend",
                                           f"{hostile}:paged_only", "-k", "at12_default_scale or outputs_finite",
                                           "--hypothesis-profile", "ci")
     result.assert_outcomes(passed=1, skipped=1)

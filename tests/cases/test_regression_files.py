@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-import golden
-import kernels
-from cases.data import regressions, schemas
-from cases.data.catalog import load_catalog
-from properties import ledger
-from properties.case import Case
-from properties.strategies import At12Case
+from pfa_verify import golden, kernels
+from pfa_verify.cases.data import regressions, schemas
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.properties import ledger
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.strategies import At12Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
                                         kv_act_seqs=(40, 3), garbage="nan"), seed=5)

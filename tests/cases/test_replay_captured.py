@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from cases.data import regressions
-from properties import ledger
+from pfa_verify.cases.data import regressions
+from pfa_verify.properties import ledger
 
 
 def _params():

@@ -12,15 +12,15 @@ import pytest
 from markupsafe import escape
 from rich.console import Console
 
-import golden
-from cases import cli
-from cases.data import regressions
-from cases.data.catalog import CATALOG_PATH
-from cases.data.collect import collect_items, fingerprint, selection
-from cases.data.provenance import regressions_fingerprint
-from cases.reporting import html_report, report
-from cases.running import run as runner
-from golden.model import EXACT_MODEL, SPEC_MODEL
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.data.catalog import CATALOG_PATH
+from pfa_verify.cases.data.collect import collect_items, fingerprint, selection
+from pfa_verify.cases.data.provenance import regressions_fingerprint
+from pfa_verify.cases.reporting import html_report, report
+from pfa_verify.cases.running import run as runner
+from pfa_verify.golden.model import EXACT_MODEL, SPEC_MODEL
 
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"
 CODEC = "tests/cases/run_doubles.py:CalculatorCodec"

@@ -12,10 +12,10 @@ import re
 import pytest
 import torch
 
-import golden
-from cases import cli
-from cases.data.catalog import load_catalog
-from cases.reporting import report_compare as rc
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.cases.reporting import report_compare as rc
 
 CASES = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"

@@ -7,21 +7,21 @@ from types import SimpleNamespace
 
 import pytest
 
-import golden
-import kernels.backends as kb
-from cases import cli
-from cases.data import collect, regressions
-from cases.data import regressions as regs
-from cases.data.catalog import load_catalog
-from cases.data.collect import Item, generated_cases
-from cases.running import run as runner
-from kernels import BackendUnavailable
-from kernels.backends.golden_backend import GoldenBackend
-from kernels.backends.sim import SimBackend
-from kernels.backends.sim_cost import MEMORY_CAP_BYTES, Estimate
-from kernels.backends.supervisor import Supervisor
-from properties import ledger
-from properties.case import Case
+import pfa_verify.kernels.backends as kb
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import collect, regressions
+from pfa_verify.cases.data import regressions as regs
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.cases.data.collect import Item, generated_cases
+from pfa_verify.cases.running import run as runner
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.kernels.backends.sim import SimBackend
+from pfa_verify.kernels.backends.sim_cost import MEMORY_CAP_BYTES, Estimate
+from pfa_verify.kernels.backends.supervisor import Supervisor
+from pfa_verify.properties import ledger
+from pfa_verify.properties.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"
@@ -133,7 +133,7 @@ def test_sim_backend_owns_its_limits():
 
 
 def _clock_jumping_after(monkeypatch, calls: int):
-    """cases.running.run's time.time: the real clock for ``calls`` calls, then an hour later (a spent budget)."""
+    """pfa_verify.cases.running.run's time.time: the real clock for ``calls`` calls, then an hour later (a spent budget)."""
     real, seen = time.time, []
 
     def fake_time():

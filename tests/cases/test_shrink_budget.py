@@ -7,14 +7,14 @@ import re
 
 from hypothesis import strategies as st
 
-from cases.running.shrink import hunt
-from kernels.backends.contract import DEFAULT_SHRINK_CALLS, shrink_budget
-from kernels.backends.golden_backend import GoldenBackend
-from properties.probes import MAX_CALLS
+from pfa_verify.cases.running.shrink import hunt
+from pfa_verify.kernels.backends.contract import DEFAULT_SHRINK_CALLS, shrink_budget
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.properties.probes import MAX_CALLS
 
 LAW_TEST = '''
 from hypothesis import given, settings, strategies as st
-from properties import strategies as ps
+from pfa_verify.properties import strategies as ps
 
 
 @settings(max_examples=30, derandomize=True, database=None, deadline=None)
@@ -50,7 +50,7 @@ def test_shrinking_is_bounded_by_the_backends_count_and_reproducible(suite_pytes
 
 
 def test_a_backend_that_declares_no_count_is_bounded_by_the_default():
-    """kernels.backends.contract.shrink_budget: a backend's own shrink_calls, else DEFAULT_SHRINK_CALLS; hunt
+    """pfa_verify.kernels.backends.contract.shrink_budget: a backend's own shrink_calls, else DEFAULT_SHRINK_CALLS; hunt
     calls its check at most that many times after the first failure, and shrinks no further."""
     class Declares:
         shrink_calls = 3

@@ -16,7 +16,7 @@ DOUBLES = "tests/cases/ends_the_driver.py"
 
 
 def _run(tmp_path, backend):
-    proc = subprocess.run([sys.executable, "-m", "cases.cli", "run", "--backend", backend, "--cases",
+    proc = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", "run", "--backend", backend, "--cases",
                            "edge_tail_tile_3_tokens,edge_all_batches_empty", "--examples", "0", "--regressions",
                            str(tmp_path / "regs"), "--json", str(tmp_path / "r.json")], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600,

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import golden
-from cases import cli
-from cases.data import regressions
-from cases.reporting import html_pages, report_compare
-from cases.reporting.terminal import SafeStream, printable_data, shown
-from kernels.backends.text import printable
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import regressions
+from pfa_verify.cases.reporting import html_pages, report_compare
+from pfa_verify.cases.reporting.terminal import SafeStream, printable_data, shown
+from pfa_verify.kernels.backends.text import printable
+from pfa_verify.properties.case import Case
 from tests.cases.hostile_text import EVIL, PRINTED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def _assert_shown_as_text(out: str, text: str = EVIL) -> None:
 def test_a_hostile_backend_is_shown_as_text_on_the_terminal_and_in_both_reports(tmp_path, mode):
     path = _hostile_file(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING="utf-8")   # strict: a surrogate would raise
-    proc = subprocess.run([sys.executable, "-m", "cases.cli", "run", "--backend", f"{path}:make", "--cases", CASES,
+    proc = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", "run", "--backend", f"{path}:make", "--cases", CASES,
                            "--examples", "0", "--regressions", str(tmp_path / "regs"), "--json", str(tmp_path / "r.json"),
                            "--html", str(tmp_path / "r.html"), *mode], cwd=ROOT, env=env, capture_output=True,
                           timeout=600, check=False)
@@ -180,7 +180,7 @@ def test_report_data_is_made_printable_keys_and_all():
 
 
 LAW_TEST = """
-from cases.data.catalog import load_catalog
+from pfa_verify.cases.data.catalog import load_catalog
 
 
 def test_acceptance_on_one_case(check_law):

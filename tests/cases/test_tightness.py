@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cases.measuring import tightness
+from pfa_verify.cases.measuring import tightness
 
 RECORDED = tightness.recorded()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from golden.e4m3 import e4m3_code_of, round_to_e4m3_grid
+from pfa_verify.golden.e4m3 import e4m3_code_of, round_to_e4m3_grid
 
 __all__ = ["encode", "round_value"]
 

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-import golden  # noqa: E402
-from cases.data.catalog import load_catalog  # noqa: E402
+from pfa_verify import golden  # noqa: E402
+from pfa_verify.cases.data.catalog import load_catalog  # noqa: E402
 
 __all__ = ["DIGESTS_PATH", "tensor_digest", "bundle_digests", "entries", "load", "main"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from golden import (
+from pfa_verify.golden import (
     SPEC_CODEC,
     PagedAttentionConfig,
     make_inputs,
@@ -20,9 +20,9 @@ from golden import (
     qk_matmul_scale,
     quantize_per_token,
 )
-from golden.attention import tile_values
-from golden.softmax_state import local_softmax
-from properties import compare as cmp
+from pfa_verify.golden.attention import tile_values
+from pfa_verify.golden.softmax_state import local_softmax
+from pfa_verify.properties import compare as cmp
 
 
 def draw(shape, dtype, seed):

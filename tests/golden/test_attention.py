@@ -10,8 +10,8 @@ import golden_helpers as gh
 import pytest
 import torch
 
-import golden.attention as golden_attention
-from golden import (
+import pfa_verify.golden.attention as golden_attention
+from pfa_verify.golden import (
     PYPTO_CALCULATOR_CODEC,
     PagedAttentionConfig,
     checked_call,
@@ -20,7 +20,7 @@ from golden import (
     paged_attention_fp8,
     paged_attention_fp8_loop,
 )
-from golden.attention import read_cells, visible_lengths
+from pfa_verify.golden.attention import read_cells, visible_lengths
 
 C = PagedAttentionConfig
 GOLDENS = [paged_attention_fp8, paged_attention_fp8_loop]
@@ -389,7 +389,7 @@ def test_codec_argument_shrinks_outputs():
 
 
 def test_a_checked_call_gives_what_the_two_functions_give():
-    """golden.checked_call checks the arguments once and is then asked for several results (the one rule asks
+    """pfa_verify.golden.checked_call checks the arguments once and is then asked for several results (the one rule asks
     for the golden and the envelope of one case): one checked call, reused for both codecs and for the whole
     envelope and a row subset, gives what fresh calls give, and its golden is the plain loop golden's (an
     independent implementation) bit for bit."""

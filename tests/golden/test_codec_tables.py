@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
+from pfa_verify.golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
 
 CODECS = [SPEC_CODEC, PYPTO_CALCULATOR_CODEC]
 ids = lambda c: c.name  # noqa: E731

@@ -18,22 +18,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import golden
-import golden.envelope.builder as builder_module
-import golden.envelope.fold as fold_module
-import golden.envelope.stages as stages_module
-import kernels
-from golden.at12 import qk_matmul_scale_envelope
-from golden.envelope import EnvelopeBuilder
-from golden.envelope.fold import signed_weighted_sum
-from golden.errors import UsageError
-from golden.intervals import float64_sum_slack
-from golden.model import declared_model
-from golden.validate import SCORE_LIMIT
-from kernels.config import KERNEL_SHAPES
-from kernels.conforming import VARIANTS, ConformingKernel
-from kernels.conforming.arithmetic import exp_edge
-from properties import strategies as ps
+import pfa_verify.golden.envelope.builder as builder_module
+import pfa_verify.golden.envelope.fold as fold_module
+import pfa_verify.golden.envelope.stages as stages_module
+from pfa_verify import golden, kernels
+from pfa_verify.golden.at12 import qk_matmul_scale_envelope
+from pfa_verify.golden.envelope import EnvelopeBuilder
+from pfa_verify.golden.envelope.fold import signed_weighted_sum
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.intervals import float64_sum_slack
+from pfa_verify.golden.model import declared_model
+from pfa_verify.golden.validate import SCORE_LIMIT
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.kernels.conforming import VARIANTS, ConformingKernel
+from pfa_verify.kernels.conforming.arithmetic import exp_edge
+from pfa_verify.properties import strategies as ps
 
 ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
 _SMALL = dict(max_examples=12, deadline=None)
@@ -371,7 +370,7 @@ def test_fold_sum_bound_holds_under_cancellation():
 
 @pytest.mark.parametrize("distribution", ALL_DISTRIBUTIONS)
 def test_an_envelope_built_for_some_rows_is_the_full_one_there(distribution):
-    """golden.paged_attention_envelope(rows=...): bit-identical to the full envelope on the output rows it
+    """pfa_verify.golden.paged_attention_envelope(rows=...): bit-identical to the full envelope on the output rows it
     was built for (the rule builds only those, properties.acceptance; each row as a case of its own with
     S1 = 1 and its visible length), NaN on the others, on every distribution (S1 up to 3: causal rows)."""
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-import golden
-from golden.envelope.stages import NO_GRID, boundary_distance, column_grid_exponents, mm2_bounds
-from golden.intervals import down32, lowbit, up32
+from pfa_verify import golden
+from pfa_verify.golden.envelope.stages import NO_GRID, boundary_distance, column_grid_exponents, mm2_bounds
+from pfa_verify.golden.intervals import down32, lowbit, up32
 
 CODECS = [golden.SPEC_CODEC, golden.PYPTO_CALCULATOR_CODEC]
 

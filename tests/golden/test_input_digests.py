@@ -7,7 +7,7 @@ from __future__ import annotations
 import input_digests as idg
 import pytest
 
-import golden
+from pfa_verify import golden
 
 STORED = idg.load()
 

@@ -10,10 +10,10 @@ import golden_helpers as gh
 import pytest
 import torch
 
-import golden
-import golden.inputs as gi
-from golden import SPEC_CODEC, InputBundle, PagedAttentionConfig, make_inputs, paged_to_contiguous
-from golden.inputs import DISTRIBUTIONS, GARBAGE
+import pfa_verify.golden.inputs as gi
+from pfa_verify import golden
+from pfa_verify.golden import SPEC_CODEC, InputBundle, PagedAttentionConfig, make_inputs, paged_to_contiguous
+from pfa_verify.golden.inputs import DISTRIBUTIONS, GARBAGE
 
 C = PagedAttentionConfig
 RAGGED = C(batch=3, s1=2, s2=19, nq=4, nkv=2, head_dim=8, block_size=4, s2_tile=8,
@@ -178,7 +178,7 @@ def test_a_config_with_a_block_table_round_trips_and_one_without_keeps_its_dict(
 
 @pytest.mark.parametrize("distribution", golden.DISTRIBUTIONS)
 def test_drawn_values_counts_what_make_inputs_draws(distribution, monkeypatch):
-    """golden.inputs.drawn_values, the yardstick of make_inputs' speed (pfa-verify bench --stages), is the
+    """pfa_verify.golden.inputs.drawn_values, the yardstick of make_inputs' speed (pfa-verify bench --stages), is the
     number of random values its draws of Q, K and V take from the generator."""
     drawn = []
     for name in ("rand", "randn", "randint"):

@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import golden
-from golden.intervals import down32, down32_add, lowbit, outward_sums, ulp32, up32, up32_add, within_ulps
-from golden.sum_bounds import residue_bound, sum_error_bound
+from pfa_verify import golden
+from pfa_verify.golden.intervals import down32, down32_add, lowbit, outward_sums, ulp32, up32, up32_add, within_ulps
+from pfa_verify.golden.sum_bounds import residue_bound, sum_error_bound
 
 
 def _tree_sum(terms: np.ndarray, merges: list[int]) -> np.float32:
@@ -186,7 +186,7 @@ def _edge_operands(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("count", [37, 5000])        # one pass for both ends, and two (above _PAIRED_MOST)
 def test_outward_sums_are_the_two_directed_sums_bit_for_bit(count):
-    """golden.intervals.outward_sums (both ends in one pass, direction per element) against down32_add and
+    """pfa_verify.golden.intervals.outward_sums (both ends in one pass, direction per element) against down32_add and
     up32_add (one end each, direction a constant): the same float32 bits, also with broadcast operands."""
     a_lo, b_lo = _edge_operands(count, 1)
     a_hi, b_hi = _edge_operands(count, 2)

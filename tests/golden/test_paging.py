@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import golden.paging
-from golden import SPEC_CODEC, contiguous_to_paged, gen_block_table, paged_to_contiguous
-from golden.paging import blocks_needed, ceil_div, positive_int, token_slots
+from pfa_verify.golden import SPEC_CODEC, contiguous_to_paged, gen_block_table, paged_to_contiguous, paging
+from pfa_verify.golden.paging import blocks_needed, ceil_div, positive_int, token_slots
 
 TABLES = [  # (kv_act_seqs, block_size, max_blocks_per_query, num_blocks)
     ([5, 0, 8, 1], 4, 3, None),
@@ -106,7 +105,7 @@ def layout_case(dtype: torch.dtype):
 def test_layout_round_trip(dtype, scatter, monkeypatch):
     """contiguous_to_paged copies golden.paging.SCATTER_TOKENS tokens at a time; any slicing gives the layout."""
     if scatter is not None:
-        monkeypatch.setattr(golden.paging, "SCATTER_TOKENS", scatter)
+        monkeypatch.setattr(paging, "SCATTER_TOKENS", scatter)
     x, table, lengths, bs, nb, seq = layout_case(dtype)
     paged = contiguous_to_paged(x, table, lengths, block_size=bs, num_blocks=nb)
     assert paged.dtype == dtype and paged.shape == (nb, bs, 2, 3)
@@ -146,7 +145,7 @@ def test_layouts_do_not_modify_inputs():
 
 
 def test_ceil_div_is_exact_for_ints_arrays_and_tensors():
-    """golden.paging.ceil_div: integer arithmetic only, so no float rounding even past 2**53."""
+    """pfa_verify.golden.paging.ceil_div: integer arithmetic only, so no float rounding even past 2**53."""
     assert [ceil_div(n, 4) for n in (0, 1, 3, 4, 5, 8, 9)] == [0, 1, 1, 1, 2, 2, 3]
     assert ceil_div(2 ** 60 + 1, 2) == 2 ** 59 + 1              # math.ceil((2**60 + 1) / 2) is 2**59
     assert ceil_div(np.array([0, 5, 128, 129]), 128).tolist() == [0, 1, 1, 2]

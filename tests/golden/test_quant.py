@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from golden import FP8_MAX, PYPTO_CALCULATOR_CODEC, SPEC_CODEC, quantize_per_channel, quantize_per_token
-from golden.quant import quantize_rows
-from properties import compare as cmp
+from pfa_verify.golden import FP8_MAX, PYPTO_CALCULATOR_CODEC, SPEC_CODEC, quantize_per_channel, quantize_per_token
+from pfa_verify.golden.quant import quantize_rows
+from pfa_verify.properties import compare as cmp
 
 
 def f32(x: float) -> float:

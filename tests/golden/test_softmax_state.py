@@ -9,9 +9,9 @@ import golden_helpers as gh
 import pytest
 import torch
 
-from golden import OnlineSoftmaxState
-from golden.softmax_state import exp_f32, local_softmax
-from properties import compare as cmp
+from pfa_verify.golden import OnlineSoftmaxState
+from pfa_verify.golden.softmax_state import exp_f32, local_softmax
+from pfa_verify.properties import compare as cmp
 
 
 def scores_and_values(seed: int, rows: int, tokens: int, d: int, spread: float = 8.0):

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-import golden.envelope.fold as fold_module
-import golden.envelope.stages as stages_module
-from golden.envelope.builder import _p_scale_bounds
-from golden.envelope.fold import tile_weights
-from golden.envelope.stages import dequant_interval, exp_arguments, exp_bounds, mm2_scaled_interval
-from golden.intervals import down32_add, float64_slack, float64_sum_slack, ulp32, up32_add, within_ulps
-from golden.model import SPEC_MODEL
-from kernels.conforming.arithmetic import exp_edge, exp_ulps
+import pfa_verify.golden.envelope.fold as fold_module
+import pfa_verify.golden.envelope.stages as stages_module
+from pfa_verify.golden.envelope.builder import _p_scale_bounds
+from pfa_verify.golden.envelope.fold import tile_weights
+from pfa_verify.golden.envelope.stages import dequant_interval, exp_arguments, exp_bounds, mm2_scaled_interval
+from pfa_verify.golden.intervals import down32_add, float64_slack, float64_sum_slack, ulp32, up32_add, within_ulps
+from pfa_verify.golden.model import SPEC_MODEL
+from pfa_verify.kernels.conforming.arithmetic import exp_edge, exp_ulps
 
 mpmath.mp.prec = 200
 _INF32, _NINF32 = torch.tensor(math.inf), torch.tensor(-math.inf)
@@ -195,7 +195,7 @@ def test_the_issue_example_reaches_below_one_half_by_the_lower_binades_steps(ulp
 
 @pytest.mark.parametrize("ulps", [SPEC_MODEL.exp_ulps, 2.0])
 def test_exp_edge_variant_is_the_reference_edge(ulps):
-    """kernels.conforming's edge exp (the variants edges-up / edges-down / edges-either, at SPEC's 3 ulp)
+    """pfa_verify.kernels.conforming's edge exp (the variants edges-up / edges-down / edges-either, at SPEC's 3 ulp)
     returns the extreme results of the mpmath reference, never beyond them: the variants put P and the
     update's factors on the bound. (It stops one step short where the edge lies within 2**-50 of a float32,
     as for the x just below 0.)"""
@@ -212,7 +212,7 @@ def test_exp_edge_variant_is_the_reference_edge(ulps):
 
 @pytest.mark.parametrize("ulps", [1, 2, 3, -1, -2, -3])
 def test_exp_steps_variant_stays_within_its_ulps(ulps):
-    """kernels.conforming's exp_ulps (the variants exp-up-div-up, exp-down-div-down, vertex-mixed): ``n``
+    """pfa_verify.kernels.conforming's exp_ulps (the variants exp-up-div-up, exp-down-div-down, vertex-mixed): ``n``
     float32 steps from the correctly rounded value, stopped at F3's edge, so within |n| SPEC ulps of the
     mpmath reference on every edge input (n steps alone reach n + 1/2 ulp, and 2 n + 1/2 going up across a
     power of two: the first x below -k ln 2), and on the edge itself for many of them."""

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import golden
-from golden import (
+from pfa_verify import golden
+from pfa_verify.golden import (
     SPEC_CODEC,
     PagedAttentionConfig,
     contiguous_to_paged,
@@ -23,7 +23,7 @@ from golden import (
     quantize_per_channel,
     quantize_per_token,
 )
-from golden.validate import default_softmax_scale, group_size
+from pfa_verify.golden.validate import default_softmax_scale, group_size
 
 BASE = PagedAttentionConfig(batch=2, s1=2, s2=8, nq=4, nkv=2, head_dim=8, block_size=4, s2_tile=4,
                             kv_act_seqs=(8, 3), max_blocks=3, num_blocks=6)

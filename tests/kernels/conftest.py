@@ -10,9 +10,8 @@ import os
 
 import pytest
 
-import golden
-import kernels
-from kernels import pypto_workarounds as pw
+from pfa_verify import golden, kernels
+from pfa_verify.kernels import pypto_workarounds as pw
 
 
 def skip_or_fail(reason: str) -> None:

@@ -12,11 +12,11 @@ from typing import ClassVar
 
 import torch
 
-import properties.acceptance as acceptance
-import properties.compare as compare
-from kernels import BackendUnavailable
-from kernels.backends import protocol, wire
-from kernels.backends.golden_backend import GoldenBackend
+import pfa_verify.properties.acceptance as acceptance
+import pfa_verify.properties.compare as compare
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.kernels.backends import protocol, wire
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 
 
 class _Hostile(GoldenBackend):

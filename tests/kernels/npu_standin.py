@@ -32,9 +32,9 @@ import types
 
 import torch
 
-import kernels
-from kernels import BackendUnavailable
-from kernels import pypto_workarounds as pw
+from pfa_verify import kernels
+from pfa_verify.kernels import BackendUnavailable
+from pfa_verify.kernels import pypto_workarounds as pw
 
 EVENTS: list = []          # (kind, detail...) in call order: h2d, alloc, kernel, sync, d2h
 # storage data_ptr -> (device index, the storage): holding the storage keeps its address from being

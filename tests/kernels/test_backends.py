@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import golden
-import kernels
-from golden.errors import UsageError
-from kernels import backends
-from kernels.backends import Backend, BackendUnavailable, KernelSource, resolve_device_index
-from kernels.config import PagedAttentionKernelConfig
-from properties import compare as cmp
+from pfa_verify import golden, kernels
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels import backends
+from pfa_verify.kernels.backends import Backend, BackendUnavailable, KernelSource, resolve_device_index
+from pfa_verify.kernels.config import PagedAttentionKernelConfig
+from pfa_verify.properties import compare as cmp
 
 
 class RecordingBackend(Backend):
@@ -167,7 +166,7 @@ BAD_KERNEL_CONFIGS = [
 @pytest.mark.parametrize("changes,error,match", BAD_KERNEL_CONFIGS,
                          ids=[e("PagedAttentionKernelConfig", **c) for c, _, _ in BAD_KERNEL_CONFIGS])
 def test_kernel_config_rejects_bad_fields_with_the_goldens_checks(changes, error, match):
-    """kernels.config (issue 18 item 8): the positive-int checks are golden.paging.positive_int's, so the
+    """pfa_verify.kernels.config (issue 18 item 8): the positive-int checks are golden.paging.positive_int's, so the
     kernel's configuration raises what the golden raises (TypeError for a non-int, ValueError for <= 0)."""
     PagedAttentionKernelConfig(**_KERNEL_CONFIG)
     with pytest.raises(error, match=match):

@@ -12,10 +12,10 @@ import importlib.util
 import pytest
 import torch
 
-import kernels
-from cases.data.catalog import load_catalog
-from kernels import pypto_workarounds as pw
-from properties.acceptance import judge
+from pfa_verify import kernels
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.kernels import pypto_workarounds as pw
+from pfa_verify.properties.acceptance import judge
 
 pytestmark = pytest.mark.sim
 

@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from golden.codec import SPEC_CODEC, get_codec
-from kernels import pypto_workarounds as pw
+from pfa_verify.golden.codec import SPEC_CODEC, get_codec
+from pfa_verify.kernels import pypto_workarounds as pw
 
 pytestmark = pytest.mark.sim
 
@@ -33,7 +33,7 @@ def _codec(name: str):
 
 
 def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
-    from kernels.codec_probe import make_decode_probe
+    from pfa_verify.kernels.codec_probe import make_decode_probe
 
     rows = codes.numel() // COLS
     out = torch.zeros(rows, COLS)
@@ -43,7 +43,7 @@ def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
 
 
 def _run_encode(x: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
-    from kernels.codec_probe import make_encode_probe
+    from pfa_verify.kernels.codec_probe import make_encode_probe
 
     n = x.numel()
     rows = math.ceil(n / COLS)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from ledger_marks import survivor_params
 
-from cases.measuring import mutants as matrix
-from kernels.mutants.kernel_level import KERNEL_MUTANTS
-from properties.law_examples import PAGED_LAWS
+from pfa_verify.cases.measuring import mutants as matrix
+from pfa_verify.kernels.mutants.kernel_level import KERNEL_MUTANTS
+from pfa_verify.properties.law_examples import PAGED_LAWS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 

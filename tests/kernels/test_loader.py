@@ -10,15 +10,15 @@ import sys
 
 import pytest
 
-import kernels
-from cases import cli
-from cases.measuring import mutants as matrix
-from kernels import mutants
-from kernels.backends.loader import import_named_module, load_file_module
-from kernels.backends.supervisor import GuardedBackend
-from kernels.backends.upstream import load_kernel
-from kernels.mutants import kernel_level
-from properties.case import REPO_ROOT
+from pfa_verify import kernels
+from pfa_verify.cases import cli
+from pfa_verify.cases.measuring import mutants as matrix
+from pfa_verify.kernels import mutants
+from pfa_verify.kernels.backends.loader import import_named_module, load_file_module
+from pfa_verify.kernels.backends.supervisor import GuardedBackend
+from pfa_verify.kernels.backends.upstream import load_kernel
+from pfa_verify.kernels.mutants import kernel_level
+from pfa_verify.properties.case import REPO_ROOT
 
 RAISES = 'raise RuntimeError("boom at import")\n\n\ndef f():\n    return None\n'
 
@@ -40,7 +40,7 @@ def test_a_backend_file_that_raises_at_import_is_one_line_and_exit_2_every_time(
     assert not [m for m in sys.modules if m.startswith("_pfa_backend_") and "bad_backend" in m]
     # and through `python -m cases.cli`, as a user types it
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    done = subprocess.run([sys.executable, "-m", "cases.cli", *_run(f"{bad}:f")], cwd=REPO_ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", *_run(f"{bad}:f")], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 2 and done.stderr == errors[0], done.stderr
 

@@ -15,14 +15,13 @@ import npu_standin
 import pytest
 import torch
 
-import golden
-import kernels
-from cases import cli
-from kernels.backends.contract import capabilities_of
-from properties import laws
-from properties.acceptance import judge
-from properties.case import Case
-from properties.strategies import At12Case
+from pfa_verify import golden, kernels
+from pfa_verify.cases import cli
+from pfa_verify.kernels.backends.contract import capabilities_of
+from pfa_verify.properties import laws
+from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.strategies import At12Case
 
 pytestmark = pytest.mark.sim
 

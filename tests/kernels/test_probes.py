@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import kernels
-from golden.codec import SPEC_CODEC
-from golden.model import DETERMINISTIC_MODEL, SPEC_MODEL, ConformanceModel
-from kernels import probes
-from kernels.conforming.arithmetic import exp_edge
+from pfa_verify import kernels
+from pfa_verify.golden.codec import SPEC_CODEC
+from pfa_verify.golden.model import DETERMINISTIC_MODEL, SPEC_MODEL, ConformanceModel
+from pfa_verify.kernels import probes
+from pfa_verify.kernels.conforming.arithmetic import exp_edge
 
 
 def _ulp_steps(x: torch.Tensor, steps: int) -> torch.Tensor:

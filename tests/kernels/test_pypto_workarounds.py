@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import pypto_workarounds as pw
-from kernels.pypto_workarounds import bridge
+from pfa_verify.kernels import pypto_workarounds as pw
+from pfa_verify.kernels.pypto_workarounds import bridge
 
 pytestmark = pytest.mark.sim
 

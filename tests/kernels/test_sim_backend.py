@@ -15,16 +15,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import golden
-import kernels
-from cases.data.catalog import load_catalog
-from cases.running.run import open_backend
-from kernels import pypto_workarounds as pw
-from kernels.backends import KernelRunError, finish_output, sim_cost, unwritten_output, use_backend_threads
-from kernels.backends.sim import SimBackend, calculator_error
-from kernels.pypto_workarounds import native
-from kernels.pypto_workarounds.session import RunCapture
-from properties import compare as cmp
+from pfa_verify import golden, kernels
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.cases.running.run import open_backend
+from pfa_verify.kernels import pypto_workarounds as pw
+from pfa_verify.kernels.backends import KernelRunError, finish_output, sim_cost, unwritten_output, use_backend_threads
+from pfa_verify.kernels.backends.sim import SimBackend, calculator_error
+from pfa_verify.kernels.pypto_workarounds import native
+from pfa_verify.kernels.pypto_workarounds.session import RunCapture
+from pfa_verify.properties import compare as cmp
 
 # --- outputs the kernel did not write ---------------------------------------------------------------
 

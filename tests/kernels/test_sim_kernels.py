@@ -13,17 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-import kernels
-from cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
-from cases.data.catalog import load_catalog
-from kernels.compile_inputs import compile_inputs
-from kernels.pypto_workarounds import forget_traces
-from properties import compare as cmp
-from properties import laws
-from properties.acceptance import call, judge, reference_backend
-from properties.case import Case
-from properties.strategies import At12Case
+from pfa_verify import golden, kernels
+from pfa_verify.cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.kernels.compile_inputs import compile_inputs
+from pfa_verify.kernels.pypto_workarounds import forget_traces
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties import laws
+from pfa_verify.properties.acceptance import call, judge, reference_backend
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.strategies import At12Case
 
 pytestmark = pytest.mark.sim
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-import kernels
-from cases.data.catalog import load_catalog
-from golden.errors import UsageError
-from golden.model import DETERMINISTIC_MODEL
-from kernels.mutants import get_mutant
-from properties.acceptance import judge
+from pfa_verify import golden, kernels
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.golden.model import DETERMINISTIC_MODEL
+from pfa_verify.kernels.mutants import get_mutant
+from pfa_verify.properties.acceptance import judge
 
 pytestmark = pytest.mark.sim
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import golden
-from cases.data.catalog import load_catalog
-from golden.errors import UsageError
-from kernels import BackendUnavailable, KernelRunError
-from kernels.backends import wire
-from kernels.backends.supervisor import (
+from pfa_verify import golden
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels import BackendUnavailable, KernelRunError
+from pfa_verify.kernels.backends import wire
+from pfa_verify.kernels.backends.supervisor import (
     LOG_DIR_PREFIX,
     BackendSpec,
     KernelFault,
@@ -28,7 +28,7 @@ from kernels.backends.supervisor import (
     Supervisor,
     remove_orphaned_logs,
 )
-from properties.acceptance import InputsModified, judge, split_bundle
+from pfa_verify.properties.acceptance import InputsModified, judge, split_bundle
 
 HOSTILE = "tests/kernels/hostile_kernels.py"
 CASE = load_catalog()["edge_tail_tile_3_tokens"]

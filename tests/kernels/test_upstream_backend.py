@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-import golden
-import kernels
-from cases import cli
-from golden.errors import UsageError
-from kernels.backends import KernelSource
-from kernels.backends.contract import capabilities_of
-from kernels.backends.upstream import UpstreamTileConfig, parse_name, upstream_tile_config
-from properties.acceptance import judge
-from properties.case import Case
+from pfa_verify import golden, kernels
+from pfa_verify.cases import cli
+from pfa_verify.golden.errors import UsageError
+from pfa_verify.kernels.backends import KernelSource
+from pfa_verify.kernels.backends.contract import capabilities_of
+from pfa_verify.kernels.backends.upstream import UpstreamTileConfig, parse_name, upstream_tile_config
+from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.case import Case
 
 FILE = "tests/kernels/upstream_convention_kernels.py"
 

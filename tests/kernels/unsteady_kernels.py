@@ -8,7 +8,7 @@ and right on others; :func:`make_buggy` on every call.
 """
 from __future__ import annotations
 
-import golden
+from pfa_verify import golden
 
 _calls = 0
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pypto
 
-from kernels.pfa_fp8 import paged_attention_fp8_body
+from pfa_verify.kernels.pfa_fp8 import paged_attention_fp8_body
 
 _OPTIONS = dict(runtime_options={"stitch_function_max_num": 512, "device_sched_mode": 0},
                 verify_options={"enable_pass_verify": False})

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from cases.measuring import conforming
-from kernels.conforming import VARIANTS
-from properties.law_examples import PAGED_LAWS
+from pfa_verify.cases.measuring import conforming
+from pfa_verify.kernels.conforming import VARIANTS
+from pfa_verify.properties.law_examples import PAGED_LAWS
 
 VERTICES = [n for n, v in VARIANTS.items() if v.mm1.startswith("vertex")]
 REALISTIC = [n for n in VARIANTS if n not in VERTICES]

@@ -13,17 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ledger_marks import survivor_params
 
-import golden
-from cases.measuring import mutants as matrix
-from golden import PagedAttentionConfig
-from golden.matmul import exact_matmul
-from kernels import KernelRunError
-from kernels.mutants import MUTANTS, get_mutant, kernel_level
-from kernels.mutants.staged import StagedGolden
-from properties import compare as cmp
-from properties import law_examples
-from properties.acceptance import call, split_bundle
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.cases.measuring import mutants as matrix
+from pfa_verify.golden import PagedAttentionConfig
+from pfa_verify.golden.matmul import exact_matmul
+from pfa_verify.kernels import KernelRunError
+from pfa_verify.kernels.mutants import MUTANTS, get_mutant, kernel_level
+from pfa_verify.kernels.mutants.staged import StagedGolden
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties import law_examples
+from pfa_verify.properties.acceptance import call, split_bundle
+from pfa_verify.properties.case import Case
 
 GOLDEN = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is None]
 EQUIVALENT = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is not None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 
 
 class DropLastS2Tile(GoldenBackend):

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-import golden
-from golden import SPEC_CODEC
+from pfa_verify import golden
+from pfa_verify.golden import SPEC_CODEC
 
 _MM1, _MM2, _TILES, _P = "MM1 scales", "MM2 and the V scale", "the tile walk", "P quantization"
 _LENGTHS = ("visible length", "lengths and paging")

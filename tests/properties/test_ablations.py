@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-from golden.paging import token_slots
-from kernels.backends.golden_backend import GoldenBackend
-from properties import ablations as abl
-from properties.acceptance import judge, split_bundle
-from properties.case import Case
-from properties.diagnosis import diagnose_verdict
-from properties.probes import EVIDENCE, probe
+from pfa_verify import golden
+from pfa_verify.golden.paging import token_slots
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.properties import ablations as abl
+from pfa_verify.properties.acceptance import judge, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.diagnosis import diagnose_verdict
+from pfa_verify.properties.probes import EVIDENCE, probe
 
 _CODEC = golden.SPEC_CODEC
 

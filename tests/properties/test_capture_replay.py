@@ -12,15 +12,15 @@ import pytest
 from doubles import WritesToInputs
 from hypothesis import HealthCheck, Phase, given, settings
 
-import golden
-from cases.data import regressions
-from properties import strategies as ps
-from properties.case import REPO_ROOT, Case
+from pfa_verify import golden
+from pfa_verify.cases.data import regressions
+from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.case import REPO_ROOT, Case
 
 
 def _replay(rid, folder):
     env = dict(os.environ, PFA_VERIFY_REGRESSIONS=str(folder), PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "cases.cli", "cases", "replay", rid], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", "cases", "replay", rid], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -9,18 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-import kernels
-from cases.data.catalog import load_catalog
-from cases.data.collect import generated_cases
-from golden import PagedAttentionConfig
-from kernels.backends.golden_backend import GoldenBackend
-from kernels.mutants import MUTANTS, get_mutant
-from properties import compare, diagnosis, laws, ledger, scoring
-from properties.acceptance import judge, split_bundle
-from properties.case import Case
-from properties.diagnosis import diagnose, diagnose_verdict, fault_models
-from properties.fault_models import models_by_name
+from pfa_verify import golden, kernels
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.golden import PagedAttentionConfig
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.kernels.mutants import MUTANTS, get_mutant
+from pfa_verify.properties import compare, diagnosis, laws, ledger, scoring
+from pfa_verify.properties.acceptance import judge, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.diagnosis import diagnose, diagnose_verdict, fault_models
+from pfa_verify.properties.fault_models import models_by_name
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
 #: Two batches whose lengths need the same number of blocks, so that a model moving one batch's length to

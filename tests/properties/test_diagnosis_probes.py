@@ -6,18 +6,18 @@ import pytest
 import torch
 from outside_defects import HandWritten
 
-import golden
-from kernels.backends.golden_backend import GoldenBackend
-from kernels.mutants import get_mutant
-from properties import probes
-from properties import transforms as tf
-from properties.acceptance import call, judge, split_bundle
-from properties.case import Case
-from properties.compare import compare
-from properties.diagnosis import diagnose, diagnose_verdict
-from properties.fault_models import models_by_name
-from properties.probes import MAX_CALLS, neighbours, probe
-from properties.scoring import minus_one_reads, model_output, score
+from pfa_verify import golden
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.kernels.mutants import get_mutant
+from pfa_verify.properties import probes
+from pfa_verify.properties import transforms as tf
+from pfa_verify.properties.acceptance import call, judge, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.compare import compare
+from pfa_verify.properties.diagnosis import diagnose, diagnose_verdict
+from pfa_verify.properties.fault_models import models_by_name
+from pfa_verify.properties.probes import MAX_CALLS, neighbours, probe
+from pfa_verify.properties.scoring import minus_one_reads, model_output, score
 
 
 def _case(lengths, *, s2_tile=16, s1=1, nq=2, nkv=1, seed=1) -> Case:
@@ -76,7 +76,7 @@ def test_a_probe_that_walks_minus_one_columns_does_not_refute_the_model_that_wal
 
 
 def test_the_minus_one_entries_pointed_at_a_nan_block_change_only_what_reads_them():
-    """properties.transforms.minus_one_to_garbage: the golden's output is the same bits (it never reads a -1
+    """pfa_verify.properties.transforms.minus_one_to_garbage: the golden's output is the same bits (it never reads a -1
     column); a model that walks one token past each batch's length reads one there, and only those rows go NaN."""
     config = golden.PagedAttentionConfig(batch=2, s1=1, s2=32, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16,
                                          kv_act_seqs=(16, 5))       # batch 0 ends at a block: its next column is -1

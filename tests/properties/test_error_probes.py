@@ -6,12 +6,12 @@ import json
 
 import torch
 
-import golden
-from cases import cli
-from cases.data import schemas
-from properties.case import Case
-from properties.error_probes import error_neighbours, probe_error
-from properties.probes import MAX_CALLS
+from pfa_verify import golden
+from pfa_verify.cases import cli
+from pfa_verify.cases.data import schemas
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.error_probes import error_neighbours, probe_error
+from pfa_verify.properties.probes import MAX_CALLS
 from tests.properties.outside_defects import HandWritten
 
 

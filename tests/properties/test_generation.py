@@ -19,17 +19,17 @@ import pytest
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.constants_ast import Constants
 
-from cases.data.collect import generated_cases
-from kernels.config import KERNEL_SHAPES
-from properties.case import REPO_ROOT
-from properties.generation import local_constants_pinned, pin_local_constants
-from properties.law_examples import PAGED_LAWS
+from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.properties.case import REPO_ROOT
+from pfa_verify.properties.generation import local_constants_pinned, pin_local_constants
+from pfa_verify.properties.law_examples import PAGED_LAWS
 
 _SCRIPT = textwrap.dedent("""
     import importlib.util, json, sys
     context, kernel_file = sys.argv[1], sys.argv[2]
     if context == "loaded":
-        import kernels.backends.upstream, cases.measuring.mutants, kernels.mutants.golden_level  # noqa: F401
+        import pfa_verify.kernels.backends.upstream, pfa_verify.cases.measuring.mutants, pfa_verify.kernels.mutants.golden_level  # noqa: F401
         spec = importlib.util.spec_from_file_location("a_users_kernel", kernel_file)
         module = importlib.util.module_from_spec(spec)
         sys.modules["a_users_kernel"] = module
@@ -38,8 +38,8 @@ _SCRIPT = textwrap.dedent("""
     spec.loader.exec_module(importlib.util.module_from_spec(spec))        # registers the profiles
     from hypothesis import given, settings
     from hypothesis.internal.constants_ast import constants_from_module, is_local_module_file
-    from kernels.config import KERNEL_SHAPES
-    from properties import law_examples
+    from pfa_verify.kernels.config import KERNEL_SHAPES
+    from pfa_verify.properties import law_examples
 
     class KernelShapes:
         supported_shapes = KERNEL_SHAPES
@@ -61,7 +61,7 @@ _SCRIPT = textwrap.dedent("""
         f = getattr(m, "__file__", None)
         if f and is_local_module_file(f):
             harvest |= set(constants_from_module(m).integers)
-    from cases.data.collect import collect_items, generated_cases
+    from pfa_verify.cases.data.collect import collect_items, generated_cases
     cases = generated_cases(12, 0, supported=KERNEL_SHAPES)
     directed = [[i.case.config.to_dict(), i.case.seed, i.aim.kept_for] for i in
                 collect_items("catalog", examples=12, seed=0, supported=KERNEL_SHAPES) if i.source == "generated"]

@@ -10,12 +10,11 @@ import math
 import pytest
 import torch
 
-import golden
-import kernels
-from kernels.conforming import VARIANTS
-from properties import compare as cmp
-from properties import laws
-from properties.case import Case
+from pfa_verify import golden, kernels
+from pfa_verify.kernels.conforming import VARIANTS
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties import laws
+from pfa_verify.properties.case import Case
 
 
 def _e4m3(value: float, shape) -> torch.Tensor:

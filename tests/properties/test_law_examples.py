@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
-from kernels.config import KERNEL_SHAPES
-from properties import law_examples
-from properties import strategies as ps
-from properties.coverage import classify
-from properties.directed import draw, narrowing
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.properties import law_examples
+from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.coverage import classify
+from pfa_verify.properties.directed import draw, narrowing
 
 
 def test_aims_leave_the_laws_domain_and_a_kernels_shapes_alone():

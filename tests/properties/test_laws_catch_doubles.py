@@ -11,9 +11,9 @@ from doubles import HalveAtWideTiles, ReadsTheNextColumn
 from hypothesis import assume, find, given, settings
 from hypothesis import strategies as st
 
-import golden
-from properties import laws
-from properties import strategies as ps
+from pfa_verify import golden
+from pfa_verify.properties import laws
+from pfa_verify.properties import strategies as ps
 
 
 @given(case=ps.cases_for(None), wide=st.sampled_from((2, 4)))

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cases.data import regressions
-from properties import strategies as ps
+from pfa_verify.cases.data import regressions
+from pfa_verify.properties import strategies as ps
 
 
 @given(x=ps.quant_rows())

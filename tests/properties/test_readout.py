@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-from golden.paging import visible_lengths
-from kernels.backends.golden_backend import GoldenBackend
-from properties import compare as cmp
-from properties.acceptance import call, split_bundle
-from properties.case import Case
-from properties.readout import READOUT_HEAD_DIM, locate, readout_case
+from pfa_verify import golden
+from pfa_verify.golden.paging import visible_lengths
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.acceptance import call, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.readout import READOUT_HEAD_DIM, locate, readout_case
 from tests.properties.doubles import DropLastS2Tile, ReadsTheNextColumn
 
 

@@ -6,13 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-import golden
-from kernels.backends.golden_backend import GoldenBackend
-from properties import compare as cmp
-from properties.acceptance import call, split_bundle
-from properties.case import Case
-from properties.readout import Location
-from properties.scale_readout import LOWEST, combine, entry_values, max_entries, read_scales, scale_readout_case
+from pfa_verify import golden
+from pfa_verify.kernels.backends.golden_backend import GoldenBackend
+from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.acceptance import call, split_bundle
+from pfa_verify.properties.case import Case
+from pfa_verify.properties.readout import Location
+from pfa_verify.properties.scale_readout import (
+    LOWEST,
+    combine,
+    entry_values,
+    max_entries,
+    read_scales,
+    scale_readout_case,
+)
 
 
 def _case(lengths=(40, 7, 0), *, s1=2, nq=4, nkv=2, s2_tile=32, seed=3) -> Case:

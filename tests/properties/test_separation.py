@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from cases.data.catalog import load_catalog
-from cases.data.collect import generated_cases
-from properties.coverage import facts_of
-from properties.separation import FACTS, separate
+from pfa_verify.cases.data.catalog import load_catalog
+from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.properties.coverage import facts_of
+from pfa_verify.properties.separation import FACTS, separate
 
 _CONFIGS = [c.config for c in load_catalog().values() if hasattr(c, "config")] + \
            [c.config for c in generated_cases(40, 0)]

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from kernels.backends import Backend, Skip
-from kernels.config import KERNEL_SHAPES
-from properties import strategies as ps
-from properties.directed import draw
+from pfa_verify.kernels.backends import Backend, Skip
+from pfa_verify.kernels.config import KERNEL_SHAPES
+from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.directed import draw
 
 FIND = settings(max_examples=2000, database=None, deadline=None, derandomize=True)  # find() is random otherwise: 1 of 10 runs shrank short of the target
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 LAW_TEST = """
-from cases.data.catalog import load_catalog
+from pfa_verify.cases.data.catalog import load_catalog
 
 
 def test_acceptance_on_one_case(check_law):

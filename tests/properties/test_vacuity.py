@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-import golden
-from properties import law_examples, laws
-from properties import strategies as ps
-from properties import transforms as tf
-from properties.case import Case
+from pfa_verify import golden
+from pfa_verify.properties import law_examples, laws
+from pfa_verify.properties import strategies as ps
+from pfa_verify.properties import transforms as tf
+from pfa_verify.properties.case import Case
 
 
 @pytest.mark.parametrize("law", law_examples.PAGED_LAWS)

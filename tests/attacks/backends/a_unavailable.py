@@ -5,8 +5,7 @@ from KV head n-1, like docs/examples/my_backend.py's make_buggy_backend; AT-12 s
 Expected correct verdict: NOT a pass. The raises are skips of kind 'unavailable' at best (which fail a
 run unless allowed), and every case with head_dim 128 and >= 2 KV heads fails.
 """
-import golden
-import kernels
+from pfa_verify import golden, kernels
 
 
 class Backend:

@@ -6,7 +6,7 @@ evidence): the command must exit non-zero (too few examples, or the failure foun
 """
 import time
 
-import golden
+from pfa_verify import golden
 
 
 class Backend:

@@ -8,7 +8,7 @@ differently); `replay` should say the outcome is nondeterministic rather than a 
 """
 import os
 
-import golden
+from pfa_verify import golden
 
 _calls = 0
 

@@ -9,7 +9,7 @@ matches the content; config and arrays disagree), never PASS.
 """
 import os
 
-import golden
+from pfa_verify import golden
 
 
 def _note(text):

@@ -6,7 +6,7 @@ Expected correct verdict: NOT a pass (inputs modified, SPEC: inputs are never ch
 """
 import os
 
-import golden
+from pfa_verify import golden
 
 
 def _note(text):

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-import golden
+from pfa_verify import golden
 
 _hide = {}
 
@@ -28,7 +28,7 @@ def _note(text):
 
 
 def _patch_wire():
-    wire = sys.modules.get("kernels.backends.wire")
+    wire = sys.modules.get("pfa_verify.kernels.backends.wire")
     if wire is None or not hasattr(wire, "raw_bytes"):
         return False
     if not getattr(wire.raw_bytes, "_attack", False):

@@ -12,7 +12,7 @@ import struct
 
 import torch
 
-import golden
+from pfa_verify import golden
 
 
 def _note(text):

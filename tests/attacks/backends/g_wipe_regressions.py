@@ -11,7 +11,7 @@ the capture is replayed and fails (and a folder emptied under the run is reporte
 import os
 from pathlib import Path
 
-import golden
+from pfa_verify import golden
 
 
 def _note(text):

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-import golden
+from pfa_verify import golden
 
 MARKER = "pfa-attack-grandchild-h"
 _started = []

@@ -7,7 +7,7 @@ file), computed by the driver; the declared values are ignored or reported as th
 """
 from typing import ClassVar
 
-import golden
+from pfa_verify import golden
 
 FAKE_SHA256 = "dead" * 16
 

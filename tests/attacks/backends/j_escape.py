@@ -5,7 +5,7 @@ hide the real verdict behind an injected "-> OK" line.
 Expected correct verdict: an error (exit 1), and no raw ESC (0x1b) or BEL from the kernel's text on
 stdout/stderr: control characters printed escaped.
 """
-import golden
+from pfa_verify import golden
 
 
 class Backend:

@@ -3,7 +3,7 @@ read from KV head n-1) so the run has failures to print.
 
 Expected correct verdict: exit 1 with its summary; the name printed literally; no MarkupError traceback.
 """
-import golden
+from pfa_verify import golden
 
 
 class Backend:

@@ -3,7 +3,7 @@ README's bug (V's dequant scale read from KV head n-1) so the run has failures t
 
 Expected correct verdict: exit 1 with its summary; the name printed literally; no MarkupError traceback.
 """
-import golden
+from pfa_verify import golden
 
 
 class Backend:

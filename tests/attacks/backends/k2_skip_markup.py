@@ -6,7 +6,7 @@ printed literally; no MarkupError traceback.
 """
 import types
 
-import golden
+from pfa_verify import golden
 
 
 class Backend:

@@ -11,7 +11,7 @@ then 'supported_shapes', then 'skip_reason'; attack l1 shows the first with the 
 import os
 import signal
 
-import golden
+from pfa_verify import golden
 
 
 def _note(text):

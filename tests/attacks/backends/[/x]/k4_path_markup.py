@@ -4,7 +4,7 @@ from KV head n-1).
 
 Expected correct verdict: exit 1 with its summary; the path printed literally; no MarkupError traceback.
 """
-import golden
+from pfa_verify import golden
 
 
 class Backend:
