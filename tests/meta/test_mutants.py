@@ -4,7 +4,8 @@ the golden bit for bit, and every mutant listed as equivalent is indeed equivale
 
 The known survivors are the ledger's (properties/ledger.py, kind "survivor", each with its reason and
 issue): each runs as a strict xfail, so the day a law kills one, this test fails and says to remove its
-entry."""
+entry. A survivor spends the whole budget of every law (20 s for one), so the survivors are marked slow
+and run in tox -e mutants; the default run keeps every mutant that must be killed."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,11 @@ EQUIVALENT = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equi
 EXAMPLES = 20   # the ci profile's max_examples
 
 
+def _survivors_slow(params: list) -> list:
+    """``params`` with the ledger's survivors (the strict xfails) also marked slow."""
+    return [pytest.param(*p.values, marks=[*p.marks, pytest.mark.slow]) if p.marks else p for p in params]
+
+
 def test_the_catalog_has_the_mutants_the_issue_asks_for():
     assert len(GOLDEN) >= 16 and all(MUTANTS[n].bug for n in GOLDEN)
     for name in ("causal_offset_ignored", "wrong_batch_length", "v_scale_per_token", "tail_tile_reads_full_tile",
@@ -45,7 +51,7 @@ def test_the_reference_never_fails_a_law():
     assert not base.killed, [(c.law, c.message) for c in base.cells if c.killed]
 
 
-@pytest.mark.parametrize("name", survivor_params(GOLDEN))
+@pytest.mark.parametrize("name", _survivors_slow(survivor_params(GOLDEN)))
 def test_every_golden_mutant_is_killed_within_the_ci_budget(name):
     result = matrix._one(name, level="golden", examples=EXAMPLES, seed=0, laws=law_examples.PAGED_LAWS, catalog=False,
                          shrink_s=5, first_kill_only=True)
