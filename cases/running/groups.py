@@ -5,8 +5,8 @@ After a run has judged, diagnosed and probed its cases, every counted failure an
 
 - a failure of the acceptance rule whose diagnosis names a fault model (properties.diagnosis.Diagnosis.
   identified): the rule's category and that model. The name is the evidence that two cases share one bug;
-- one no model names: the category, where the mismatches concentrate (cases.running.shrink.signature),
-  the closest model and the located stage, so two unnamed failures meet only where every clue agrees;
+- one no model names: the category and where the mismatches concentrate (cases.running.shrink.signature,
+  as generated failures are shrunk), which the attribution decides, not the diagnosis' time budget;
 - a changed input: the rule's message about it (which input), numbers and the case's tags aside;
 - an error the kernel raised or its worker met: its kind and whole message with every number made N
   (``index 129`` and ``index 7`` are one bug; two different messages are two groups);
@@ -54,11 +54,8 @@ def alike(verdict: CaseVerdict) -> tuple[tuple, str] | None:
     d = verdict.diagnosis
     if d is not None and d.identified is not None:
         return ("model", category, d.identified.model), f"{category}; the diagnosis names {d.identified.model}"
-    closest = None if d is None or d.closest is None else d.closest.model
-    stage = None if d is None else d.stage
-    words = f"{category}, mismatches in {where}" + (f"; closest model {closest}" if closest else "") + (
-        f"; located in {stage}" if stage else "")
-    return ("signature", category, where, closest, stage), words + "; no model named"
+    # not the closest model or a located stage: they hang on the diagnosis' time budget, the group must not
+    return ("signature", category, where), f"{category}, mismatches in {where}; no model named"
 
 
 def _exemplar(item, verdict: CaseVerdict) -> Exemplar | None:
