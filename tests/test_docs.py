@@ -167,17 +167,17 @@ def test_the_readme_recipe_runs_and_fails_as_the_readme_shows(tmp_path, capsys):
     assert cli.main(["run", "--backend", f"{example}:make_buggy_backend", "--cases", "pfa_fp8_b2_s1_1_s2_1k",
                      "--examples", "3", "--regressions", str(tmp_path / "regs")]) == 1
     printed = capsys.readouterr().out
-    _head, name, rest = re.split(r"^    FAIL (generated_\d\d) \(spec\)\n", (ROOT / "README.md").read_text(), maxsplit=1,
-                                flags=re.M)
+    _head, name, alike, rest = re.split(r"^    FAIL (generated_\d\d) \(spec\)(.*)\n", (ROOT / "README.md").read_text(),
+                                       maxsplit=1, flags=re.M)
     shown = rest.split("\n\n", 1)[0]
-    lines = [f"FAIL {name} (spec)"] + [line.strip() for line in shown.splitlines() if "Replay:" not in line]
+    lines = [f"FAIL {name} (spec){alike}"] + [line.strip() for line in shown.splitlines() if "Replay:" not in line]
     flat = " ".join(printed.split())          # the terminal wraps long lines at its width
     for printed_line in lines:
         line = printed_line
         if line.startswith("Diagnosis:"):        # all but the seconds it took
             line = line.rsplit(" models in ", 1)[0]
         assert " ".join(line.split()) in flat, line
-    # one capture per way it fails (cases/running/shrink.py), each named on a replay line
+    # one capture per group of cases that fail alike (cases/running/groups.py), named on the replay line
     replays = set(re.findall(r"replay ([0-9a-f]{10})", printed))
     assert len(replays) == 1 and {p.stem for p in (tmp_path / "regs").glob("*.json")} == replays   # "its one failing case"
 

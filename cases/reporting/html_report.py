@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pfa_verify.cases.data.versions import versions
 from pfa_verify.cases.reporting import html_pages
+from pfa_verify.cases.reporting.groups import compact_names
 from pfa_verify.cases.reporting.html_pages import ratio_colour, slug
 from pfa_verify.cases.reporting.report import (
     RunSummary,
@@ -137,8 +138,21 @@ def _row(row) -> dict:
             "max_rel": c["max_rel"], "mismatched": c["mismatched"], "worst": c["worst"],
             "seconds": c["seconds"] if first else "", "node": c["node"] if first else "",
             "verdict": row.shown_verdict,
-            "link": _anchor(row.case.name, row.reference) if row.verdict == "fail" or _error_card(row) else None,
+            "link": _link(row) if row.verdict == "fail" or _error_card(row) else None,
             "note": note, "shown_note": shown}
+
+
+def _link(row) -> str:
+    """Where a failing row's card is: its own, or its group's (the card of the case shown for the group)."""
+    group = row.case.group
+    return _anchor(row.case.name, row.reference) if group is None or group.shown == row.case.name \
+        else f"group-{group.number}"
+
+
+def _carded(row) -> bool:
+    """A failing row gets a card unless its case is in a group shown by another case (one card a group)."""
+    group = row.case.group
+    return (row.verdict == "fail" or _error_card(row)) and (group is None or group.shown == row.case.name)
 
 
 def _error_card(row) -> bool:
@@ -151,7 +165,12 @@ def _failure(row) -> dict:
     att = row.attribution or ("error" if row.verdict == "error" else "kernel logic")
     pictures = ref is not None and bool(ref.error_map)
     figures = ref.envelope_figures if ref is not None else None
+    group = case.group
+    others = [] if group is None else [n for n in group.members if n != case.name]
     return {"name": case.name, "source": case.source, "reference": row.reference,
+            "group": None if group is None else {"number": group.number, "anchor": f"group-{group.number}",
+                                                 "alike": group.alike, "others": len(others),
+                                                 "names": compact_names(others) if others else ""},
             "anchor": _anchor(case.name, row.reference), "counts": row.counts, "attribution": att,
             "attribution_text": _ATTRIBUTION_TEXT.get(att, ""),
             "replay": case.capture.replay if row.counts and case.capture is not None else None,
@@ -182,7 +201,12 @@ def render_html(run, summary: RunSummary | None = None) -> str:
     """The report as one HTML string."""
     s = summary or summarize(run)
     rows = table_rows(run)
-    failures = [_failure(r) for r in rows if r.verdict == "fail" or _error_card(r)]
+    failures = [_failure(r) for r in rows if _carded(r)]
+    seen: set[int] = set()
+    for f in failures:          # the group's anchor on its first card
+        if f["group"] is not None:
+            f["group"]["first"] = f["group"]["number"] not in seen
+            seen.add(f["group"]["number"])
     return html_pages.render(
         "run_report.html.j2", css=CSS, failed=bool(s.exit_status), interrupted=run.interrupted, not_run=run.not_run,
         verdict=s.line, backend=run.backend, codec=run.codec, backend_note=run.backend_note, seed=run.seed,

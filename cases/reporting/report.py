@@ -35,6 +35,7 @@ from pfa_verify.cases.data import schemas
 from pfa_verify.cases.data.capture_files import write_durably
 from pfa_verify.cases.data.schemas import check_written
 from pfa_verify.cases.data.versions import versions
+from pfa_verify.cases.reporting.groups import compact_names, failure_groups, group_line
 from pfa_verify.cases.reporting.signals import EXIT_INTERRUPTED
 from pfa_verify.cases.reporting.terminal import printable_data, shown
 from pfa_verify.cases.running.verdict import CaseVerdict
@@ -128,11 +129,10 @@ def failure_text(row: ResultRow) -> str:
         lines.append(f"Known failure (ledger): {case.ledger}")
     if case.retry_cause:
         lines.append(f"(ran again: its first run was lost when its worker process ended: {case.retry_cause})")
+    if row.verdict in ("fail", "error") and row.counts and (said := group_line(case)):
+        lines.append(said)
     if row.verdict == "fail" and row.counts:
         capture = case.capture
-        if capture is not None and capture.group:
-            lines.append(f"one of {len(capture.group)} generated case(s) that fail like this, captured once; "
-                         f"{capture.how}")
         if case.diagnosis is not None and row.codec is not None:
             lines.append(case.diagnosis.render(note=case.diagnosis_note))
         if capture is not None:
@@ -243,7 +243,7 @@ def _result(row: ResultRow) -> dict:
         "envelope": ref.envelope_figures.to_dict() if ref is not None and ref.envelope_figures else None,
         "diagnosis": case.diagnosis.to_dict() if failing and row.counts and case.diagnosis is not None
         and (ref is not None or row.verdict == "error") else None,
-        "node": case.node, "attempts": case.attempts}
+        "node": case.node, "attempts": case.attempts, "group": case.group.number if case.group is not None else None}
 
 
 def to_json(run, summary: RunSummary | None = None) -> dict:
@@ -259,7 +259,8 @@ def to_json(run, summary: RunSummary | None = None) -> dict:
                         **prov.get("backend", {"model": None, "kernel": None, "spec_codec_not_applicable": None})},
             "seed": run.seed, "versions": versions(), "project": prov.get("project"), "inputs": prov.get("inputs"),
             "selection": run.selection, "execution": execution(run), "coverage": run.coverage, "shared": list(run.shared),
-            "summary": summary.to_dict(), "results": [_result(row) for row in _all_rows(run)]})
+            "summary": summary.to_dict(), "groups": failure_groups(run),
+            "results": [_result(row) for row in _all_rows(run)]})
 
 
 def execution(run) -> dict:
@@ -359,6 +360,7 @@ def render_table(run, *, verbose: bool = False, width: int = 100):
         if row.verdict == "pass":
             passing.setdefault((row.case.source, row.reference), []).append(row)
     shown_groups: set[tuple[str, str]] = set()
+    several = len({c.group.number for c in run.results if c.group is not None}) > 1
     for row in table_rows(run):
         key = (row.case.source, row.reference)
         if row.verdict == "pass":
@@ -375,6 +377,8 @@ def render_table(run, *, verbose: bool = False, width: int = 100):
             continue
         c = cells(row)
         verdict = row.shown_verdict + (f": {c['note']}" if row.verdict == "fail" and c["note"] else "")
+        if several and row.case.group is not None and row.counts:
+            verdict = f"#{row.case.group.number} {verdict}"      # the failure's group, as its block names it
         table.add_row(shown(row.case.name), shown(row.reference), c["max_abs"], c["mismatched"],
                       c["seconds"] if row.first else "", shown(verdict, _STYLE[row.style]))
     return table
@@ -420,14 +424,20 @@ def print_report(run, console, summary: RunSummary | None = None, *, verbose: bo
     """The table, the skips, each counted failure in full, then what was checked and the summary line,
     on ``console``; every line is text (:func:`cases.reporting.terminal.shown`), whatever the console parses."""
     summary = summary or summarize(run)
-    console.print(render_table(run, verbose=verbose))
+    console.print(render_table(run, verbose=verbose, width=min(100, console.width)))
+    several = len({c.group.number for c in run.results if c.group is not None}) > 1
     for (_, why), names in skipped_groups(run).items():
         listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         console.print(shown(f"Skipped {len(names)}: {listed}: {why}", "dim"))
     for row in table_rows(run):
-        if row.verdict in ("fail", "error") and row.counts:
+        group = row.case.group
+        # one block per group of cases that fail alike: its smallest case's, naming the others
+        if row.verdict in ("fail", "error") and row.counts and (group is None or group.shown == row.case.name):
+            others = [] if group is None else [n for n in group.members if n != row.case.name]
+            alike = f" and {len(others)} more that fail alike: {compact_names(others)}" if others else ""
+            number = f" #{group.number}" if group is not None and several else ""
             console.print(Text.assemble("\n", shown(row.verdict.upper(), "bold red"),
-                                        shown(f" {row.case.name} ({row.reference})")))
+                                        shown(f"{number} {row.case.name} ({row.reference}){alike}")))
             console.print(shown(failure_text(row)))
     for found in run.shared:
         console.print(shown(f"\n{found['text']}"))

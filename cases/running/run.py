@@ -19,11 +19,12 @@ is not built for it, it is over a limit, the budget is spent, the ledger quarant
 could not run it) or an error (:data:`cases.running.verdict.ERROR_KINDS`). Errors always fail the run;
 skips fail it unless their kind was allowed; :mod:`cases.reporting.report` applies the rule.
 
-A counted catalog failure is captured as its verdict arrives (cases/running/capture.py, the one capture
-path), a generated one once per group after shrinking (cases/running/shrink.py). ``stop`` (a callable
-naming the signal that interrupted the run, or None) is asked between steps: once it names one, the
-workers are killed, the failures found so far are captured as they are, and the result says which
-cases were not run.
+A catalog failure is diagnosed as its verdict arrives, generated ones are shrunk once per signature
+(cases/running/shrink.py); then the failures that fail alike, catalog and generated, form one group each,
+captured once, its smallest case (cases/running/groups.py, through the one capture path). ``stop`` (a
+callable naming the signal that interrupted the run, or None) is asked between steps: once it names one,
+the workers are killed, the failures found so far are grouped and captured as they are, and the result
+says which cases were not run.
 """
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ from pfa_verify import kernels
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.collect import Item, chosen_items, selection, with_generated
 from pfa_verify.cases.data.provenance import capture_digests, lost_captures, run_provenance
-from pfa_verify.cases.running.capture import capture_case, write_failure
+from pfa_verify.cases.running.capture import write_failure
+from pfa_verify.cases.running.groups import group_failures
 from pfa_verify.cases.running.pool import Pool, task_resources, worker_backend
-from pfa_verify.cases.running.shrink import capture_generated, probe_errors, probe_groups, signature
+from pfa_verify.cases.running.shrink import probe_errors, probe_groups, shrink_generated, signature
 from pfa_verify.cases.running.verdict import Capture, CaseError, CaseVerdict, LawReplay, RunResult
 from pfa_verify.golden import memory_limit
 from pfa_verify.golden.errors import UsageError
@@ -288,11 +290,11 @@ def _law_replay(backend, item: Item, regressions_dir, *, deadline: float | None)
     return _ledgered(_verdict(item, backend.name, time.perf_counter() - start, law=law), known)
 
 
-def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call | None, *, capture: bool,
+def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call | None, *,
                regressions_dir) -> CaseVerdict:
-    """A counted failure's verdict with what the driver adds as it arrives: a catalog failure diagnosed
-    and captured, a regression's failure its own replay line, a generated one its group signature
-    (captured once shrunk, cases/running/shrink.py)."""
+    """A counted failure's verdict with what the driver adds as it arrives: a catalog failure diagnosed,
+    a regression's failure its own replay line, a generated one its signature (shrunk once per signature,
+    cases/running/shrink.py); each group of cases that fail alike is captured after the run (groups.py)."""
     if not verdict.failed or verdict.ledger_broken is not None:
         return verdict
     if item.source == "generated":
@@ -303,19 +305,15 @@ def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call 
         assert item.regression is not None        # collect_items names every regression item by its id
         command = regressions.replay_command(item.regression, regressions_dir)
         return dataclasses.replace(verdict, capture=Capture(replay=command, line=f"Replay: {command}"))
-    message = verdict.judgement.message() if verdict.judgement is not None else verdict.inputs_modified
-    # a counted failure without a judgement changed its inputs (a law's verdict is a regression's, above)
-    assert message is not None
-    return dataclasses.replace(verdict, capture=capture_case("acceptance", backend_name, item.case, message,
-                                                              enabled=capture, directory=regressions_dir))
+    return verdict        # captured once its group is known (cases/running/groups.py)
 
 
 def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, deadline: float | None = None,
              capture: bool = False) -> CaseVerdict:
     """One item, start to verdict, with blocking calls of ``backend`` (a SupervisedBackend, or a
     GuardedBackend in this process): the path of a Ray task and of an in-process run. Never raises for
-    what the kernel does. A catalog failure is captured only when ``capture`` (a Ray task leaves that
-    to the driver)."""
+    what the kernel does. A catalog failure is diagnosed here only when ``capture`` (a Ray task leaves
+    that to the driver; the run captures each group of failures once, after judging)."""
     if item.record is not None:
         return _law_replay(backend, item, regressions_dir, deadline=deadline)
     prepared = _prepare(backend, item, deadline=deadline)
@@ -328,7 +326,7 @@ def run_item(backend, backend_name: str, item: Item, *, regressions_dir=None, de
     except Exception as exc:  # noqa: BLE001 - whatever the call raised is the case's verdict
         reply = Reply(output=None, changed={}, failure=exc, seconds=time.perf_counter() - start)
     verdict = _judged(backend, prepared, reply)
-    return _annotated(backend_name, item, verdict, prepared, capture=capture, regressions_dir=regressions_dir) \
+    return _annotated(backend_name, item, verdict, prepared, regressions_dir=regressions_dir) \
         if capture or item.source == "generated" else verdict
 
 
@@ -357,7 +355,7 @@ def _run_supervised(backend, supervisor, backend_name: str, items: list, *, work
             return done
         note("start", items[k], None)
         replayed = _law_replay(backend, items[k], regressions_dir, deadline=deadline)
-        done[k] = _annotated(backend_name, items[k], replayed, None, capture=capture, regressions_dir=regressions_dir)
+        done[k] = _annotated(backend_name, items[k], replayed, None, regressions_dir=regressions_dir)
         note("done", items[k], done[k])
     queue = [k for k in order if items[k].record is None]
     flying: dict = {}
@@ -395,7 +393,7 @@ def _run_supervised(backend, supervisor, backend_name: str, items: list, *, work
         hand_out()                                # the workers compute while the replies are judged
         for k, reply in replies:
             prepared = flying.pop(k)
-            done[k] = _annotated(backend_name, items[k], _judged(backend, prepared, reply), prepared, capture=capture,
+            done[k] = _annotated(backend_name, items[k], _judged(backend, prepared, reply), prepared,
                                  regressions_dir=regressions_dir)
             note("done", items[k], done[k])
         hand_out()
@@ -453,7 +451,7 @@ def _run_cluster(backend, backend_name: str, items: list, pool, *, device, max_s
         v = dataclasses.replace(v, node=task.node, attempts=max(v.attempts, task.attempts),
                                 retry_cause=v.retry_cause or task.retry_cause)
         call = _rebuilt(it) if v.judgement is not None and it.source == "catalog" and v.failed else None
-        done[k] = _annotated(backend_name, it, v, call, capture=capture, regressions_dir=regressions_dir) \
+        done[k] = _annotated(backend_name, it, v, call, regressions_dir=regressions_dir) \
             if it.source != "generated" else v
         note("done", it, done[k])
 
@@ -534,13 +532,15 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
         interrupted = stop()
         if supervisor is not None and interrupted:
             supervisor.close()              # the workers end now; what they were running is not checked
-        results = capture_generated(backend, name, [items[k] for k in ran], [done[k] for k in ran],
-                                    supported=supported, capture=capture, regressions_dir=options.regressions,
-                                    shrink_s=0 if interrupted else options.shrink_seconds, distributions=distributions,
-                                    stop=stop, why_not_shrunk="the run was interrupted" if interrupted else None)
+        results = shrink_generated(backend, [items[k] for k in ran], [done[k] for k in ran], supported=supported,
+                                   shrink_s=0 if interrupted else options.shrink_seconds, distributions=distributions,
+                                   stop=stop, why_not_shrunk="the run was interrupted" if interrupted else None)
         if not interrupted:
             results = probe_groups(backend, [items[k] for k in ran], results, stop=stop)
             results = probe_errors(backend, [items[k] for k in ran], results, stop=stop)
+        # after the diagnosis and its probes, which decide what fails alike; interrupted too (nothing lost)
+        results = group_failures([items[k] for k in ran], results, backend_name=name, capture=capture,
+                                 regressions_dir=options.regressions)
     if cluster:
         execution = pool.describe()
     else:

@@ -4,7 +4,8 @@
 ``search`` per law, and ``pfa-verify run`` to shrink the failures of its generated cases. A failing generated case is
 rarely the smallest case that shows its bug, and one bug fails many generated cases alike, so before
 anything is captured the failures are grouped by :func:`signature` (category of the one acceptance
-rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker: the
+rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker (the
+shrunk case is what cases/running/groups.py captures for them): the
 draws that produced the case are replayed (the same aim's strategy and seed, properties/directed.py) with
 "fails with this signature" as the failure, so Hypothesis meets the group's first failing case and
 shrinks from it. A kernel that answers the same case differently meanwhile (other output bits than in the
@@ -27,7 +28,7 @@ from hypothesis.strategies import SearchStrategy
 
 from pfa_verify import golden
 from pfa_verify.cases.running.answers import Answers, answer, raised
-from pfa_verify.cases.running.capture import capture_case
+from pfa_verify.cases.running.verdict import Exemplar
 from pfa_verify.kernels.backends.contract import shrink_budget
 from pfa_verify.kernels.backends.supervisor import KernelFault
 from pfa_verify.properties.acceptance import judge, split_bundle
@@ -36,7 +37,7 @@ from pfa_verify.properties.diagnosis import Probe, diagnose_verdict
 from pfa_verify.properties.error_probes import probe_error
 from pfa_verify.properties.probes import probe
 
-__all__ = ["Hunt", "hunt", "signature", "capture_generated", "nondeterminism", "probe_groups", "probe_errors"]
+__all__ = ["Hunt", "hunt", "signature", "shrink_generated", "nondeterminism", "probe_groups", "probe_errors"]
 
 
 #: What the searched strategy draws (properties.law_examples.Example, properties.case.Case).
@@ -182,16 +183,17 @@ class _FailsLikeTheGroup(AssertionError):
         self.verdict = verdict
 
 
-def capture_generated(backend, backend_name: str, items: list, results: list, *, supported, capture: bool,
-                      regressions_dir, shrink_s: float, distributions=None, stop=None,
-                      why_not_shrunk: str | None = None) -> list:
+def shrink_generated(backend, items: list, results: list, *, supported, shrink_s: float, distributions=None, stop=None,
+                     why_not_shrunk: str | None = None) -> list:
     """``results`` (cases.running.verdict.CaseVerdict, one per item) with ``pfa-verify run``'s generated
-    failures captured once per signature: each group shrunk by Hypothesis from the draws that produced
+    failures shrunk once per signature: each group shrunk by Hypothesis from the draws that produced
     a member (the item's properties.directed.Aim, :func:`hunt`), its first counted failure diagnosed on
-    the case captured, and every member given the group's Capture and diagnosis (new copies). With
-    ``shrink_s`` 0 (or ``why_not_shrunk``: the run was interrupted) the first member is captured as it is.
-    ``stop()`` naming a signal ends a shrink at once (its best case so far stands). The diagnosis carries
-    the probes of properties/probes.py, run on neighbours of the case captured."""
+    the case shrunk, and every member given the group's diagnosis and the shrunk case as its
+    :class:`~cases.running.verdict.Exemplar` (new copies), which cases/running/groups.py captures once per
+    group of cases that fail alike. With ``shrink_s`` 0 (or ``why_not_shrunk``: the run was interrupted)
+    the first member is the exemplar as it is. ``stop()`` naming a signal ends a shrink at once (its best
+    case so far stands). The diagnosis carries the probes of properties/probes.py, run on neighbours of
+    the case shrunk."""
 
     stop = stop or (lambda: None)
     groups: dict = {}
@@ -241,25 +243,23 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
             case, judgement = found.example, found.error.verdict
         else:
             case, judgement = first.case, out[members[0]].judgement
-        names = tuple(items[k].name for k in members)
         how = (f"shrunk by Hypothesis to B={case.config.batch} S1={case.config.s1} NQ={case.config.nq} "
                f"lengths={list(case.config.lengths)}" if shrunk else
-               f"not shrunk ({why_not_shrunk})" if why_not_shrunk else
-               "not shrunk (--shrink-seconds 0)" if shrink_s <= 0 else "not shrunk (it did not fail again)")
+               f"{first.name} not shrunk ({why_not_shrunk})" if why_not_shrunk else
+               f"{first.name} not shrunk (--shrink-seconds 0)" if shrink_s <= 0 else
+               f"{first.name} not shrunk (it did not fail again)")
         unsteady = nondeterminism(answers, found, stop)
         if unsteady:
             how += f"; nondeterministic: {unsteady}"
         message = (judgement.message() if judgement is not None else out[members[0]].inputs_modified or "")
-        note = f"{len(names)} generated case(s) fail like this ({', '.join(names)}); {how}"
-        captured = capture_case("acceptance", backend_name, case, message + "\n" + note, enabled=capture,
-                                directory=regressions_dir, group=names, how=how, nondeterministic=unsteady)
+        exemplar = Exemplar(case=case, message=message, how=how, nondeterministic=unsteady)
         diagnosis = None
         if judgement is not None and not why_not_shrunk:
             diagnosis = diagnose_verdict(judgement, *split_bundle(case.inputs()))
             if diagnosis is not None and not stop():
                 diagnosis = probe(diagnosis, case, backend, stop=stop)
         for k in members:
-            out[k] = dataclasses.replace(out[k], capture=captured, diagnosis=diagnosis,
+            out[k] = dataclasses.replace(out[k], exemplar=exemplar, diagnosis=diagnosis,
                                          diagnosis_note=", on the shrunk case" if shrunk else "")
     return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["Capture", "CaseError", "LawReplay", "CaseVerdict", "RunResult", "ERROR_KINDS"]
+__all__ = ["Capture", "CaseError", "LawReplay", "Exemplar", "FailureGroup", "CaseVerdict", "RunResult", "ERROR_KINDS"]
 
 #: Why a case ended in an error: the kernel raised; its worker process ended, timed out or broke the
 #: protocol; the backend could not start in a worker; the captured case file could not be loaded.
@@ -23,13 +23,36 @@ ERROR_KINDS = ("kernel", "worker", "backend", "case file")
 class Capture:
     """Where a counted failure was kept (cases.data.regressions): ``replay``, the command that replays
     it (None when nothing was written), and ``line``, the last line of its failure text ("Replay: ..."
-    or why it was not captured); for generated failures the ``group`` of cases that fail alike (captured
-    once) and ``how`` the captured case was reached (shrunk, or why not)."""
+    or why it was not captured); for a group's capture the ``group`` of cases that fail alike (captured
+    once) and ``how`` the captured case was reached (the smallest, shrunk, or why not)."""
     replay: str | None
     line: str
     group: tuple[str, ...] = ()
     how: str = ""
     regression: str | None = None     # the id written (None when nothing was)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exemplar:
+    """A case a failure group may capture: the case (properties.case.Case), its failure text, how it was
+    reached (as it ran, or shrunk by Hypothesis) and how its kernel answered alike cases differently."""
+    case: Any
+    message: str
+    how: str
+    nondeterministic: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FailureGroup:
+    """Cases that fail alike (cases/running/groups.py): its number in the run, the key in words, its
+    members in run order, the member shown for all (the one its capture came from), how its capture was chosen
+    and the command that replays it (None: nothing captured)."""
+    number: int
+    alike: str
+    members: tuple[str, ...]
+    shown: str
+    how: str = ""
+    replay: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,6 +99,8 @@ class CaseVerdict:
     ledger: str | None = None             # a tolerated known failure's reason: its failures do not count
     ledger_broken: str | None = None      # a tolerated entry whose case no longer fails (remove it)
     signature: tuple | None = dataclasses.field(default=None, compare=False)   # a generated failure's group
+    group: FailureGroup | None = None     # the cases that fail alike: a counted failure's or an error's
+    exemplar: Exemplar | None = dataclasses.field(default=None, compare=False, repr=False)  # its shrunk case, until grouped
 
     def __post_init__(self) -> None:
         ends = [f for f in ("judgement", "law", "inputs_modified", "skip", "error") if getattr(self, f) is not None]
