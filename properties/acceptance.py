@@ -26,6 +26,10 @@ kernel logic        outside both: no execution SPEC §4.1 allows gives this outp
                     scales, softmax, tails, ...)
 backend codec       the spec comparison fails but the one under the backend's own codec passes:
                     the platform's FP8 conversions, not the kernel (shown, never counted)
+wrong shape,        the output is not what SPEC §1 says it returns (bf16 [B*S1, NQ, D], contiguous,
+wrong device,       on the CPU): named as such, with what it is and what was expected; no value is
+wrong dtype,        compared
+wrong layout
 ==================  =============================================================================
 
 A backend that says a comparison under the spec codec cannot judge its kernel
@@ -57,7 +61,7 @@ from pfa_verify.properties.case import Case
 __all__ = ["CATEGORIES", "InputsModified", "CodecVerdict", "EnvelopeFigures", "Judgement", "call", "check_unchanged",
            "split_bundle", "judge", "hold", "rule", "reference_backend", "attribution_of", "backend_model"]
 
-CATEGORIES = ("pass", "kernel logic", "backend codec")
+CATEGORIES = ("pass", "kernel logic", "backend codec", "wrong shape", "wrong device", "wrong dtype", "wrong layout")
 
 #: A call's tensors by SPEC §1 name, and its scalars (softmax_scale, s2_tile, g_tile) by name.
 Tensors: TypeAlias = dict[str, torch.Tensor]
@@ -311,7 +315,8 @@ def _reference(out: torch.Tensor, tensors: Tensors, scalars: Scalars, *, checked
     ident = "Kernel output vs golden" + ("" if name == "spec" else f" under the {name} codec")
     message = cmp.make_mismatch_message(res, identifier=ident, tags=tags, context=context)
     error_map, histogram = error_picture(ratio) if ratio is not None else (None, None)
-    record = CodecVerdict(category="kernel logic", attribution=attribution, attribution_text=text, message=message,
+    category = "kernel logic" if res.wrong is None else f"wrong {res.wrong}"
+    record = CodecVerdict(category=category, attribution=attribution, attribution_text=text, message=message,
                           max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err, error_map=error_map,
                           ratio_histogram=histogram, **common)
     return dataclasses.replace(record, envelope_figures=_figures(envelope, res, record.envelope_note()))

@@ -4,7 +4,8 @@ Every comparison in the project goes through :func:`compare` (structured result)
 :func:`assert_close` (raises). Checks run in order and stop at the first kind of finding:
 
 1. attributes: shape, then device, then dtype, then contiguity (a contiguous expected needs a
-   contiguous actual, SPEC §1: all tensors are contiguous ND);
+   contiguous actual, SPEC §1: all tensors are contiguous ND), each a finding of its own, named first
+   ("wrong dtype: float32, expected bfloat16"), never a numeric one;
 2. non-finite placement: NaN or inf in ``actual`` where ``expected`` is finite (garbage that leaked),
    or a finite value where ``expected`` is NaN / inf, is its own finding, counted per kind;
 3. values: floating tensors on float32 views, ``|actual - expected| <= atol + rtol * |expected|``
@@ -91,6 +92,10 @@ def _integer_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Ten
     return torch.where(distance < 0, _INT64_MAX, distance)      # wrapped past int64: the farthest apart
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 _INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -128,14 +133,17 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, kind: str = "attent
     base: dict[str, Any] = dict(kind=kind, rtol=rtol, atol=atol_scalar, s1=s1,          # Comparison fields
                                 index_names=tuple(index_names) if index_names else None)
     if tuple(actual.shape) != tuple(expected.shape):
-        return Comparison(passed=False, attribute=f"shape: {tuple(actual.shape)} vs expected {tuple(expected.shape)}", **base)
+        return Comparison(passed=False, wrong="shape", attribute=f"wrong shape: {tuple(actual.shape)}, expected "
+                                                                 f"{tuple(expected.shape)}", **base)
     if actual.device != expected.device:
-        return Comparison(passed=False, attribute=f"device: {actual.device} vs expected {expected.device}", **base)
+        return Comparison(passed=False, wrong="device", attribute=f"wrong device: {actual.device}, expected "
+                                                                  f"{expected.device}", **base)
     if actual.dtype != expected.dtype:
-        return Comparison(passed=False, attribute=f"dtype: {actual.dtype} vs expected {expected.dtype}", **base)
+        return Comparison(passed=False, wrong="dtype", attribute=f"wrong dtype: {_dtype_name(actual.dtype)}, expected "
+                                                                 f"{_dtype_name(expected.dtype)}", **base)
     if expected.is_contiguous() and not actual.is_contiguous():
-        return Comparison(passed=False, attribute=f"contiguity: strides {actual.stride()} vs expected "
-                                           f"{expected.stride()} (contiguous)", **base)
+        return Comparison(passed=False, wrong="layout", attribute=f"wrong layout: strides {actual.stride()}, expected "
+                                                                  f"{expected.stride()} (contiguous)", **base)
     a, e = _view(actual), _view(expected)
     total = a.numel()
     a_fin, e_fin = torch.isfinite(a), torch.isfinite(e)

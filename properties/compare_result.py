@@ -83,7 +83,8 @@ class Comparison:
     max_rel_index: tuple[int, ...] | None = None
     max_rel_allowed: float = 0.0
     nonfinite: tuple[NonFinite, ...] = ()
-    attribute: str | None = None   # "shape: (2, 3) vs expected (2, 4)" when attributes differ
+    attribute: str | None = None   # "wrong shape: (2, 3), expected (2, 4)" when attributes differ
+    wrong: str | None = None       # which differs then: "shape", "device", "dtype" or "layout" (contiguity)
     index_names: tuple[str, ...] | None = None
     s1: int | None = None
     mismatch_mask: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -139,6 +140,9 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
     the header (case, backend); ``context`` lines (attribution, replay command) come last, in order.
     """
     name = identifier() if callable(identifier) else identifier
+    if result.attribute is not None:        # not a numeric failure: the attribute is the headline
+        bracket = " [" + ", ".join(f"{k} {v}" for k, v in tags.items()) + "]" if tags else ""
+        return "\n".join([f"{name}: {result.attribute}{bracket}", *context])
     tol = TOLERANCES[result.kind]
     exact = result.rtol == 0 and result.atol == 0
     header = f"{name} {'not bit-identical' if result.kind == 'exact' else 'not equal' if exact else 'not close'}"
@@ -149,25 +153,22 @@ def make_mismatch_message(result: Comparison, *, identifier: str | Callable[[], 
     if tags:
         header += " [" + ", ".join(f"{k} {v}" for k, v in tags.items()) + "]"
     lines = [header]
-    worst = result.worst_line() if result.attribute is None else None
+    worst = result.worst_line()
     if worst is not None:
         lines.append(worst)
-    if result.attribute is not None:
-        lines.append(f"Attributes differ: {result.attribute}")
-    else:
-        lines.append(f"Mismatched elements: {result.mismatched} / {result.total} "
-                     f"({_pct(result.mismatched, result.total)})")
-        for f in result.nonfinite:
-            lines.append(f"{f.section}: {f.count} {f.what}, first at {result.format_index(f.first_index)}")
-        if result.max_abs_index is not None:
-            lines.append(f"Greatest absolute difference: {result.max_abs_err:.1e} at "
-                         f"{result.format_index(result.max_abs_index)} "
-                         f"({result.max_abs_allowed:.1e} allowed there)")
-            lines.append(f"Greatest relative difference: {result.max_rel_err:.1e} at "
-                         f"{result.format_index(result.max_rel_index)} "
-                         f"({result.max_rel_allowed:.1e} allowed)")
-        if result.envelope:
-            lines.append(envelope_line(result))
+    lines.append(f"Mismatched elements: {result.mismatched} / {result.total} "
+                 f"({_pct(result.mismatched, result.total)})")
+    for f in result.nonfinite:
+        lines.append(f"{f.section}: {f.count} {f.what}, first at {result.format_index(f.first_index)}")
+    if result.max_abs_index is not None:
+        lines.append(f"Greatest absolute difference: {result.max_abs_err:.1e} at "
+                     f"{result.format_index(result.max_abs_index)} "
+                     f"({result.max_abs_allowed:.1e} allowed there)")
+        lines.append(f"Greatest relative difference: {result.max_rel_err:.1e} at "
+                     f"{result.format_index(result.max_rel_index)} "
+                     f"({result.max_rel_allowed:.1e} allowed)")
+    if result.envelope:
+        lines.append(envelope_line(result))
     lines.extend(context)
     return "\n".join(lines)
 

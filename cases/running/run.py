@@ -516,7 +516,7 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
             on_items(items, why + (f"; cases run on the Ray cluster {cluster} ({len(pool.nodes)} node(s), "
                                    f"{pool.describe()['workers']} at a time)" if cluster else "")
                      + f"\nJudged by {provenance['backend']['model']['describe']}")
-        budget = options.budget if options.budget is not None else (getattr(backend, "default_budget_s", None) or 0)
+        budget = options.budget if options.budget is not None else (backend.capabilities.default_budget_s or 0)
         deadline = time.time() + budget if budget else None
         capture = not options.no_capture
         common = dict(capture=capture, regressions_dir=options.regressions, deadline=deadline, progress=progress)
@@ -558,9 +558,9 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     failures += tuple(f"the captured case file {name} in {regressions.directory(options.regressions)} was removed or "
                       "changed while the run ran, by something other than the run (its kernel?)"
                       for name in lost_captures(digests, options.regressions, rewritten=rewritten))
-    return RunResult(backend=backend.name, backend_note=why, codec=getattr(getattr(backend, "codec", None), "name", None),
+    return RunResult(backend=backend.name, backend_note=why, codec=backend.capabilities.codec,
                      seed=options.seed, results=tuple(results), seconds=time.perf_counter() - start,
-                     command=options.command, fallback=bool(getattr(backend, "fallback", False)),
+                     command=options.command, fallback=backend.capabilities.fallback,
                      allow_fallback=bool(options.allow_fallback), allowed_skips=tuple(options.allow_skips or ()),
                      selection=selected, provenance=provenance, execution=execution,
                      coverage=coverage(checked, errored).to_dict(), coverage_required=tuple(options.coverage),

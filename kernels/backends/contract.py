@@ -4,8 +4,9 @@
 A backend is any object that satisfies :class:`KernelBackend`: a ``name``, the ``codec`` its FP8
 conversions follow, and the two kernels of SPEC §1 and §6. Everything else the suite reads from a
 backend is one field of :class:`Capabilities`; :func:`capabilities_of` reads them all at once, when the
-backend is loaded, and refuses a backend whose name, codec, model or supported shapes are wrong with
-one :class:`golden.errors.UsageError` naming every wrong field (the command line prints it as one
+backend is loaded, and refuses a backend whose name, codec, model or supported shapes are wrong, or
+whose kernels' signatures cannot take the suite's calls (:func:`signature_problems`), with one
+:class:`golden.errors.UsageError` naming every wrong field (the command line prints it as one
 line, exit 2). Nothing else reads a backend's attributes: the run, the reports and the supervisor
 (kernels/backends/supervisor.py) read its :class:`Capabilities`, which are plain data and travel from
 the process that loaded the backend to the one that judges it (:meth:`Capabilities.to_dict`).
@@ -18,6 +19,7 @@ pass; kernels.backends.BackendUnavailable from a call is a skip of kind ``unavai
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -35,10 +37,19 @@ if TYPE_CHECKING:
     from pfa_verify.golden.model import ConformanceModel
 
 __all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "SHAPE_FIELDS", "DEFAULT_SHRINK_CALLS",
-           "shrink_budget", "OPERATORS", "implements"]
+           "shrink_budget", "OPERATORS", "implements", "PASSED_ARGUMENTS", "signature_problems"]
 
 #: The kernels a backend may implement (SPEC §1, §6): paged attention is required, AT-12 optional.
 OPERATORS = ("paged_attention_fp8", "qk_matmul_scale")
+
+#: The keyword arguments the suite passes each kernel (SPEC §1, §6): (always, sometimes). Every call is by
+#: keyword (properties/acceptance.py ``call``, the worker's kernels/backends/sandbox.py), never ``codec``:
+#: the golden's own argument, which a kernel may accept and ignore.
+PASSED_ARGUMENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "paged_attention_fp8": (("q", "q_scale", "k_cache", "k_scale", "v_cache", "v_scale", "block_table", "kv_act_seqs",
+                             "softmax_scale", "s2_tile", "g_tile"), ()),
+    "qk_matmul_scale": (("q", "k"), ("scale", "q_scale", "k_scale")),   # the bf16 calls pass q and k alone
+}
 
 #: The shape fields a backend may restrict with ``supported_shapes`` (kernels.backends.unsupported_shape).
 SHAPE_FIELDS = ("head_dim", "block_size")
@@ -225,7 +236,37 @@ def capabilities_of(backend: object, *, source: str | None = None) -> Capabiliti
         "runs_on_npu": runs_on_npu(backend),
         "operators": has if declared is None else tuple(declared) if isinstance(declared, (tuple, list)) else declared,
     }
-    return _checked(owner, fields)
+    calls = fields["operators"] if isinstance(fields["operators"], tuple) else ("paged_attention_fp8",)
+    return _checked(owner, fields, [p for op in calls if op in OPERATORS
+                                    for p in signature_problems(getattr(backend, op), op)])
+
+
+def signature_problems(method: Callable[..., Any], op: str) -> list[str]:
+    """What keeps ``method`` (a backend's ``op``, one of :data:`OPERATORS`) from taking the suite's calls,
+    one phrase each: an argument of :data:`PASSED_ARGUMENTS` it has no parameter for (and no ``**kwargs``),
+    one it takes positional-only, a required parameter the suite never passes. Empty when it takes them."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):     # no signature to read (a builtin): its calls say what is wrong
+        return []
+    always, sometimes = PASSED_ARGUMENTS[op]
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    problems = []
+    for arg in (*always, *sometimes):
+        param = params.get(arg)
+        if param is not None and param.kind is param.POSITIONAL_ONLY:
+            problems.append(f"{op}'s parameter {arg!r} is positional-only, but the suite passes it by keyword")
+        elif not any_keyword and (param is None or param.kind not in named):
+            problems.append(f"{op} has no parameter {arg!r}, which the suite passes by keyword (docs/spec.md "
+                            f"{'§1' if op == 'paged_attention_fp8' else '§6'})")
+    for param in params.values():
+        if (param.default is param.empty and param.name not in always
+                and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+                and not (param.kind is param.POSITIONAL_ONLY and param.name in sometimes)):
+            problems.append(f"{op}'s parameter {param.name!r} has no default, but the suite "
+                            + ("passes it only sometimes" if param.name in sometimes else "never passes it"))
+    return problems
 
 
 class _Missing:
@@ -252,10 +293,11 @@ def _is_count(value: object, *, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _checked(owner: str, fields: dict[str, Any]) -> Capabilities:
-    """``Capabilities(**fields)`` once every field is what the contract says; else one UsageError naming
-    each wrong field, its value and what is expected."""
-    wrong: list[str] = []
+def _checked(owner: str, fields: dict[str, Any], signatures: list[str] | None = None) -> Capabilities:
+    """``Capabilities(**fields)`` once every field is what the contract says and ``signatures`` (what
+    :func:`signature_problems` found) is empty; else one UsageError naming each wrong field, its value
+    and what is expected, and each signature problem."""
+    wrong: list[str] = list(signatures or ())
 
     def bad(field: str, expected: str) -> None:
         wrong.append(f"{field}={fields.get(field, _MISSING)!r} must be {expected}")

@@ -10,6 +10,8 @@ Rules, the same for every caller:
   again and fails the same way instead of finding a half-executed module;
 - every failure is one golden.errors.UsageError (a ValueError) naming the file or module and the
   error, on one line: what the command line prints (exit 2), never a traceback;
+- a file imports the modules beside it (``import helper`` for a helper.py in its folder) from whatever
+  folder the command runs in: its folder is put first on ``sys.path``, as ``python file.py`` does;
 - a file's bytes may be *pinned* (:func:`pin_source`): the supervisor reads a backend's file, hashes
   it for the report and hands its worker those bytes, so that what runs is what was hashed, whatever
   happens to the file meanwhile. :func:`locate_module` finds a module's file without running any code.
@@ -100,6 +102,9 @@ def load_file_module(path: str | Path, *, prefix: str = "_pfa_file_") -> ModuleT
     assert spec is not None            # None only when no loader is given and none fits the suffix
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module         # as Python's import does: the module may import itself
+    # As a script's folder: first, and kept, so that an import inside one of its functions finds it too.
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
     try:
         loader.exec_module(module)
     except BaseException as exc:

@@ -124,7 +124,7 @@ def _call(backend: object, header: dict[str, Any], inputs: int) -> tuple[dict[st
                 "message": f"the kernel returned {type(out).__name__}, not a torch.Tensor", "seconds": seconds}, []
     if out.device.type != "cpu":
         return {"type": "raised", "kind": "kernel_run", "type_name": "ValueError",
-                "message": f"the kernel returned a tensor on {out.device}; SPEC §1 asks for a CPU tensor",
+                "message": f"wrong device: the kernel returned a tensor on {out.device}, expected cpu (SPEC §1)",
                 "seconds": seconds}, []
     # A plain tensor of the same bits: a subclass's methods never run on the judging side.
     plain = {"output": out.as_subclass(torch.Tensor) if type(out) is not torch.Tensor else out}

@@ -4,6 +4,7 @@ every time it is loaded (never a traceback, never "has no callable" on the secon
 command line turns it into exit 2."""
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -108,3 +109,36 @@ def test_a_kernel_mutant_that_does_not_import_is_a_broken_row_never_a_kill(pypto
     run = matrix.MutantsRun("sim", 2, 0, baseline, [row], matrix.GOALS["sim"], 0.0)
     assert run.kill_ratio == 0.0 and run.exit_status == 1
     assert "1 mutant(s) broke the matrix (sim/broken_syntax)" in matrix.summary_line(run)
+
+
+def _kernel_beside_its_helper(folder, helper: str):
+    """A backend file in ``folder`` that imports ``helper`` (a module beside it) at its top and in its kernel."""
+    folder.mkdir()
+    (folder / f"{helper}.py").write_text("from pfa_verify import golden\n\n\ndef attention(**kw):\n"
+                                         "    return golden.paged_attention_fp8(**kw)\n")
+    (folder / "kernel.py").write_text(
+        f"import {helper}\n\n\nclass B:\n    name = 'neighbour'\n    codec = None\n\n"
+        "    def paged_attention_fp8(self, **kw):\n"
+        f"        import {helper} as again        # an import inside the kernel finds it too\n"
+        "        return again.attention(**kw)\n\n\ndef make():\n    return B()\n")
+    return folder / "kernel.py"
+
+
+def test_a_backend_file_imports_its_neighbours_from_any_folder(tmp_path, monkeypatch, capsys):
+    """Issue 54: ``--backend path/to/file.py:factory`` from a folder that is not the file's: the file's
+    ``import helper`` finds helper.py beside it, in the supervised worker and --in-process alike."""
+    kernel = _kernel_beside_its_helper(tmp_path / "kernel_folder", "helper_beside_kernel_54")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))        # the loader puts the file's folder on it
+    monkeypatch.delitem(sys.modules, "helper_beside_kernel_54", raising=False)
+    digest = hashlib.sha256(kernel.read_bytes()).hexdigest()      # the driver still hashes the named file
+    for mode in ([], ["--in-process"]):
+        argv = ["run", "--backend", "../kernel_folder/kernel.py:make", "--cases", "edge_causal_s1_3_short",
+                "--examples", "0", "--no-capture", *mode]
+        assert cli.main(argv) == 0, capsys.readouterr()
+        out = capsys.readouterr().out
+        assert "1 checked on neighbour (1 passed, 0 failed)" in out and f"sha256 {digest}" in out, out
+    sys.modules.pop("helper_beside_kernel_54", None)
+
