@@ -31,7 +31,7 @@ A result must be the kernel's: `out` starts as the UNWRITTEN sentinel (kernels.b
 so a run that writes nothing is a KernelRunError (an `error` verdict), never zeros that a golden row of
 zeros would pass. A calculator assertion in the captured output ("Errcode: FBF0..", the calculator's
 error codes, lib/calculator/src/calc_error.h) is a KernelRunError too. The "Unrecognized DataTypeDT_FP8E4M3" lines are not: every run prints about 200 of
-them, correct runs included (measured 2026-11-30: 205 lines in a run that matched the golden;
+them, correct runs included (205 lines in a run that matched the golden;
 ``backend.last_report.figures["unrecognized_dtype_lines"]`` counts them after any call).
 """
 from __future__ import annotations
