@@ -29,7 +29,7 @@ first one (the midpoint itself, which ties to even) or the next (just above it):
 ``top | 1`` stands for every ``top | low`` with ``low != 0``. The calculator's codec rounds to an
 integer first; ``np.rint`` does that exactly in float32 (half to even), and an integer below 2^8
 has zero low bits, larger ones saturate. tests/golden/test_codec_tables.py holds the tables equal to
-the float-arithmetic encoder as it was before them (tests/golden/codec_reference.py) on every
+the float-arithmetic encoder (tests/golden/codec_reference.py) on every
 midpoint, NaN, infinity, subnormal and signed zero, on a dense sample of the 2^32 patterns (all of
 them under ``slow``).
 ``decode_array`` reads two codes at once from a 65536-entry table of value pairs.

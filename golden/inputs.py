@@ -144,7 +144,7 @@ class PagedAttentionConfig:
 
         Fitted to the peak resident size over an interpreter with torch and the project imported, of 27
         cases judged in-process, on the golden backend and on a backend whose every output is 0 (torch
-        2.13 CPU, one thread, 2026-12-06; docs/performance.md has the table): every case under it.
+        2.13 CPU, one thread; docs/performance.md has the table): every case under it.
         ``make_inputs`` holds three caches' codes at a time (both contiguous while the first is paged)
         and a piece's temporaries (golden.inputs.PIECE_VALUES), and the allocator keeps some of the
         pieces' freed memory while it runs (0.02-0.15 GiB, more or less from one run of a case to the
@@ -186,7 +186,7 @@ class PagedAttentionConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (kv_act_seqs and block_table as lists). ``block_table`` is left out when
         None, so the dict (and every fingerprint and regression id made from it) of a config without an
-        explicit table is what it was before the field existed."""
+        explicit table does not depend on the field: captured ids stay valid."""
         data = asdict(self)
         if data["kv_act_seqs"] is not None:
             data["kv_act_seqs"] = list(data["kv_act_seqs"])

@@ -295,9 +295,6 @@ def within_ulps_arrays(lo64: np.ndarray, hi64: np.ndarray, ulps: float) -> tuple
     return _np_up32(lo64), _np_down32(hi64)
 
 
-_INF64 = torch.tensor(math.inf, dtype=torch.float64)
-
-
 def lowbit(x: torch.Tensor) -> torch.Tensor:
     """float64: the largest power of two dividing the float32 value ``x`` (inf where x == 0, so a zero
     term never lowers a grid), read from the float32 bits: clearing the lowest set bit of a pattern

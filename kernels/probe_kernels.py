@@ -7,7 +7,7 @@ paged-attention kernel (kernels/pfa_fp8.py) on their own, so their rounding can 
   bf16    out = bf16(x)                     (the output cast)
 
 The FP8 matmul (MM1/MM2) is probed through our AT-12 kernel (kernels/at12.py) with unit scales.
-Shapes are static; the vector tiles follow kernels/codec_probe.py. Import only after
+Shapes are static; the vector tiles follow tests/kernels/codec_probe.py. Import only after
 kernels.pypto_workarounds.load_pypto() (or on a 950, after torch_npu).
 """
 # No `from __future__ import annotations`: pypto.frontend.jit reads the tensor annotations as objects.

@@ -37,7 +37,7 @@ from pfa_verify import golden
 from pfa_verify.golden.paging import token_slots
 from pfa_verify.properties.case import Case
 
-__all__ = ["Ablation", "ABLATIONS", "ablations", "replaced_config", "with_lengths", "stage_family"]
+__all__ = ["Ablation", "ABLATIONS", "ablations", "replaced_config", "with_lengths"]
 
 
 def replaced_config(c: golden.PagedAttentionConfig, **changes: Any) -> golden.PagedAttentionConfig | None:
@@ -57,12 +57,6 @@ def replaced_config(c: golden.PagedAttentionConfig, **changes: Any) -> golden.Pa
 def with_lengths(c: golden.PagedAttentionConfig, lengths: list[int]) -> golden.PagedAttentionConfig | None:
     """``c`` with the batches' visible lengths ``lengths`` (as many batches as lengths)."""
     return replaced_config(c, batch=len(lengths), kv_act_seqs=tuple(lengths), s2=max(c.s2, *lengths, 1))
-
-
-def stage_family(stage: str) -> str:
-    """A fault model's stage without its SPEC sections: "paging, SPEC §2.2" -> "paging" (models of one stage
-    cite it differently)."""
-    return stage.split(",")[0].strip()
 
 
 # -- the tensor ablations: values changed where a kernel reads them, garbage kept ------------------------

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import torch
 
 from pfa_verify import golden
 
-__all__ = ["Case", "REPO_ROOT"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (tests run from it)
+__all__ = ["Case"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -363,7 +363,7 @@ def quant_rows(*, rows: IntOrStrategy = st.integers(1, 4), cols: IntOrStrategy =
     """float32 numpy arrays ``[rows, cols]`` with no all-zero row, values ``u * 2**magnitude`` for u
     in [-1, 1] (one magnitude per row, so tiny and huge rows both occur). Rows whose max|x| is below
     2**-110 are left out: 448 / max|x| overflows float32 there, a case SPEC §3 does not decide
-    (open question for the golden: today it yields a dequant scale of 0)."""
+    (open question for the golden: it yields a dequant scale of 0)."""
     r = _strategy(rows, "rows", minimum=1)
     c = _strategy(cols, "cols", minimum=1)
     mag = _strategy(magnitude, "magnitude")

@@ -20,7 +20,7 @@ from pfa_verify.properties.strategies import At12Case
 
 __all__ = ["FORMAT_VERSION", "TENSOR_BUDGET", "Regression", "case_to_dict", "case_from_dict", "stored", "mark"]
 
-# Format 2 (pfa-verify of 2026-11-30 on): make_inputs' "tiny" distribution shrinks Q and K only. A
+# Format 2: make_inputs' "tiny" distribution shrinks Q and K only. A
 # format-1 case is still read; one that must be rebuilt from (config, seed) with "tiny" is refused.
 # Format 3: the .npz is named by its content and the record carries its sha256 and arrays. Formats 1
 # and 2 are still read, their .npz checked for names, dtypes and shapes (they carry no sha256).

@@ -154,7 +154,7 @@ def false_reds(*, examples: int = 20, seed: int = 0, names=None, laws=None, cata
 
 
 def to_json(run: ConformingRun) -> dict:
-    """The report: per variant its false reds, per law and the catalog (goal 0)."""
+    """The report: per variant its false reds, per law and the catalog."""
     return {"schema": "pfa-verify-conforming/1", "examples": run.examples, "seed": run.seed,
             "variants": [{"name": v.name, "description": v.description, "model": v.model, "false_reds": v.false_reds,
                           "error": v.error, "seconds": round(v.seconds, 1),

@@ -4,9 +4,9 @@ The question directed generation raises: does aiming ``pfa-verify run``'s genera
 coverage holes find bugs sooner, or later? For every mutant of a level, the generated cases of
 ``pfa-verify run --cases catalog --examples N --seed S`` for the mutant's shapes are judged in run order
 under the one acceptance rule until one kills it (a counted failure, inputs that come back changed, or a
-kernels.KernelRunError, as in the kill matrix: :func:`kills`); the row records that case's position, for the cases drawn as today (aimed at the holes the
-catalog leaves, properties/directed.py) and as they were drawn before (the plain strategy under the same
-seed, cases.data.collect.generated_cases). ``N + 1`` stands for "not killed by the N cases". Each
+kernels.KernelRunError, as in the kill matrix: :func:`kills`); the row records that case's position, for the cases as run draws them (aimed at the holes the
+catalog leaves, properties/directed.py) and as the plain strategy draws them under the same seed
+(cases.data.collect.generated_cases). ``N + 1`` stands for "not killed by the N cases". Each
 (mutant, order) runs like a row of the kill matrix (cases/measuring/matrix.py): in a fresh process where
 a kernel error can spoil one (the sim).
 """

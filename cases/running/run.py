@@ -69,11 +69,9 @@ from pfa_verify.properties.diagnosis import diagnose_verdict
 from pfa_verify.properties.law_examples import operator_of
 from pfa_verify.properties.separation import separate
 
-__all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
+__all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend",
            "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]
 
-#: The reference of a skipped or errored case: no comparison with any golden was made.
-NO_REFERENCE = "-"
 #: A case's time limit where the backend has a cost model and ``--case-timeout`` was not given:
 #: this many seconds plus CASE_LIMIT_FACTOR times its estimate (the sim's model is within 2x on the
 #: upstream cases, kernels/backends/sim_cost.py; the base covers a worker's first trace and calculator build).

@@ -124,13 +124,6 @@ class CaseVerdict:
             return not self.judgement.passed
         return False
 
-    @property
-    def counted_failures(self) -> list:
-        """The properties.acceptance.CodecVerdict records that fail and count."""
-        if self.judgement is None or self.ledger is not None:
-            return []
-        return [r for r in self.judgement.references if r.counts and not r.passed]
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunResult:

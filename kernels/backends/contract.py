@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pfa_verify.golden.codec import CODECS, SPEC_CODEC, Fp8Codec, get_codec
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.golden.model import SPEC_MODEL, ConformanceModel
+from pfa_verify.golden.model import ConformanceModel
 from pfa_verify.kernels.backends import KernelSource, runs_on_npu
 from pfa_verify.kernels.backends.text import printable
 
@@ -158,11 +158,6 @@ class Capabilities:
     def codec_object(self) -> Fp8Codec:
         """The golden.codec codec named by ``codec``."""
         return get_codec(self.codec)
-
-    @property
-    def judged_model(self) -> ConformanceModel:
-        """The model the backend is judged by: its declared one, else SPEC §4.1 (golden.model.SPEC_MODEL)."""
-        return self.model if self.model is not None else SPEC_MODEL
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (what crosses from the process that loaded the backend)."""
@@ -374,9 +369,3 @@ def implements(backend: object, operator: str) -> bool:
     if isinstance(declared, (tuple, list)):
         return operator in declared
     return callable(getattr(backend, operator, None))
-
-
-def optional_method(backend: object, name: str) -> Callable[..., Any] | None:
-    """``backend.<name>`` when it is callable (``skip_reason``, ``estimate``), else None."""
-    method = getattr(backend, name, None)
-    return method if callable(method) else None

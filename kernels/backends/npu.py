@@ -18,7 +18,7 @@ them on the device (a wider buffer, a narrow view) cannot be done honestly for t
   the call, and entries past a row's valid blocks are ones a kernel may legally read (SPEC §2.2).
 - Only past the last row could a larger allocation hold poison behind the table; what a kernel does
   with a poisoned block id (a view far past the cache, which pypto clips to nothing) cannot be
-  measured without a 950, and none was available to this project when this was written.
+  measured without a 950.
 Run such cases on the sim backend.
 """
 from __future__ import annotations

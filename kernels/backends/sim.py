@@ -31,7 +31,7 @@ A result must be the kernel's: `out` starts as the UNWRITTEN sentinel (kernels.b
 so a run that writes nothing is a KernelRunError (an `error` verdict), never zeros that a golden row of
 zeros would pass. A calculator assertion in the captured output ("Errcode: FBF0..", the calculator's
 error codes, lib/calculator/src/calc_error.h) is a KernelRunError too. The "Unrecognized DataTypeDT_FP8E4M3" lines are not: every run prints about 200 of
-them, correct runs included (measured 2026-11-30: 205 lines in a run that matched the golden;
+them, correct runs included (205 lines in a run that matched the golden;
 ``backend.last_report.figures["unrecognized_dtype_lines"]`` counts them after any call).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ import torch
 from pfa_verify.golden.codec import PYPTO_CALCULATOR_CODEC, SPEC_CODEC
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.model import DETERMINISTIC_MODEL
-from pfa_verify.golden.validate import check_paged_attention_args, check_qk_matmul_scale_args
+from pfa_verify.golden.validate import check_paged_attention_args
 from pfa_verify.kernels import pypto_workarounds as pw
 from pfa_verify.kernels.backends import (
     BackendUnavailable,
@@ -202,22 +202,17 @@ class SimBackend(PyptoBackend):
         return "pypto output:\n" + text[-2000:] if text else ""
 
     # -- AT-12 -------------------------------------------------------------------------------------
-    def _at12(self, q, k, scale, q_scale, k_scale, execute: bool):
-        kernel, cfg = self._at12_kernel(q, k, scale, pass_verify=execute)
+    def _at12(self, q, k, scale, q_scale, k_scale):
+        kernel, cfg = self._at12_kernel(q, k, scale, pass_verify=True)
         out = unwritten_output((q.shape[0], k.shape[0]), dtype=torch.float32)
         tensors = [q, k] + ([q_scale, k_scale] if cfg.dequant_after else []) + [out]
-        self._run(kernel, [_contiguous(t) for t in tensors], execute=execute)
-        return finish_output(out) if execute else out
+        self._run(kernel, [_contiguous(t) for t in tensors], execute=True)
+        return finish_output(out)
 
     def _qk_matmul_scale(self, q, k, scale, q_scale, k_scale):
         if self.level == "compile":
             raise KernelRunError("the sim backend at level 'compile' computes no output")
-        return self._at12(q, k, scale, q_scale, k_scale, execute=True)
-
-    def compile_qk_matmul_scale(self, q, k, *, scale=None, q_scale=None, k_scale=None):
-        _, scale = check_qk_matmul_scale_args(q, k, scale=scale, q_scale=q_scale, k_scale=k_scale)
-        self._at12(q, k, scale, q_scale, k_scale, execute=False)
-        return self.last_report
+        return self._at12(q, k, scale, q_scale, k_scale)
 
 
 def calculator_error(text: str) -> str | None:

@@ -1,7 +1,7 @@
 """What a sim execute costs, and how the sim backend keeps it inside a worker's memory.
 
 Measured on pypto 0.2.0's calculator with W9 and W10 (kernels/pypto_workarounds/), one OpenMP
-thread, 2026-11-30 (the fitted points are in the table below;
+thread (the fitted points are in the table below;
 ``OMP_NUM_THREADS=1 /usr/bin/time -v pfa-verify run --backend sim --cases NAME --examples 0 --budget 0
 --no-capture`` re-measures a row: its first call is most of the case's seconds, its peak the maximum
 resident set size).
@@ -34,7 +34,7 @@ from pfa_verify.golden.paging import blocks_needed, ceil_div, visible_lengths
 
 __all__ = ["Estimate", "BatchChunk", "estimate", "plan", "chunk_inputs", "MEMORY_CAP_BYTES"]
 
-# Fitted to the six upstream cases (one process per case, OMP_NUM_THREADS=1, 2026-11-30; per call,
+# Fitted to the six upstream cases (one process per case, OMP_NUM_THREADS=1; per call,
 # chunked as planned below): units = tile iterations x cache MB of one call.
 #   case          iterations  units/call  calls  first call s  next call s  peak GiB
 #   b2_s2_1k              16         8      1       1.01          0.05        0.38

@@ -4,7 +4,7 @@ of the mutant catalog (kernels/mutants). A mutant must fail a law; a conforming 
 Each variant is a backend (``kernels.get_backend("conforming:NAME")``) built on
 kernels/conforming/kernel.py; :data:`VARIANTS` lists them with what each one does differently from the
 golden. ``pfa-verify conforming`` runs them through every law and the catalog and counts
-false reds (goal 0); tests/golden/test_envelope.py holds the envelope against them.
+false reds; tests/golden/test_envelope.py holds the envelope against them.
 """
 from __future__ import annotations
 

@@ -45,12 +45,12 @@ bounds (W12).
                     tiles x 2 heads), taking the process with it: with upstream's
                     stitch_function_max_num=512 its device task queues overflow
                     (DeviceTaskContext::BuildReadyQueueForFunc writes past a fixed-size ready queue;
-                    gdb, 2026-11-30; 128 completes). Compile-only runs skip it
-                    (sim_session(cost_model=False)); execute runs no longer need it (W9).
+                    seen in gdb; 128 completes). Compile-only runs skip it
+                    (sim_session(cost_model=False)); execute runs do not need it (W9).
                                                     test_cost_model_is_optional
   W9 execute        pypto 0.2.0's SIM path compiles on every call (parse, trace, pass pipeline,
                     codegen: 4-7 s for our kernel) and then runs the cost model (1.8-2.5 s, memory
-                    kept until exit; both measured 2026-11-30, `kernels.get_backend("sim", level=
+                    kept until exit; `kernels.get_backend("sim", level=
                     "compile", cost_model=True).compile_paged_attention(...).seconds` re-measures
                     their sum), though the numbers come from neither: the calculator runs on
                     the traced tensor graph inside the trace (RecordFunc::EndFunction ->
@@ -66,8 +66,8 @@ bounds (W12).
   W10 fp8 copies    the calculator copies every FP8 view (the interpreter starts each leaf frame that
                     reads an input with a view of the whole input) by decoding source and destination
                     to float32 and re-encoding element by element: time grows as tile iterations x
-                    cache size (127 s for pfa_fp8_b16_s1_1_s2_8k_nkv_1, 466 s for 8k_nkv_2, measured
-                    2026-11-30 before W10 by `OMP_NUM_THREADS=1 pfa-verify run --backend sim --cases
+                    cache size (127 s for pfa_fp8_b16_s1_1_s2_8k_nkv_1, 466 s for 8k_nkv_2 without
+                    W10, by `OMP_NUM_THREADS=1 pfa-verify run --backend sim --cases
                     NAME --examples 0 --budget 0`; with W10 the same command gives the times of
                     kernels/backends/sim_cost.py). Our build
                     of the calculator (W4) patches a copy of its sources so that a same-type FP8

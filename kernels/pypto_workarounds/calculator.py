@@ -37,8 +37,8 @@ def _calculator_dir() -> Path:
 # that reads a global input with a view of the whole input, executed as such a Copy, so each frame
 # paid O(NB * BS * NKV * D) on the paged caches (perf: 56% of a 256_nkv_4 execute in the decode's torch
 # ops, 12% in the scalar encode). A byte copy gives the same decoded values. What it does not repeat is
-# the re-encode's canonicalisation: a code the calculator reads as +-240 used to leave every copy as
-# 0x7E / 0xFE and now keeps its byte (golden.codec.PyptoCalculatorE4M3 models the cast's own codes).
+# the re-encode's canonicalisation: a code the calculator reads as +-240 keeps its byte, where the
+# re-encode made it 0x7E / 0xFE (golden.codec.PyptoCalculatorE4M3 models the cast's own codes).
 _W10 = (
     ("calc_torch.cpp", "static void Copy(const TensorData &out, const TensorData &self, bool trans) {\n", "after",
      ("    if (!trans && out.dtype == self.dtype && FromDataType(out.dtype) == torch::kUInt8 &&\n"

@@ -85,7 +85,7 @@ def spoiled() -> str | None:
     graph, e.g. a W12 view before a cache's start) skips the rest of pypto.function(): the class flag
     pypto._controller.Controller.in_function stays set and the C++ function stack is left half closed.
     The next trace fails ("function nested is not allowed"); with the flag cleared by hand it died of
-    SIGSEGV instead (measured 2026-11-30, the sim mutant minus_one_not_clamped on B=2, S2=512,
+    SIGSEGV instead (seen on the sim mutant minus_one_not_clamped on B=2, S2=512,
     s2_tile=256, lengths (512, 100), then a sim case). No reset recovers the process: cases/running/pool.py
     replaces a worker for which this is not None, and runs the rest of a serial run in a new process."""
     controller = getattr(sys.modules.get("pypto._controller"), "Controller", None)

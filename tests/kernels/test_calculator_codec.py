@@ -3,7 +3,7 @@
 pypto 0.2.0's own E4M3 is not E4M3FN: it must equal golden.codec.PYPTO_CALCULATOR_CODEC. Our build's
 spec mode (kernels/pypto_workarounds/, W13; the sim-spec-codec backend) must equal
 golden.codec.SPEC_CODEC. These tests measure both through the calculator itself (one-cast kernels of
-kernels/codec_probe.py run in SIM mode with pass verify) and require each model to agree bit for bit:
+tests/kernels/codec_probe.py run in SIM mode with pass verify) and require each model to agree bit for bit:
   decode  every one of the 256 codes (FP8 -> FP32, the path matmul operands take too)
   encode  every FP32 value class: +-0, the subnormal range, normals, every E4M3 grid value and
           rounding midpoint with their float32 neighbours, integer half-way points, the 240
@@ -33,7 +33,7 @@ def _codec(name: str):
 
 
 def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
-    from pfa_verify.kernels.codec_probe import make_decode_probe
+    from tests.kernels.codec_probe import make_decode_probe
 
     rows = codes.numel() // COLS
     out = torch.zeros(rows, COLS)
@@ -43,7 +43,7 @@ def _run_decode(codes: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
 
 
 def _run_encode(x: torch.Tensor, mode: str = "pypto") -> torch.Tensor:
-    from pfa_verify.kernels.codec_probe import make_encode_probe
+    from tests.kernels.codec_probe import make_encode_probe
 
     n = x.numel()
     rows = math.ceil(n / COLS)

@@ -19,13 +19,13 @@ import torch
 from pfa_verify import golden, kernels
 from pfa_verify.cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
 from pfa_verify.cases.data.catalog import load_catalog
-from pfa_verify.kernels.compile_inputs import compile_inputs
 from pfa_verify.kernels.pypto_workarounds import forget_traces
 from pfa_verify.properties import compare as cmp
 from pfa_verify.properties import laws
 from pfa_verify.properties.acceptance import call, judge, reference_backend
 from pfa_verify.properties.case import Case
 from pfa_verify.properties.strategies import At12Case
+from tests.kernels.compile_inputs import compile_inputs
 
 pytestmark = pytest.mark.sim
 

@@ -21,9 +21,9 @@ from hypothesis.internal.constants_ast import Constants
 
 from pfa_verify.cases.data.collect import generated_cases
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.case import REPO_ROOT
 from pfa_verify.properties.generation import local_constants_pinned, pin_local_constants
 from pfa_verify.properties.law_examples import PAGED_LAWS
+from tests.checkout import REPO_ROOT
 
 _SCRIPT = textwrap.dedent("""
     import importlib.util, json, sys

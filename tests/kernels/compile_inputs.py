@@ -1,6 +1,6 @@
 """Cheap inputs for compile-only runs: the right shapes and dtypes, arbitrary finite content.
 
-The case catalog (cases/, which builds on kernels/) names the configs; this module only fills them.
+The compile-only tests (tests/kernels/test_sim_kernels.py) name the configs; this module only fills them.
 """
 from __future__ import annotations
 
