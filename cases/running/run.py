@@ -39,6 +39,7 @@ import torch
 from pfa_verify import kernels
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.collect import Item, chosen_items, selection, with_generated
+from pfa_verify.cases.data.diagnosed import diagnosis_of
 from pfa_verify.cases.data.provenance import capture_digests, lost_captures, run_provenance
 from pfa_verify.cases.running.capture import capture_case, write_failure
 from pfa_verify.cases.running.pool import Pool, task_resources, worker_backend
@@ -63,7 +64,6 @@ from pfa_verify.kernels.backends.supervisor import (
 from pfa_verify.properties import ledger
 from pfa_verify.properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
 from pfa_verify.properties.coverage import coverage
-from pfa_verify.properties.diagnosis import diagnose_verdict
 from pfa_verify.properties.law_examples import operator_of
 from pfa_verify.properties.separation import separate
 
@@ -298,7 +298,7 @@ def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call 
     if item.source == "generated":
         return dataclasses.replace(verdict, signature=signature(verdict))
     if verdict.judgement is not None and call is not None:
-        verdict = dataclasses.replace(verdict, diagnosis=diagnose_verdict(verdict.judgement, call.tensors, call.scalars))
+        verdict = dataclasses.replace(verdict, diagnosis=diagnosis_of(verdict.judgement, call.tensors, call.scalars))
     if item.source == "regression":
         assert item.regression is not None        # collect_items names every regression item by its id
         command = regressions.replay_command(item.regression, regressions_dir)

@@ -26,13 +26,14 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.strategies import SearchStrategy
 
 from pfa_verify import golden
+from pfa_verify.cases.data.diagnosed import diagnosis_of
 from pfa_verify.cases.running.answers import Answers, answer, raised
 from pfa_verify.cases.running.capture import capture_case
 from pfa_verify.kernels.backends.contract import shrink_budget
 from pfa_verify.kernels.backends.supervisor import KernelFault
 from pfa_verify.properties.acceptance import judge, split_bundle
 from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import Probe, diagnose_verdict
+from pfa_verify.properties.diagnosis import Probe
 from pfa_verify.properties.error_probes import probe_error
 from pfa_verify.properties.probes import probe
 
@@ -255,9 +256,7 @@ def capture_generated(backend, backend_name: str, items: list, results: list, *,
                                 directory=regressions_dir, group=names, how=how, nondeterministic=unsteady)
         diagnosis = None
         if judgement is not None and not why_not_shrunk:
-            diagnosis = diagnose_verdict(judgement, *split_bundle(case.inputs()))
-            if diagnosis is not None and not stop():
-                diagnosis = probe(diagnosis, case, backend, stop=stop)
+            diagnosis = diagnosis_of(judgement, *split_bundle(case.inputs()), case=case, backend=backend, stop=stop)
         for k in members:
             out[k] = dataclasses.replace(out[k], capture=captured, diagnosis=diagnosis,
                                          diagnosis_note=", on the shrunk case" if shrunk else "")

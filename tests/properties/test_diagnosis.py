@@ -12,6 +12,7 @@ import torch
 from pfa_verify import golden, kernels
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.golden import PagedAttentionConfig
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant
@@ -19,6 +20,7 @@ from pfa_verify.properties import compare, diagnosis, laws, ledger, scoring
 from pfa_verify.properties.acceptance import judge, split_bundle
 from pfa_verify.properties.case import Case
 from pfa_verify.properties.diagnosis import diagnose, diagnose_verdict, fault_models
+from pfa_verify.properties.failure import LawFailure
 from pfa_verify.properties.fault_models import models_by_name
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
@@ -144,16 +146,20 @@ def _small(lengths, s1, *, nq=2, nkv=2):
 
 def test_a_two_call_law_names_the_call_that_is_wrong_and_the_defect():
     """Issue 29: a law comparing two calls says which call fails the one rule against its own golden, and the
-    fault model that explains that call's failure; the call that is right is named as passing."""
-    with pytest.raises(AssertionError) as failed:
-        laws.run("causal_prefix", get_mutant("causal_offset_ignored"), _small([40, 7], 3))
-    text = str(failed.value)
+    boundary's diagnosis (cases/data/diagnosed.py) names the fault model that explains that call's failure;
+    the call that is right is named as passing."""
+    backend = get_mutant("causal_offset_ignored")
+    with pytest.raises(LawFailure) as failed:
+        laws.run("causal_prefix", backend, _small([40, 7], 3))
+    text = explain(failed.value, backend).message
     assert "The call of query position 0 alone passes the one rule against its own golden" in text
     assert "The call causal S1=3 fails the one rule against its own golden (kernel logic, " in text
     assert "Diagnosis: causal_offset_ignored [visible length, SPEC §2.1] explains" in text
-    with pytest.raises(AssertionError) as failed:
-        laws.run("gqa_repetition", get_mutant("gqa_head_modulo"), _small([40, 7], 1, nq=4, nkv=2))
-    text = str(failed.value)
+    assert ", on the call causal S1=3)" in text
+    backend = get_mutant("gqa_head_modulo")
+    with pytest.raises(LawFailure) as failed:
+        laws.run("gqa_repetition", backend, _small([40, 7], 1, nq=4, nkv=2))
+    text = explain(failed.value, backend).message
     assert "The call with KV heads repeated x2 passes" in text and "The call grouped fails" in text
     assert "Diagnosis: gqa_head_modulo [GQA head map, SPEC §2.2]" in text
 
@@ -179,10 +185,10 @@ class _JitteryButDeclaredDeterministic(GoldenBackend):
 
 def test_two_calls_that_each_pass_the_rule_are_called_so():
     backend = _JitteryButDeclaredDeterministic()
-    with pytest.raises(AssertionError) as failed:
+    with pytest.raises(LawFailure) as failed:
         laws.run("block_permutation", backend, _small([40, 7], 1))
-    text = str(failed.value)
-    assert text.count("passes the one rule against its own golden") == 2
+    text = explain(failed.value, backend).message
+    assert text.count("passes the one rule against its own golden") == 2 and failed.value.failed == ()
     assert "Each call passes the one rule alone" in text and "Diagnosis" not in text
 
 
