@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import pytest
 
 from pfa_verify.kernels.mutants import MUTANTS
-from pfa_verify.properties import ledger
+from pfa_verify.properties.rule import ledger
 
 
 def survivor_params(names: Iterable[str], *, prefix: str = "") -> list:

@@ -17,8 +17,8 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import BackendUnavailable
 from pfa_verify.kernels.backends.supervisor import KernelFault, describe_failure
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties import ledger
-from pfa_verify.properties.coverage import BINS, classify
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.coverage import BINS, classify
 
 __all__ = ["add_arguments"]
 

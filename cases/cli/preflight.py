@@ -21,7 +21,7 @@ from pfa_verify.cases.data.regressions import REGRESSIONS_ENV, directory
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.inputs import memory_limit
 from pfa_verify.kernels.pypto_workarounds import CACHE_ENV
-from pfa_verify.properties.strategies import max_len
+from pfa_verify.properties.search.strategies import max_len
 
 __all__ = ["check_command", "check_environment", "check_output_file", "check_regressions_folder",
            "PSEUDO_FILESYSTEMS", "MIN_FREE_BYTES"]

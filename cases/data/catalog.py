@@ -16,7 +16,7 @@ from pathlib import Path
 from pfa_verify import golden
 from pfa_verify.cases.data import FOLDER, schemas
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
 

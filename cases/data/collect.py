@@ -22,10 +22,10 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends import unsupported_shape
-from pfa_verify.properties import ledger
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import classify
-from pfa_verify.properties.directed import Aim, directed_cases, draw, plain_draws
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import classify
+from pfa_verify.properties.search.directed import Aim, directed_cases, draw, plain_draws
 
 __all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "chosen_items", "with_generated",
            "shipped_left_out", "aimed",

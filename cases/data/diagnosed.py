@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from pfa_verify.properties.acceptance import JudgedBackend, Judgement, Scalars, Tensors
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import Diagnosis, diagnose_verdict
-from pfa_verify.properties.failure import LawFailure
-from pfa_verify.properties.probes import probe
+from pfa_verify.properties.diagnosis.diagnosis import Diagnosis, diagnose_verdict
+from pfa_verify.properties.diagnosis.probes import probe
+from pfa_verify.properties.rule.acceptance import JudgedBackend, Judgement, Scalars, Tensors
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import LawFailure
 
 __all__ = ["Explained", "diagnosis_of", "explain"]
 

@@ -26,7 +26,7 @@ from pfa_verify.cases.data import capture_files, regressions
 from pfa_verify.cases.data.catalog import CATALOG_PATH
 from pfa_verify.cases.data.versions import project
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties.acceptance import backend_model
+from pfa_verify.properties.rule.acceptance import backend_model
 
 __all__ = ["backend_provenance", "catalog_fingerprint", "capture_digests", "regressions_fingerprint", "lost_captures",
            "run_provenance"]

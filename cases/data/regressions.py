@@ -55,9 +55,9 @@ from pfa_verify.cases.data.schemas import check_written
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import KernelRunError, get_backend
 from pfa_verify.kernels.backends.supervisor import KernelRaised, describe_failure
-from pfa_verify.properties import laws
-from pfa_verify.properties.generation import reported_example
-from pfa_verify.properties.laws import LAWS
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search.generation import reported_example
+from pfa_verify.properties.search.laws import LAWS
 
 __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers", "mark_nondeterministic",

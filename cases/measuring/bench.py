@@ -46,7 +46,7 @@ from pfa_verify.golden import (
 )
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["WORKLOADS", "upstream_cases", "kernel_workload", "small_workload", "BenchRow", "run_bench",
            "run_stages", "main"]

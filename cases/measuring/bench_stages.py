@@ -44,9 +44,9 @@ from pfa_verify.golden.quant import quantize_rows
 from pfa_verify.golden.validate import check_paged_attention_args
 from pfa_verify.kernels.config import KERNEL_SHAPES
 from pfa_verify.kernels.conforming import VARIANTS, get_variant
-from pfa_verify.properties import acceptance
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import acceptance
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["GOALS", "StageRow", "CodecRow", "fp32_loop_oracle", "conforming_workload",
            "stage_rows", "codec_rows", "format_stage_row", "format_codec_row", "STAGE_HEADER", "CODEC_HEADER"]

@@ -24,9 +24,9 @@ from pfa_verify.cases.running.pool_worker import worker_backend
 from pfa_verify.golden.errors import check_known
 from pfa_verify.golden.model import declared_model
 from pfa_verify.kernels.conforming import VARIANTS
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 __all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "model_lines", "summary_line"]
 

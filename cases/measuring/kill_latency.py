@@ -25,7 +25,7 @@ from pfa_verify.cases.running.pool_worker import worker_backend
 from pfa_verify.golden.errors import check_known
 from pfa_verify.golden.paging import positive_int
 from pfa_verify.kernels import Backend, BackendUnavailable, KernelRunError, mutants
-from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.rule.acceptance import judge
 
 if TYPE_CHECKING:
     from rich.table import Table

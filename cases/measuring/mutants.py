@@ -34,9 +34,10 @@ from pfa_verify.cases.running.shrink import hunt
 from pfa_verify.golden.errors import check_known
 from pfa_verify.kernels import Backend, KernelRunError, mutants
 from pfa_verify.kernels.backends.contract import shrink_budget
-from pfa_verify.properties import law_examples, laws, ledger
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 __all__ = ["LawKill", "MutantResult", "MutantsRun", "search", "catalog_kill", "kill_matrix", "to_json",
            "render_table", "render_html", "GOALS"]

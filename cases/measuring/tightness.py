@@ -27,7 +27,7 @@ from pfa_verify import golden
 from pfa_verify.cases.data import FOLDER
 from pfa_verify.cases.data.collect import generated_cases
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.compare import get_tolerance
+from pfa_verify.properties.rule.compare import get_tolerance
 
 __all__ = ["Tightness", "measure", "render_table", "RECORDED"]
 

@@ -20,10 +20,10 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends.contract import implements, shrink_budget
 from pfa_verify.kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties import law_examples
-from pfa_verify.properties.coverage import Coverage, classify
-from pfa_verify.properties.generation import pin_local_constants, reported_example
-from pfa_verify.properties.law_examples import operator_of
+from pfa_verify.properties.rule.coverage import Coverage, classify
+from pfa_verify.properties.search import law_examples
+from pfa_verify.properties.search.generation import pin_local_constants, reported_example
+from pfa_verify.properties.search.law_examples import operator_of
 
 __all__ = ["DEFAULT_PROFILE", "register_profiles", "NOT_RUN"]
 

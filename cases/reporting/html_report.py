@@ -33,7 +33,7 @@ from pfa_verify.cases.reporting.report import (
     table_rows,
     write_text_atomically,
 )
-from pfa_verify.properties.attribution import RATIO_BINS
+from pfa_verify.properties.rule.attribution import RATIO_BINS
 
 __all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]
 

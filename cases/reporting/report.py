@@ -38,8 +38,8 @@ from pfa_verify.cases.data.versions import versions
 from pfa_verify.cases.reporting.signals import EXIT_INTERRUPTED
 from pfa_verify.cases.reporting.terminal import printable_data, shown
 from pfa_verify.cases.running.verdict import CaseVerdict
-from pfa_verify.properties.acceptance import CodecVerdict
-from pfa_verify.properties.coverage import coverage_text
+from pfa_verify.properties.rule.acceptance import CodecVerdict
+from pfa_verify.properties.rule.coverage import coverage_text
 
 __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "check_schema", "ResultRow",
            "result_rows", "failure_text", "table_rows", "skipped_groups", "render_table", "print_report",

@@ -61,11 +61,11 @@ from pfa_verify.kernels.backends.supervisor import (
     describe_failure,
     driver_kernel_source,
 )
-from pfa_verify.properties import ledger
-from pfa_verify.properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
-from pfa_verify.properties.coverage import coverage
-from pfa_verify.properties.law_examples import operator_of
-from pfa_verify.properties.separation import separate
+from pfa_verify.properties.diagnosis.separation import separate
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.acceptance import InputsModified, check_unchanged, hold, split_bundle
+from pfa_verify.properties.rule.coverage import coverage
+from pfa_verify.properties.search.law_examples import operator_of
 
 __all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend", "NO_REFERENCE",
            "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]

@@ -42,9 +42,9 @@ from pfa_verify.cases.running.shrink import hunt, nondeterminism
 from pfa_verify.golden.errors import UsageError, check_known
 from pfa_verify.kernels.backends.contract import implements, shrink_budget
 from pfa_verify.kernels.backends.supervisor import describe_failure
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties.coverage import Coverage, classify
-from pfa_verify.properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
+from pfa_verify.properties.rule.coverage import Coverage, classify
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
 
 __all__ = ["TaskReport", "SearchTask", "SearchRun", "LAW_GROUPS", "MIN_EXAMPLES", "VERDICT_STYLES", "law_names",
            "task_seed", "failure_signature", "open_database", "search", "verdict_of", "law_verdicts"]

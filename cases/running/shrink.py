@@ -31,11 +31,11 @@ from pfa_verify.cases.running.answers import Answers, answer, raised
 from pfa_verify.cases.running.capture import capture_case
 from pfa_verify.kernels.backends.contract import shrink_budget
 from pfa_verify.kernels.backends.supervisor import KernelFault
-from pfa_verify.properties.acceptance import judge, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import Probe
-from pfa_verify.properties.error_probes import probe_error
-from pfa_verify.properties.probes import probe
+from pfa_verify.properties.diagnosis.diagnosis import Probe
+from pfa_verify.properties.diagnosis.error_probes import probe_error
+from pfa_verify.properties.diagnosis.probes import probe
+from pfa_verify.properties.rule.acceptance import judge, split_bundle
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Hunt", "hunt", "signature", "capture_generated", "nondeterminism", "probe_groups", "probe_errors"]
 

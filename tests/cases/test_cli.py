@@ -13,8 +13,8 @@ from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.reporting import html_report
-from pfa_verify.properties.case import REPO_ROOT, Case
-from pfa_verify.properties.coverage import classify
+from pfa_verify.properties.rule.case import REPO_ROOT, Case
+from pfa_verify.properties.rule.coverage import classify
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
 

@@ -11,7 +11,7 @@ from pfa_verify.cases.reporting import html_report
 from pfa_verify.cases.reporting.report import table_rows
 from pfa_verify.cases.running import run as runner
 from pfa_verify.kernels import Skip
-from pfa_verify.properties.coverage import BINS, CROSSES
+from pfa_verify.properties.rule.coverage import BINS, CROSSES
 
 
 def _run(tmp, backend, examples=0):

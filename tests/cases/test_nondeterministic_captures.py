@@ -21,7 +21,7 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.running.answers import Answers, Recorded
 from pfa_verify.cases.running.shrink import Hunt, hunt, nondeterminism
 from pfa_verify.kernels.backends.supervisor import KernelFault
-from pfa_verify.properties.case import REPO_ROOT, Case
+from pfa_verify.properties.rule.case import REPO_ROOT, Case
 
 RACY = "tests/kernels/unsteady_kernels.py:make_racy"      # wrong on every second call of its process
 BUGGY = "tests/kernels/unsteady_kernels.py:make_buggy"    # wrong on every call

@@ -21,8 +21,8 @@ from pfa_verify.cases import cli
 from pfa_verify.cases.cli import arguments
 from pfa_verify.cases.measuring import tightness
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties import strategies
-from pfa_verify.properties.case import REPO_ROOT
+from pfa_verify.properties.rule.case import REPO_ROOT
+from pfa_verify.properties.search import strategies
 
 RUN = ["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short", "--examples", "0"]
 SEARCH = ["search", "--backend", "golden", "--laws", "acceptance", "--examples", "1", "--tasks", "1"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pfa_verify.cases.data import regressions
-from pfa_verify.properties import ledger
+from pfa_verify.properties.rule import ledger
 
 
 def _params():

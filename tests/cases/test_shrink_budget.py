@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from pfa_verify.cases.running.shrink import hunt
 from pfa_verify.kernels.backends.contract import DEFAULT_SHRINK_CALLS, shrink_budget
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties.probes import MAX_CALLS
+from pfa_verify.properties.diagnosis.probes import MAX_CALLS
 
 LAW_TEST = '''
 from hypothesis import given, settings, strategies as st
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 
 @settings(max_examples=30, derandomize=True, database=None, deadline=None)

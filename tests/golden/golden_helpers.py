@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pfa_verify.golden import SPEC_CODEC, contiguous_to_paged
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 __all__ = ["bits", "assert_identical", "HandCase", "hand_case", "call_id", "clone_tensors", "assert_unchanged"]
 

@@ -32,7 +32,7 @@ from pfa_verify.golden.validate import SCORE_LIMIT
 from pfa_verify.kernels.config import KERNEL_SHAPES
 from pfa_verify.kernels.conforming import VARIANTS, ConformingKernel
 from pfa_verify.kernels.conforming.arithmetic import exp_edge
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
 _SMALL = dict(max_examples=12, deadline=None)

@@ -11,7 +11,7 @@ from ledger_marks import survivor_params
 
 from pfa_verify.cases.measuring import mutants as matrix
 from pfa_verify.kernels.mutants.kernel_level import KERNEL_MUTANTS
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from pfa_verify.kernels.backends.loader import import_named_module, load_file_mo
 from pfa_verify.kernels.backends.supervisor import GuardedBackend
 from pfa_verify.kernels.backends.upstream import load_kernel
 from pfa_verify.kernels.mutants import kernel_level
-from pfa_verify.properties.case import REPO_ROOT
+from pfa_verify.properties.rule.case import REPO_ROOT
 
 RAISES = 'raise RuntimeError("boom at import")\n\n\ndef f():\n    return None\n'
 

@@ -18,11 +18,11 @@ from pfa_verify.cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.kernels.compile_inputs import compile_inputs
 from pfa_verify.kernels.pypto_workarounds import forget_traces
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import laws
-from pfa_verify.properties.acceptance import call, judge, reference_backend
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, judge, reference_backend
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search.strategies import At12Case
 
 pytestmark = pytest.mark.sim
 

@@ -20,10 +20,10 @@ from pfa_verify.golden.matmul import exact_matmul
 from pfa_verify.kernels import KernelRunError
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant, kernel_level
 from pfa_verify.kernels.mutants.staged import StagedGolden
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import law_examples
-from pfa_verify.properties.acceptance import call, split_bundle
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import law_examples
 
 GOLDEN = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is None]
 EQUIVALENT = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is not None]

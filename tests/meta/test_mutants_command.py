@@ -11,7 +11,7 @@ from pfa_verify.cases.data.collect import collect_items, generated_cases
 from pfa_verify.cases.measuring import mutants as matrix
 from pfa_verify.kernels import KernelRunError, get_backend
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant
-from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.rule.acceptance import judge
 
 # The fields issue 12 names, and what a reader of the JSON relies on.
 SCHEMA = {

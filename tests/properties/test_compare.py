@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 
 def test_tolerance_table_follows_spec_section_4():

@@ -9,7 +9,7 @@ import pytest
 from pfa_verify.cases import cli
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.golden import PagedAttentionConfig
-from pfa_verify.properties.coverage import BINS, CROSSES, bin_names, classify, coverage
+from pfa_verify.properties.rule.coverage import BINS, CROSSES, bin_names, classify, coverage
 
 
 def test_every_bin_names_its_spec_line_and_the_names_are_unique():
@@ -80,7 +80,7 @@ def test_a_pytest_law_run_ends_with_the_coverage_of_its_examples(suite_pytester)
     (tests/conftest.py); each bin is also a Hypothesis event of the law's test."""
     suite_pytester.makepyfile(test_law='''
 from hypothesis import given, settings
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 
 @settings(max_examples=5, derandomize=True, database=None, deadline=None)

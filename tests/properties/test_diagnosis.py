@@ -16,12 +16,14 @@ from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.golden import PagedAttentionConfig
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant
-from pfa_verify.properties import compare, diagnosis, laws, ledger, scoring
-from pfa_verify.properties.acceptance import judge, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import diagnose, diagnose_verdict, fault_models
-from pfa_verify.properties.failure import LawFailure
-from pfa_verify.properties.fault_models import models_by_name
+from pfa_verify.properties.diagnosis import diagnosis, scoring
+from pfa_verify.properties.diagnosis.diagnosis import diagnose, diagnose_verdict, fault_models
+from pfa_verify.properties.diagnosis.fault_models import models_by_name
+from pfa_verify.properties.rule import compare, ledger
+from pfa_verify.properties.rule.acceptance import judge, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import LawFailure
+from pfa_verify.properties.search import laws
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
 #: Two batches whose lengths need the same number of blocks, so that a model moving one batch's length to

@@ -21,9 +21,9 @@ from hypothesis.internal.constants_ast import Constants
 
 from pfa_verify.cases.data.collect import generated_cases
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.case import REPO_ROOT
-from pfa_verify.properties.generation import local_constants_pinned, pin_local_constants
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.rule.case import REPO_ROOT
+from pfa_verify.properties.search.generation import local_constants_pinned, pin_local_constants
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 _SCRIPT = textwrap.dedent("""
     import importlib.util, json, sys
@@ -39,7 +39,7 @@ _SCRIPT = textwrap.dedent("""
     from hypothesis import given, settings
     from hypothesis.internal.constants_ast import constants_from_module, is_local_module_file
     from pfa_verify.kernels.config import KERNEL_SHAPES
-    from pfa_verify.properties import law_examples
+    from pfa_verify.properties.search import law_examples
 
     class KernelShapes:
         supported_shapes = KERNEL_SHAPES

@@ -12,9 +12,9 @@ import torch
 
 from pfa_verify import golden, kernels
 from pfa_verify.kernels.conforming import VARIANTS
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import laws
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import laws
 
 
 def _e4m3(value: float, shape) -> torch.Tensor:

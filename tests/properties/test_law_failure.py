@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from pfa_verify.cases.data import diagnosed, regressions
 from pfa_verify.golden import PagedAttentionConfig
 from pfa_verify.kernels.mutants import get_mutant
-from pfa_verify.properties import laws
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.failure import LawFailure
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import LawFailure
+from pfa_verify.properties.search import laws
 
 _NAMED = "Diagnosis: causal_offset_ignored [visible length, SPEC §2.1] explains"
 

@@ -8,10 +8,10 @@ import torch
 from pfa_verify import golden
 from pfa_verify.golden.paging import visible_lengths
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import call, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.readout import READOUT_HEAD_DIM, locate, readout_case
+from pfa_verify.properties.diagnosis.readout import READOUT_HEAD_DIM, locate, readout_case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, split_bundle
+from pfa_verify.properties.rule.case import Case
 from tests.properties.doubles import DropLastS2Tile, ReadsTheNextColumn
 
 

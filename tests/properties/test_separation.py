@@ -5,8 +5,8 @@ import pytest
 
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.cases.data.collect import generated_cases
-from pfa_verify.properties.coverage import facts_of
-from pfa_verify.properties.separation import FACTS, separate
+from pfa_verify.properties.diagnosis.separation import FACTS, separate
+from pfa_verify.properties.rule.coverage import facts_of
 
 _CONFIGS = [c.config for c in load_catalog().values() if hasattr(c, "config")] + \
            [c.config for c in generated_cases(40, 0)]

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from pfa_verify.kernels.backends import Backend, Skip
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.directed import draw
+from pfa_verify.properties.search import strategies as ps
+from pfa_verify.properties.search.directed import draw
 
 FIND = settings(max_examples=2000, database=None, deadline=None, derandomize=True)  # find() is random otherwise: 1 of 10 runs shrank short of the target
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 
 from pfa_verify import golden
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search import strategies as ps
 
 
 @pytest.mark.parametrize("law", law_examples.PAGED_LAWS)

@@ -41,8 +41,8 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.paging import blocks_needed, positive_int
 from pfa_verify.kernels import Skip
 from pfa_verify.kernels.backends import unsupported_shape
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.generation import pin_local_constants
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search.generation import pin_local_constants
 
 # The same seed gives the same cases whatever else the process imports (properties/generation.py).
 pin_local_constants()

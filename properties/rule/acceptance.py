@@ -50,9 +50,9 @@ from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.envelope import AttentionEnvelope
 from pfa_verify.golden.model import ConformanceModel, declared_model
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.attribution import Attribution, attribute, error_picture, query_positions
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.attribution import Attribution, attribute, error_picture, query_positions
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["CATEGORIES", "InputsModified", "CodecVerdict", "EnvelopeFigures", "Judgement", "call", "check_unchanged",
            "split_bundle", "judge", "hold", "rule", "reference_backend", "attribution_of", "backend_model"]

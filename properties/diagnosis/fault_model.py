@@ -10,7 +10,7 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.codec import Fp8Codec
-from pfa_verify.properties.acceptance import Scalars, Tensors
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["FaultModel", "ModelOutput", "Change", "golden_on"]
 

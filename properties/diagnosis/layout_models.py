@@ -10,8 +10,8 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.codec import Fp8Codec
-from pfa_verify.properties.acceptance import Scalars, Tensors
-from pfa_verify.properties.fault_model import Change, FaultModel, golden_on
+from pfa_verify.properties.diagnosis.fault_model import Change, FaultModel, golden_on
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["layout_models"]
 

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from pfa_verify.properties.compare_result import (
+from pfa_verify.properties.rule.compare_result import (
     TOLERANCES,
     Comparison,
     NonFinite,

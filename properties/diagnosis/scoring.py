@@ -13,10 +13,10 @@ import torch
 
 from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.envelope import AttentionEnvelope
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.acceptance import Scalars, Tensors
-from pfa_verify.properties.fault_model import FaultModel
+from pfa_verify.properties.diagnosis.fault_model import FaultModel
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["Candidate", "Prediction", "Slack", "slack_of", "score", "model_output", "minus_one_reads", "EXPLAINS",
            "CLOSE"]

@@ -26,7 +26,7 @@ from pfa_verify.golden import FP8_MAX
 from pfa_verify.golden.matmul import exact_matmul
 from pfa_verify.golden.softmax_state import exp_f32, local_softmax
 from pfa_verify.kernels.mutants.staged import StagedGolden
-from pfa_verify.properties.update_models import (
+from pfa_verify.properties.diagnosis.update_models import (
     DividedByLastTileSum,
     NotNormalized,
     OnlineMaxStartsAtZero,

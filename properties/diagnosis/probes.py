@@ -37,15 +37,12 @@ from typing import Any
 import torch
 
 from pfa_verify import golden
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.ablations import ablations, replaced_config, with_lengths
-from pfa_verify.properties.acceptance import JudgedBackend, Scalars, Tensors, backend_model, call, rule, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
-from pfa_verify.properties.fault_models import FaultModel, models_by_name
-from pfa_verify.properties.readout import Location, Readout, locate, readout_case
-from pfa_verify.properties.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
-from pfa_verify.properties.scoring import (
+from pfa_verify.properties.diagnosis.ablations import ablations, replaced_config, with_lengths
+from pfa_verify.properties.diagnosis.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
+from pfa_verify.properties.diagnosis.fault_models import FaultModel, models_by_name
+from pfa_verify.properties.diagnosis.readout import Location, Readout, locate, readout_case
+from pfa_verify.properties.diagnosis.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
+from pfa_verify.properties.diagnosis.scoring import (
     EXPLAINS,
     Candidate,
     Prediction,
@@ -55,6 +52,17 @@ from pfa_verify.properties.scoring import (
     score,
     slack_of,
 )
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import (
+    JudgedBackend,
+    Scalars,
+    Tensors,
+    backend_model,
+    call,
+    rule,
+    split_bundle,
+)
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["probe", "neighbours", "probed_case", "kernel_probe", "golden_output", "outcome_probes", "EVIDENCE",
            "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES", "READOUT_CALLS"]

@@ -52,9 +52,9 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import ceil_div, token_slots, visible_lengths
-from pfa_verify.properties.ablations import replaced_config
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.walks import prefix_stage, tile_prefix
+from pfa_verify.properties.diagnosis.ablations import replaced_config
+from pfa_verify.properties.diagnosis.walks import prefix_stage, tile_prefix
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Readout", "Location", "READOUT_HEAD_DIM", "readout_case", "locate"]
 

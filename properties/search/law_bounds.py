@@ -17,11 +17,11 @@ from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.intervals import TINY32, U32, ulp32, up32
 from pfa_verify.golden.sum_bounds import sum_error_bound
 from pfa_verify.kernels import Backend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import attribution_of, backend_model, hold
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.failure import Failed, LawFailure
-from pfa_verify.properties.generation import reported_example
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import attribution_of, backend_model, hold
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import Failed, LawFailure
+from pfa_verify.properties.search.generation import reported_example
 
 __all__ = ["acceptance_width", "at12_fp8_vs_bf16_bound", "Call", "which_call"]
 

@@ -30,11 +30,9 @@ import torch
 from pfa_verify import golden
 from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.envelope import AttentionEnvelope
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import Judgement, Scalars, Tensors
-from pfa_verify.properties.fault_models import FaultModel, fault_models
-from pfa_verify.properties.readout import Location
-from pfa_verify.properties.scoring import (
+from pfa_verify.properties.diagnosis.fault_models import FaultModel, fault_models
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.diagnosis.scoring import (
     CLOSE,
     EXPLAINS,
     Candidate,
@@ -44,6 +42,8 @@ from pfa_verify.properties.scoring import (
     score,
     slack_of,
 )
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import Judgement, Scalars, Tensors
 
 __all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict",
            "failing_codec", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]

@@ -20,11 +20,12 @@ from typing import Any, TypeAlias
 
 from hypothesis import strategies as st
 
-from pfa_verify.properties import laws, ledger
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import BINS
-from pfa_verify.properties.directed import narrowing
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import BINS
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search import strategies as ps
+from pfa_verify.properties.search.directed import narrowing
 
 __all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "aims", "examples", "operator_of"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pfa_verify.properties.acceptance import Judgement, Scalars, Tensors, split_bundle
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.acceptance import Judgement, Scalars, Tensors, split_bundle
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Failed", "LawFailure"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pfa_verify import golden
-from pfa_verify.properties.coverage import BINS, Facts, facts_of
+from pfa_verify.properties.rule.coverage import BINS, Facts, facts_of
 
 __all__ = ["Fact", "Separation", "separate", "MAX_FACTS", "FACTS"]
 

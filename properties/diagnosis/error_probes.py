@@ -24,12 +24,12 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import ceil_div
-from pfa_verify.properties.ablations import ablations
-from pfa_verify.properties.acceptance import JudgedBackend
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import Diagnosis
-from pfa_verify.properties.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
-from pfa_verify.properties.readout import Location
+from pfa_verify.properties.diagnosis.ablations import ablations
+from pfa_verify.properties.diagnosis.diagnosis import Diagnosis
+from pfa_verify.properties.diagnosis.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.rule.acceptance import JudgedBackend
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["probe_error", "error_neighbours", "WIDENED"]
 

@@ -25,10 +25,10 @@ from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.kernels.backends.contract import KernelBackend
 from pfa_verify.kernels.mutants.golden_level import GOLDEN_MUTANTS
 from pfa_verify.kernels.mutants.staged import StagedGolden
-from pfa_verify.properties.acceptance import Scalars, Tensors
-from pfa_verify.properties.fault_model import Change, FaultModel, ModelOutput, golden_on
-from pfa_verify.properties.layout_models import layout_models
-from pfa_verify.properties.stage_models import WRITTEN
+from pfa_verify.properties.diagnosis.fault_model import Change, FaultModel, ModelOutput, golden_on
+from pfa_verify.properties.diagnosis.layout_models import layout_models
+from pfa_verify.properties.diagnosis.stage_models import WRITTEN
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["FaultModel", "ModelOutput", "fault_models", "models_by_name"]
 

@@ -38,9 +38,9 @@ from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
 
 from pfa_verify.golden.paging import positive_int
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import BINS, CROSSES, classify
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import BINS, CROSSES, classify
+from pfa_verify.properties.search import strategies as ps
 
 _T = TypeVar("_T")
 

@@ -35,7 +35,7 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import token_slots
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Ablation", "ABLATIONS", "ablations", "replaced_config", "with_lengths", "stage_family"]
 

@@ -30,8 +30,8 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import visible_lengths
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.readout import Location
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["ScaleReadout", "ScaleReading", "scale_readout_case", "entry_values", "max_entries", "read_scales",
            "combine", "MANTISSAS", "LOWEST"]

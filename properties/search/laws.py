@@ -34,12 +34,12 @@ from pfa_verify.golden.attention import visible_lengths
 from pfa_verify.golden.codec import FP8_MAX
 from pfa_verify.golden.validate import default_softmax_scale
 from pfa_verify.kernels import Backend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.acceptance import backend_model, call, judge, reference_backend, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.failure import Failed, LawFailure
-from pfa_verify.properties.law_bounds import (
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.acceptance import backend_model, call, judge, reference_backend, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import Failed, LawFailure
+from pfa_verify.properties.search.law_bounds import (
     Call,
     acceptance_width,
     assert_pair_within,
@@ -48,7 +48,7 @@ from pfa_verify.properties.law_bounds import (
     case_tags,
     e4m3_half_spacing,
 )
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.search.strategies import At12Case
 
 __all__ = ["LAWS", "Law", "LawFailure", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
 

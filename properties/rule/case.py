@@ -10,7 +10,7 @@ from pfa_verify import golden
 
 __all__ = ["Case", "REPO_ROOT"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (tests run from it)
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests run from it)
 
 
 @dataclasses.dataclass(frozen=True)
