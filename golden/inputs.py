@@ -35,7 +35,7 @@ MAX_BYTES_ENV = "PFA_VERIFY_MAX_BYTES"
 DISTRIBUTIONS = ("uniform", "normal", "outliers", "tiny", "wide", "constant_rows", "sinks", "outlier_channels",
                  "outlier_grid")
 # Fill of unread cells: the value of the E4M3 code written in the caches (and in q of rows that see
-# nothing, properties.transforms.poison_unread), and the value written as their K (and q) scale. The one
+# nothing, properties.rule.transforms.poison_unread), and the value written as their K (and q) scale. The one
 # table of garbage fills: make_inputs and the laws' transformations both read it.
 GARBAGE: dict[str | None, tuple[float, float]] = {
     None: (0.0, 0.0),

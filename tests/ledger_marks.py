@@ -1,4 +1,4 @@
-"""Parameters for tests over the mutant catalog, with the ledger's survivors (properties/ledger.py, kind
+"""Parameters for tests over the mutant catalog, with the ledger's survivors (properties/rule/ledger.py, kind
 "survivor") as strict xfails citing their reason: the day a law kills one, its test fails and says to
 remove the entry. tests/meta/test_mutants.py (golden level) and tests/kernels/test_kernel_mutants.py (sim
 level, whose ledger names start with ``sim/``) read it; importable as ``ledger_marks`` (tests/ is on
@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import pytest
 
 from pfa_verify.kernels.mutants import MUTANTS
-from pfa_verify.properties import ledger
+from pfa_verify.properties.rule import ledger
 
 
 def survivor_params(names: Iterable[str], *, prefix: str = "") -> list:

@@ -5,13 +5,15 @@
 - ``cases-rooms``: cases/ is four rooms under the command line, cli > measuring > reporting > running >
   data; a room imports only the rooms below it, nothing imports cli, and a new module at the top
   of cases/ must take its place in the list;
+- ``properties-rooms``: properties/ is three rooms, the search and the diagnosis over the rule and
+  independent of each other (a law raises its failure as data; cases/ diagnoses it);
 - ``no-cycles``: no import cycle between the modules of a package (a module importing its own package's
   __init__, as kernels.backends.sim takes Backend from kernels.backends, is how a package shares its
   base, not a cycle).
 
 Imports inside functions count, and so do chains through other modules. The contracts are also shown to
-break: a copy of the tree with one upward import, one import from a lower room to a higher one and one
-cycle planted.
+break: a copy of the tree with one upward import, one import from a lower room to a higher one, a law
+importing the diagnosis and one cycle planted.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     done = lint_imports(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 3 kept, 0 broken." in done.stdout, done.stdout
+    assert "Contracts: 4 kept, 0 broken." in done.stdout, done.stdout
 
 
 def _plant(path: Path, line: str) -> None:
@@ -52,13 +54,16 @@ def test_a_planted_upward_import_breaks_the_contracts(tmp_path):
     _plant(tmp_path / "golden" / "quant.py", "from pfa_verify.cases.reporting import report")     # golden -> cases
     _plant(tmp_path / "cases" / "data" / "catalog.py", "from pfa_verify.cases.reporting import html_report")
     _plant(tmp_path / "golden" / "paging.py", "from pfa_verify.golden import attention")  # attention imports paging
+    _plant(tmp_path / "properties" / "search" / "laws.py", "from pfa_verify.properties.diagnosis.diagnosis import diagnosis")
     done = lint_imports(tmp_path)
     out = done.stdout
-    assert done.returncode == 1 and "Contracts: 0 kept, 3 broken." in out, out + done.stderr
+    assert done.returncode == 1 and "Contracts: 0 kept, 4 broken." in out, out + done.stderr
     flat = " ".join(out.split())            # import-linter wraps long lines
     assert "pfa_verify.golden is not allowed to import pfa_verify.cases:" in flat, out
     assert "pfa_verify.golden.quant -> pfa_verify.cases.reporting.report" in flat, out
     assert "pfa_verify.cases.data is not allowed to import pfa_verify.cases.reporting:" in flat, out
     assert "pfa_verify.cases.data.catalog -> pfa_verify.cases.reporting.html_report" in flat, out
+    assert "pfa_verify.properties.search is not allowed to import pfa_verify.properties.diagnosis.diagnosis:" in flat, out
+    assert "pfa_verify.properties.search.laws -> pfa_verify.properties.diagnosis.diagnosis" in flat, out
     cycles = flat.split("no import cycle")[-1]
     assert "No cycles are allowed in pfa_verify.golden." in cycles and "- .paging -> .attention (1 import)" in cycles

@@ -14,7 +14,7 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.inputs import parse_byte_count
 from pfa_verify.kernels import SKIP_KINDS
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties.coverage import bin_names
+from pfa_verify.properties.rule.coverage import bin_names
 
 __all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
            "coverage_bins", "RUN_EXAMPLES", "SEARCH_EXAMPLES", "MATRIX_EXAMPLES", "SEARCH_TASKS", "SHRINK_SECONDS",
@@ -126,7 +126,7 @@ def cluster_refused(exc) -> int:
 
 
 def coverage_bins(text: str) -> tuple[str, ...]:
-    """``--coverage``: ``all``, or bin names of properties.coverage (unknown names: a usage error)."""
+    """``--coverage``: ``all``, or bin names of properties.rule.coverage (unknown names: a usage error)."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     known = bin_names()
     bad = [n for n in names if n != "all" and n not in known]

@@ -17,8 +17,8 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import BackendUnavailable
 from pfa_verify.kernels.backends.supervisor import KernelFault, describe_failure
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties import ledger
-from pfa_verify.properties.coverage import BINS, classify
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.coverage import BINS, classify
 
 __all__ = ["add_arguments"]
 
@@ -90,7 +90,7 @@ def _replayed(args, reg, name: str, backend) -> int:
     if reg.case.get("kind") == "paged":           # the coverage of a replay is the replayed case's
         hit = classify(reg.to_case().config)
         singles = [b.name for b in BINS if b.name in hit]
-        print(f"covers {len(singles)} bins and {len(hit) - len(singles)} crosses (properties/coverage.py): "
+        print(f"covers {len(singles)} bins and {len(hit) - len(singles)} crosses (properties/rule/coverage.py): "
               + ", ".join(sorted(hit)))
     each = (lambda k, outcome: print(f"replay {k + 1} of {times}: {outcome.upper()}")) if times > 1 else None
     seen = replay_times(reg, backend, times, directory=args.dir, stop=lambda: args.interruption.signal, each=each)

@@ -29,7 +29,7 @@ from pfa_verify.cases.reporting.search_report import (
 from pfa_verify.cases.running.pool import ClusterError
 from pfa_verify.cases.running.search import LAW_GROUPS, MIN_EXAMPLES, law_names, law_verdicts, search, verdict_of
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties.law_examples import BACKEND_LAWS
+from pfa_verify.properties.search.law_examples import BACKEND_LAWS
 
 __all__ = ["add_laws", "add_search", "add_min_examples"]
 

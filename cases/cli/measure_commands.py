@@ -192,7 +192,7 @@ def add_mutants(parser: argparse.ArgumentParser, *, level: str | None = None) ->
     parser.add_argument("--allow-survivors", default="", metavar="NAME,...",
                         help="mutants whose survival does not fail the goal (still reported as survivors and in "
                         "the kill ratio); 'ledger' names the known ones of the level, each with its reason in "
-                        "properties/ledger.py")
+                        "properties/rule/ledger.py")
     parser.add_argument("--list", action="store_true", help="list the catalog of mutants and stop")
     parser.add_argument("--verbose", action="store_true", help="one line per (mutant, law) as it finishes")
     parser.set_defaults(func=_cmd_mutants)

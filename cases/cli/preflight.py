@@ -21,7 +21,7 @@ from pfa_verify.cases.data.regressions import REGRESSIONS_ENV, directory
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.inputs import memory_limit
 from pfa_verify.kernels.pypto_workarounds import CACHE_ENV
-from pfa_verify.properties.strategies import max_len
+from pfa_verify.properties.search.strategies import max_len
 
 __all__ = ["check_command", "check_environment", "check_output_file", "check_regressions_folder",
            "PSEUDO_FILESYSTEMS", "MIN_FREE_BYTES"]
@@ -52,7 +52,7 @@ def check_command(args: argparse.Namespace) -> None:
 
 def check_environment() -> None:
     """Every PFA_VERIFY_* variable a command reads, parsed by its reader: ``PFA_VERIFY_MAX_BYTES``
-    (golden.memory_limit), ``PFA_VERIFY_MAX_LEN`` (properties.strategies.max_len), and
+    (golden.memory_limit), ``PFA_VERIFY_MAX_LEN`` (properties.search.strategies.max_len), and
     ``PFA_VERIFY_CACHE`` (kernels.pypto_workarounds.cache_root: a folder, or one that can be created).
     ``PFA_VERIFY_REGRESSIONS`` is the regressions folder's, checked by :func:`check_regressions_folder`
     for the commands that use it."""

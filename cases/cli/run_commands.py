@@ -72,7 +72,7 @@ def run_options(args: argparse.Namespace, command: str | None = None):
 
 
 def _aimed(items) -> str:
-    """What directed generation aimed at (properties/directed.py), for the line that announces the cases."""
+    """What directed generation aimed at (properties/search/directed.py), for the line that announces the cases."""
     holes = list(aimed(items).values())
     if not holes:
         return ""
@@ -191,7 +191,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                         help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
     parser.add_argument("--coverage", type=coverage_bins, default=(), metavar="all|BIN,...",
-                        help="fail the run when one of these coverage bins (properties/coverage.py; 'all': every "
+                        help="fail the run when one of these coverage bins (properties/rule/coverage.py; 'all': every "
                              "single bin) is hit by no checked case, naming the holes in one line")
     parser.add_argument("--case-timeout", type=count(at_most=RUN_SECONDS), default=None, metavar="SECONDS",
                         help="end a case whose kernel call has not returned after SECONDS (its worker process is killed; "

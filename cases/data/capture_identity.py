@@ -21,8 +21,8 @@ import hashlib
 import json
 
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties.compare import TOLERANCES
-from pfa_verify.properties.laws import LAWS
+from pfa_verify.properties.rule.compare import TOLERANCES
+from pfa_verify.properties.search.laws import LAWS
 
 __all__ = ["ID_DIGITS", "COVERED", "content_id", "tensors_name", "law_tolerance", "check_identity",
            "check_tolerance"]

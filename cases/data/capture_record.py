@@ -15,8 +15,8 @@ from pfa_verify import golden
 from pfa_verify.cases.data import capture_identity, capture_tensors
 from pfa_verify.cases.data.versions import versions
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search.strategies import At12Case
 
 __all__ = ["FORMAT_VERSION", "TENSOR_BUDGET", "Regression", "case_to_dict", "case_from_dict", "stored", "mark"]
 

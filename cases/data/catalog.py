@@ -3,7 +3,7 @@
 The file holds ``defaults`` (the SPEC §5 defaults, as data) and two sections, ``upstream`` and
 ``edge``, mapping a case name to only what differs from the defaults; its JSON Schema is
 cases/catalog.schema.json (section and key names, types, ranges, name spelling). :func:`load_catalog`
-returns :class:`~properties.case.Case` values by name. It rejects, with a UsageError (golden.errors,
+returns :class:`~properties.rule.case.Case` values by name. It rejects, with a UsageError (golden.errors,
 a ValueError) naming the case and key: anything the schema rejects, then what a schema cannot say:
 duplicate keys anywhere in the file, a key an entry needs from itself or the defaults, a name in both
 sections, and anything the golden's config rejects.
@@ -16,7 +16,7 @@ from pathlib import Path
 from pfa_verify import golden
 from pfa_verify.cases.data import FOLDER, schemas
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["CATALOG_PATH", "SPEC_CASE_NAMES", "load_catalog", "parse_catalog", "entry_config"]
 

@@ -6,8 +6,8 @@ error: the run reports it as an ``error`` verdict instead of stopping, since a c
 
 The generated cases depend on the project's strategies, the Hypothesis version, the seed, the
 backend's ``supported_shapes`` and the catalog cases selected only, never on what else the process
-imported (properties/generation.py): they are aimed at the coverage holes the selected catalog cases
-leave first (properties/directed.py), then drawn as usual. :func:`selection` fingerprints what was selected, so two reports show at a
+imported (properties/search/generation.py): they are aimed at the coverage holes the selected catalog cases
+leave first (properties/search/directed.py), then drawn as usual. :func:`selection` fingerprints what was selected, so two reports show at a
 glance whether they checked the same cases (``pfa-verify compare`` refuses reports that did not).
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends import unsupported_shape
-from pfa_verify.properties import ledger
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import classify
-from pfa_verify.properties.directed import Aim, directed_cases, draw, plain_draws
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import classify
+from pfa_verify.properties.search.directed import Aim, directed_cases, draw, plain_draws
 
 __all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "chosen_items", "with_generated",
            "shipped_left_out", "aimed",
@@ -36,7 +36,7 @@ SOURCES = ("regression", "catalog", "generated")
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """One thing to run: a paged-attention :class:`~properties.case.Case`, or a captured regression."""
+    """One thing to run: a paged-attention :class:`~properties.rule.case.Case`, or a captured regression."""
     name: str
     source: str                    # one of SOURCES
     case: Case | None = None       # for paged cases
@@ -60,7 +60,7 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None,
                     distributions: tuple[str, ...] | None = None) -> list:
     """``n`` distinct cases of the plain strategy (no aiming: the workloads of ``bench`` and
     ``tightness``), the same for the same project version, seed and hypothesis version whatever else the
-    process imported (generation phase only, no database; properties/generation.py pins Hypothesis'
+    process imported (generation phase only, no database; properties/search/generation.py pins Hypothesis'
     local constants). ``supported`` (a backend's ``supported_shapes``) narrows them to what its kernel is
     built for; ``distributions`` to those value distributions."""
     if n <= 0:
@@ -73,7 +73,7 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None,
 
 
 def catalog_coverage(items: list, supported: dict | None) -> frozenset:
-    """The bins and crosses (properties.coverage) the catalog cases among ``items`` hit, counting only
+    """The bins and crosses (properties.rule.coverage) the catalog cases among ``items`` hit, counting only
     those the backend's ``supported`` shapes run: what directed generation need not aim at. Captured
     regressions are left out, so a capture never changes what a seed generates."""
     hit: set = set()
@@ -141,7 +141,7 @@ def collect_items(selection: str = "all", *, examples: int = 0, seed: int = 0, s
 
 
 def aimed(items: list) -> dict:
-    """{name: hole} of the generated cases kept for a coverage hole (properties/directed.py), in run order."""
+    """{name: hole} of the generated cases kept for a coverage hole (properties/search/directed.py), in run order."""
     return {item.name: item.aim.kept_for for item in items if item.aim is not None and item.aim.kept_for}
 
 

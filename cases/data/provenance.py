@@ -4,7 +4,7 @@ version and commit, the catalog's and the captured regressions' fingerprints.
 A path says where a kernel was; only its bytes say which kernel it was. So a report of
 ``pfa-verify run`` carries (cases/report.schema.json, README "Report schema"):
 
-- ``backend.model``: the golden.model.ConformanceModel that judged the run (``properties.acceptance.backend_model``:
+- ``backend.model``: the golden.model.ConformanceModel that judged the run (``properties.rule.acceptance.backend_model``:
   the one the backend declares, or SPEC §4.1 as written), as ``to_dict()`` plus ``describe()`` and ``declared``;
 - ``backend.kernel``: the kernels.backends.KernelSource of a kernel loaded from a file or module (our
   kernels/pfa_fp8.py for sim and npu, a ``pypto-gym:`` file or module, a ``path.py:factory`` or
@@ -26,7 +26,7 @@ from pfa_verify.cases.data import capture_files, regressions
 from pfa_verify.cases.data.catalog import CATALOG_PATH
 from pfa_verify.cases.data.versions import project
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties.acceptance import backend_model
+from pfa_verify.properties.rule.acceptance import backend_model
 
 __all__ = ["backend_provenance", "catalog_fingerprint", "capture_digests", "regressions_fingerprint", "lost_captures",
            "run_provenance"]

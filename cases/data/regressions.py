@@ -1,10 +1,10 @@
 """Captured failures: cases/regressions/<id>.json (+ <id>-<sha12>.npz), written before a failure is reported.
 
 This module is the one writer of regression files. :func:`check` runs a law of
-:mod:`properties.laws` by name and, when it fails, captures the case and re-raises with the replay
+:mod:`properties.search.laws` by name and, when it fails, captures the case and re-raises with the replay
 command as the message's last line; pytest's law tests and ``pfa-verify run`` both capture through it
 (:func:`capture`), and :func:`replay` runs a captured law again under the same rule it was captured
-under (the ``acceptance`` law is :func:`properties.acceptance.judge`, whatever runs it).
+under (the ``acceptance`` law is :func:`properties.rule.acceptance.judge`, whatever runs it).
 
 A regression file records everything needed to replay one failed law in a fresh process: the law's
 name and parameters, the case (a golden config and seed, or an AT-12 case, or a quantizer input),
@@ -50,13 +50,14 @@ from pfa_verify import golden
 from pfa_verify.cases.data import FOLDER, capture_files, capture_identity, capture_tensors, schemas
 from pfa_verify.cases.data.capture_files import MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS, CaptureWriteError, Leftover
 from pfa_verify.cases.data.capture_record import FORMAT_VERSION, TENSOR_BUDGET, Regression, case_from_dict, mark, stored
+from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.cases.data.schemas import check_written
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import KernelRunError, get_backend
 from pfa_verify.kernels.backends.supervisor import KernelRaised, describe_failure
-from pfa_verify.properties import laws
-from pfa_verify.properties.generation import reported_example
-from pfa_verify.properties.laws import LAWS
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search.generation import reported_example
+from pfa_verify.properties.search.laws import LAWS
 
 __all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers", "mark_nondeterministic",
@@ -338,8 +339,8 @@ def capture(law: str, backend_name: str, case, params: dict, message: str, *, en
 
 def check(law: str, backend, case, *, backend_name: str | None = None, capture_failures: bool = True,
           directory=None, **params) -> None:
-    """Run law ``law`` (properties.laws); on failure capture the case (:func:`capture`) and re-raise
-    with the replay command as the message's last line (or, when the capture could not be written,
+    """Run law ``law`` (properties.search.laws); on failure diagnose it (cases/data/diagnosed.py), capture the case
+    (:func:`capture`) and re-raise with the replay command as the message's last line (or, when the capture could not be written,
     a line saying so: the law's failure is the news, not the disk's). ``backend_name`` is how a fresh
     process rebuilds the backend (default: ``backend.name``)."""
     __tracebackhide__ = True
@@ -347,7 +348,8 @@ def check(law: str, backend, case, *, backend_name: str | None = None, capture_f
     try:
         laws.run(law, backend, case, **params)
     except AssertionError as exc:
-        message = str(exc)
+        # diagnosed where it is reported: on the example Hypothesis reports, not while it shrinks
+        message = explain(exc, backend).message if should_capture() else str(exc)
         line = _capture_line(law, name, case, params, message, capture_failures, directory)
         raise AssertionError(f"{message}\n{line}") from None
     except (KernelRunError, KernelRaised) as exc:
@@ -375,11 +377,11 @@ def kernel_raised(law: str, backend, case, exc: BaseException) -> str:
 
 
 def replay(reg: Regression, backend=None, *, directory=None) -> None:
-    """Run the captured law again, under the rule it was captured under (raises AssertionError ending
-    with the replay line, naming ``directory`` when given, when it still fails)."""
+    """Run the captured law again, under the rule it was captured under (raises AssertionError, diagnosed
+    (cases/data/diagnosed.py) and ending with the replay line, naming ``directory`` when given, when it still fails)."""
     __tracebackhide__ = True
     be = get_backend(reg.backend) if backend is None else backend
     try:
         laws.run(reg.law, be, reg.to_case(), **reg.params)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nReplay: {replay_command(reg.id, directory)}") from None
+        raise AssertionError(f"{explain(exc, be).message}\nReplay: {replay_command(reg.id, directory)}") from None

@@ -1,7 +1,7 @@
 """The laws of SPEC §2-§6 as pytest tests, shipped in the package: ``pytest --pyargs cases.laws --backend NAME``.
 
-Each test states its law; the law lives in properties/laws.py and its examples in
-properties/law_examples.py (its domain: every example can make it fail). The fixtures and options are
+Each test states its law; the law lives in properties/search/laws.py and its examples in
+properties/search/law_examples.py (its domain: every example can make it fail). The fixtures and options are
 the plugin's (cases/plugin/, loaded by the package's pytest11 entry point). ``pfa-verify laws`` runs
 the same laws as one search each, with a budget of examples and seconds and a table of verdicts.
 """

@@ -1,6 +1,6 @@
 """Laws of FP8 paged attention on the backend under test (--backend): SPEC §2 (semantics),
 §3 (quantization of P inside the kernel) and §4 (acceptance). Each test states its law; the law
-itself lives in properties/laws.py and its examples in properties/law_examples.py (the law's domain:
+itself lives in properties/search/laws.py and its examples in properties/search/law_examples.py (the law's domain:
 every example can make it fail). A failure is captured in the regressions folder before it is
 reported (the message ends with the replay command)."""
 from __future__ import annotations

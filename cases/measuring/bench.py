@@ -46,7 +46,7 @@ from pfa_verify.golden import (
 )
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["WORKLOADS", "upstream_cases", "kernel_workload", "small_workload", "BenchRow", "run_bench",
            "run_stages", "main"]
@@ -61,12 +61,12 @@ def upstream_cases() -> dict[str, InputBundle]:
 
 
 def kernel_workload(count: int = 20, seed: int = 0) -> list:
-    """``count`` kernel-sized cases (properties.case.Case) as ``pfa-verify run`` generates them for a
+    """``count`` kernel-sized cases (properties.rule.case.Case) as ``pfa-verify run`` generates them for a
     kernel built for ``kernels.config.KERNEL_SHAPES`` (cases.data.collect.generated_cases; same seed, same cases)."""
     return generated_cases(count, seed, supported=KERNEL_SHAPES)
 
 
-# The parameter space of the property suite's default strategies (properties/strategies.py:
+# The parameter space of the property suite's default strategies (properties/search/strategies.py:
 # ``dims``, ``special_lengths``, ``configs``), with B <= 6 and lengths up to about 600, so that the
 # small workload is shaped like the examples hypothesis runs.
 _HEAD_DIMS = (16, 32, 64, 128)

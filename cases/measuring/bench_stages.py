@@ -16,7 +16,7 @@ core (torch set to one thread; numpy is single-threaded), per case, for three wo
 Stages: ``inputs`` (``Case.inputs()``, i.e. ``golden.make_inputs``) beside ``torch.rand`` of as many values
 as it draws, ``golden spec`` and ``golden calculator`` (the vectorized golden under each codec), the full
 ``envelope`` (``golden.paged_attention_envelope`` under each codec, the golden included), ``comparison``
-(``properties.compare.compare``, kind ``attention``), ``rule`` (``properties.acceptance.judge`` but the
+(``properties.rule.compare.compare``, kind ``attention``), ``rule`` (``properties.rule.acceptance.judge`` but the
 backend's computation: the inputs-unchanged check, the golden, the comparison and the envelope where an
 element lies outside the tolerance), and the codecs' throughput. The goals (:data:`GOALS`: the per-example
 budget and the ratio lines) are printed beside the figures as lines to meet; they are never asserted
@@ -44,9 +44,9 @@ from pfa_verify.golden.quant import quantize_rows
 from pfa_verify.golden.validate import check_paged_attention_args
 from pfa_verify.kernels.config import KERNEL_SHAPES
 from pfa_verify.kernels.conforming import VARIANTS, get_variant
-from pfa_verify.properties import acceptance
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import acceptance
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["GOALS", "StageRow", "CodecRow", "fp32_loop_oracle", "conforming_workload",
            "stage_rows", "codec_rows", "format_stage_row", "format_codec_row", "STAGE_HEADER", "CODEC_HEADER"]
@@ -206,10 +206,10 @@ class _FixedOutput:
 
 
 def stage_rows(workload: str, cases: Sequence, *, repeat: int = 1, outputs: Callable | None = None) -> list[StageRow]:
-    """Per-case seconds of every stage over ``cases`` (properties.case.Case values), on one thread;
+    """Per-case seconds of every stage over ``cases`` (properties.rule.case.Case values), on one thread;
     each stage of each case is timed ``repeat`` times and the best kept.
 
-    The rule (``properties.acceptance.judge`` but the backend's computation: the inputs-unchanged check,
+    The rule (``properties.rule.acceptance.judge`` but the backend's computation: the inputs-unchanged check,
     the golden and the comparison, the envelope where an element lies outside the tolerance) is timed on
     the output ``outputs(case, kwargs)`` returns, by default the golden's own (a passing kernel: no
     envelope needed), under the spec codec and SPEC_MODEL. The full envelope keeps its own line, under

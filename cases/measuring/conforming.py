@@ -4,7 +4,7 @@ The mutants' counterpart. Every variant of kernels/conforming is a correct kerne
 §4.1's freedoms (other float32 summation orders and trees, Kahan, fused multiply-adds, other dequant
 orders, exp up to F3's 3 ulp and division 1 ulp off, vertex kernels at the ends of the raw scores'
 intervals). Each goes through every paged-attention law on the same examples as the mutants
-(properties/law_examples.py) and through every case of the catalog, under the one acceptance rule. Unlike a mutant's search, a
+(properties/search/law_examples.py) and through every case of the catalog, under the one acceptance rule. Unlike a mutant's search, a
 variant's search does not stop at a failure: every example runs and each failure is a false red, counted
 per (variant, law). The acceptance law steers the search towards the edge of the rule
 (``hypothesis.target`` on the worst error over what the rule allows), so the search also looks for
@@ -24,9 +24,9 @@ from pfa_verify.cases.running.pool_worker import worker_backend
 from pfa_verify.golden.errors import check_known
 from pfa_verify.golden.model import declared_model
 from pfa_verify.kernels.conforming import VARIANTS
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 __all__ = ["Cell", "VariantResult", "ConformingRun", "false_reds", "to_json", "render_table", "model_lines", "summary_line"]
 

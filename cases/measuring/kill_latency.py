@@ -5,7 +5,7 @@ coverage holes find bugs sooner, or later? For every mutant of a level, the gene
 ``pfa-verify run --cases catalog --examples N --seed S`` for the mutant's shapes are judged in run order
 under the one acceptance rule until one kills it (a counted failure, inputs that come back changed, or a
 kernels.KernelRunError, as in the kill matrix: :func:`kills`); the row records that case's position, for the cases as run draws them (aimed at the holes the
-catalog leaves, properties/directed.py) and as the plain strategy draws them under the same seed
+catalog leaves, properties/search/directed.py) and as the plain strategy draws them under the same seed
 (cases.data.collect.generated_cases). ``N + 1`` stands for "not killed by the N cases". Each
 (mutant, order) runs like a row of the kill matrix (cases/measuring/matrix.py): in a fresh process where
 a kernel error can spoil one (the sim).
@@ -25,7 +25,7 @@ from pfa_verify.cases.running.pool_worker import worker_backend
 from pfa_verify.golden.errors import check_known
 from pfa_verify.golden.paging import positive_int
 from pfa_verify.kernels import Backend, BackendUnavailable, KernelRunError, mutants
-from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.rule.acceptance import judge
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -63,7 +63,7 @@ def _cases(backend, order: str, examples: int, seed: int) -> list:
 
 def kills(backend, case) -> bool:
     """Whether ``case`` kills ``backend`` under the one rule, as in the kill matrix: a counted failure, an
-    AssertionError (the inputs came back changed: properties.acceptance.InputsModified) or a
+    AssertionError (the inputs came back changed: properties.rule.acceptance.InputsModified) or a
     KernelRunError; any other exception is a broken cell and propagates."""
     try:
         return not judge(backend, case).passed

@@ -1,7 +1,7 @@
 """``pfa-verify mutants``: how much the suite catches, as a number.
 
 Every mutant of kernels/mutants (and the unmutated reference, the baseline) goes through the same laws,
-with the same examples (properties/law_examples.py), and the same catalog as every other run, under
+with the same examples (properties/search/law_examples.py), and the same catalog as every other run, under
 the one acceptance rule. For each (mutant, law) a Hypothesis search runs up to ``examples`` examples
 and stops at the first failure: the law killed the mutant, after so many examples and seconds. The
 mutant's first kill is then shrunk by Hypothesis' own shrinker to the smallest counterexample. The
@@ -34,9 +34,10 @@ from pfa_verify.cases.running.shrink import hunt
 from pfa_verify.golden.errors import check_known
 from pfa_verify.kernels import Backend, KernelRunError, mutants
 from pfa_verify.kernels.backends.contract import shrink_budget
-from pfa_verify.properties import law_examples, laws, ledger
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 __all__ = ["LawKill", "MutantResult", "MutantsRun", "search", "catalog_kill", "kill_matrix", "to_json",
            "render_table", "render_html", "GOALS"]
@@ -247,7 +248,7 @@ def kill_matrix(level: str = "golden", *, examples: int = 20, seed: int = 0, nam
     chosen = names or [m.name for m in mutants.MUTANTS.values() if m.level == level and m.equivalent is None]
     listing = "`pfa-verify mutants --list` shows the catalog"
     check_known("--mutants", "mutant", chosen, mutants.MUTANTS, hint=listing)
-    if "ledger" in allowed_survivors:      # the ledger's survivors of this level (properties/ledger.py)
+    if "ledger" in allowed_survivors:      # the ledger's survivors of this level (properties/rule/ledger.py)
         ledger.check(mutants=mutants.MUTANTS)
         allowed_survivors = [n for n in allowed_survivors if n != "ledger"] + list(ledger.survivors(level))
     check_known("--allow-survivors", "mutant", allowed_survivors, mutants.MUTANTS, hint=listing)

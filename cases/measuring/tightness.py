@@ -1,6 +1,6 @@
 """How tight the acceptance envelope is (SPEC §4.2), per value distribution.
 
-For kernel-sized cases drawn by ``properties.strategies.cases_for`` for our kernel's shapes (derandomized,
+For kernel-sized cases drawn by ``properties.search.strategies.cases_for`` for our kernel's shapes (derandomized,
 one distribution at a time) the envelope of the golden (golden.paged_attention_envelope, spec codec, SPEC
 §4.1's model) is compared with SPEC §4's tolerance around the golden:
 
@@ -27,7 +27,7 @@ from pfa_verify import golden
 from pfa_verify.cases.data import FOLDER
 from pfa_verify.cases.data.collect import generated_cases
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.compare import get_tolerance
+from pfa_verify.properties.rule.compare import get_tolerance
 
 __all__ = ["Tightness", "measure", "render_table", "RECORDED"]
 

@@ -34,8 +34,8 @@ Hypothesis profiles (``--hypothesis-profile NAME``): ci (derandomized, 20 exampl
 ``ci`` when CI is set, else ``dev``; a session of other tests is left as it is.
 
 Fixtures (cases/plugin/session.py): ``backend``; ``check_law(name, case, **params)``, which runs a law of
-properties.laws on the backend under test and captures a failure (cases.data.regressions.check);
-``examples_for(law)``, the law's examples for the backend (properties/law_examples.py).
+properties.search.laws on the backend under test and captures a failure (cases.data.regressions.check);
+``examples_for(law)``, the law's examples for the backend (properties/search/law_examples.py).
 
 This module imports pytest only and holds the options. A session that runs the laws (it names the
 laws or a --backend)

@@ -20,10 +20,10 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends.contract import implements, shrink_budget
 from pfa_verify.kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties import law_examples
-from pfa_verify.properties.coverage import Coverage, classify
-from pfa_verify.properties.generation import pin_local_constants, reported_example
-from pfa_verify.properties.law_examples import operator_of
+from pfa_verify.properties.rule.coverage import Coverage, classify
+from pfa_verify.properties.search import law_examples
+from pfa_verify.properties.search.generation import pin_local_constants, reported_example
+from pfa_verify.properties.search.law_examples import operator_of
 
 __all__ = ["DEFAULT_PROFILE", "register_profiles", "NOT_RUN"]
 
@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
     # Derandomized examples depend on the test, the Hypothesis version and the profile only, never on
     # what else the session imported (another backend's module, a kernel file, the mutants): the
-    # local-constant pool Hypothesis would mix into its draws is pinned empty (properties/generation.py).
+    # local-constant pool Hypothesis would mix into its draws is pinned empty (properties/search/generation.py).
     pin_local_constants()
     if config.getoption("--hypothesis-profile", None) is None:
         settings.load_profile(DEFAULT_PROFILE)
@@ -140,7 +140,7 @@ def backend(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def examples_for(backend):
     """``examples_for(law)``: the law's ``(case, params)`` examples for the backend under test
-    (kernel-sized for a kernel backend: its ``supported_shapes``), properties/law_examples.py."""
+    (kernel-sized for a kernel backend: its ``supported_shapes``), properties/search/law_examples.py."""
 
     def strategy(law: str):
         return law_examples.examples(law, backend)
@@ -205,7 +205,7 @@ def _escape_report(report) -> None:
     report.sections = [(title, printable(content)) for title, content in report.sections]
 
 
-#: Coverage bins (properties/coverage.py) of every paged case a law ran on in this process: name -> hits.
+#: Coverage bins (properties/rule/coverage.py) of every paged case a law ran on in this process: name -> hits.
 _COVERAGE_HITS: Counter = Counter()
 _COVERAGE_CASES = [0]
 
@@ -251,5 +251,5 @@ def pytest_testnodedown(node, error) -> None:                        # xdist's c
 def _coverage_summary(terminalreporter) -> None:
     if not _COVERAGE_CASES[0]:
         return
-    terminalreporter.section("pfa-verify: coverage of the law runs (properties/coverage.py)")
+    terminalreporter.section("pfa-verify: coverage of the law runs (properties/rule/coverage.py)")
     terminalreporter.write_line(Coverage.from_hits(_COVERAGE_HITS, _COVERAGE_CASES[0]).line("law examples"))

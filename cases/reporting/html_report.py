@@ -9,7 +9,7 @@ and comparison, then for each failing comparison its error picture:
   black = a non-finite value where the golden is finite);
 - the distribution of that ratio over every element (bars per decade, the tolerance marked);
 - the attribution of the difference: kernel logic or backend codec, the envelope's part (SPEC §4.2), with the
-  message of :mod:`properties.compare` and the replay command.
+  message of :mod:`properties.rule.compare` and the replay command.
 
 The page is cases/templates/run_report.html.j2 (cases/reporting/html_pages.py); its table is the terminal's
 (:func:`cases.reporting.report.table_rows`); this module computes the pictures' geometry.
@@ -34,7 +34,7 @@ from pfa_verify.cases.reporting.report import (
     table_rows,
     write_text_atomically,
 )
-from pfa_verify.properties.attribution import RATIO_BINS
+from pfa_verify.properties.rule.attribution import RATIO_BINS
 
 __all__ = ["render_html", "write_html", "ratio_colour", "CSS", "heatmap", "histogram"]
 
@@ -182,7 +182,7 @@ def _failure(row) -> dict:
 
 
 def _diagnosis(record: dict | None) -> dict | None:
-    """The failure card's "What:" line and its probes: the identified candidate of properties.diagnosis, else
+    """The failure card's "What:" line and its probes: the identified candidate of properties.diagnosis.diagnosis, else
     the closest (``best`` None: none comes close), or None when not diagnosed."""
     if record and record.get("error"):
         return {"error": record["error"], "probes": record.get("probes", []), "probe_note": record.get("probe_note", ""),

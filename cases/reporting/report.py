@@ -39,8 +39,8 @@ from pfa_verify.cases.reporting.groups import compact_names, failure_groups, gro
 from pfa_verify.cases.reporting.signals import EXIT_INTERRUPTED
 from pfa_verify.cases.reporting.terminal import printable_data, shown
 from pfa_verify.cases.running.verdict import CaseVerdict
-from pfa_verify.properties.acceptance import CodecVerdict
-from pfa_verify.properties.coverage import coverage_text
+from pfa_verify.properties.rule.acceptance import CodecVerdict
+from pfa_verify.properties.rule.coverage import coverage_text
 
 __all__ = ["SCHEMA_ID", "RunSummary", "summarize", "to_json", "write_json", "check_schema", "ResultRow",
            "result_rows", "failure_text", "table_rows", "skipped_groups", "render_table", "print_report",
@@ -55,7 +55,7 @@ SCHEMA_ID = "pfa-verify-run-report/5"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ResultRow:
     """One outcome of one case: a comparison under one codec (``codec``: its
-    properties.acceptance.CodecVerdict), or the case's one outcome when it made none (a skip, an error, a
+    properties.rule.acceptance.CodecVerdict), or the case's one outcome when it made none (a skip, an error, a
     changed input, another law's replay). ``first``: the case's first row."""
     case: CaseVerdict
     first: bool
@@ -406,7 +406,7 @@ def _every_row(run):
 
 
 def _required_holes(run) -> tuple[str, ...]:
-    """The bins ``--coverage`` required that no checked case hit (properties.coverage)."""
+    """The bins ``--coverage`` required that no checked case hit (properties.rule.coverage)."""
     required = getattr(run, "coverage_required", ()) or ()
     if not required or not run.coverage:
         return ()
@@ -416,7 +416,7 @@ def _required_holes(run) -> tuple[str, ...]:
 
 
 def coverage_line(run) -> str | None:
-    """One line: bins and crosses hit by the checked cases, and the holes (properties.coverage)."""
+    """One line: bins and crosses hit by the checked cases, and the holes (properties.rule.coverage)."""
     return coverage_text(run.coverage) if run.coverage else None
 
 

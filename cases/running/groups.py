@@ -3,7 +3,7 @@
 After a run has judged, diagnosed and probed its cases, every counted failure and every error joins a
 :class:`FailureGroup` by its key (:func:`alike`), catalog, generated and regression cases alike:
 
-- a failure of the acceptance rule whose diagnosis names a fault model (properties.diagnosis.Diagnosis.
+- a failure of the acceptance rule whose diagnosis names a fault model (properties.diagnosis.diagnosis.Diagnosis.
   identified): the rule's category and that model. The name is the evidence that two cases share one bug;
 - one no model names: the category and where the mismatches concentrate (cases.running.shrink.signature,
   as generated failures are shrunk), which the attribution decides, not the diagnosis' time budget;

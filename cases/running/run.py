@@ -7,7 +7,7 @@ prints nothing.
 The kernel runs under a supervisor (kernels/backends/supervisor.py): in ``workers`` processes this one
 owns, never in this one, so whatever the kernel does (exit, hang, crash, lie) it cannot decide a
 verdict. This process hands each case's inputs to a free worker, and while the workers compute it
-judges what came back with :func:`properties.acceptance.hold`, the one acceptance rule (the same as
+judges what came back with :func:`properties.rule.acceptance.hold`, the one acceptance rule (the same as
 pytest's ``acceptance`` law, ``cases replay`` and ``prune``). A call that did not come back (the worker
 ended, with any status, or outlived the case's time limit) is an ``error`` naming what happened, and the
 next case gets a fresh worker. ``in_process`` runs the kernel here instead (for a debugger), with its
@@ -40,6 +40,7 @@ import torch
 from pfa_verify import kernels
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.collect import Item, chosen_items, selection, with_generated
+from pfa_verify.cases.data.diagnosed import diagnosis_of
 from pfa_verify.cases.data.provenance import capture_digests, lost_captures, run_provenance
 from pfa_verify.cases.running.capture import write_failure
 from pfa_verify.cases.running.groups import group_failures
@@ -62,12 +63,11 @@ from pfa_verify.kernels.backends.supervisor import (
     describe_failure,
     driver_kernel_source,
 )
-from pfa_verify.properties import ledger
-from pfa_verify.properties.acceptance import InputsModified, check_unchanged, hold, split_bundle
-from pfa_verify.properties.coverage import coverage
-from pfa_verify.properties.diagnosis import diagnose_verdict
-from pfa_verify.properties.law_examples import operator_of
-from pfa_verify.properties.separation import separate
+from pfa_verify.properties.diagnosis.separation import separate
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.acceptance import InputsModified, check_unchanged, hold, split_bundle
+from pfa_verify.properties.rule.coverage import coverage
+from pfa_verify.properties.search.law_examples import operator_of
 
 __all__ = ["RunOptions", "execute", "shared_facts", "run_item", "schedule", "case_time_limit", "open_backend",
            "CASE_LIMIT_BASE_S", "CASE_LIMIT_FACTOR"]
@@ -181,7 +181,7 @@ class _Call:
     tensors: dict
     given: dict
     scalars: dict
-    known: Any            # its properties.ledger entry, or None
+    known: Any            # its properties.rule.ledger entry, or None
     prepared_in: float    # seconds to build it (the kernel's own come with its reply)
 
 
@@ -298,7 +298,7 @@ def _annotated(backend_name: str, item: Item, verdict: CaseVerdict, call: _Call 
     if item.source == "generated":
         return dataclasses.replace(verdict, signature=signature(verdict))
     if verdict.judgement is not None and call is not None:
-        verdict = dataclasses.replace(verdict, diagnosis=diagnose_verdict(verdict.judgement, call.tensors, call.scalars))
+        verdict = dataclasses.replace(verdict, diagnosis=diagnosis_of(verdict.judgement, call.tensors, call.scalars))
     if item.source == "regression":
         assert item.regression is not None        # collect_items names every regression item by its id
         command = regressions.replay_command(item.regression, regressions_dir)
@@ -459,7 +459,7 @@ def _run_cluster(backend, backend_name: str, items: list, pool, *, device, max_s
 
 
 def shared_facts(paged: list) -> tuple[dict, ...]:
-    """What the failing cases, and the erroring ones, share against the passing ones (properties.separation),
+    """What the failing cases, and the erroring ones, share against the passing ones (properties.diagnosis.separation),
     from ``(config, verdict)`` pairs of the paged cases that ran."""
     passed = [config for config, v in paged if v.checked and not v.failed]
     found = []

@@ -3,7 +3,7 @@
 Each law's search of ``examples`` examples is split into ``tasks`` tasks of about ``examples / tasks``
 examples, each under its own seed (:func:`task_seed`: distinct per law and task, the same for the same
 ``--seed``), and the tasks run through :mod:`cases.running.pool` (here, local processes or a Ray cluster). A
-task is one :func:`cases.running.shrink.hunt` over the law's examples (properties/law_examples.py, the same
+task is one :func:`cases.running.shrink.hunt` over the law's examples (properties/search/law_examples.py, the same
 domains as pytest's law tests and the mutants): it stops at its first failure and does not shrink it.
 
 With ``--database`` the tasks share Hypothesis's example database (a directory every node can reach,
@@ -33,6 +33,7 @@ from collections import Counter
 
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.cases.running.answers import Answers, Recorded
 from pfa_verify.cases.running.capture import capture_case
 from pfa_verify.cases.running.pool import Pool, task_resources, worker_backend
@@ -41,9 +42,9 @@ from pfa_verify.cases.running.shrink import hunt, nondeterminism
 from pfa_verify.golden.errors import UsageError, check_known
 from pfa_verify.kernels.backends.contract import implements, shrink_budget
 from pfa_verify.kernels.backends.supervisor import describe_failure
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties.coverage import Coverage, classify
-from pfa_verify.properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
+from pfa_verify.properties.rule.coverage import Coverage, classify
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of
 
 __all__ = ["TaskReport", "SearchTask", "SearchRun", "LAW_GROUPS", "MIN_EXAMPLES", "VERDICT_STYLES", "law_names",
            "task_seed", "failure_signature", "open_database", "search", "verdict_of", "law_verdicts"]
@@ -74,7 +75,7 @@ class TaskReport:
     failure: dict | None = None
     error: str | None = None
     replay: str | None = None
-    hits: dict = dataclasses.field(default_factory=dict)   # coverage bin -> examples that hit it (properties/coverage.py)
+    hits: dict = dataclasses.field(default_factory=dict)   # coverage bin -> examples that hit it (properties/rule/coverage.py)
     cut: bool = False               # the law's time budget ended the task before its examples were drawn
     skipped: str | None = None      # why the backend cannot run this law (it does not implement its kernel), or None
     stopped: bool = False           # --fail-fast ended the task (or it never started): not a verdict of the law
@@ -112,7 +113,7 @@ class SearchRun:
     fail_fast: bool = False
 
     def coverage(self) -> Coverage:
-        """The coverage (properties.coverage.Coverage) of every example the tasks drew."""
+        """The coverage (properties.rule.coverage.Coverage) of every example the tasks drew."""
 
         hits: Counter = Counter()
         for t in self.tasks:
@@ -231,10 +232,11 @@ def _report(task: SearchTask, result) -> TaskReport:
 
 
 def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples: int, database, shrink_s: float):
-    """``(case, params, message, how, nondeterministic)`` of the group's first failure, shrunk by Hypothesis
-    when it reproduces (the task's seed, or the database, replayed here on the driver); else as the task
-    found it. ``nondeterministic``: how the kernel was seen to answer the same case differently while it
-    was shrunk (cases.running.shrink.nondeterminism), or None."""
+    """``(case, params, message, how, nondeterministic, diagnosis)`` of the group's first failure, shrunk by
+    Hypothesis when it reproduces (the task's seed, or the database, replayed here on the driver) and then
+    diagnosed (cases/data/diagnosed.py; ``diagnosis``: what it names); else as the task found it (None). ``nondeterministic``:
+    how the kernel was seen to answer the same case differently while it was shrunk
+    (cases.running.shrink.nondeterminism), or None."""
     answers = Answers()
     backend = Recorded(backend, answers, "while shrinking on the driver")
     if shrink_s > 0:
@@ -251,14 +253,15 @@ def _shrunk(law: str, backend, first: TaskReport, signature: tuple, *, examples:
         if found.error is not None:
             assert found.example is not None    # hunt sets the failing example with its error
             case, params = found.example
-            return (case, dict(params), str(found.error), "shrunk by Hypothesis on the driver",
-                    nondeterminism(answers, found, lambda: None))
+            told = explain(found.error, backend)
+            return (case, dict(params), told.message, "shrunk by Hypothesis on the driver",
+                    nondeterminism(answers, found, lambda: None), told.named)
         seen = nondeterminism(answers, found, lambda: None)
     else:
         seen = None
     failure = first.failure
     assert failure is not None                  # a group's first member is a task that failed
-    return failure["case"], failure["params"], failure["message"], "not shrunk", seen
+    return failure["case"], failure["params"], failure["message"], "not shrunk", seen, None
 
 
 def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: int = 0, database: str | None = None,
@@ -324,8 +327,8 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
     captured = []
     for sig, members in groups.items():
         first = members[0]
-        case, params, message, how, flaky = _shrunk(first.law, backend, first, sig, examples=per_task, database=db,
-                                                    shrink_s=shrink_s)
+        case, params, message, how, flaky, diagnosis = _shrunk(first.law, backend, first, sig, examples=per_task,
+                                                               database=db, shrink_s=shrink_s)
         names = [f"{m.law}#{m.task}" for m in members]
         note = f"{len(members)} search task(s) failed like this ({', '.join(names)}); {how}"
         kept = capture_case(first.law, backend_name, case, f"{message}\n{note}", params=params, enabled=capture,
@@ -334,7 +337,8 @@ def search(backend_name: str, laws: tuple, *, examples: int, tasks: int, seed: i
             m.replay = kept.replay
         label = case.label() if hasattr(case, "label") else repr(case)
         captured.append({"signature": list(sig), "law": first.law, "tasks": names, "replay": kept.replay,
-                         "line": kept.line, "how": how, "message": message, "case": label})
+                         "line": kept.line, "how": how, "message": message, "case": label,
+                         "diagnosis": diagnosis})
     return SearchRun(backend_name, tuple(laws), examples, tasks, seed, database, reports, captured,
                      time.perf_counter() - start, pool.describe(), min_examples=least, fail_fast=fail_fast)
 
@@ -395,8 +399,7 @@ def _failure_detail(group: dict, examples: int) -> str:
     """A law's failure in one line: after how many examples, the shrunk case, the diagnosis' name (or that
     none was identified) and the capture."""
     said = f"at example {examples}; {'shrunk to' if group['how'].startswith('shrunk') else 'on'} {group['case']}"
-    diagnosis = next((line for line in group["message"].splitlines() if line.startswith("Diagnosis: ")), None)
-    if diagnosis is not None:
-        said += "; " + (diagnosis.split(" explains ", 1)[0] if " explains " in diagnosis else diagnosis.split(":")[0]
-                        + ": " + diagnosis.split(": ", 2)[1])
+    if group.get("diagnosis"):
+        said += "; " + group["diagnosis"]
     return said + (f"; replay {group['replay'].rsplit(' ', 1)[-1]}" if group["replay"] else "; not captured")
+

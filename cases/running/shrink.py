@@ -6,7 +6,7 @@ rarely the smallest case that shows its bug, and one bug fails many generated ca
 anything is captured the failures are grouped by :func:`signature` (category of the one acceptance
 rule, where the mismatches concentrate) and each group is shrunk by Hypothesis' own shrinker (the
 shrunk case is what cases/running/groups.py captures for them): the
-draws that produced the case are replayed (the same aim's strategy and seed, properties/directed.py) with
+draws that produced the case are replayed (the same aim's strategy and seed, properties/search/directed.py) with
 "fails with this signature" as the failure, so Hypothesis meets the group's first failing case and
 shrinks from it. A kernel that answers the same case differently meanwhile (other output bits than in the
 run or earlier in the shrink, a raise, or Hypothesis' final replay of the smallest failure passing: Flaky)
@@ -27,20 +27,21 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.strategies import SearchStrategy
 
 from pfa_verify import golden
+from pfa_verify.cases.data.diagnosed import diagnosis_of
 from pfa_verify.cases.running.answers import Answers, answer, raised
 from pfa_verify.cases.running.verdict import Exemplar
 from pfa_verify.kernels.backends.contract import shrink_budget
 from pfa_verify.kernels.backends.supervisor import KernelFault
-from pfa_verify.properties.acceptance import judge, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import Probe, diagnose_verdict
-from pfa_verify.properties.error_probes import probe_error
-from pfa_verify.properties.probes import probe
+from pfa_verify.properties.diagnosis.diagnosis import Probe
+from pfa_verify.properties.diagnosis.error_probes import probe_error
+from pfa_verify.properties.diagnosis.probes import probe
+from pfa_verify.properties.rule.acceptance import judge, split_bundle
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Hunt", "hunt", "signature", "shrink_generated", "nondeterminism", "probe_groups", "probe_errors"]
 
 
-#: What the searched strategy draws (properties.law_examples.Example, properties.case.Case).
+#: What the searched strategy draws (properties.search.law_examples.Example, properties.rule.case.Case).
 T = TypeVar("T")
 
 
@@ -145,7 +146,7 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
 
 
 def signature(verdict) -> tuple | None:
-    """(category, where the mismatches concentrate) of a failing case: a properties.acceptance.Judgement,
+    """(category, where the mismatches concentrate) of a failing case: a properties.rule.acceptance.Judgement,
     or a cases.running.verdict.CaseVerdict (an input changed: its own group); None when it passes.
     Coarse on purpose: one bug, one signature."""
     if getattr(verdict, "inputs_modified", None) is not None:
@@ -187,12 +188,12 @@ def shrink_generated(backend, items: list, results: list, *, supported, shrink_s
                      why_not_shrunk: str | None = None) -> list:
     """``results`` (cases.running.verdict.CaseVerdict, one per item) with ``pfa-verify run``'s generated
     failures shrunk once per signature: each group shrunk by Hypothesis from the draws that produced
-    a member (the item's properties.directed.Aim, :func:`hunt`), its first counted failure diagnosed on
+    a member (the item's properties.search.directed.Aim, :func:`hunt`), its first counted failure diagnosed on
     the case shrunk, and every member given the group's diagnosis and the shrunk case as its
     :class:`~cases.running.verdict.Exemplar` (new copies), which cases/running/groups.py captures once per
     group of cases that fail alike. With ``shrink_s`` 0 (or ``why_not_shrunk``: the run was interrupted)
     the first member is the exemplar as it is. ``stop()`` naming a signal ends a shrink at once (its best
-    case so far stands). The diagnosis carries the probes of properties/probes.py, run on neighbours of
+    case so far stands). The diagnosis carries the probes of properties/diagnosis/probes.py, run on neighbours of
     the case shrunk."""
 
     stop = stop or (lambda: None)
@@ -222,7 +223,7 @@ def shrink_generated(backend, items: list, results: list, *, supported, shrink_s
             answers.heard(case, answer(verdict.output), "while shrinking")
             if signature(verdict) == sig:
                 raise _FailsLikeTheGroup(verdict)
-        # Replay the draws that produced a member (properties/directed.py): Hypothesis meets a failure of
+        # Replay the draws that produced a member (properties/search/directed.py): Hypothesis meets a failure of
         # this signature again and shrinks it inside those draws' strategy. The plain draws when a member
         # came from them (nothing held fixed); else the first member's aim (its bin's parameter held).
         aims = [items[k].aim for k in members]
@@ -255,9 +256,7 @@ def shrink_generated(backend, items: list, results: list, *, supported, shrink_s
         exemplar = Exemplar(case=case, message=message, how=how, nondeterministic=unsteady)
         diagnosis = None
         if judgement is not None and not why_not_shrunk:
-            diagnosis = diagnose_verdict(judgement, *split_bundle(case.inputs()))
-            if diagnosis is not None and not stop():
-                diagnosis = probe(diagnosis, case, backend, stop=stop)
+            diagnosis = diagnosis_of(judgement, *split_bundle(case.inputs()), case=case, backend=backend, stop=stop)
         for k in members:
             out[k] = dataclasses.replace(out[k], exemplar=exemplar, diagnosis=diagnosis,
                                          diagnosis_note=", on the shrunk case" if shrunk else "")
@@ -276,7 +275,7 @@ def nondeterminism(answers: Answers, found: Hunt, stop) -> str | None:
 
 
 def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
-    """``results`` with the probes of properties/probes.py run once per group of diagnosed failures that
+    """``results`` with the probes of properties/diagnosis/probes.py run once per group of diagnosed failures that
     were not generated (catalog cases and regressions, grouped by :func:`signature`: one bug, one group):
     on the member of the smallest case, within the probes' budget of kernel calls, and given to every
     member (each keeps its own candidates; the note names the case the probes ran on). A member's candidate
@@ -313,7 +312,7 @@ def probe_groups(backend, items: list, results: list, *, stop=None) -> list:
 
 
 def probe_errors(backend, items: list, results: list, *, stop=None) -> list:
-    """``results`` with the diagnosis of each group of kernel errors (properties/error_probes.py: the kernel
+    """``results`` with the diagnosis of each group of kernel errors (properties/diagnosis/error_probes.py: the kernel
     on neighbours of the case, what the error needs), grouped by what was raised (its first line, numbers
     aside: one bug, one group), run once on the member of the smallest case and given to every member (the
     note names it). A captured law's replay that raised is not probed (it raised on the law's own case)."""

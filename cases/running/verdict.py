@@ -1,6 +1,6 @@
 """The record of one case of a run, and of the run: :class:`CaseVerdict` and :class:`RunResult`.
 
-A case's record starts as the acceptance rule's (properties.acceptance.Judgement: what was compared,
+A case's record starts as the acceptance rule's (properties.rule.acceptance.Judgement: what was compared,
 each comparison's outcome, worst element, envelope figures and attribution), or as how the case ended
 without a comparison (a skip, an error). The runner then adds what it learnt, each as a field of a new
 copy (``dataclasses.replace``): the capture (:class:`Capture`), the diagnosis, the ledger's word, the
@@ -34,7 +34,7 @@ class Capture:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Exemplar:
-    """A case a failure group may capture: the case (properties.case.Case), its failure text, how it was
+    """A case a failure group may capture: the case (properties.rule.case.Case), its failure text, how it was
     reached (as it ran, or shrunk by Hypothesis) and how its kernel answered alike cases differently."""
     case: Any
     message: str
@@ -77,7 +77,7 @@ class LawReplay:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CaseVerdict:
     """One case of a run (see the module docstring). Exactly one of ``judgement`` (the acceptance rule's
-    record, properties.acceptance.Judgement), ``law``, ``inputs_modified`` (the call changed an input:
+    record, properties.rule.acceptance.Judgement), ``law``, ``inputs_modified`` (the call changed an input:
     the rule's message), ``skip`` (a kernels.Skip) and ``error`` says how it ended."""
     name: str
     source: str
@@ -94,7 +94,7 @@ class CaseVerdict:
     attempts: int = 1
     retry_cause: str | None = None        # why its first run gave nothing (its worker process ended)
     capture: Capture | None = None
-    diagnosis: Any = None                 # properties.diagnosis.Diagnosis of its first counted failure
+    diagnosis: Any = None                 # properties.diagnosis.diagnosis.Diagnosis of its first counted failure
     diagnosis_note: str = ""              # which case the models ran on, when not this one
     ledger: str | None = None             # a tolerated known failure's reason: its failures do not count
     ledger_broken: str | None = None      # a tolerated entry whose case no longer fails (remove it)
@@ -142,9 +142,9 @@ class RunResult:
     selection: dict | None = None     # cases.data.collect.selection(): what was selected, fingerprinted
     provenance: dict | None = None    # cases.data.provenance.run_provenance(): which kernel, project, inputs
     execution: dict | None = None     # where the cases ran: executor, workers, cluster, nodes, isolation
-    coverage: dict | None = None      # properties.coverage.Coverage.to_dict() of the checked cases
+    coverage: dict | None = None      # properties.rule.coverage.Coverage.to_dict() of the checked cases
     coverage_required: tuple = ()     # --coverage: bins (or "all") a hole of which fails the run
     interrupted: str | None = None    # the signal that stopped the run (SIGINT, SIGTERM), or None
     not_run: tuple[str, ...] = ()     # cases selected but never run (the run was interrupted)
     write_failures: tuple[str, ...] = ()   # evidence the run could not write (one line each)
-    shared: tuple[dict, ...] = ()     # properties.separation.Separation.to_dict(): what the failures, the errors share
+    shared: tuple[dict, ...] = ()     # properties.diagnosis.separation.Separation.to_dict(): what the failures, the errors share

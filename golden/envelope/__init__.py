@@ -38,7 +38,7 @@ an interval, rounded outward (golden/intervals.py), for one (batch, kv head, row
 The golden (exact sums, correctly rounded exp and division) is one conforming execution: it always
 lies inside. ``tests/golden/test_envelope.py`` holds containment and runs conforming variants and
 vertex kernels (every raw score at an end of its interval) against it; the acceptance rule that uses
-it is ``properties.acceptance.judge``. The package in three modules:
+it is ``properties.rule.acceptance.judge``. The package in three modules:
 
 - ``stages``: the bounds of single stages (steps 1-5, and the sum of l) and the tables they read, each
   tested alone at its tightest inputs (tests/golden/test_stage_bounds.py);

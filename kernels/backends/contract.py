@@ -13,7 +13,7 @@ the process that loaded the backend to the one that judges it (:meth:`Capabiliti
 
 The kernels' signatures are SPEC §1's: ``paged_attention_fp8`` returns a bf16 ``[B*S1, NQ, D]`` CPU
 tensor and ``qk_matmul_scale`` a float32 ``[q_tile, k_tile]`` one; both leave their inputs unchanged
-(the acceptance rule checks, properties/acceptance.py). An exception is an ``error`` verdict, never a
+(the acceptance rule checks, properties/rule/acceptance.py). An exception is an ``error`` verdict, never a
 pass; kernels.backends.BackendUnavailable from a call is a skip of kind ``unavailable``.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pfa_verify.golden.codec import CODECS, SPEC_CODEC, Fp8Codec, get_codec
@@ -43,7 +43,7 @@ __all__ = ["KernelBackend", "Capabilities", "CostEstimate", "capabilities_of", "
 OPERATORS = ("paged_attention_fp8", "qk_matmul_scale")
 
 #: The keyword arguments the suite passes each kernel (SPEC §1, §6): (always, sometimes). Every call is by
-#: keyword (properties/acceptance.py ``call``, the worker's kernels/backends/sandbox.py), never ``codec``:
+#: keyword (properties/rule/acceptance.py ``call``, the worker's kernels/backends/sandbox.py), never ``codec``:
 #: the golden's own argument, which a kernel may accept and ignore.
 PASSED_ARGUMENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "paged_attention_fp8": (("q", "q_scale", "k_cache", "k_scale", "v_cache", "v_scale", "block_table", "kv_act_seqs",

@@ -125,7 +125,7 @@ class WrittenOutUpdate(StagedGolden):
     """The online update of SPEC §2.3 written out, so that one of its steps can be left out: rescaling O or
     l by ``a = exp(m - m')``, scaling the tile's l_j and O_j by ``c = exp(m_j - m')``, or storing the new
     running max (the mutants of kernels/mutants/golden_level.py and the stage models of
-    properties/diagnosis.py set the flags)."""
+    properties/diagnosis/diagnosis.py set the flags)."""
     rescale_o = rescale_l = scale_tile = store_max = True
 
     def update(self, state, m_j, l_j, o_j, *, p=None, valid=None):

@@ -11,9 +11,9 @@ from pfa_verify.cases.measuring import bench_stages as bs
 from pfa_verify.cases.measuring.bench import BenchRow, kernel_workload, run_bench, small_workload
 from pfa_verify.cases.measuring.bench_stages import fp32_loop_oracle
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties import acceptance
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import acceptance
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.case import Case
 
 
 def test_small_workload_is_deterministic_and_in_its_documented_space():

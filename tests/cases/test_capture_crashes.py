@@ -18,7 +18,7 @@ from pfa_verify import golden, kernels
 from pfa_verify.cases import cli
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.catalog import load_catalog
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
                                         kv_act_seqs=(40, 3)), seed=5)

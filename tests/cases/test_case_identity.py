@@ -17,7 +17,7 @@ from old_records import as_old_record
 from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.data import capture_identity, regressions
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 BUGGY = "tests/kernels/unsteady_kernels.py:make_buggy"
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,

@@ -13,8 +13,8 @@ from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.reporting import html_report
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import classify
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import classify
 from tests.checkout import REPO_ROOT
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=20, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16))
@@ -36,7 +36,7 @@ def test_cases_subcommands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "PASS" in out
     # the coverage of a replay is the replayed case's (issue 30): S1 = 1, one KV head, a row of 20 tokens
-    covers = out.split("(properties/coverage.py): ", 1)[1].splitlines()[0].split(", ")
+    covers = out.split("(properties/rule/coverage.py): ", 1)[1].splitlines()[0].split(", ")
     assert set(covers) == set(classify(CASE.config)) and {"s1_1", "nkv_1", "two_tile_row"} <= set(covers)
     assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--dry-run"]) == 0
     assert regressions.list_ids(directory=tmp_path) == [rid]

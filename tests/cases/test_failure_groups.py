@@ -16,8 +16,8 @@ from pfa_verify.cases.reporting.html_report import render_html
 from pfa_verify.cases.running import run as runner
 from pfa_verify.cases.running.groups import alike, group_failures
 from pfa_verify.cases.running.verdict import CaseError, CaseVerdict
-from pfa_verify.properties.diagnosis import Diagnosis
-from pfa_verify.properties.scoring import Candidate
+from pfa_verify.properties.diagnosis.diagnosis import Diagnosis
+from pfa_verify.properties.diagnosis.scoring import Candidate
 
 BUGGY = "docs/examples/my_backend.py:make_buggy_backend"      # V's scale read from KV head n - 1
 TWO = ("edge_ragged_causal_s1_2", "edge_tiny_magnitudes")     # two small catalog cases it fails, alike

@@ -13,8 +13,8 @@ from pfa_verify.cases.measuring import mutants
 from pfa_verify.cases.reporting import html_pages, html_report, report
 from pfa_verify.cases.running.verdict import CaseError, CaseVerdict, RunResult
 from pfa_verify.kernels import Skip
-from pfa_verify.properties.acceptance import CodecVerdict, EnvelopeFigures, Judgement
-from pfa_verify.properties.compare import Comparison
+from pfa_verify.properties.rule.acceptance import CodecVerdict, EnvelopeFigures, Judgement
+from pfa_verify.properties.rule.compare import Comparison
 
 HOSTILE = "<script>alert('x')</script> & \"quoted\""
 

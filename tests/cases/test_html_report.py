@@ -11,7 +11,7 @@ from pfa_verify.cases.reporting import html_report
 from pfa_verify.cases.reporting.report import table_rows
 from pfa_verify.cases.running import run as runner
 from pfa_verify.kernels import Skip
-from pfa_verify.properties.coverage import BINS, CROSSES
+from pfa_verify.properties.rule.coverage import BINS, CROSSES
 
 
 def _run(tmp, backend, examples=0):
@@ -81,7 +81,7 @@ def test_header_names_what_was_checked_by_content(failing_html):
 
 
 def test_a_failure_card_says_what_the_diagnosis_found(failing_html):
-    """The "What:" line of properties/diagnosis.py on each counted failure (PerturbOne's one changed element
+    """The "What:" line of properties/diagnosis/diagnosis.py on each counted failure (PerturbOne's one changed element
     is no known defect: none is named, and none is called close)."""
     _, text = failing_html
     assert '<p class="diagnosis">What: not identified: no fault model explains this failure or comes close' in text

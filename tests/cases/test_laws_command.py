@@ -13,8 +13,8 @@ from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.running.shrink import hunt
 from pfa_verify.kernels import BackendUnavailable
-from pfa_verify.properties import law_examples
-from pfa_verify.properties.law_examples import BACKEND_LAWS
+from pfa_verify.properties.search import law_examples
+from pfa_verify.properties.search.law_examples import BACKEND_LAWS
 
 EXAMPLE = "docs/examples/my_backend.py"
 REPO_ROOT = Path(__file__).resolve().parents[2]

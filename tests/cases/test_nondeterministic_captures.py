@@ -21,7 +21,7 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.running.answers import Answers, Recorded
 from pfa_verify.cases.running.shrink import Hunt, hunt, nondeterminism
 from pfa_verify.kernels.backends.supervisor import KernelFault
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 from tests.checkout import REPO_ROOT
 
 RACY = "tests/kernels/unsteady_kernels.py:make_racy"      # wrong on every second call of its process

@@ -14,7 +14,7 @@ import pytest
 from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.data import regressions
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=300, nq=4, nkv=2, head_dim=32, block_size=32, s2_tile=64,
                                         kv_act_seqs=(300, 70)), seed=3)

@@ -25,8 +25,8 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.running.pool import Pool, _death, parse_cluster, task_resources, worker_slot
 from pfa_verify.kernels import KernelRunError
 from pfa_verify.kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.rule.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens,edge_constant_rows"
 DIES = "tests/cases/run_doubles.py:DiesOnTheTailCase"

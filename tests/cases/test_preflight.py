@@ -21,7 +21,7 @@ from pfa_verify.cases import cli
 from pfa_verify.cases.cli import arguments
 from pfa_verify.cases.measuring import tightness
 from pfa_verify.golden.errors import UsageError
-from pfa_verify.properties import strategies
+from pfa_verify.properties.search import strategies
 from tests.checkout import REPO_ROOT
 
 RUN = ["run", "--backend", "golden", "--cases", "edge_causal_s1_3_short", "--examples", "0"]
@@ -175,10 +175,10 @@ def test_tightness_record_checks_the_recorded_file(tmp_path, monkeypatch, capsys
 
 
 def test_a_bad_max_len_neither_breaks_the_import_nor_the_command():
-    """PFA_VERIFY_MAX_LEN was parsed at the import of properties/strategies.py: a bad value was a ValueError
+    """PFA_VERIFY_MAX_LEN was parsed at the import of properties/search/strategies.py: a bad value was a ValueError
     traceback out of any import of the suite. It is read when a strategy is built, and checked first."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PFA_VERIFY_MAX_LEN="junk")
-    imported = subprocess.run([sys.executable, "-c", "import properties.strategies"], cwd=REPO_ROOT, env=env,
+    imported = subprocess.run([sys.executable, "-c", "import pfa_verify.properties.search.strategies"], cwd=REPO_ROOT, env=env,
                               capture_output=True, text=True, timeout=120, check=False)
     assert imported.returncode == 0 and imported.stderr == "", imported.stderr
     ran = subprocess.run([sys.executable, "-m", "pfa_verify.cases.cli", *RUN, "--no-capture"], cwd=REPO_ROOT, env=env,

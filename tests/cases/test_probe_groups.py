@@ -6,8 +6,8 @@ import dataclasses
 import types
 
 import pfa_verify.cases.running.shrink as shrink
-from pfa_verify.properties.diagnosis import Diagnosis
-from pfa_verify.properties.scoring import Candidate
+from pfa_verify.properties.diagnosis.diagnosis import Diagnosis
+from pfa_verify.properties.diagnosis.scoring import Candidate
 
 
 def _candidate(model: str, stage: str, explained: int, mismatched: int = 10) -> Candidate:

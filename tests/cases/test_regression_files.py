@@ -14,9 +14,9 @@ import torch
 from pfa_verify import golden, kernels
 from pfa_verify.cases.data import regressions, schemas
 from pfa_verify.cases.data.catalog import load_catalog
-from pfa_verify.properties import ledger
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search.strategies import At12Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=2, s1=2, s2=40, nq=4, nkv=2, head_dim=16, block_size=16, s2_tile=32,
                                         kv_act_seqs=(40, 3), garbage="nan"), seed=5)

@@ -1,5 +1,5 @@
 """Every run replays the captured regressions (cases/regressions/*.json) first, on the backend under
-test, under the rule they were captured under. Known failures come from the ledger (properties/ledger.py,
+test, under the rule they were captured under. Known failures come from the ledger (properties/rule/ledger.py,
 re-exported by cases/ledger.py; an entry naming no captured file is an error): tolerated
 ones are strict xfails (one that starts passing fails, so its entry is removed); quarantined ones are
 not launched, and fail the session (the case is not checked) unless --allow-quarantined, as in
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pfa_verify.cases.data import regressions
-from pfa_verify.properties import ledger
+from pfa_verify.properties.rule import ledger
 
 
 def _params():

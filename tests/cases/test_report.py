@@ -204,7 +204,7 @@ def test_regressions_fingerprint_is_over_the_files(tmp_path):
 
 
 def test_a_counted_failure_carries_its_diagnosis_in_the_json_and_the_message(failing_run):
-    """properties/diagnosis.py on every counted failure of the run: the record in the JSON report (schema
+    """properties/diagnosis/diagnosis.py on every counted failure of the run: the record in the JSON report (schema
     checked above), the line in the failure text. PerturbOne's one element is no known defect."""
     data = report.to_json(failing_run)
     fails = [r for r in data["results"] if r["verdict"] == "fail" and r["counts"]]
@@ -212,7 +212,7 @@ def test_a_counted_failure_carries_its_diagnosis_in_the_json_and_the_message(fai
     assert all(not r["diagnosis"]["explained"] for r in fails)
     assert all("Diagnosis: not identified: no fault model explains this failure, and none comes close" in r["message"]
                and r["diagnosis"]["closest"] is None for r in fails)
-    # no candidate to tell apart: the probes are the weights readout's and properties/ablations.py's, they
+    # no candidate to tell apart: the probes are the weights readout's and properties/diagnosis/ablations.py's, they
     # refute nothing, and the one element's offset survives every ablation that leaves row 0 a token to see
     assert all(r["diagnosis"]["probes"] and "to show what the failure needs" in r["diagnosis"]["probe_note"]
                for r in fails)

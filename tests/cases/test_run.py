@@ -20,8 +20,8 @@ from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 from pfa_verify.kernels.backends.sim import SimBackend
 from pfa_verify.kernels.backends.sim_cost import MEMORY_CAP_BYTES, Estimate
 from pfa_verify.kernels.backends.supervisor import Supervisor
-from pfa_verify.properties import ledger
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.case import Case
 
 SMALL = "edge_causal_s1_3_short,edge_tail_tile_3_tokens"
 PERTURB = "tests/cases/run_doubles.py:PerturbOne"

@@ -14,8 +14,8 @@ from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.running.search import LAW_GROUPS, law_names, law_verdicts, search
 from pfa_verify.cases.running.search_channel import Channel, TaskChannel
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS
 
 
 def test_a_search_reports_the_coverage_of_every_example_it_drew(tmp_path, capsys):

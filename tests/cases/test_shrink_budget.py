@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from pfa_verify.cases.running.shrink import hunt
 from pfa_verify.kernels.backends.contract import DEFAULT_SHRINK_CALLS, shrink_budget
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties.probes import MAX_CALLS
+from pfa_verify.properties.diagnosis.probes import MAX_CALLS
 
 LAW_TEST = '''
 from hypothesis import given, settings, strategies as st
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 
 @settings(max_examples=30, derandomize=True, database=None, deadline=None)
@@ -33,7 +33,7 @@ def _run(suite_pytester, monkeypatch, tmp_path, tag: str) -> tuple[str, list[int
     assert result.ret == 1, result.stdout.str()
     falsifying = re.search(r"Failing test case: test_acceptance\(.*?case=(Case\(.*?\)\)),", result.stdout.str(), flags=re.S)
     assert falsifying, result.stdout.str()
-    # the reported example's diagnosis runs its probes on the backend (properties/probes.py), each one call
+    # the reported example's diagnosis runs its probes on the backend (properties/diagnosis/probes.py), each one call
     probes = re.search(r"(\d+) (?:probes? in|ablations? run)", result.stdout.str())
     return falsifying.group(1), [int(line) for line in calls.read_text().split()], int(probes.group(1)) if probes else 0
 

@@ -21,7 +21,7 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.reporting import html_pages, report_compare
 from pfa_verify.cases.reporting.terminal import SafeStream, printable_data, shown
 from pfa_verify.kernels.backends.text import printable
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 from tests.cases.hostile_text import EVIL, PRINTED
 
 ROOT = Path(__file__).resolve().parents[2]

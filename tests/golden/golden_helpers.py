@@ -1,6 +1,6 @@
 """Helpers of tests/golden: bit-level equality, hand-built paged inputs, readable ids.
 
-Imported by the test modules of this folder as ``gh``. Comparisons go through properties.compare
+Imported by the test modules of this folder as ``gh``. Comparisons go through properties.rule.compare
 (the project's one comparison core); "bit-identical" compares the integer views of two tensors
 with the ``exact`` rule, so NaN payloads and signed zeros count too.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pfa_verify.golden import SPEC_CODEC, contiguous_to_paged
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 __all__ = ["bits", "assert_identical", "HandCase", "hand_case", "call_id", "clone_tensors", "assert_unchanged"]
 
@@ -33,7 +33,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def assert_identical(actual: torch.Tensor, expected: torch.Tensor, identifier: str = "Tensors") -> None:
     """Bit-for-bit equality of two tensors of the same dtype (shape and dtype checked first):
-    properties.compare's ``exact`` kind, which compares floats through their integer views."""
+    properties.rule.compare's ``exact`` kind, which compares floats through their integer views."""
     __tracebackhide__ = True
     cmp.assert_close(actual.contiguous(), expected.contiguous(), kind="exact", identifier=identifier)
 

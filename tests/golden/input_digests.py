@@ -48,7 +48,7 @@ _SHAPES = (
     (4, 1, 8, 2, 16, 16, 16, (1, 17, 0, 48), 0, 3),
 )
 _SEEDS = (0, 1, 12345, 2**31 - 1)
-# Kernel-sized configs (head_dim 128, block_size 128; drawn once from properties.strategies.kernel_configs, since
+# Kernel-sized configs (head_dim 128, block_size 128; drawn once from properties.search.strategies.kernel_configs, since
 # replaced by cases_for; these configs carry no block_table, so make_inputs shuffles it from the seed;
 # plus the profiled shape B=4 S1=2 NQ=4 NKV=1 S2=639 for the two distributions it did not draw).
 _KERNEL_SIZED = (

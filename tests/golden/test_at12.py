@@ -22,7 +22,7 @@ from pfa_verify.golden import (
 )
 from pfa_verify.golden.attention import tile_values
 from pfa_verify.golden.softmax_state import local_softmax
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 
 def draw(shape, dtype, seed):

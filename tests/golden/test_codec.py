@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pfa_verify.golden import PYPTO_CALCULATOR_CODEC, SPEC_CODEC, Fp8Codec, get_codec
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 ALL_CODES = torch.arange(256, dtype=torch.int64).to(torch.uint8)
 CODECS = [SPEC_CODEC, PYPTO_CALCULATOR_CODEC]

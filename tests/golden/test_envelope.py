@@ -32,7 +32,7 @@ from pfa_verify.golden.validate import SCORE_LIMIT
 from pfa_verify.kernels.config import KERNEL_SHAPES
 from pfa_verify.kernels.conforming import VARIANTS, ConformingKernel
 from pfa_verify.kernels.conforming.arithmetic import exp_edge
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 ALL_DISTRIBUTIONS = golden.DISTRIBUTIONS
 _SMALL = dict(max_examples=12, deadline=None)
@@ -371,7 +371,7 @@ def test_fold_sum_bound_holds_under_cancellation():
 @pytest.mark.parametrize("distribution", ALL_DISTRIBUTIONS)
 def test_an_envelope_built_for_some_rows_is_the_full_one_there(distribution):
     """pfa_verify.golden.paged_attention_envelope(rows=...): bit-identical to the full envelope on the output rows it
-    was built for (the rule builds only those, properties.acceptance; each row as a case of its own with
+    was built for (the rule builds only those, properties.rule.acceptance; each row as a case of its own with
     S1 = 1 and its visible length), NaN on the others, on every distribution (S1 up to 3: causal rows)."""
 
     @settings(max_examples=4, deadline=None)

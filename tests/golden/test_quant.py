@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pfa_verify.golden import FP8_MAX, PYPTO_CALCULATOR_CODEC, SPEC_CODEC, quantize_per_channel, quantize_per_token
 from pfa_verify.golden.quant import quantize_rows
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 
 def f32(x: float) -> float:

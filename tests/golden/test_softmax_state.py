@@ -11,7 +11,7 @@ import torch
 
 from pfa_verify.golden import OnlineSoftmaxState
 from pfa_verify.golden.softmax_state import exp_f32, local_softmax
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 
 def scores_and_values(seed: int, rows: int, tokens: int, d: int, spread: float = 8.0):

@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import torch
 
-import pfa_verify.properties.acceptance as acceptance
-import pfa_verify.properties.compare as compare
+import pfa_verify.properties.rule.acceptance as acceptance
+import pfa_verify.properties.rule.compare as compare
 from pfa_verify.kernels import BackendUnavailable
 from pfa_verify.kernels.backends import protocol, wire
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend

@@ -17,7 +17,7 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import backends
 from pfa_verify.kernels.backends import Backend, BackendUnavailable, KernelSource, resolve_device_index
 from pfa_verify.kernels.config import PagedAttentionKernelConfig
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 
 class RecordingBackend(Backend):

@@ -15,7 +15,7 @@ import torch
 from pfa_verify import kernels
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.kernels import pypto_workarounds as pw
-from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.rule.acceptance import judge
 
 pytestmark = pytest.mark.sim
 

@@ -2,7 +2,7 @@
 
 Each textual mutant of kernels/pfa_fp8.py is run by the sim backend through the paged-attention laws
 (5 kernel-sized examples each, the first law that kills ends the row) and must be killed, except the
-ledger's survivors (properties/ledger.py), strict xfails: one a law kills fails this test, and its entry
+ledger's survivors (properties/rule/ledger.py), strict xfails: one a law kills fails this test, and its entry
 goes. The unmutated kernel passing every law is `tox -e sim`'s job and pfa-verify mutants' baseline."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ledger_marks import survivor_params
 
 from pfa_verify.cases.measuring import mutants as matrix
 from pfa_verify.kernels.mutants.kernel_level import KERNEL_MUTANTS
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 

@@ -18,10 +18,10 @@ import torch
 from pfa_verify import golden, kernels
 from pfa_verify.cases import cli
 from pfa_verify.kernels.backends.contract import capabilities_of
-from pfa_verify.properties import laws
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search.strategies import At12Case
 
 pytestmark = pytest.mark.sim
 

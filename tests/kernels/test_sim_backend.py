@@ -23,7 +23,7 @@ from pfa_verify.kernels.backends import KernelRunError, finish_output, sim_cost,
 from pfa_verify.kernels.backends.sim import SimBackend, calculator_error
 from pfa_verify.kernels.pypto_workarounds import native
 from pfa_verify.kernels.pypto_workarounds.session import RunCapture
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 # --- outputs the kernel did not write ---------------------------------------------------------------
 

@@ -5,7 +5,7 @@
   the three small upstream cases (b2_s1_1_s2_1k through the cost-model compile) and s2_tile 1024 at
   S2 = 2048; the three 8k upstream cases (their own static configurations: MAXB 64 and 65, 35 to 41 s
   each on 2 cores) are marked slow and compile in tox -e sim
-- execute: small cases run by the calculator, held to the one acceptance rule (properties.acceptance:
+- execute: small cases run by the calculator, held to the one acceptance rule (properties.rule.acceptance:
   the comparison under the calculator codec decides and must pass; the spec-codec one is reported and
   attributed to the backend codec, a test of its own that documents the gap)
 - AT-12 variants through the at12_acceptance law (bf16, fp8 + dequant_after, a tail tile) and fp16
@@ -20,11 +20,11 @@ from pfa_verify import golden, kernels
 from pfa_verify.cases.data.catalog import SPEC_CASE_NAMES as UPSTREAM_CASES
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.kernels.pypto_workarounds import forget_traces
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import laws
-from pfa_verify.properties.acceptance import call, judge, reference_backend
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, judge, reference_backend
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search.strategies import At12Case
 from tests.kernels.compile_inputs import compile_inputs
 
 pytestmark = pytest.mark.sim
@@ -103,7 +103,7 @@ EXECUTE_CASES = {
 
 @pytest.fixture(scope="module", params=list(EXECUTE_CASES))
 def judged(request, sim_backend):
-    """The one acceptance rule (properties.acceptance.judge) on a small case; the call's inputs are
+    """The one acceptance rule (properties.rule.acceptance.judge) on a small case; the call's inputs are
     checked to come back bit-identical inside it."""
     case = Case(golden.PagedAttentionConfig(**EXECUTE_CASES[request.param]), seed=1, name=request.param)
     return judge(sim_backend, case)

@@ -13,7 +13,7 @@ from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.model import DETERMINISTIC_MODEL
 from pfa_verify.kernels.mutants import get_mutant
-from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.rule.acceptance import judge
 
 pytestmark = pytest.mark.sim
 

@@ -28,7 +28,7 @@ from pfa_verify.kernels.backends.supervisor import (
     Supervisor,
     remove_orphaned_logs,
 )
-from pfa_verify.properties.acceptance import InputsModified, judge, split_bundle
+from pfa_verify.properties.rule.acceptance import InputsModified, judge, split_bundle
 
 HOSTILE = "tests/kernels/hostile_kernels.py"
 CASE = load_catalog()["edge_tail_tile_3_tokens"]

@@ -16,8 +16,8 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends import KernelSource
 from pfa_verify.kernels.backends.contract import capabilities_of
 from pfa_verify.kernels.backends.upstream import UpstreamTileConfig, parse_name, upstream_tile_config
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.rule.case import Case
 
 FILE = "tests/kernels/upstream_convention_kernels.py"
 

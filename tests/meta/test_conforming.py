@@ -10,7 +10,7 @@ import pytest
 
 from pfa_verify.cases.measuring import conforming
 from pfa_verify.kernels.conforming import VARIANTS
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 
 VERTICES = [n for n, v in VARIANTS.items() if v.mm1.startswith("vertex")]
 REALISTIC = [n for n in VARIANTS if n not in VERTICES]

@@ -2,7 +2,7 @@
 golden-level mutant is killed by some law, the unmutated reference never fails one, the reference is
 the golden bit for bit, and every mutant listed as equivalent is indeed equivalent on the laws' examples.
 
-The known survivors are the ledger's (properties/ledger.py, kind "survivor", each with its reason and
+The known survivors are the ledger's (properties/rule/ledger.py, kind "survivor", each with its reason and
 issue): each runs as a strict xfail, so the day a law kills one, this test fails and says to remove its
 entry. A survivor spends the whole budget of every law (20 s for one), so the survivors are marked slow
 and run in tox -e mutants; the default run keeps every mutant that must be killed."""
@@ -21,10 +21,10 @@ from pfa_verify.golden.matmul import exact_matmul
 from pfa_verify.kernels import KernelRunError
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant, kernel_level
 from pfa_verify.kernels.mutants.staged import StagedGolden
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import law_examples
-from pfa_verify.properties.acceptance import call, split_bundle
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import law_examples
 
 GOLDEN = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is None]
 EQUIVALENT = [m.name for m in MUTANTS.values() if m.level == "golden" and m.equivalent is not None]

@@ -11,7 +11,7 @@ from pfa_verify.cases.data.collect import collect_items, generated_cases
 from pfa_verify.cases.measuring import mutants as matrix
 from pfa_verify.kernels import KernelRunError, get_backend
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant
-from pfa_verify.properties.acceptance import judge
+from pfa_verify.properties.rule.acceptance import judge
 
 # The fields issue 12 names, and what a reader of the JSON relies on.
 SCHEMA = {
@@ -58,7 +58,7 @@ def test_the_goal_decides_the_exit_status(tmp_path):
 
 @pytest.mark.parametrize("allowed", ["softmax_scale_before_dequant", "ledger"])
 def test_a_survivor_allowed_by_name_is_still_a_survivor_but_does_not_fail(tmp_path, capsys, allowed):
-    """By name, or as one of the ledger's survivors of the level (properties/ledger.py; tox -e mutants)."""
+    """By name, or as one of the ledger's survivors of the level (properties/rule/ledger.py; tox -e mutants)."""
     status, data = _mutants(tmp_path, "--mutants", "causal_offset_ignored,softmax_scale_before_dequant",
                             "--allow-survivors", allowed)
     assert status == data["exit_status"] == 0 and data["kill_ratio"] == 0.5

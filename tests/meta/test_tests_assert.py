@@ -24,7 +24,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent.parent
 
 #: Project functions that raise AssertionError when what they check does not hold (by their contract).
-RAISING = {"laws.run": "pfa_verify.properties.laws.run: a law raises AssertionError when it fails",
+RAISING = {"laws.run": "pfa_verify.properties.search.laws.run: a law raises AssertionError when it fails",
            "regressions.replay": "pfa_verify.cases.data.regressions.replay: raises AssertionError when the case still fails",
            "find": "hypothesis.find: raises NoSuchExample when no draw satisfies the condition (reachability)"}
 #: test id -> why it asserts nothing (none today).

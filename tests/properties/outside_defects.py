@@ -1,7 +1,7 @@
 """A kernel written from docs/spec.md alone, with no code of the golden's walk or of kernels/mutants, and
 seventeen defects nobody wrote a fault model from: the diagnosis is judged on these. Each is a slip a
 kernel engineer makes writing SPEC §2 by hand, with the stage a diagnosis must name (:data:`STAGES`, the
-words of properties/fault_models.py's stages):
+words of properties/diagnosis/fault_models.py's stages):
 
 - ``last_tile_dropped``: the last tile's length is taken as ``cur % s2_tile``, so a full last tile is
   dropped (a row of exactly one full tile sees nothing and is written as 0);
@@ -37,8 +37,8 @@ from pfa_verify.golden import SPEC_CODEC
 _MM1, _MM2, _TILES, _P = "MM1 scales", "MM2 and the V scale", "the tile walk", "P quantization"
 _LENGTHS = ("visible length", "lengths and paging")
 #: Each defect and the SPEC §2 stages a diagnosis may name for it (a prefix of a fault model's stage);
-#: table_overrun raises: its diagnosis is what the erroring cases share (properties/separation.py) and the
-#: kernel on neighbours of the case (properties/error_probes.py), whose widened table locates the tile walk.
+#: table_overrun raises: its diagnosis is what the erroring cases share (properties/diagnosis/separation.py) and the
+#: kernel on neighbours of the case (properties/diagnosis/error_probes.py), whose widened table locates the tile walk.
 STAGES: dict[str, tuple[str, ...]] = {
     "last_tile_dropped": (_TILES,), "batch_0_lengths": _LENGTHS, "softmax_folded": (_MM1,),
     "table_overrun": (_TILES, "paging"), "causal_reversed": ("visible length",), "heads_interleaved": ("GQA head map",),

@@ -1,5 +1,5 @@
-"""properties/ablations.py: each ablation makes the parts of SPEC §2 it names unable to matter, and changes
-nothing a kernel may not read; properties/probes.py runs them on a failure no model explains."""
+"""properties/diagnosis/ablations.py: each ablation makes the parts of SPEC §2 it names unable to matter, and changes
+nothing a kernel may not read; properties/diagnosis/probes.py runs them on a failure no model explains."""
 from __future__ import annotations
 
 import pytest
@@ -8,11 +8,11 @@ import torch
 from pfa_verify import golden
 from pfa_verify.golden.paging import token_slots
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties import ablations as abl
-from pfa_verify.properties.acceptance import judge, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import diagnose_verdict
-from pfa_verify.properties.probes import EVIDENCE, probe
+from pfa_verify.properties.diagnosis import ablations as abl
+from pfa_verify.properties.diagnosis.diagnosis import diagnose_verdict
+from pfa_verify.properties.diagnosis.probes import EVIDENCE, probe
+from pfa_verify.properties.rule.acceptance import judge, split_bundle
+from pfa_verify.properties.rule.case import Case
 
 _CODEC = golden.SPEC_CODEC
 

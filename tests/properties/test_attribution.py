@@ -1,10 +1,10 @@
-"""properties/attribution.py: where mismatches concentrate."""
+"""properties/rule/attribution.py: where mismatches concentrate."""
 from __future__ import annotations
 
 import torch
 
 from pfa_verify import golden
-from pfa_verify.properties.attribution import attribute
+from pfa_verify.properties.rule.attribution import attribute
 
 
 def test_mismatches_are_grouped_by_batch_head_and_tile_walk():

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from pfa_verify import golden
 from pfa_verify.cases.data import regressions
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import strategies as ps
 from tests.checkout import REPO_ROOT
 
 

@@ -1,4 +1,4 @@
-"""properties/compare.py: the tolerance table, both-or-neither overrides, check order, NaN and
+"""properties/rule/compare.py: the tolerance table, both-or-neither overrides, check order, NaN and
 signed zero, and the failure text (snapshots)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pfa_verify.properties import compare as cmp
+from pfa_verify.properties.rule import compare as cmp
 
 
 def test_tolerance_table_follows_spec_section_4():

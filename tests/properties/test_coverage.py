@@ -1,4 +1,4 @@
-"""properties/coverage.py (issue 30): the corner bins of the contract, the classifier, the report line, and
+"""properties/rule/coverage.py (issue 30): the corner bins of the contract, the classifier, the report line, and
 ``pfa-verify run --coverage``'s one-line failure naming the holes."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pfa_verify.cases import cli
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.golden import PagedAttentionConfig
-from pfa_verify.properties.coverage import BINS, CROSSES, bin_names, classify, coverage
+from pfa_verify.properties.rule.coverage import BINS, CROSSES, bin_names, classify, coverage
 
 
 def test_every_bin_names_its_spec_line_and_the_names_are_unique():
@@ -80,7 +80,7 @@ def test_a_pytest_law_run_ends_with_the_coverage_of_its_examples(suite_pytester)
     (tests/conftest.py); each bin is also a Hypothesis event of the law's test."""
     suite_pytester.makepyfile(test_law='''
 from hypothesis import given, settings
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 
 @settings(max_examples=5, derandomize=True, database=None, deadline=None)
@@ -92,6 +92,6 @@ def test_acceptance(check_law, case):
                                                  "--hypothesis-show-statistics", timeout=300)
     text = result.stdout.str()
     assert result.ret == 0, text
-    assert "coverage of the law runs (properties/coverage.py)" in text
+    assert "coverage of the law runs (properties/rule/coverage.py)" in text
     assert "hit by 5 law examples; holes (no case drawn there): " in text and "s1_2" in text.split("holes (no case drawn there): ", 1)[1]
     assert "coverage: s1_1" in text            # a Hypothesis event of the law's test

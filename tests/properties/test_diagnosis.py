@@ -1,4 +1,4 @@
-"""properties/diagnosis.py (issue 29): a failing case names the defect that explains it.
+"""properties/diagnosis/diagnosis.py (issue 29): a failing case names the defect that explains it.
 
 The goal, held here: every golden-level mutant that the rule can fail (not equivalent, not a ledger
 survivor), on its first failing case of a fixed list, has its own fault model at the top of the diagnosis
@@ -12,14 +12,18 @@ import torch
 from pfa_verify import golden, kernels
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.cases.data.collect import generated_cases
+from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.golden import PagedAttentionConfig
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 from pfa_verify.kernels.mutants import MUTANTS, get_mutant
-from pfa_verify.properties import compare, diagnosis, laws, ledger, scoring
-from pfa_verify.properties.acceptance import judge, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import diagnose, diagnose_verdict, fault_models
-from pfa_verify.properties.fault_models import models_by_name
+from pfa_verify.properties.diagnosis import diagnosis, scoring
+from pfa_verify.properties.diagnosis.diagnosis import diagnose, diagnose_verdict, fault_models
+from pfa_verify.properties.diagnosis.fault_models import models_by_name
+from pfa_verify.properties.rule import compare, ledger
+from pfa_verify.properties.rule.acceptance import judge, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import LawFailure
+from pfa_verify.properties.search import laws
 
 _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config.s1 * c.config.nq * c.config.s2)[:12]
 #: Two batches whose lengths need the same number of blocks, so that a model moving one batch's length to
@@ -144,16 +148,20 @@ def _small(lengths, s1, *, nq=2, nkv=2):
 
 def test_a_two_call_law_names_the_call_that_is_wrong_and_the_defect():
     """Issue 29: a law comparing two calls says which call fails the one rule against its own golden, and the
-    fault model that explains that call's failure; the call that is right is named as passing."""
-    with pytest.raises(AssertionError) as failed:
-        laws.run("causal_prefix", get_mutant("causal_offset_ignored"), _small([40, 7], 3))
-    text = str(failed.value)
+    boundary's diagnosis (cases/data/diagnosed.py) names the fault model that explains that call's failure;
+    the call that is right is named as passing."""
+    backend = get_mutant("causal_offset_ignored")
+    with pytest.raises(LawFailure) as failed:
+        laws.run("causal_prefix", backend, _small([40, 7], 3))
+    text = explain(failed.value, backend).message
     assert "The call of query position 0 alone passes the one rule against its own golden" in text
     assert "The call causal S1=3 fails the one rule against its own golden (kernel logic, " in text
     assert "Diagnosis: causal_offset_ignored [visible length, SPEC §2.1] explains" in text
-    with pytest.raises(AssertionError) as failed:
-        laws.run("gqa_repetition", get_mutant("gqa_head_modulo"), _small([40, 7], 1, nq=4, nkv=2))
-    text = str(failed.value)
+    assert ", on the call causal S1=3)" in text
+    backend = get_mutant("gqa_head_modulo")
+    with pytest.raises(LawFailure) as failed:
+        laws.run("gqa_repetition", backend, _small([40, 7], 1, nq=4, nkv=2))
+    text = explain(failed.value, backend).message
     assert "The call with KV heads repeated x2 passes" in text and "The call grouped fails" in text
     assert "Diagnosis: gqa_head_modulo [GQA head map, SPEC §2.2]" in text
 
@@ -179,10 +187,10 @@ class _JitteryButDeclaredDeterministic(GoldenBackend):
 
 def test_two_calls_that_each_pass_the_rule_are_called_so():
     backend = _JitteryButDeclaredDeterministic()
-    with pytest.raises(AssertionError) as failed:
+    with pytest.raises(LawFailure) as failed:
         laws.run("block_permutation", backend, _small([40, 7], 1))
-    text = str(failed.value)
-    assert text.count("passes the one rule against its own golden") == 2
+    text = explain(failed.value, backend).message
+    assert text.count("passes the one rule against its own golden") == 2 and failed.value.failed == ()
     assert "Each call passes the one rule alone" in text and "Diagnosis" not in text
 
 
@@ -250,7 +258,7 @@ def _first_failure_of(model):
 
 
 #: The models written from SPEC §1-§2 for the stages whose natural slip the mutant catalog lacks: the stage
-#: models of properties/stage_models.py after the catalog's, and the layout models.
+#: models of properties/diagnosis/stage_models.py after the catalog's, and the layout models.
 _SPEC_SLIPS = ("causal_offset_reversed", "exp_in_base_2", "p_not_quantized", "o_rescale_factors_swapped",
                "o_rescale_factors_swapped_from_empty", "rescale_factors_swapped", "output_not_normalized",
                "empty_row_keeps_previous_row", "p_cast_unscaled", "rescale_after_max_stored",
@@ -274,7 +282,7 @@ _SPEC_SLIPS = ("causal_offset_reversed", "exp_in_base_2", "p_not_quantized", "o_
 def test_every_model_is_a_defect_the_rule_fails_where_a_conforming_variant_passes(name):
     """A model is a defect, not a freedom of SPEC §4.1: the rule fails it on some case of the list, and the
     conforming variant passes that case (so a conforming kernel is never red there, and never diagnosed).
-    The ledger's golden-level survivor is the one model the rule cannot fail (properties/ledger.py says why)."""
+    The ledger's golden-level survivor is the one model the rule cannot fail (properties/rule/ledger.py says why)."""
     case, _ = _first_failure_of(models_by_name()[name])
     verdict = judge(kernels.get_backend("conforming:edges-mixed"), case)
     assert verdict.passed and diagnose_verdict(verdict, *split_bundle(case.inputs())) is None

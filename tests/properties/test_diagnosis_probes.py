@@ -1,4 +1,4 @@
-"""properties/probes.py: the kernel run on neighbours of a diagnosed case tells apart the fault models that
+"""properties/diagnosis/probes.py: the kernel run on neighbours of a diagnosed case tells apart the fault models that
 coincide on it, within a budget of kernel calls, and an error or a refused shape is no evidence."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from outside_defects import HandWritten
 from pfa_verify import golden
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
 from pfa_verify.kernels.mutants import get_mutant
-from pfa_verify.properties import probes
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.acceptance import call, judge, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.compare import compare
-from pfa_verify.properties.diagnosis import diagnose, diagnose_verdict
-from pfa_verify.properties.fault_models import models_by_name
-from pfa_verify.properties.probes import MAX_CALLS, neighbours, probe
-from pfa_verify.properties.scoring import minus_one_reads, model_output, score
+from pfa_verify.properties.diagnosis import probes
+from pfa_verify.properties.diagnosis.diagnosis import diagnose, diagnose_verdict
+from pfa_verify.properties.diagnosis.fault_models import models_by_name
+from pfa_verify.properties.diagnosis.probes import MAX_CALLS, neighbours, probe
+from pfa_verify.properties.diagnosis.scoring import minus_one_reads, model_output, score
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.acceptance import call, judge, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.compare import compare
 
 
 def _case(lengths, *, s2_tile=16, s1=1, nq=2, nkv=1, seed=1) -> Case:
@@ -76,7 +76,7 @@ def test_a_probe_that_walks_minus_one_columns_does_not_refute_the_model_that_wal
 
 
 def test_the_minus_one_entries_pointed_at_a_nan_block_change_only_what_reads_them():
-    """pfa_verify.properties.transforms.minus_one_to_garbage: the golden's output is the same bits (it never reads a -1
+    """pfa_verify.properties.rule.transforms.minus_one_to_garbage: the golden's output is the same bits (it never reads a -1
     column); a model that walks one token past each batch's length reads one there, and only those rows go NaN."""
     config = golden.PagedAttentionConfig(batch=2, s1=1, s2=32, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16,
                                          kv_act_seqs=(16, 5))       # batch 0 ends at a block: its next column is -1

@@ -1,4 +1,4 @@
-"""properties/directed.py: generated cases spent on the coverage holes first (issue 30)."""
+"""properties/search/directed.py: generated cases spent on the coverage holes first (issue 30)."""
 from __future__ import annotations
 
 import pytest
@@ -7,8 +7,8 @@ from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.cases.data.collect import Item, catalog_coverage, generated_cases
 from pfa_verify.kernels.backends import unsupported_shape
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.coverage import CROSSES, bin_names, classify, coverage
-from pfa_verify.properties.directed import AIM_DRAWS, Aim, directed_cases, narrowing
+from pfa_verify.properties.rule.coverage import CROSSES, bin_names, classify, coverage
+from pfa_verify.properties.search.directed import AIM_DRAWS, Aim, directed_cases, narrowing
 
 _CATALOG = [Item(name, "catalog", case) for name, case in load_catalog().items()]
 _KERNEL_CATALOG = [i.case.config for i in _CATALOG if unsupported_shape(i.case.config, KERNEL_SHAPES) is None]

@@ -1,4 +1,4 @@
-"""properties/error_probes.py: an error's diagnosis is the kernel on neighbours of the case, what the error
+"""properties/diagnosis/error_probes.py: an error's diagnosis is the kernel on neighbours of the case, what the error
 needs; and a run carries it for every erroring case, in the text, the JSON report and the HTML card."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from pfa_verify import golden
 from pfa_verify.cases import cli
 from pfa_verify.cases.data import schemas
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.error_probes import error_neighbours, probe_error
-from pfa_verify.properties.probes import MAX_CALLS
+from pfa_verify.properties.diagnosis.error_probes import error_neighbours, probe_error
+from pfa_verify.properties.diagnosis.probes import MAX_CALLS
+from pfa_verify.properties.rule.case import Case
 from tests.properties.outside_defects import HandWritten
 
 

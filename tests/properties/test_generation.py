@@ -1,11 +1,11 @@
-"""properties/generation.py: the same seed gives the same cases whatever else the process imported (issue 20).
+"""properties/search/generation.py: the same seed gives the same cases whatever else the process imported (issue 20).
 
 Each import context runs in a fresh process (what a module harvested once stays harvested): a plain
 one, and one that has also loaded the PyPTO-Gym backend module, the mutants and a user's kernel file
 (a file outside any test folder, with literals of its own). Both generate ``pfa-verify run``'s cases
 (cases.data.collect.generated_cases, kernel-sized as for sim and pypto-gym, and the directed ones of
 collect_items) and the ``sim`` profile's
-derandomized law examples (tests/conftest.py's profile, properties/law_examples.py), and print them.
+derandomized law examples (tests/conftest.py's profile, properties/search/law_examples.py), and print them.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from hypothesis.internal.constants_ast import Constants
 
 from pfa_verify.cases.data.collect import generated_cases
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties.generation import local_constants_pinned, pin_local_constants
-from pfa_verify.properties.law_examples import PAGED_LAWS
+from pfa_verify.properties.search.generation import local_constants_pinned, pin_local_constants
+from pfa_verify.properties.search.law_examples import PAGED_LAWS
 from tests.checkout import REPO_ROOT
 
 _SCRIPT = textwrap.dedent("""
@@ -39,7 +39,7 @@ _SCRIPT = textwrap.dedent("""
     from hypothesis import given, settings
     from hypothesis.internal.constants_ast import constants_from_module, is_local_module_file
     from pfa_verify.kernels.config import KERNEL_SHAPES
-    from pfa_verify.properties import law_examples
+    from pfa_verify.properties.search import law_examples
 
     class KernelShapes:
         supported_shapes = KERNEL_SHAPES
@@ -97,7 +97,7 @@ def test_generated_cases_do_not_depend_on_imports(contexts):
     assert loaded["harvestable_integers"] > plain["harvestable_integers"]
     assert loaded["seeds"] == plain["seeds"] and len(plain["seeds"]) == 12
     assert loaded["configs"] == plain["configs"]
-    # pfa-verify run's cases, aimed at the catalog's holes first (properties/directed.py)
+    # pfa-verify run's cases, aimed at the catalog's holes first (properties/search/directed.py)
     assert len(plain["directed"]) == 12 and any(target for _, _, target in plain["directed"])
     assert loaded["directed"] == plain["directed"]
 

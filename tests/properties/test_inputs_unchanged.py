@@ -1,4 +1,4 @@
-"""pfa_verify.properties.acceptance.call: a backend call must leave its inputs bit for bit as they were.
+"""pfa_verify.properties.rule.acceptance.call: a backend call must leave its inputs bit for bit as they were.
 
 Each change below is one a value comparison misses (a zero's sign, a NaN's payload) or one byte of a
 large buffer; each is made on a small tensor (one torch.equal) and on a large one (through numpy), the
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pfa_verify.properties.acceptance as acceptance
-from pfa_verify.properties.acceptance import InputsModified, call
+import pfa_verify.properties.rule.acceptance as acceptance
+from pfa_verify.properties.rule.acceptance import InputsModified, call
 
 SMALL, LARGE = 12, 3 * 4096          # elements: either side of the check's torch.equal / numpy switch
 

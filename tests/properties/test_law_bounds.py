@@ -1,4 +1,4 @@
-"""The laws' derived bounds (properties/laws.py), each on inputs built to reach it.
+"""The laws' derived bounds (properties/search/laws.py), each on inputs built to reach it.
 
 A bound must hold for every conforming computation (SPEC §4.1) and be tight: on inputs where the
 roundings it counts are aligned on purpose, conforming kernels come close to it and never pass it.
@@ -12,9 +12,9 @@ import torch
 
 from pfa_verify import golden, kernels
 from pfa_verify.kernels.conforming import VARIANTS
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import laws
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import laws
 
 
 def _e4m3(value: float, shape) -> torch.Tensor:

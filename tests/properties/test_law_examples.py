@@ -1,5 +1,5 @@
-"""properties/law_examples.py: the laws' examples are aimed at the coverage bins the plain draws rarely
-reach (as a run's generated cases are, properties/directed.py), inside each law's own domain."""
+"""properties/search/law_examples.py: the laws' examples are aimed at the coverage bins the plain draws rarely
+reach (as a run's generated cases are, properties/search/directed.py), inside each law's own domain."""
 from __future__ import annotations
 
 from collections import Counter
@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties import law_examples
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.coverage import classify
-from pfa_verify.properties.directed import draw, narrowing
+from pfa_verify.properties.rule.coverage import classify
+from pfa_verify.properties.search import law_examples
+from pfa_verify.properties.search import strategies as ps
+from pfa_verify.properties.search.directed import draw, narrowing
 
 
 def test_aims_leave_the_laws_domain_and_a_kernels_shapes_alone():

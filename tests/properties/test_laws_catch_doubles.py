@@ -12,8 +12,8 @@ from hypothesis import assume, find, given, settings
 from hypothesis import strategies as st
 
 from pfa_verify import golden
-from pfa_verify.properties import laws
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search import strategies as ps
 
 
 @given(case=ps.cases_for(None), wide=st.sampled_from((2, 4)))

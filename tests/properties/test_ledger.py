@@ -1,4 +1,4 @@
-"""properties/ledger.py: the one ledger of known facts (kinds case, domain and survivor), its rules,
+"""properties/rule/ledger.py: the one ledger of known facts (kinds case, domain and survivor), its rules,
 and that the ledger as committed names only what exists."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from hypothesis.errors import NoSuchExample
 from pfa_verify import golden, kernels
 from pfa_verify.cases.data import regressions
 from pfa_verify.kernels.mutants import MUTANTS
-from pfa_verify.properties import law_examples, ledger
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.search import law_examples
 
 CONFIG = golden.PagedAttentionConfig(batch=1, s1=3, s2=5, nq=2, nkv=1, head_dim=16, block_size=16, s2_tile=16)
 

@@ -1,4 +1,4 @@
-"""The one acceptance rule with the envelope (SPEC §4.2; properties/acceptance.py, properties/compare.py).
+"""The one acceptance rule with the envelope (SPEC §4.2; properties/rule/acceptance.py, properties/rule/compare.py).
 
 On outlier channels (logits near 180) a correct kernel that sums MM1 in another float32 order fails
 SPEC §4's tolerance alone; under the one rule it passes, and the verdict says how many elements needed
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from pfa_verify import golden, kernels
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import judge
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.case import Case as C
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import judge
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.case import Case as C
 
 CASE = Case(golden.PagedAttentionConfig(batch=4, s1=3, s2=513, nq=4, nkv=1, head_dim=128, block_size=128, s2_tile=256,
                                         g_tile=1, kv_act_seqs=(513, 429, 129, 36), max_blocks=7, num_blocks=15,

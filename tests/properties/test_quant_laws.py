@@ -7,7 +7,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pfa_verify.cases.data import regressions
-from pfa_verify.properties import strategies as ps
+from pfa_verify.properties.search import strategies as ps
 
 
 @given(x=ps.quant_rows())

@@ -1,4 +1,4 @@
-"""The weights readout (properties/readout.py): its case reads a row's weights, and it locates the stage of
+"""The weights readout (properties/diagnosis/readout.py): its case reads a row's weights, and it locates the stage of
 defects written here as backends, without a fault model, or names none."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 from pfa_verify import golden
 from pfa_verify.golden.paging import visible_lengths
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import call, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.readout import READOUT_HEAD_DIM, locate, readout_case
+from pfa_verify.properties.diagnosis.readout import READOUT_HEAD_DIM, locate, readout_case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, split_bundle
+from pfa_verify.properties.rule.case import Case
 from tests.properties.doubles import DropLastS2Tile, ReadsTheNextColumn
 
 
@@ -186,7 +186,7 @@ class _Attends:
      "visible length", "read on to the end of its last block"),
 ])
 def test_walks_and_gathers_cut_short_are_the_tile_walk_and_reads_past_a_length_a_length(backend, lengths, stage, words):
-    """properties/walks.py on kernels written here: each tile's first block only, or every row's first block
+    """properties/diagnosis/walks.py on kernels written here: each tile's first block only, or every row's first block
     whatever its visible length, is the tile walk (not the causal offset: the rows' counts follow no length);
     a row that reads on to its last block's end (the cells past its length are read as tokens) sees a
     longer prefix, its length not masked."""

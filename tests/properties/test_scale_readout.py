@@ -1,4 +1,4 @@
-"""The V-scale readout (properties/scale_readout.py): on its case the output is the v_scale entry applied;
+"""The V-scale readout (properties/diagnosis/scale_readout.py): on its case the output is the v_scale entry applied;
 it reads back which entry a kernel used, and, with the weights readout, names the V scale's stage only where
 the weights were read right."""
 from __future__ import annotations
@@ -8,11 +8,8 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import call, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.readout import Location
-from pfa_verify.properties.scale_readout import (
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.diagnosis.scale_readout import (
     LOWEST,
     combine,
     entry_values,
@@ -20,6 +17,9 @@ from pfa_verify.properties.scale_readout import (
     read_scales,
     scale_readout_case,
 )
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import call, split_bundle
+from pfa_verify.properties.rule.case import Case
 
 
 def _case(lengths=(40, 7, 0), *, s1=2, nq=4, nkv=2, s2_tile=32, seed=3) -> Case:

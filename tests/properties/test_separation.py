@@ -1,12 +1,12 @@
-"""properties/separation.py (issue 37): what a run's failing cases share against its passing ones."""
+"""properties/diagnosis/separation.py (issue 37): what a run's failing cases share against its passing ones."""
 from __future__ import annotations
 
 import pytest
 
 from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.cases.data.collect import generated_cases
-from pfa_verify.properties.coverage import facts_of
-from pfa_verify.properties.separation import FACTS, separate
+from pfa_verify.properties.diagnosis.separation import FACTS, separate
+from pfa_verify.properties.rule.coverage import facts_of
 
 _CONFIGS = [c.config for c in load_catalog().values() if hasattr(c, "config")] + \
            [c.config for c in generated_cases(40, 0)]

@@ -1,4 +1,4 @@
-"""properties/strategies.py: validity (every draw is a config the golden accepts, with the promised
+"""properties/search/strategies.py: validity (every draw is a config the golden accepts, with the promised
 shape), reach (the special lengths, tables and fills occur; hypothesis.find) and argument checks."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from pfa_verify.kernels.backends import Backend, Skip
 from pfa_verify.kernels.config import KERNEL_SHAPES
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.directed import draw
+from pfa_verify.properties.search import strategies as ps
+from pfa_verify.properties.search.directed import draw
 
 FIND = settings(max_examples=2000, database=None, deadline=None, derandomize=True)  # find() is random otherwise: 1 of 10 runs shrank short of the target
 
@@ -141,7 +141,7 @@ def _identity(c):
 
 
 def test_block_tables_shrink_towards_the_identity_layout_then_fewer_columns():
-    """Pinned shrink targets of the drawn table (properties.strategies.block_tables, carried in the config):
+    """Pinned shrink targets of the drawn table (properties.search.strategies.block_tables, carried in the config):
     a table that must not be the identity shrinks to the smallest permutation, one token in block 1 with
     block 0 spare; one that only needs a second column shrinks to the identity with one extra column."""
     c = find(ps.configs(), lambda c: c.block_table != _identity(c), settings=FIND)

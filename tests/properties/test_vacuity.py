@@ -1,8 +1,8 @@
-"""No example is vacuous: every example a law test draws can make its law fail (properties.laws.vacuous),
+"""No example is vacuous: every example a law test draws can make its law fail (properties.search.laws.vacuous),
 and vacuous() itself recognises the examples it exists for.
 
 The first test draws, under the profile in force (``ci`` in CI: the same 20 examples per law as the
-law tests), from each law's domain before the vacuity filter of properties/law_examples.py, and holds
+law tests), from each law's domain before the vacuity filter of properties/search/law_examples.py, and holds
 the share the filter has to turn away near zero: the domains, not the filter, keep examples useful."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 
 from pfa_verify import golden
-from pfa_verify.properties import law_examples, laws
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search import law_examples, laws
+from pfa_verify.properties.search import strategies as ps
 
 
 @pytest.mark.parametrize("law", law_examples.PAGED_LAWS)

@@ -1,9 +1,9 @@
-"""properties/walks.py: the stage a row's seen prefix points to, on counts built here (no kernel): a walk's end
+"""properties/diagnosis/walks.py: the stage a row's seen prefix points to, on counts built here (no kernel): a walk's end
 is named the tile walk only where no length slip gives the same count."""
 from __future__ import annotations
 
 from pfa_verify import golden
-from pfa_verify.properties.walks import prefix_stage, tile_ends
+from pfa_verify.properties.diagnosis.walks import prefix_stage, tile_ends
 
 
 def _config(lengths, *, s1, block_size=128, s2_tile=128):

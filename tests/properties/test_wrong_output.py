@@ -1,13 +1,13 @@
 """An output that is not what SPEC §1 says a kernel returns (bf16 [B*S1, NQ, D] on the CPU) is named as such by
-the one rule (properties/acceptance.py): its category is ``wrong dtype``, ``wrong shape`` or ``wrong device``,
+the one rule (properties/rule/acceptance.py): its category is ``wrong dtype``, ``wrong shape`` or ``wrong device``,
 and its message's first line says what it is and what was expected; it is never a numeric ``kernel logic``."""
 from __future__ import annotations
 
 import pytest
 
 from pfa_verify import golden
-from pfa_verify.properties.acceptance import CATEGORIES, judge
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.acceptance import CATEGORIES, judge
+from pfa_verify.properties.rule.case import Case
 
 CASE = Case(golden.PagedAttentionConfig(batch=1, s1=1, s2=16, nq=2, nkv=1, head_dim=8, block_size=16, s2_tile=16),
             seed=0)

@@ -1,12 +1,12 @@
 """The stage models of the online update and the output (SPEC §2.3's update, §2.4), written from the spec
-as properties/stage_models.py's are: the staged golden (kernels/mutants/staged.py) with its update or its
+as properties/diagnosis/stage_models.py's are: the staged golden (kernels/mutants/staged.py) with its update or its
 final division changed. Each slip is one a kernel engineer makes writing the recurrence
 
     m' = max(m, m_j),  a = exp(m - m'),  c = exp(m_j - m'),  l' = a l + c l_j,  O' = a O + c O_j,  out = O / l
 
 by hand: the running max never stored, or stored before ``a`` is taken; the two factors swapped (for O, for O
 from an empty first state, for O and l); the tile's factor ``c`` left out; the state started at m = 0; the
-output not divided, or divided by the last tile's l_j. properties/stage_models.py lists them with the rest.
+output not divided, or divided by the last tile's l_j. properties/diagnosis/stage_models.py lists them with the rest.
 """
 from __future__ import annotations
 

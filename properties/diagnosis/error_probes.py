@@ -6,10 +6,10 @@ time, and on each whether the kernel still raises, or runs and passes or fails t
 neighbour is the one an out-of-bounds table read needs: the case's own block table padded with -1 columns
 to a whole number of tiles, pool and data unchanged (SPEC §5: upstream never checks a table narrower than
 the tile walk); then the
-neighbours of properties/probes.py (a length to or from a multiple of s2_tile, one tile against two, the
+neighbours of properties/diagnosis/probes.py (a length to or from a multiple of s2_tile, one tile against two, the
 batches' lengths in another order, one more KV head, one more query row, other data) and the ablations
 that keep one batch or one tile. "error" on one and "passes" on another says what the error needs,
-beside what the run's erroring cases share (properties/separation.py). The kernel passing on the padded
+beside what the run's erroring cases share (properties/diagnosis/separation.py). The kernel passing on the padded
 table where it raised on the case, and raising again on another neighbour, locates the error in the tile
 walk (its read of the table). Within the probes' budget of kernel calls and seconds; never a verdict.
 """
@@ -24,12 +24,12 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import ceil_div
-from pfa_verify.properties.ablations import ablations
-from pfa_verify.properties.acceptance import JudgedBackend
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import Diagnosis
-from pfa_verify.properties.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
-from pfa_verify.properties.readout import Location
+from pfa_verify.properties.diagnosis.ablations import ablations
+from pfa_verify.properties.diagnosis.diagnosis import Diagnosis
+from pfa_verify.properties.diagnosis.probes import MAX_CALLS, PROBE_BUDGET_S, neighbours, outcome_probes
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.rule.acceptance import JudgedBackend
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["probe_error", "error_neighbours", "WIDENED"]
 
@@ -40,7 +40,7 @@ WIDENED = "block table widened"
 def error_neighbours(case: Case) -> Iterator[tuple[str, Case]]:
     """(what changed, the neighbour) of ``case`` for an error: its own block table padded with -1 columns to
     the whole tile walk first (the same pool of blocks, the same data: the width alone changes), then
-    properties.probes.neighbours and the one-batch and one-tile ablations, each config once."""
+    properties.diagnosis.probes.neighbours and the one-batch and one-tile ablations, each config once."""
     c = case.config
     tile_blocks = max(1, c.s2_tile // c.block_size)
     columns = c.table_columns

@@ -1,6 +1,6 @@
 """Where a kernel-vs-golden mismatch concentrates.
 
-:func:`attribute` takes the mismatch mask of a failed :class:`~properties.compare.Comparison` of an
+:func:`attribute` takes the mismatch mask of a failed :class:`~properties.rule.compare.Comparison` of an
 attention output ``[B*S1, NQ, D]`` and the inputs of the call, and returns an :class:`Attribution`:
 counts per batch, per kv head, per tile walk (how many ``s2_tile`` tiles the row's visible length
 ``cur`` spans and the size of the last one), and in rows with ``cur == 0`` (SPEC §2 item 5: must be 0).
@@ -14,7 +14,7 @@ worker process), so that reports can draw it without the tensor: the worst ratio
 a histogram over :data:`RATIO_BINS`.
 
 This module never decides pass or fail and never prints: :meth:`Attribution.render` returns the
-one line that :func:`~properties.compare.make_mismatch_message` shows as context.
+one line that :func:`~properties.rule.compare.make_mismatch_message` shows as context.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ __all__ = ["query_positions", "Attribution", "attribute", "RATIO_BINS", "error_p
 _Key = TypeVar("_Key", int, tuple[int, int])
 
 #: Bins of ``|actual - golden| / (atol + rtol |golden|)`` (1 is the tolerance, SPEC §4), and the rule's
-#: ratio where the envelope decides (properties.compare.error_ratio).
+#: ratio where the envelope decides (properties.rule.compare.error_ratio).
 RATIO_BINS = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1e3, math.inf)
 
 

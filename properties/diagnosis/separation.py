@@ -1,7 +1,7 @@
 """What the failures share: the case facts that separate a run's failing (or erroring) cases from its
 passing ones.
 
-A diagnosis reads one case; a run holds many. The facts properties/coverage.py reads from each case's
+A diagnosis reads one case; a run holds many. The facts properties/rule/coverage.py reads from each case's
 config (its bins: a full last tile, a table width that is not a multiple of the blocks per tile, a group
 that g_tile splits, ...) are compared between the cases that went wrong and those that passed, and the
 smallest conjunction of facts (each fact or its absence) that holds on every case that went wrong and on
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pfa_verify import golden
-from pfa_verify.properties.coverage import BINS, Facts, facts_of
+from pfa_verify.properties.rule.coverage import BINS, Facts, facts_of
 
 __all__ = ["Fact", "Separation", "separate", "MAX_FACTS", "FACTS"]
 
@@ -31,7 +31,7 @@ MAX_FACTS = 3
 
 @dataclasses.dataclass(frozen=True)
 class Fact:
-    """A statement about one case, read from its config's facts (properties.coverage)."""
+    """A statement about one case, read from its config's facts (properties.rule.coverage)."""
     name: str
     description: str
     holds: Callable[[Facts], bool] = dataclasses.field(repr=False, compare=False)

@@ -21,10 +21,10 @@ function that builds the pool, ``providers._get_local_constants``, is replaced i
 from it is cleared. Draws then take constants from Hypothesis' global pool only, which is fixed for a
 Hypothesis version. Hypothesis' own tests replace the same function to control the pool
 (hypothesis-python/tests/conjecture/test_local_constants.py). Our strategies reach their boundary
-values on purpose (properties/strategies.py: special lengths, block boundaries, garbage), so the
+values on purpose (properties/search/strategies.py: special lengths, block boundaries, garbage), so the
 literals of our modules add nothing the search relies on.
 
-Where it applies: every process that generates cases, through :mod:`properties.strategies` (which
+Where it applies: every process that generates cases, through :mod:`properties.search.strategies` (which
 pins on import, before any of its strategies can draw) and tests/conftest.py (before the Hypothesis
 profiles are loaded). tests/properties/test_generation.py generates in several import contexts in fresh
 processes and compares; it fails if a Hypothesis upgrade brings the dependence back.

@@ -1,6 +1,6 @@
 """The V-scale readout: a case on which the kernel's output *is* the ``v_scale`` entry it applied.
 
-The weights readout (properties/readout.py) holds ``v_scale`` at 1, so a kernel that weighs every token
+The weights readout (properties/diagnosis/readout.py) holds ``v_scale`` at 1, so a kernel that weighs every token
 right and then applies another batch's, head's or channel's V scale reads as right there. This readout
 makes SPEC §2.3's MM2 and its V scale the only part of the computation left to matter:
 
@@ -30,8 +30,8 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import visible_lengths
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.readout import Location
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["ScaleReadout", "ScaleReading", "scale_readout_case", "entry_values", "max_entries", "read_scales",
            "combine", "MANTISSAS", "LOWEST"]

@@ -9,17 +9,17 @@ lengths in the other order, one more KV head, one more query row, other data.
 
 A neighbour is run on the kernel only when it *splits* the hypotheses: the leading candidates and the
 golden (the defect need not show on every case) do not all predict outputs that agree with one another
-under the diagnosis' rule (:func:`properties.scoring.score`). Neighbours that split the candidates among
+under the diagnosis' rule (:func:`properties.diagnosis.scoring.score`). Neighbours that split the candidates among
 themselves come first; one that only tests a candidate against the golden comes after. On a probe, a
-candidate the kernel's output does not agree with is refuted (properties.diagnosis.Probe); an error of the
+candidate the kernel's output does not agree with is refuted (properties.diagnosis.diagnosis.Probe); an error of the
 kernel refutes nothing. The probes go on while the budget lasts, also once one candidate is left: models
 coincide on more cases than one (a kernel that writes 0 agrees with "every batch walks batch 0's length"
 wherever batch 0 is empty), and a model is only as good as the neighbours it survived. Bounded by ``max_calls`` kernel calls and ``budget_s`` seconds (models and kernel),
 both stated in the diagnosis.
 
 When no model explains the failure there is nothing to split: the kernel then runs the readouts, which
-measure instead of guessing (properties/scale_readout.py: the v_scale entry each output element carries;
-properties/readout.py: each row's attention weights), and ablations of the case (properties/ablations.py:
+measure instead of guessing (properties/diagnosis/scale_readout.py: the v_scale entry each output element carries;
+properties/diagnosis/readout.py: each row's attention weights), and ablations of the case (properties/diagnosis/ablations.py:
 every V token the same, every score 0, unit scales, one batch), to show what the failure needs; each
 says fails or passes and refutes nothing. The other ablations join the neighbours above. A failure whose
 candidates the neighbours leave unnamed gets the readouts too, in the calls left.
@@ -37,15 +37,12 @@ from typing import Any
 import torch
 
 from pfa_verify import golden
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.ablations import ablations, replaced_config, with_lengths
-from pfa_verify.properties.acceptance import JudgedBackend, Scalars, Tensors, backend_model, call, rule, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
-from pfa_verify.properties.fault_models import FaultModel, models_by_name
-from pfa_verify.properties.readout import Location, Readout, locate, readout_case
-from pfa_verify.properties.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
-from pfa_verify.properties.scoring import (
+from pfa_verify.properties.diagnosis.ablations import ablations, replaced_config, with_lengths
+from pfa_verify.properties.diagnosis.diagnosis import SCREEN_BATCHES, SCREEN_WORK, Diagnosis, Probe
+from pfa_verify.properties.diagnosis.fault_models import FaultModel, models_by_name
+from pfa_verify.properties.diagnosis.readout import Location, Readout, locate, readout_case
+from pfa_verify.properties.diagnosis.scale_readout import ScaleReading, combine, read_scales, scale_readout_case
+from pfa_verify.properties.diagnosis.scoring import (
     EXPLAINS,
     Candidate,
     Prediction,
@@ -55,6 +52,17 @@ from pfa_verify.properties.scoring import (
     score,
     slack_of,
 )
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import (
+    JudgedBackend,
+    Scalars,
+    Tensors,
+    backend_model,
+    call,
+    rule,
+    split_bundle,
+)
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["probe", "neighbours", "probed_case", "kernel_probe", "golden_output", "outcome_probes", "EVIDENCE",
            "MAX_CALLS", "PROBE_BUDGET_S", "MAX_HYPOTHESES", "READOUT_CALLS"]
@@ -63,7 +71,7 @@ __all__ = ["probe", "neighbours", "probed_case", "kernel_probe", "golden_output"
 MAX_CALLS = 4
 #: Seconds of probing per diagnosed failure: model evaluations on the neighbours and the kernel calls.
 PROBE_BUDGET_S = 3.0
-#: Kernel calls the weights readout may take (properties/readout.py: one a window of 125 tokens).
+#: Kernel calls the weights readout may take (properties/diagnosis/readout.py: one a window of 125 tokens).
 READOUT_CALLS = 4
 #: The leading candidates probed (the best that explain the case; the rest are counted, not tested).
 MAX_HYPOTHESES = 6
@@ -71,7 +79,7 @@ MAX_HYPOTHESES = 6
 
 def _agrees(c: Candidate | None) -> bool:
     """A candidate agrees with an output when it explains every mismatch and breaks at most 1 - EXPLAINS
-    of the matching elements (by values it predicts: properties.scoring.score). Unlike the identification
+    of the matching elements (by values it predicts: properties.diagnosis.scoring.score). Unlike the identification
     rule it does not ask that half be predicted: a probe refutes only on evidence against, and a read of
     unspecified data there is none, whether the kernel's element there fails the rule or passes it (a
     kernel that walks a -1 column may read the block the golden clamps it to, or another)."""
@@ -160,7 +168,7 @@ def _refuted_by(out: torch.Tensor, n: _Neighbour, names: list[str], models: dict
 
 def _judged(out: torch.Tensor, tensors: Tensors, scalars: Scalars, expected: torch.Tensor, codec: golden.Fp8Codec,
             backend: JudgedBackend) -> tuple[cmp.Comparison, Slack | None]:
-    """The rule's comparison of the kernel's ``out`` on a probe (properties.acceptance.rule: the envelope
+    """The rule's comparison of the kernel's ``out`` on a probe (properties.rule.acceptance.rule: the envelope
     built for the rows outside the tolerance) and the slack it gives the candidates there."""
     by_name: dict[str, Any] = tensors    # mypy cannot match a dict's keys to the tensor parameters
     res, envelope = rule(out, expected, golden.checked_call(**by_name, **scalars), codec=codec,
@@ -268,7 +276,7 @@ def probe(diagnosis: Diagnosis, case: Case, backend: JudgedBackend, *, max_calls
     return diagnosis.with_probes(tuple(probes), note, located)
 
 
-#: The ablations run when no model explains a failure, in this order (properties/ablations.py): whether
+#: The ablations run when no model explains a failure, in this order (properties/diagnosis/ablations.py): whether
 #: the failure needs the weights, the scores, the scales, more than one batch.
 EVIDENCE = ("V constant", "scores 0", "unit scales", "one batch")
 
@@ -314,7 +322,7 @@ def outcome_probes(backend: JudgedBackend, cases: Iterable[tuple[str, Case]], co
 
 def _read_both(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, calls: int,
                stop: Callable[[], object], deadline: float) -> tuple[list[Probe], Location | None]:
-    """(the probes, what the readouts located together, properties.scale_readout.combine) in at most
+    """(the probes, what the readouts located together, properties.diagnosis.scale_readout.combine) in at most
     ``calls`` kernel calls: the V-scale readout (one call) and then the weights readout in the calls left,
     unless the weights readout needs every call to read a failing batch (it then runs alone)."""
     batches = [b for b in diagnosis.failing_batches if b < base.config.batch]
@@ -331,7 +339,7 @@ def _read_both(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, call
 def _read_scales(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, stop: Callable[[], object],
                  deadline: float) -> tuple[list[Probe], ScaleReading | None]:
     """(the probe, what the V-scale readout read) of ``base`` on ``backend`` in one kernel call
-    (properties/scale_readout.py); no reading when it does not apply, is cut or the kernel errs."""
+    (properties/diagnosis/scale_readout.py); no reading when it does not apply, is cut or the kernel errs."""
     readout = scale_readout_case(base)
     skip_reason = getattr(backend, "skip_reason", None)
     if (readout is None or stop() or time.perf_counter() > deadline
@@ -349,7 +357,7 @@ def _read_scales(diagnosis: Diagnosis, base: Case, backend: JudgedBackend, *, st
 
 def _read_weights(diagnosis: Diagnosis, readout: Readout, backend: JudgedBackend, *,
                   stop: Callable[[], object], deadline: float) -> tuple[list[Probe], Location | None]:
-    """(the probes, what the weights readout located) of ``readout`` (properties/readout.py: one kernel call
+    """(the probes, what the weights readout located) of ``readout`` (properties/diagnosis/readout.py: one kernel call
     a window) on ``backend``, a window started only before ``deadline`` (time.perf_counter); no location
     when the backend refuses its shape, it is cut or the kernel errs."""
     skip_reason = getattr(backend, "skip_reason", None)

@@ -1,7 +1,7 @@
-"""The derived bounds the laws of :mod:`properties.laws` hold outputs to, and the assertions that
+"""The derived bounds the laws of :mod:`properties.search.laws` hold outputs to, and the assertions that
 apply them: the acceptance width of SPEC §4.2 (two outputs of one backend with one golden), half an
 E4M3 spacing (SPEC §3), the AT-12 FP8-vs-BF16 bound (SPEC §4.1, §6). Each bound is derived in its
-docstring and reached in tests/properties/test_law_bounds.py. properties.laws re-exports the public
+docstring and reached in tests/properties/test_law_bounds.py. properties.search.laws re-exports the public
 names.
 """
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.intervals import TINY32, U32, ulp32, up32
 from pfa_verify.golden.sum_bounds import sum_error_bound
 from pfa_verify.kernels import Backend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import attribution_of, backend_model, hold
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import diagnose_verdict
-from pfa_verify.properties.generation import reported_example
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import attribution_of, backend_model, hold
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import Failed, LawFailure
+from pfa_verify.properties.search.generation import reported_example
 
 __all__ = ["acceptance_width", "at12_fp8_vs_bf16_bound", "Call", "which_call"]
 
@@ -43,53 +43,53 @@ class Call:
     scalars: Scalars = dataclasses.field(repr=False)
 
 
-def which_call(calls: Sequence[Call], backend: Backend) -> list[str]:
+def which_call(calls: Sequence[Call], backend: Backend) -> tuple[list[str], tuple[Failed, ...]]:
     """When two calls that must agree do not: each held to its own golden by the one rule (SPEC §4.2;
-    properties.acceptance.hold), and a call that fails it diagnosed (properties/diagnosis.py), so the
-    message names the wrong call and the stage that explains it. Both passing means they differ within
-    what the rule allows each (a non-deterministic backend that declares itself deterministic)."""
+    properties.rule.acceptance.hold), so the message names the wrong call; ``(lines, the calls that fail the
+    rule)``, the latter for the boundary's diagnosis (the stage that explains each). Both passing means they
+    differ within what the rule allows each (a non-deterministic backend that declares itself deterministic)."""
     lines: list[str] = []
-    failing = 0
+    failed: list[Failed] = []
     for c in calls:
         verdict = hold(c.output, c.tensors, c.scalars, backend=backend, label=c.label)
         if verdict.passed:
             lines.append(f"The call {c.label} passes the one rule against its own golden")
             continue
-        failing += 1
         ref = next(r for r in verdict.references if r.counts and not r.passed)
         what = (f"{ref.comparison.mismatched} mismatched elements" if ref.comparison.attribute is None
                 else f"attributes differ: {ref.comparison.attribute}")
         lines.append(f"The call {c.label} fails the one rule against its own golden ({ref.category}, {what})")
-        found = diagnose_verdict(verdict, c.tensors, c.scalars)
-        if found is not None:
-            lines.append(found.render(note=f", on the call {c.label}"))
-    if not failing:
+        failed.append(Failed(verdict, tensors=c.tensors, scalars=c.scalars, call=c.label))
+    if not failed:
         lines.append("Each call passes the one rule alone: they differ only as far as each may (SPEC §4.1), "
                      "more than the backend's declared model lets two calls differ")
-    return lines
+    return lines, tuple(failed)
 
 
 def _assert_outputs(actual: torch.Tensor, expected: torch.Tensor, *, identifier: str, backend: Backend, case: Case,
                     tensors: Tensors, scalars: Scalars, kind: str = "attention", atol: torch.Tensor | None = None,
                     context: Sequence[str] = (), calls: Sequence[Call] | None = None) -> None:
-    """Raise the suite's message (with attribution) unless ``actual`` matches ``expected`` by ``kind``
-    (``bound``: within the per-element ``atol``); ``calls`` (the two :class:`Call` compared): on the example
-    Hypothesis reports, the message also says which call is wrong and why (:func:`which_call`)."""
+    """Raise the suite's message (with attribution) as a LawFailure unless ``actual`` matches ``expected`` by
+    ``kind`` (``bound``: within the per-element ``atol``); ``calls`` (the two :class:`Call` compared): on the
+    example Hypothesis reports, the message also says which call is wrong (:func:`which_call`), and the
+    failure lists the calls that fail the rule."""
     __tracebackhide__ = True
     bound: dict[str, Any] = dict(rtol=0.0, atol=atol) if kind == "bound" else {}
     res = cmp.compare(actual, expected, kind=kind, s1=case.config.s1, **bound)
     if res.passed:
         return
     lines = list(context)
+    failed: tuple[Failed, ...] = ()
     if res.attribute is None:
         lines.append("Attribution: " + attribution_of(res, tensors, scalars)[1])
     if calls is not None and reported_example():       # not while Hypothesis shrinks: it costs two goldens
         try:
-            lines.extend(which_call(calls, backend))
+            said, failed = which_call(calls, backend)
+            lines.extend(said)
         except Exception as exc:  # noqa: BLE001 - naming the wrong call must never hide the failure itself
             lines.append(f"Which call is wrong: unavailable ({type(exc).__name__}: {exc})")
-    raise AssertionError(cmp.make_mismatch_message(res, identifier=identifier, tags=case_tags(backend, case),
-                                                   context=lines)) from None
+    raise LawFailure(cmp.make_mismatch_message(res, identifier=identifier, tags=case_tags(backend, case),
+                                               context=lines), failed=failed) from None
 
 
 def acceptance_width(backend: Backend, tensors: Tensors, scalars: Scalars) -> torch.Tensor:

@@ -1,18 +1,18 @@
 """Diagnosis: which defect explains a failing case.
 
 A red verdict says where a kernel's output differs from the golden; this module says *what* could make
-it differ so. The candidates are the fault models of properties/fault_models.py: deviations of the golden,
+it differ so. The candidates are the fault models of properties/diagnosis/fault_models.py: deviations of the golden,
 functions of the case alone, each named by the SPEC §2 stage it changes.
 
 :func:`diagnose` evaluates the models on the failing case's inputs, cheapest first, within a time budget,
-and scores each against the kernel's output (properties/scoring.py: the one comparison core, SPEC §4's
+and scores each against the kernel's output (properties/diagnosis/scoring.py: the one comparison core, SPEC §4's
 tolerance around the model's output widened by the envelope's reach): how much of the mismatch it
 *explains* (mismatched elements where the kernel lies within that of the model) and how much it *breaks*
 (elements that matched the golden and do not match the model). Deterministic: the same case, backend output and budget give the same report
 (the budget cuts the list at a model boundary).
 
 One case cannot tell apart models that coincide on it (a shrunk case of lengths ``[0, 1]`` is as much
-"one token short" as "batch 0's length"), so properties/probes.py runs the kernel on neighbours of the case
+"one token short" as "batch 0's length"), so properties/diagnosis/probes.py runs the kernel on neighbours of the case
 built to split the leading candidates, and a :class:`Probe` that a candidate does not explain refutes it.
 A candidate is *identified* only when it explains every mismatch on the case and on every probe, and no
 model of another stage does as well; otherwise the report says "not identified" and which comes closest.
@@ -30,11 +30,9 @@ import torch
 from pfa_verify import golden
 from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.envelope import AttentionEnvelope
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.acceptance import Judgement, Scalars, Tensors
-from pfa_verify.properties.fault_models import FaultModel, fault_models
-from pfa_verify.properties.readout import Location
-from pfa_verify.properties.scoring import (
+from pfa_verify.properties.diagnosis.fault_models import FaultModel, fault_models
+from pfa_verify.properties.diagnosis.readout import Location
+from pfa_verify.properties.diagnosis.scoring import (
     CLOSE,
     EXPLAINS,
     Candidate,
@@ -44,12 +42,14 @@ from pfa_verify.properties.scoring import (
     score,
     slack_of,
 )
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.acceptance import Judgement, Scalars, Tensors
 
 __all__ = ["FaultModel", "Candidate", "Probe", "Diagnosis", "fault_models", "diagnose", "diagnose_verdict",
            "failing_codec", "EXPLAINS", "CLOSE", "DEFAULT_BUDGET_S"]
 
 #: Seconds of model evaluation per case (the report says how many models ran within it). With the probes'
-#: budget (properties/probes.py) a diagnosis stays within about 10 s on the upstream catalog's largest cases.
+#: budget (properties/diagnosis/probes.py) a diagnosis stays within about 10 s on the upstream catalog's largest cases.
 DEFAULT_BUDGET_S = 7.0
 #: A case of more batches than this, and more visible work (tokens x query heads x D summed over the
 #: batches) than SCREEN_WORK, is screened first: every model on a few of its batches, the best SCREEN_KEEP
@@ -64,7 +64,7 @@ MINUS_ONE_RESCORED = 3
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """The kernel run on one neighbour of the diagnosed case (properties/probes.py): what was changed, what
+    """The kernel run on one neighbour of the diagnosed case (properties/diagnosis/probes.py): what was changed, what
     the kernel did there against the golden, and which candidates its output refutes (it does not lie
     within tolerance of the candidate's output wherever it differs from the golden, or the candidate
     breaks more than 1 - EXPLAINS of what matched)."""
@@ -84,7 +84,7 @@ class Probe:
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
     """The best candidates (best first), how many models were evaluated and in how long, the budget, the
-    codec the failing comparison used, and the probes run on neighbours of the case (properties/probes.py)."""
+    codec the failing comparison used, and the probes run on neighbours of the case (properties/diagnosis/probes.py)."""
     candidates: tuple[Candidate, ...]
     evaluated: int
     available: int
@@ -95,9 +95,9 @@ class Diagnosis:
     probe_note: str = ""            # the probes' cost and budget, or why none ran
     screened: str = ""              # how the models were screened on a sub-case ("": every one on the case)
     failing_batches: tuple[int, ...] = ()   # the batches with a mismatched element, first first
-    located: Location | None = None          # what the readouts measured (properties/readout.py, scale_readout.py)
+    located: Location | None = None          # what the readouts measured (properties/diagnosis/readout.py, scale_readout.py)
     error: str = ""                 # the first line of what the kernel raised: the diagnosis of an error is its
-                                    # probes alone (properties/error_probes.py)
+                                    # probes alone (properties/diagnosis/error_probes.py)
 
     @property
     def refuted(self) -> frozenset[str]:
@@ -281,7 +281,7 @@ def _with_minus_one_reads(scored: list[tuple[Candidate, int]], models: list[Faul
                           slack: Slack | None, *, deadline: float) -> list[tuple[Candidate, int]]:
     """``scored`` (ranked, scored on the whole case) with the leading :data:`MINUS_ONE_RESCORED` candidates
     that explain half the mismatch but not all of it, or break a matching element, scored again with their
-    reads of -1 table entries known (properties.scoring.minus_one_reads), while the budget lasts: a model
+    reads of -1 table entries known (properties.diagnosis.scoring.minus_one_reads), while the budget lasts: a model
     that walks past a row's valid blocks predicts block 0 there, and a kernel with the defect need not read
     it. Where the kernel differs from the model at such a read, the element is unspecified instead of
     unexplained or broken; where it agrees, it stays predicted: a candidate only gains. Up to three more
@@ -394,7 +394,7 @@ def failing_codec(verdict: Judgement) -> Fp8Codec | None:
 
 def diagnose_verdict(verdict: Judgement, tensors: Tensors, scalars: Scalars, *,
                      budget_s: float = DEFAULT_BUDGET_S) -> Diagnosis | None:
-    """:func:`diagnose` of a failed properties.acceptance.Judgement, on its first counted failing comparison
+    """:func:`diagnose` of a failed properties.rule.acceptance.Judgement, on its first counted failing comparison
     under that comparison's codec (:func:`failing_codec`); None when that says there is none."""
     codec = failing_codec(verdict)
     if codec is None:

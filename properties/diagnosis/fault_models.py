@@ -1,4 +1,4 @@
-"""The fault models of properties/diagnosis.py: each a defect as a deviation of the golden,
+"""The fault models of properties/diagnosis/diagnosis.py: each a defect as a deviation of the golden,
 a function of the case alone (never of a known kernel), named by the SPEC §2 stage it changes.
 
 - **input-level models**, parameterized: the golden run on inputs changed the way a defect reads them (a
@@ -8,11 +8,11 @@ a function of the case alone (never of a known kernel), named by the SPEC §2 st
 - **layout models**: a SPEC §1 tensor read or written in another axis order or by another index (rows as
   [S1, B], heads before positions, output rows as [S1, B], cache blocks head-major, v_scale channel-major, the
   GQA map's interleaved orders, KV head h // NKV, q_scale of the batch's row), and the softmax_scale
-  argument ignored. One golden call each, on changed inputs (properties/layout_models.py).
+  argument ignored. One golden call each, on changed inputs (properties/diagnosis/layout_models.py).
 - **stage models**: one stage of the staged golden (kernels/mutants/staged.py) changed, seeded from the
   golden-level mutant catalog (causal offset, table column, GQA head map, the online rescale, P's
   quantization, empty rows, ...) and written from SPEC §2 for the stages the catalog does not hold
-  (properties/stage_models.py).
+  (properties/diagnosis/stage_models.py).
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.kernels.backends.contract import KernelBackend
 from pfa_verify.kernels.mutants.golden_level import GOLDEN_MUTANTS
 from pfa_verify.kernels.mutants.staged import StagedGolden
-from pfa_verify.properties.acceptance import Scalars, Tensors
-from pfa_verify.properties.fault_model import Change, FaultModel, ModelOutput, golden_on
-from pfa_verify.properties.layout_models import layout_models
-from pfa_verify.properties.stage_models import WRITTEN
+from pfa_verify.properties.diagnosis.fault_model import Change, FaultModel, ModelOutput, golden_on
+from pfa_verify.properties.diagnosis.layout_models import layout_models
+from pfa_verify.properties.diagnosis.stage_models import WRITTEN
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["FaultModel", "ModelOutput", "fault_models", "models_by_name"]
 
@@ -184,7 +184,7 @@ def _stage_models() -> list[FaultModel]:
 
 
 def _written_stage_models() -> list[FaultModel]:
-    """The stage models written from SPEC §2 (properties/stage_models.py), run as fault models."""
+    """The stage models written from SPEC §2 (properties/diagnosis/stage_models.py), run as fault models."""
     def run(cls: type[StagedGolden]) -> ModelOutput:
         def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
             backend: KernelBackend = cls(codec=codec)
@@ -201,5 +201,5 @@ def fault_models() -> list[FaultModel]:
 
 
 def models_by_name() -> dict[str, FaultModel]:
-    """:func:`fault_models` by name (the probes of properties/probes.py re-run the leading candidates)."""
+    """:func:`fault_models` by name (the probes of properties/diagnosis/probes.py re-run the leading candidates)."""
     return {m.name: m for m in fault_models()}

@@ -1,7 +1,7 @@
 """The stage models written from SPEC §2: the staged golden (kernels/mutants/staged.py) with one stage
-changed, for the defects the golden-level mutant catalog does not hold. properties/fault_models.py runs
+changed, for the defects the golden-level mutant catalog does not hold. properties/diagnosis/fault_models.py runs
 each as a fault model; each is a deviation the spec's text leaves room for, not a copy of any one kernel.
-:data:`WRITTEN` lists them all; the online update's and the output's are properties/update_models.py.
+:data:`WRITTEN` lists them all; the online update's and the output's are properties/diagnosis/update_models.py.
 
 - P's quantization: its scale not inverted, its values clamped to 240, the cast left out, the cast
   without its scale, the scale 240 / max P (the IEEE-style E4M3's largest value);
@@ -26,7 +26,7 @@ from pfa_verify.golden import FP8_MAX
 from pfa_verify.golden.matmul import exact_matmul
 from pfa_verify.golden.softmax_state import exp_f32, local_softmax
 from pfa_verify.kernels.mutants.staged import StagedGolden
-from pfa_verify.properties.update_models import (
+from pfa_verify.properties.diagnosis.update_models import (
     DividedByLastTileSum,
     NotNormalized,
     OnlineMaxStartsAtZero,

@@ -13,7 +13,7 @@ Every public function validates its arguments when called (not on every draw) an
 expected. Multi-value draws are frozen dataclasses with readable reprs. One size knob bounds every
 example so one stays cheap on a CPU: ``PFA_VERIFY_MAX_LEN`` (default 640 tokens), the largest
 ``kv_act_seqs`` entry drawn, read by :func:`max_len` when a strategy is built (so a bad value is a
-UsageError there, never a crash of ``import properties.strategies``).
+UsageError there, never a crash of ``import properties.search.strategies``).
 
 Shrinking: lengths shrink towards 0 and then towards the special values below, dimensions towards
 their smallest allowed value, block tables towards the identity layout (then fewer columns and spare
@@ -41,10 +41,10 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.paging import blocks_needed, positive_int
 from pfa_verify.kernels import Skip
 from pfa_verify.kernels.backends import unsupported_shape
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.generation import pin_local_constants
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search.generation import pin_local_constants
 
-# The same seed gives the same cases whatever else the process imports (properties/generation.py).
+# The same seed gives the same cases whatever else the process imports (properties/search/generation.py).
 pin_local_constants()
 
 __all__ = ["MAX_LEN_ENV", "MAX_LEN_LIMIT", "max_len", "DISTRIBUTIONS", "GARBAGE", "CUSTOM_SOFTMAX_SCALES",
@@ -324,7 +324,7 @@ def cases_for(backend: object = None, *, distribution: str | Sequence[str] | st.
               capacity: int | None = None, seed: IntOrStrategy | None = None,
               softmax_scale: float | Sequence[float | None] | st.SearchStrategy[float | None] | None = SOFTMAX_SCALES,
               **dims_kwargs: Any) -> st.SearchStrategy[Case]:
-    """:class:`~properties.case.Case` values ``backend`` runs: the one narrowing path.
+    """:class:`~properties.rule.case.Case` values ``backend`` runs: the one narrowing path.
 
     * ``backend`` -- a backend (``kernels.get_backend``), a ``supported_shapes`` dict, or None (any shape).
       Its ``supported_shapes`` narrow head_dim and block_size to what its kernel is built for (and s2_tile
@@ -352,7 +352,7 @@ def cases_for(backend: object = None, *, distribution: str | Sequence[str] | st.
 
 def cases(config_strategy: st.SearchStrategy[golden.PagedAttentionConfig] | None = None, *,
           seed: IntOrStrategy | None = None) -> st.SearchStrategy[Case]:
-    """:class:`~properties.case.Case` values: a config and a seed for ``golden.make_inputs``."""
+    """:class:`~properties.rule.case.Case` values: a config and a seed for ``golden.make_inputs``."""
     cfg = configs() if config_strategy is None else config_strategy
     sd = seeds() if seed is None else _strategy(seed, "seed", minimum=0)
     return st.tuples(cfg, sd).map(lambda t: Case(*t))  # map, not builds: failures print Case's repr

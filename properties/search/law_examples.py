@@ -1,14 +1,14 @@
 """The examples each law of the backend is checked on: its domain, where it can fail.
 
-``examples(law, backend)`` is a strategy of ``(case, params)`` for :func:`properties.laws.run`: cases the
-backend runs (:func:`properties.strategies.cases_for`), narrowed to the law's domain (GQA needs a group
+``examples(law, backend)`` is a strategy of ``(case, params)`` for :func:`properties.search.laws.run`: cases the
+backend runs (:func:`properties.search.strategies.cases_for`), narrowed to the law's domain (GQA needs a group
 of at least 2, causal positions S1 >= 2, batch independence two batches, ...), with the law's own
 parameters drawn where they can make it fail (the other tiles differ from the case's; the batch sees a
 token); half the draws aimed at one coverage bin (:func:`aims`, the narrowings of
-properties/directed.py, as a run's generated cases are aimed), which reaches bins the plain draws never
-do (three KV heads or more, an ``s2_tile`` of 8 blocks). :func:`properties.laws.vacuous` filters what
+properties/search/directed.py, as a run's generated cases are aimed), which reaches bins the plain draws never
+do (three KV heads or more, an ``s2_tile`` of 8 blocks). :func:`properties.search.laws.vacuous` filters what
 the narrowing leaves (a backstop: the share is held at zero by tests/properties/test_vacuity.py). No example a domain finding of the ledger
-(properties/ledger.py) matches for the backend is drawn: a known failure is held by ``pfa-verify run``
+(properties/rule/ledger.py) matches for the backend is drawn: a known failure is held by ``pfa-verify run``
 as a strict xfail (or never launched), not found again by every search. The pytest law tests,
 ``pfa-verify mutants`` and ``pfa-verify run``'s shrinking all draw from here, so every search checks the
 same thing.
@@ -20,11 +20,12 @@ from typing import Any, TypeAlias
 
 from hypothesis import strategies as st
 
-from pfa_verify.properties import laws, ledger
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import BINS
-from pfa_verify.properties.directed import narrowing
+from pfa_verify.properties.rule import ledger
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import BINS
+from pfa_verify.properties.search import laws
+from pfa_verify.properties.search import strategies as ps
+from pfa_verify.properties.search.directed import narrowing
 
 __all__ = ["PAGED_LAWS", "AT12_LAWS", "BACKEND_LAWS", "aims", "examples", "operator_of"]
 
@@ -70,8 +71,8 @@ def _seen_batch(case: Case) -> dict[str, st.SearchStrategy[int]]:
 
 
 def aims(backend: object = None, **domain: Any) -> tuple[dict[str, Any], ...]:
-    """The :func:`properties.strategies.cases_for` keywords that aim a draw at a coverage bin, one set per
-    bin that has a narrowing (:func:`properties.directed.narrowing`, as a run's generated cases are
+    """The :func:`properties.search.strategies.cases_for` keywords that aim a draw at a coverage bin, one set per
+    bin that has a narrowing (:func:`properties.search.directed.narrowing`, as a run's generated cases are
     aimed): common bins (S1 = 1, a group of 1) and those the plain draws rarely or never reach (three KV
     heads or more, an ``s2_tile`` of 8 blocks, one distribution or garbage fill among eight). Left out:
     those that set a keyword the law's ``domain`` already narrows (a GQA law keeps its own groups), and for

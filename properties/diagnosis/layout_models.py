@@ -1,4 +1,4 @@
-"""The layout models of properties/fault_models.py: a SPEC §1 tensor read or written in another axis order
+"""The layout models of properties/diagnosis/fault_models.py: a SPEC §1 tensor read or written in another axis order
 or by another index (rows as [S1, B], heads before positions, output rows as [S1, B], cache blocks
 head-major, v_scale channel-major, the GQA map's interleaved orders, KV head h // NKV, q_scale of the
 batch's row), and the softmax_scale argument ignored. One golden call each, on changed inputs."""
@@ -10,8 +10,8 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.codec import Fp8Codec
-from pfa_verify.properties.acceptance import Scalars, Tensors
-from pfa_verify.properties.fault_model import Change, FaultModel, golden_on
+from pfa_verify.properties.diagnosis.fault_model import Change, FaultModel, golden_on
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["layout_models"]
 

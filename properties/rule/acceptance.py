@@ -5,7 +5,7 @@ Every place that decides whether a backend computed a case correctly calls :func
 kernel tests. A case therefore gets the same verdict wherever it runs, on any backend.
 
 The rule. The backend runs on clones of the case's inputs (:func:`call`: the inputs must come back
-unchanged). Its output ``k`` is compared (:func:`properties.compare.compare`, kind ``attention``) with
+unchanged). Its output ``k`` is compared (:func:`properties.rule.compare.compare`, kind ``attention``) with
 the vectorized golden ``g`` and the acceptance envelope ``[lo, hi]`` (golden.paged_attention_envelope,
 for the backend's declared :class:`golden.model.ConformanceModel`, SPEC §4.1 unless it declares a
 narrower one; a wider declaration is refused, :func:`backend_model`): an element passes iff
@@ -54,9 +54,9 @@ from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.envelope import AttentionEnvelope
 from pfa_verify.golden.model import ConformanceModel, declared_model
 from pfa_verify.kernels.backends.golden_backend import GoldenBackend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties.attribution import Attribution, attribute, error_picture, query_positions
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule.attribution import Attribution, attribute, error_picture, query_positions
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["CATEGORIES", "InputsModified", "CodecVerdict", "EnvelopeFigures", "Judgement", "call", "check_unchanged",
            "split_bundle", "judge", "hold", "rule", "reference_backend", "attribution_of", "backend_model"]
@@ -178,7 +178,7 @@ class CodecVerdict:
     max_rel_err: float | None = None
     envelope_figures: EnvelopeFigures | None = None    # None: no element needed the envelope
     error_map: list[list[float | None]] | None = None      # [B*S1][NQ] worst error over allowed, over d (failures only)
-    ratio_histogram: list[int] | None = None  # counts per properties.attribution.RATIO_BINS interval, then non-finite
+    ratio_histogram: list[int] | None = None  # counts per properties.rule.attribution.RATIO_BINS interval, then non-finite
     expected: torch.Tensor = dataclasses.field(repr=False, compare=False)
     ratio: torch.Tensor | None = dataclasses.field(default=None, repr=False, compare=False)  # per element
     envelope: AttentionEnvelope | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -324,7 +324,7 @@ def _reference(out: torch.Tensor, tensors: Tensors, scalars: Scalars, *, checked
 
 def judge(backend: JudgedBackend, case: Case, *, tags: dict[str, object] | None = None,
           bundle: golden.InputBundle | None = None) -> Judgement:
-    """Run ``backend`` on ``case`` (a :class:`~properties.case.Case`) and hold it to the golden.
+    """Run ``backend`` on ``case`` (a :class:`~properties.rule.case.Case`) and hold it to the golden.
 
     ``bundle``: the case's inputs (``case.inputs()``) when the caller has built them already. Raises
     InputsModified when the call changes its inputs; any exception of the backend propagates (the caller

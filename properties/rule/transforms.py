@@ -7,7 +7,7 @@ import torch
 from pfa_verify.golden.attention import read_cells
 from pfa_verify.golden.codec import SPEC_CODEC
 from pfa_verify.golden.inputs import GARBAGE
-from pfa_verify.properties.attribution import query_positions
+from pfa_verify.properties.rule.attribution import query_positions
 
 __all__ = ["poison_unread", "minus_one_to_garbage", "unread_cells", "derangement", "permute_blocks",
            "repeat_kv_heads", "select_batch"]

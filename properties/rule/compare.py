@@ -45,7 +45,7 @@ comparison whose author believed they had set the whole rule. ``atol`` may be a 
 to the compared shape, for laws whose bound is derived per element (AT-12 FP8 vs BF16).
 Closeness with both tolerances zero is numeric equality; ``exact`` adds the bit checks on top of it.
 
-The table, the structured result and the failure text are properties/compare_result.py (re-exported
+The table, the structured result and the failure text are properties/rule/compare_result.py (re-exported
 here); this module computes.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from pfa_verify.properties.compare_result import (
+from pfa_verify.properties.rule.compare_result import (
     TOLERANCES,
     Comparison,
     NonFinite,

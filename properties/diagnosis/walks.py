@@ -1,5 +1,5 @@
 """Which tokens a row's weights show it saw, in SPEC §2's stages (the weights readout's reading of rows that
-see a prefix of their batch's tokens, or each tile's first tokens; properties/readout.py).
+see a prefix of their batch's tokens, or each tile's first tokens; properties/diagnosis/readout.py).
 
 A row that sees the spec's tokens in the spec's proportions, renormalized, but not all of them (or more)
 saw a prefix of another length: its end on a multiple of s2_tile next to its own is the tile walk; rows of

@@ -2,8 +2,8 @@
 
 Hardware verification closes functional coverage by steering constrained-random stimulus at the bins no
 test has hit. Here: :func:`directed_cases` takes the bins a run's other cases already hit (the catalog's,
-for the backend's shapes) and, for each hole in the declared order of :mod:`properties.coverage` (single
-bins, then crosses), draws a few candidates from :func:`properties.strategies.cases_for` *narrowed* to
+for the backend's shapes) and, for each hole in the declared order of :mod:`properties.rule.coverage` (single
+bins, then crosses), draws a few candidates from :func:`properties.search.strategies.cases_for` *narrowed* to
 that hole (:func:`narrowing`: a distribution, a group size, an ``s2_tile`` of so many blocks, extra
 columns, ...). Among those and the plain draws of the run's seed (the cases it drew before directed
 generation), it keeps the candidate that hits the hole and closes the most holes (the greedy of set
@@ -17,7 +17,7 @@ compete, and preferring rich cases, matters for finding bugs, not only corners: 
 cheap cases, put small cases first and found some mutants later than the plain order did.
 
 Reproducible: every draw is Hypothesis' under a seed derived from the run's seed and the aim's name
-(:func:`aim_seed`), generation phase only, with the local constants pinned (properties/generation.py),
+(:func:`aim_seed`), generation phase only, with the local constants pinned (properties/search/generation.py),
 so the same seed, backend shapes and covered bins give the same cases whatever the process imported.
 Shrinking keeps its meaning: each case carries the :class:`Aim` that drew it, and a failure is shrunk by
 replaying the plain draws when a case of the same failure came from them (nothing held fixed, as before),
@@ -38,9 +38,9 @@ from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
 
 from pfa_verify.golden.paging import positive_int
-from pfa_verify.properties import strategies as ps
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.coverage import BINS, CROSSES, classify
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.coverage import BINS, CROSSES, classify
+from pfa_verify.properties.search import strategies as ps
 
 _T = TypeVar("_T")
 
@@ -72,7 +72,7 @@ class Aim:
 
     def strategy(self, supported: dict[str, Any] | None = None,
                  distributions: tuple[str, ...] | None = None) -> st.SearchStrategy[Case]:
-        """The strategy the aim drew from: :func:`properties.strategies.cases_for` for ``supported``
+        """The strategy the aim drew from: :func:`properties.search.strategies.cases_for` for ``supported``
         shapes and ``distributions``, narrowed to the target (:func:`narrowing`)."""
         kwargs = {} if self.target is None else narrowing(self.target)
         if distributions is not None:
@@ -114,11 +114,11 @@ def _narrowing_of_bin(name: str) -> dict[str, Any] | None:
 
 
 def narrowing(target: str) -> dict[str, Any]:
-    """:func:`properties.strategies.cases_for` keywords aimed at ``target``, a bin or a cross of
-    :mod:`properties.coverage` (a cross: both sides' keywords); unknown names are a ValueError."""
+    """:func:`properties.search.strategies.cases_for` keywords aimed at ``target``, a bin or a cross of
+    :mod:`properties.rule.coverage` (a cross: both sides' keywords); unknown names are a ValueError."""
     known = {b.name for b in BINS + CROSSES} | {"multi_tile_rows", "ragged_lengths"}
     if target not in known:
-        raise ValueError(f"target={target!r} is not a coverage bin or cross (properties.coverage.bin_names())")
+        raise ValueError(f"target={target!r} is not a coverage bin or cross (properties.rule.coverage.bin_names())")
     kwargs: dict[str, Any] = {}
     for part in target.split(" x "):       # a cross: the first side's parameter wins (group_3 x split_g_tile)
         for key, value in (_narrowing_of_bin(part) or {}).items():

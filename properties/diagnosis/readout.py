@@ -17,7 +17,7 @@ Comparing the two row by row says where a failing row's weight went, in SPEC §2
 
 - to cells of another batch, or to cells no row may read: **paging** (SPEC §2.2);
 - to its own batch's first m' tokens where the spec has m (the visible length, SPEC §2.1), in the spec's
-  proportions renormalized (properties/walks.py): ends moved to a multiple of s2_tile next to the row's
+  proportions renormalized (properties/diagnosis/walks.py): ends moved to a multiple of s2_tile next to the row's
   (or the batch's) length are **the tile walk**, and so are rows of one batch that all see the same first
   tokens, a multiple of the block size, whatever their position, and rows that see each tile's first
   tokens; rows of one batch that no one length explains otherwise are the causal offset, and every batch
@@ -52,9 +52,9 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import ceil_div, token_slots, visible_lengths
-from pfa_verify.properties.ablations import replaced_config
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.walks import prefix_stage, tile_prefix
+from pfa_verify.properties.diagnosis.ablations import replaced_config
+from pfa_verify.properties.diagnosis.walks import prefix_stage, tile_prefix
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Readout", "Location", "READOUT_HEAD_DIM", "readout_case", "locate"]
 

@@ -1,6 +1,6 @@
-"""What a comparison of properties/compare.py says (SPEC §4): the tolerance table and its overrides
+"""What a comparison of properties/rule/compare.py says (SPEC §4): the tolerance table and its overrides
 (:func:`get_tolerance`), the structured result (:class:`Comparison`, :class:`NonFinite`) and its
-failure text (:func:`make_mismatch_message`, :func:`envelope_line`). properties/compare.py computes
+failure text (:func:`make_mismatch_message`, :func:`envelope_line`). properties/rule/compare.py computes
 the comparison and re-exports these names; its module docstring states the rule.
 """
 from __future__ import annotations

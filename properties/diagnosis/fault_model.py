@@ -1,5 +1,5 @@
-"""A fault model (properties/diagnosis.py's candidates): one defect as a deviation of the golden, and the
-input-level form most models take, the golden on changed inputs. properties/fault_models.py lists them all."""
+"""A fault model (properties/diagnosis/diagnosis.py's candidates): one defect as a deviation of the golden, and the
+input-level form most models take, the golden on changed inputs. properties/diagnosis/fault_models.py lists them all."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.codec import Fp8Codec
-from pfa_verify.properties.acceptance import Scalars, Tensors
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["FaultModel", "ModelOutput", "Change", "golden_on"]
 
@@ -38,7 +38,7 @@ def golden_on(change: Change) -> ModelOutput:
     A change of the lengths may make a row walk past its batch's valid blocks (a length longer than its table
     holds): it reads table entries of -1, which SPEC §2.2 has the kernel clamp to block 0 when it gathers,
     so the golden runs on the table so clamped (what it reads there may be garbage:
-    properties.scoring.model_output finds the elements that depend on it). A walk past the table's width
+    properties.diagnosis.scoring.model_output finds the elements that depend on it). A walk past the table's width
     does not apply (the golden's ValueError)."""
     def output(tensors: Tensors, scalars: Scalars, codec: Fp8Codec | str | None) -> torch.Tensor:
         t, s = change(dict(tensors), dict(scalars))

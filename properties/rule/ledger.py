@@ -16,7 +16,7 @@ Rules:
 - ``case`` and ``domain`` findings are ``tolerated`` (they still run and are expected to fail: a strict
   xfail, so one that starts passing fails the run and the entry is removed once the fix lands) or
   ``quarantined`` (never launched: a crash that would take the device or the run down). Property
-  searches (properties/law_examples.py) draw no example a domain finding matches.
+  searches (properties/search/law_examples.py) draw no example a domain finding matches.
 - A ``survivor`` is held to surviving the same way: tests/meta/test_mutants.py and
   tests/kernels/test_kernel_mutants.py run it as a strict xfail, and ``pfa-verify mutants
   --allow-survivors ledger`` (tox -e mutants) allows exactly the ledger's survivors of its level.
@@ -138,4 +138,4 @@ def check(*, regression_ids: Iterable[str] | None = None, mutants: Iterable[str]
             known = set(mutants)
             problems += [f"mutant {name!r} is not in the catalog" for name in finding.mutants if name not in known]
     if problems:
-        raise UsageError("the ledger (properties/ledger.py) names what does not exist: " + "; ".join(problems))
+        raise UsageError("the ledger (properties/rule/ledger.py) names what does not exist: " + "; ".join(problems))

@@ -1,5 +1,5 @@
-"""A fault model's scores on one failure (properties/diagnosis.py's candidates): how much of the mismatch it
-explains and how much of what matched it breaks, by the one comparison core (properties.compare) with SPEC
+"""A fault model's scores on one failure (properties/diagnosis/diagnosis.py's candidates): how much of the mismatch it
+explains and how much of what matched it breaks, by the one comparison core (properties.rule.compare) with SPEC
 §4's tolerance around the model's output, widened by the rounding reach the failing comparison's envelope
 gives a conforming kernel there (SPEC §4.2). A classifier's allowance, not an acceptance bound: the rule has
 already decided the failure.
@@ -13,10 +13,10 @@ import torch
 
 from pfa_verify.golden.codec import Fp8Codec
 from pfa_verify.golden.envelope import AttentionEnvelope
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.acceptance import Scalars, Tensors
-from pfa_verify.properties.fault_model import FaultModel
+from pfa_verify.properties.diagnosis.fault_model import FaultModel
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.acceptance import Scalars, Tensors
 
 __all__ = ["Candidate", "Prediction", "Slack", "slack_of", "score", "model_output", "minus_one_reads", "EXPLAINS",
            "CLOSE"]
@@ -102,7 +102,7 @@ class Prediction:
 def score(out: torch.Tensor, mismatch: torch.Tensor, predicted: Prediction, model: FaultModel,
           slack: Slack | None = None) -> Candidate | None:
     """``model``'s :class:`Candidate` on one output: ``mismatch`` is where ``out`` breaks the rule against the
-    golden (properties.acceptance.rule's mismatch mask) and ``predicted`` the model's output; None when the
+    golden (properties.rule.acceptance.rule's mismatch mask) and ``predicted`` the model's output; None when the
     model's output cannot be compared with the kernel's (another shape: it does not apply).
 
     The kernel agrees with the model at an element when it lies within SPEC §4's tolerance of the model's
@@ -144,7 +144,7 @@ def model_output(model: FaultModel, tensors: Tensors, scalars: Scalars,
     golden's own code on changed inputs: they replace a tensor, never write into one, so the tensors are
     shared (a copy of K and V per model was an eighth of a diagnosis' time on the largest upstream case).
     An output that is not finite is computed again with the case's unread cells zeroed
-    (properties.transforms.poison_unread): the elements that come back finite read garbage, and are
+    (properties.rule.transforms.poison_unread): the elements that come back finite read garbage, and are
     unspecified; those still not finite are the model's own (a defect that writes NaN)."""
     try:
         with torch.inference_mode():
@@ -166,7 +166,7 @@ def minus_one_reads(model: FaultModel, predicted: Prediction, tensors: Tensors, 
     what it shows is not fixed, as for garbage (the golden-level mutant that does not clamp is listed as
     equivalent: a conforming walk never reads a -1 entry). Found with one more call of the model, on the
     table with its -1 entries pointed at a block of NaN codes and NaN K scales
-    (properties.transforms.minus_one_to_garbage); a case without -1 entries costs none. A limit: a codec
+    (properties.rule.transforms.minus_one_to_garbage); a case without -1 entries costs none. A limit: a codec
     without a NaN code (PyPTO's calculator E4M3 reads the NaN code as 240) leaves a read of V alone there
     finite, so a model that reads V through a -1 entry but not K's scale is not found under it."""
     table = tensors["block_table"]

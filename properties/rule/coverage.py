@@ -49,7 +49,7 @@ def _rows(config: golden.PagedAttentionConfig) -> list[tuple[int, int]]:
 
 
 def facts_of(config: golden.PagedAttentionConfig) -> Facts:
-    """What the bins read, computed once per case (properties/separation.py reads them too)."""
+    """What the bins read, computed once per case (properties/diagnosis/separation.py reads them too)."""
     rows = _rows(config)
     seen = [cur for _, cur in rows if cur > 0]
     bs, tile = config.block_size, config.s2_tile

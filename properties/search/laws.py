@@ -1,19 +1,20 @@
 """Laws of FP8 paged attention (SPEC §2-§4) and AT-12 (SPEC §6), as pure functions of (backend, case).
 
-A law raises AssertionError (with the message of :mod:`properties.compare`) when it does not hold
-and returns None otherwise; it never writes files. tests/properties binds the laws to strategies, and
-``cases.data.regressions.check`` runs one by name (:data:`LAWS`), capturing a failure for replay. The
-``acceptance`` law is :func:`properties.acceptance.judge`, the one acceptance rule.
+A law raises :class:`properties.rule.failure.LawFailure` (an AssertionError: the message of
+:mod:`properties.rule.compare`, and the calls the rule failed, as data) when it does not hold and returns None
+otherwise; it never writes files nor diagnoses (the boundary that reports does: cases/data/diagnosed.py).
+tests/properties binds the laws to strategies, and ``cases.data.regressions.check`` runs one by name (:data:`LAWS`), capturing a failure for replay. The
+``acceptance`` law is :func:`properties.rule.acceptance.judge`, the one acceptance rule.
 
 Every law also says when an example cannot make it fail (:func:`vacuous`): GQA repetition with a
 group of 1 is the same call twice. The tests draw only examples that are not vacuous (strategy
 design first, ``assume`` as the backstop), so every example checks something.
 
-Every backend call goes through :func:`properties.acceptance.call` (inputs must come back
+Every backend call goes through :func:`properties.rule.acceptance.call` (inputs must come back
 bit-identical). Comparisons of a backend with itself use ``compare(kind="exact")`` where the spec
 makes the output bit-identical and SPEC §4 otherwise; comparisons with the golden use the golden
-under the backend's own codec (:func:`properties.acceptance.reference_backend`). The bounds the laws
-hold outputs to, and the assertions that apply them, are :mod:`properties.law_bounds`.
+under the backend's own codec (:func:`properties.rule.acceptance.reference_backend`). The bounds the laws
+hold outputs to, and the assertions that apply them, are :mod:`properties.search.law_bounds`.
 """
 from __future__ import annotations
 
@@ -33,13 +34,12 @@ from pfa_verify.golden.attention import visible_lengths
 from pfa_verify.golden.codec import FP8_MAX
 from pfa_verify.golden.validate import default_softmax_scale
 from pfa_verify.kernels import Backend
-from pfa_verify.properties import compare as cmp
-from pfa_verify.properties import transforms as tf
-from pfa_verify.properties.acceptance import Judgement, backend_model, call, judge, reference_backend, split_bundle
-from pfa_verify.properties.case import Case
-from pfa_verify.properties.diagnosis import diagnose_verdict
-from pfa_verify.properties.generation import reported_example
-from pfa_verify.properties.law_bounds import (
+from pfa_verify.properties.rule import compare as cmp
+from pfa_verify.properties.rule import transforms as tf
+from pfa_verify.properties.rule.acceptance import backend_model, call, judge, reference_backend, split_bundle
+from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.rule.failure import Failed, LawFailure
+from pfa_verify.properties.search.law_bounds import (
     Call,
     acceptance_width,
     assert_pair_within,
@@ -48,13 +48,12 @@ from pfa_verify.properties.law_bounds import (
     case_tags,
     e4m3_half_spacing,
 )
-from pfa_verify.properties.probes import probe
-from pfa_verify.properties.strategies import At12Case
+from pfa_verify.properties.search.strategies import At12Case
 
-__all__ = ["LAWS", "Law", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
+__all__ = ["LAWS", "Law", "LawFailure", "law", "run", "vacuous", "same_tiles", "acceptance_width", "at12_fp8_vs_bf16_bound"]
 
-#: A law: (backend, case, **params) -> None, raising AssertionError when it does not hold. Its case is a
-#: Case (paged attention), an array of rows (quantization) or a properties.strategies.At12Case.
+#: A law: (backend, case, **params) -> None, raising AssertionError when it does not hold (a LawFailure, Law). Its case is a
+#: Case (paged attention), an array of rows (quantization) or a properties.search.strategies.At12Case.
 LawFunction = Callable[..., None]
 _Law = TypeVar("_Law", bound=LawFunction)
 
@@ -63,12 +62,19 @@ _Law = TypeVar("_Law", bound=LawFunction)
 class Law:
     name: str
     fn: LawFunction
-    tolerance: str                                   # the properties.compare kind it holds outputs to
+    tolerance: str                                   # the properties.rule.compare kind it holds outputs to
     vacuous: Callable[..., str | None] | None        # (case, **params) -> why it cannot fail, or None
 
     def __call__(self, backend: Backend, case: Any, **params: Any) -> None:
+        """Run the law; a failure is a LawFailure naming it and its example, whatever assertion raised it."""
         __tracebackhide__ = True
-        self.fn(backend, case, **params)
+        try:
+            self.fn(backend, case, **params)
+        except LawFailure as exc:
+            raise exc.of(self.name, case, params).with_traceback(exc.__traceback__) from None
+        except AssertionError as exc:       # properties.rule.compare's assertions, inputs changed: the message alone
+            failure = LawFailure(str(exc), law=self.name, case=case, params=params)
+            raise failure.with_traceback(exc.__traceback__) from None
 
 
 LAWS: dict[str, Law] = {}
@@ -138,24 +144,14 @@ def _garbage_vacuous(case: Case, **_: object) -> str | None:
 @law("acceptance", vacuous=_nothing_visible)
 def acceptance(backend: Backend, case: Case) -> None:
     """SPEC §4: the backend's output is within rtol 1/128, atol 1e-4 of the golden's, elementwise
-    (the one rule of :mod:`properties.acceptance`; the search climbs the worst error over tolerance)."""
+    (the one rule of :mod:`properties.rule.acceptance`; the search climbs the worst error over tolerance)."""
     __tracebackhide__ = True
     verdict = judge(backend, case, tags=case_tags(backend, case))
     if currently_in_test_context():
         ratio = verdict.deciding.worst_ratio
         target(ratio if math.isfinite(ratio) else 1e30, label="worst error / allowed")
     if not verdict.passed:
-        raise AssertionError(verdict.message() + _diagnosis_line(verdict, case, backend))
-
-
-def _diagnosis_line(verdict: Judgement, case: Case, backend: Backend) -> str:
-    """The fault model that explains a failed judgement (properties/diagnosis.py), with the probes of
-    properties/probes.py run on ``backend``, as a line to append; only on the example Hypothesis reports
-    (or a replay), not while it shrinks."""
-    if not reported_example():
-        return ""
-    found = diagnose_verdict(verdict, *split_bundle(case.inputs()))
-    return "" if found is None else "\n" + probe(found, case, backend).render()
+        raise LawFailure(verdict.message(), failed=(Failed(verdict, case),))
 
 
 @law("outputs_finite", vacuous=_nothing_visible)
@@ -241,7 +237,7 @@ def tile_invariance(backend: Backend, case: Case, s2_tile: int | None = None, g_
     if not verdict.passed:
         message = (f"At s2_tile={other.s2_tile}, g_tile={g_tile} instead of s2_tile={c.s2_tile}, "
                    f"g_tile={c.g_tile}:\n{verdict.message()}")
-        raise AssertionError(message + _diagnosis_line(verdict, alt, backend))
+        raise LawFailure(message, failed=(Failed(verdict, alt),))
 
 
 @law("batch_independence",

@@ -16,7 +16,7 @@ without one. Each ablation changes a case so that some stages take no part in it
   causal offset), **one head** (NQ = NKV = 1: no GQA map), **one batch**, the **default softmax scale**, **no
   garbage**, **full last tiles** (every length a multiple of s2_tile).
 
-properties/probes.py runs the kernel on the ablations that best tell the stages still in the running
+properties/diagnosis/probes.py runs the kernel on the ablations that best tell the stages still in the running
 apart, and says which stages' fault models fail where the kernel fails and pass where it passes. The
 fault models are the map from an ablation's outcome to a stage (each is the golden with one stage
 changed), so no table of "ablation -> stage" is written by hand here; a defect nobody modelled is located
@@ -35,7 +35,7 @@ import torch
 
 from pfa_verify import golden
 from pfa_verify.golden.paging import token_slots
-from pfa_verify.properties.case import Case
+from pfa_verify.properties.rule.case import Case
 
 __all__ = ["Ablation", "ABLATIONS", "ablations", "replaced_config", "with_lengths"]
 
