@@ -37,10 +37,13 @@ __all__ = ["run_options", "add_run", "add_compare"]
 
 
 class _Progress:
-    """A rich progress bar on a terminal, plain lines otherwise (a case's name is text: printable)."""
+    """A rich progress bar on a terminal, plain lines otherwise (a case's name is text: printable). Off a
+    terminal (a log), a case that does not pass gets its line when it ends, the passes a count at each
+    quarter of the run: the table after the run lists every case, so a log need not list them twice."""
 
     def __init__(self, console):
         self.console, self.done, self.total, self.bar, self.task = console, 0, None, None, None
+        self.passed = 0
 
     def __call__(self, event, item, result) -> None:
         if self.total is None:
@@ -53,9 +56,15 @@ class _Progress:
         verdicts = ",".join(sorted({row.verdict for row in result_rows(result)}))
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=printable(item.name, one_line=True))
+            return
+        width = len(str(self.total))
+        if verdicts == "pass":
+            self.passed += 1
         else:
-            self.console.print(shown(f"[{self.done:>{len(str(self.total))}}/{self.total}] {item.name} ({item.source}): "
+            self.console.print(shown(f"[{self.done:>{width}}/{self.total}] {item.name} ({item.source}): "
                                      f"{verdicts} {result.seconds:.1f} s"))
+        if self.done in {(self.total * k + 3) // 4 for k in (1, 2, 3, 4)}:
+            self.console.print(f"[{self.done:>{width}}/{self.total}] done, {self.passed} passed")
 
 
 def run_options(args: argparse.Namespace, command: str | None = None):

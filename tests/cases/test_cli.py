@@ -2,15 +2,19 @@
 replay | prune``; a backend that cannot start is one line and exit 2, not a traceback."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
+from rich.console import Console
 
 from pfa_verify import golden
 from pfa_verify.cases import cli
+from pfa_verify.cases.cli import run_commands
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.reporting import html_report
 from pfa_verify.properties.rule.case import Case
@@ -188,3 +192,20 @@ def test_replay_line_names_the_folder_it_needs(monkeypatch, tmp_path, env, direc
     else:
         monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", env.format(tmp=tmp_path, default=default))
     assert regressions.replay_command("abc", directory) == expected.format(tmp=tmp_path)
+
+
+def test_progress_off_a_terminal_names_the_cases_that_do_not_pass_and_counts_the_rest(monkeypatch):
+    """A log (no terminal) gets a line for each case that does not pass and a count at each quarter, not a
+    line per passing case: the table after the run lists every case."""
+    out = io.StringIO()
+    progress = run_commands._Progress(Console(file=out, width=100))
+    progress.total = 8
+    verdicts = ["pass", "pass", "fail", "pass", "pass", "error", "pass", "pass"]
+    monkeypatch.setattr(run_commands, "result_rows", lambda result: [types.SimpleNamespace(verdict=result.verdict)])
+    for k, verdict in enumerate(verdicts):
+        item = types.SimpleNamespace(name=f"case_{k}", source="catalog")
+        progress("start", item, None)
+        progress("done", item, types.SimpleNamespace(verdict=verdict, seconds=0.5))
+    assert out.getvalue().splitlines() == ["[2/8] done, 2 passed", "[3/8] case_2 (catalog): fail 0.5 s",
+                                           "[4/8] done, 3 passed", "[6/8] case_5 (catalog): error 0.5 s",
+                                           "[6/8] done, 4 passed", "[8/8] done, 6 passed"]
