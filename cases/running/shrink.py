@@ -117,7 +117,7 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
 
     if database is not None and key is not None:
         database = _KeyedDatabase(database, key)
-    replaying: list[T] = []      # seeded: the failure found, handed to Hypothesis (known to fail: not checked again)
+    replaying: list[T | None] = []      # seeded: the failure found, handed to Hypothesis (known to fail: not checked again)
 
     def failed(example) -> bool:
         if found.error is None:
