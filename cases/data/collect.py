@@ -6,7 +6,7 @@ error: the run reports it as an ``error`` verdict instead of stopping, since a c
 
 The generated cases depend on the project's strategies, the Hypothesis version, the seed, the
 backend's ``supported_shapes`` and the catalog cases selected only, never on what else the process
-imported (properties/search/generation.py): they are aimed at the coverage holes the selected catalog cases
+imported (drawn from seeded bytes, properties/search/generation.py): they are aimed at the coverage holes the selected catalog cases
 leave first (properties/search/directed.py), then drawn as usual. :func:`selection` fingerprints what was selected, so two reports show at a
 glance whether they checked the same cases (``pfa-verify compare`` refuses reports that did not).
 """
@@ -60,9 +60,9 @@ def generated_cases(n: int, seed: int, *, supported: dict | None = None,
                     distributions: tuple[str, ...] | None = None) -> list:
     """``n`` distinct cases of the plain strategy (no aiming: the workloads of ``bench`` and
     ``tightness``), the same for the same project version, seed and hypothesis version whatever else the
-    process imported (generation phase only, no database; properties/search/generation.py pins Hypothesis'
-    local constants). ``supported`` (a backend's ``supported_shapes``) narrows them to what its kernel is
-    built for; ``distributions`` to those value distributions."""
+    process imported (drawn from seeded bytes, properties/search/generation.py). ``supported`` (a backend's
+    ``supported_shapes``) narrows them to what its kernel is built for; ``distributions`` to those value
+    distributions."""
     if n <= 0:
         return []
     found: list = []

@@ -22,7 +22,7 @@ from pfa_verify.kernels.backends.supervisor import BackendSpec, GuardedBackend, 
 from pfa_verify.kernels.backends.text import printable
 from pfa_verify.properties.rule.coverage import Coverage, classify
 from pfa_verify.properties.search import law_examples
-from pfa_verify.properties.search.generation import pin_local_constants, reported_example
+from pfa_verify.properties.search.generation import reported_example
 from pfa_verify.properties.search.law_examples import operator_of
 
 __all__ = ["DEFAULT_PROFILE", "register_profiles", "NOT_RUN"]
@@ -60,10 +60,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # calculator runs thousands of tiny ops between which extra threads only spin (its
         # measurements: kernels/backends/sim_cost.py). A backend never sets this itself.
         torch.set_num_threads(1)
-    # Derandomized examples depend on the test, the Hypothesis version and the profile only, never on
-    # what else the session imported (another backend's module, a kernel file, the mutants): the
-    # local-constant pool Hypothesis would mix into its draws is pinned empty (properties/search/generation.py).
-    pin_local_constants()
     if config.getoption("--hypothesis-profile", None) is None:
         settings.load_profile(DEFAULT_PROFILE)
     folder = config.getoption("--regressions")

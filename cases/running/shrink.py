@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
-from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Flaky, HypothesisException
+from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
+from hypothesis.errors import Flaky, HypothesisException, Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 
 from pfa_verify import golden
@@ -37,6 +37,7 @@ from pfa_verify.properties.diagnosis.error_probes import probe_error
 from pfa_verify.properties.diagnosis.probes import probe
 from pfa_verify.properties.rule.acceptance import judge, split_bundle
 from pfa_verify.properties.rule.case import Case
+from pfa_verify.properties.search.generation import seeded_buffers, seeded_test
 
 __all__ = ["Hunt", "hunt", "signature", "shrink_generated", "nondeterminism", "probe_groups", "probe_errors"]
 
@@ -76,9 +77,27 @@ def _kind(exc: BaseException) -> str:
     return "law" if isinstance(exc, AssertionError) else "error"
 
 
+class _KeyedDatabase(ExampleDatabase):
+    """``database`` with every key under ``prefix``: each law's saved failures under its own key, though
+    every search's test function (and so Hypothesis' key for it) is the same."""
+
+    def __init__(self, database: ExampleDatabase, prefix: str):
+        super().__init__()
+        self.database, self.prefix = database, prefix.encode() + b"/"
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.database.save(self.prefix + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.database.fetch(self.prefix + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.database.delete(self.prefix + key, value)
+
+
 def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int, examples: int,
          shrink_s: float = 0.0, database: ExampleDatabase | None = None, key: str | None = None,
-         seconds: float | None = None, shrink_calls: int | None = None) -> Hunt[T]:
+         seconds: float | None = None, shrink_calls: int | None = None, seeded: bool = False) -> Hunt[T]:
     """Draw up to ``examples`` from ``strategy`` under ``seed`` and call ``check(example)`` (it raises
     on failure) until one fails, or until ``seconds`` have passed (None: no limit; the Hunt says it was
     cut, and counts only the examples checked; the first is always checked); then let Hypothesis shrink it for ``shrink_s`` seconds (0: not
@@ -89,19 +108,20 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
 
     ``database`` (a Hypothesis ExampleDatabase) is read first (failures saved there by any search
     under the same ``key``, on any node, are replayed before the seed's draws) and receives the
-    failure found; without it nothing is saved."""
+    failure found; without it nothing is saved. ``key`` keeps this search's saved failures apart.
+
+    ``seeded``: draw the examples from seeded bytes instead, as ``pfa-verify run`` drew its generated
+    cases (properties/search/generation.py), so the same seed meets the same cases; the first failure is then
+    handed to Hypothesis through an in-memory database and shrunk by its reuse and shrink phases."""
 
     found: Hunt[T] = Hunt()
     start = time.perf_counter()
 
-    phases = ([Phase.reuse] if database is not None else []) + [Phase.generate] + ([Phase.shrink] if shrink_s > 0 else [])
+    if database is not None and key is not None:
+        database = _KeyedDatabase(database, key)
+    replaying: list[T | None] = []      # seeded: the failure found, handed to Hypothesis (known to fail: not checked again)
 
-    # settings outside seed: hypothesis.seed() alone would switch the database off.
-    @settings(max_examples=examples, database=database, deadline=None, report_multiple_bugs=False, phases=phases,
-              suppress_health_check=list(HealthCheck))
-    @fixed_seed(seed)
-    @given(strategy)
-    def run(example):
+    def failed(example) -> bool:
         if found.error is None:
             if seconds is not None and found.examples and time.perf_counter() - start > seconds:
                 found.cut = True
@@ -110,7 +130,7 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
         elif (time.perf_counter() - start - found.seconds > shrink_s
               or (shrink_calls is not None and found.shrink_calls >= shrink_calls)):
             found.last_checked = False
-            return      # over budget (or Hypothesis' final replay without shrinking): "passes"
+            return False    # over budget (or Hypothesis' final replay without shrinking): "passes"
         else:
             found.shrink_calls += 1
         found.last_checked, found.last_failed = True, False
@@ -120,19 +140,47 @@ def hunt(strategy: SearchStrategy[T], check: Callable[[T], object], *, seed: int
             if found.error is None:
                 found.seconds = time.perf_counter() - start
             elif _kind(exc) != _kind(found.error):
-                return
+                return False
             found.example, found.error, found.last_failed = example, exc, True
-            raise _Failed from None
+            return True
+        return False
 
-    if key is not None:
-        # The database key is the test's digest; this extra part (what the pytest plugin uses to tell
-        # parametrized tests apart) keeps each law's saved failures under its own key. (@given sets
-        # ``.hypothesis`` on the test it returns at run time; its type, Callable[..., None], has no such attribute.)
-        run.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
+    def body(example):
+        if replaying and example == replaying[0]:     # Hypothesis replays it before it shrinks
+            found.last_checked, found.last_failed = True, True
+        elif not failed(example):
+            return
+        raise _Failed   # one place: Hypothesis shrinks only failures raised where the first one was
+
+    shrink = [Phase.shrink] if shrink_s > 0 else []
+    if seeded:
+        database = InMemoryExampleDatabase()
+        fuzz = seeded_test(strategy, body, database=database).hypothesis.fuzz_one_input
+        try:
+            for buffer in seeded_buffers(seed, examples):
+                if found.examples >= examples:
+                    break
+                fuzz(buffer)        # a failure raises _Failed, its draws saved in the database
+        except (_OutOfTime, _Failed):
+            pass
+        if found.error is None or not shrink:
+            if found.error is None:
+                found.seconds = time.perf_counter() - start
+            return found
+        replaying.append(found.example)
+        phases = [Phase.reuse, *shrink]
+    else:
+        phases = ([Phase.reuse] if database is not None else []) + [Phase.generate] + shrink
+
+    # settings outside seed: hypothesis.seed() alone would switch the database off.
+    run = settings(max_examples=examples, database=database, deadline=None, report_multiple_bugs=False,
+                   phases=phases, suppress_health_check=list(HealthCheck))(fixed_seed(seed)(given(strategy)(body)))
     try:
         run()
     except _OutOfTime:
         pass
+    except Unsatisfiable:
+        pass            # its filters rejected every draw: no example checked, as a domain that ran out
     except (_Failed, HypothesisException) as exc:
         # Flaky (or FlakyFailure) when the final replay "passed": over budget, the failure found still
         # stands; when check ran and passed, the same example failed and then passed (Hunt.unreliable).
@@ -235,7 +283,7 @@ def shrink_generated(backend, items: list, results: list, *, supported, shrink_s
         if shrink_s > 0 and not why_not_shrunk and not stop():
             aim = next((a for a in aims if a.target is None), aims[0])
             found = hunt(aim.strategy(supported, distributions), fails_like, seed=aim.seed, examples=aim.draws,
-                         shrink_s=shrink_s, shrink_calls=shrink_budget(backend))
+                         shrink_s=shrink_s, shrink_calls=shrink_budget(backend), seeded=True)
         shrunk = found.error is not None
         if found.error is not None:
             # hunt keeps what its check raised with the example that raised it, and fails_like raises

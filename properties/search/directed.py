@@ -16,9 +16,9 @@ compete, and preferring rich cases, matters for finding bugs, not only corners: 
 ``pfa-verify mutants --latency`` (docs/performance.md), aiming with narrowed draws alone, or preferring
 cheap cases, put small cases first and found some mutants later than the plain order did.
 
-Reproducible: every draw is Hypothesis' under a seed derived from the run's seed and the aim's name
-(:func:`aim_seed`), generation phase only, with the local constants pinned (properties/search/generation.py),
-so the same seed, backend shapes and covered bins give the same cases whatever the process imported.
+Reproducible: every draw is Hypothesis' from bytes of a seed derived from the run's seed and the aim's
+name (:func:`aim_seed`; properties/search/generation.py), so the same seed, backend shapes and covered bins give
+the same cases whatever the process imported.
 Shrinking keeps its meaning: each case carries the :class:`Aim` that drew it, and a failure is shrunk by
 replaying the plain draws when a case of the same failure came from them (nothing held fixed, as before),
 else the aim's draws (cases/running/shrink.py): Hypothesis meets the failure again and shrinks it inside
@@ -33,14 +33,13 @@ import zlib
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
 
 from pfa_verify.golden.paging import positive_int
 from pfa_verify.properties.rule.case import Case
 from pfa_verify.properties.rule.coverage import BINS, CROSSES, classify
 from pfa_verify.properties.search import strategies as ps
+from pfa_verify.properties.search.generation import seeded_examples
 
 _T = TypeVar("_T")
 
@@ -136,19 +135,9 @@ def aim_seed(seed: int, target: str | None, round_: int = 0) -> int:
 
 
 def draw(strategy: st.SearchStrategy[_T], seed: int, draws: int) -> list[_T]:
-    """Up to ``draws`` examples of ``strategy`` under ``seed``, in Hypothesis' order (generation phase
-    only, no database): the same list for the same strategy, seed and Hypothesis version."""
-    found: list[_T] = []
-
-    @fixed_seed(seed)
-    @settings(max_examples=draws, phases=[Phase.generate], database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(example: _T) -> None:
-        found.append(example)
-
-    collect()
-    return found
+    """Up to ``draws`` examples of ``strategy`` under ``seed`` (properties/search/generation.py): the same list
+    for the same strategy, seed and Hypothesis version, whatever else the process imported."""
+    return seeded_examples(strategy, seed, draws)
 
 
 def _tokens(case: Case) -> int:

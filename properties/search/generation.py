@@ -1,79 +1,77 @@
-"""Generation that depends on the project, Hypothesis' version and the seed only: :func:`pin_local_constants`.
+"""Seeded generation that depends on the project, Hypothesis' version and the seed only: :func:`seeded_examples`.
 
-Why it is needed. Hypothesis (6.170 here) mixes "local constants" into its draws: with probability
-0.05 per integer, float, bytes or string choice, ``HypothesisProvider._maybe_draw_constant``
-(hypothesis/internal/conjecture/providers.py) returns a constant instead of a random value, picked
-from Hypothesis' own global pool or from a pool of literals it harvests from the source of every
-*local* module in ``sys.modules`` (``_get_local_constants``; hypothesis/internal/constants_ast.py
-decides what is local: not the standard library, not site-packages, not a test file). That pool is
-rebuilt whenever ``sys.modules`` grows, so what a seed generates depends on what else the process has
-imported: a backend module (kernels/backends/upstream.py), a user's kernel file, the mutants. The
-pool also changes how much randomness a draw consumes (one ``random.choice`` between one pool or two),
-so every later draw shifts. Measured before this pin (2026-11-30): ``cases.data.collect.generated_cases(12,
-0, supported=KERNEL_SHAPES)`` gave make_inputs seeds ``[53676, 1997, 2139095040, 101, 20123, 2328,
-10564, 208573, 65976, 575, 575, 108]`` in a plain process and ``[53676, 1997, 32683, 101, 20123, 2328,
-10564, 208573, 17713194, 2147483647, 0, 0]`` after importing kernels.backends.upstream, cases.measuring.mutants
-and kernels.mutants.golden_level.
+Why not Hypothesis' own generation. Hypothesis mixes "local constants" into its draws: literals it harvests
+from the source of every local module in ``sys.modules`` (not the standard library, not site-packages,
+not a test file). What a seed generates then depends on what else the process has imported (a backend
+module, a user's kernel file, the mutants), even derandomized. Hypothesis offers no setting for this, and
+the suite changes nothing in Hypothesis for other code in the process.
 
-What it does. Hypothesis 6.170 offers no setting for this, so the narrowest switch is used: the one
-function that builds the pool, ``providers._get_local_constants``, is replaced in the running process
-(the installed package is not edited) by one that returns an empty pool, and the pool cache built
-from it is cleared. Draws then take constants from Hypothesis' global pool only, which is fixed for a
-Hypothesis version. Hypothesis' own tests replace the same function to control the pool
-(hypothesis-python/tests/conjecture/test_local_constants.py). Our strategies reach their boundary
-values on purpose (properties/search/strategies.py: special lengths, block boundaries, garbage), so the
-literals of our modules add nothing the search relies on.
+What is done instead, by public API only: ``pfa-verify run``'s generated cases are drawn by a ``@given``
+test's ``.hypothesis.fuzz_one_input``, fed byte strings from :func:`seeded_buffers` (a ``random.Random``
+of the seed). Driven by bytes, Hypothesis maps them to the same choices whatever is imported, through
+the same strategies (properties/search/strategies.py) as every other search. A failure found this way is saved
+in the test's database and replayed by Hypothesis' reuse phase to shrink it (cases/running/shrink.py).
 
-Where it applies: every process that generates cases, through :mod:`properties.search.strategies` (which
-pins on import, before any of its strategies can draw) and tests/conftest.py (before the Hypothesis
-profiles are loaded). tests/properties/test_generation.py generates in several import contexts in fresh
-processes and compares; it fails if a Hypothesis upgrade brings the dependence back.
+The law searches (``pfa-verify laws``, the pytest laws) keep Hypothesis' own generation: there a
+derandomized profile gives the same examples for the same project, Hypothesis version, profile and
+local modules loaded.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import ModuleType
+import random
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+from hypothesis import HealthCheck, given, settings
 from hypothesis.control import current_build_context, currently_in_test_context
+from hypothesis.database import ExampleDatabase
+from hypothesis.strategies import SearchStrategy
 
-providers: ModuleType | None
-try:       # the internals pinned here (constraints.txt pins the Hypothesis release)
-    from hypothesis.internal.conjecture import providers
-    from hypothesis.internal.constants_ast import Constants
-except ImportError:      # pragma: no cover - a Hypothesis without the provider module
-    providers = None
+from pfa_verify.golden.paging import positive_int
 
-__all__ = ["pin_local_constants", "local_constants_pinned", "reported_example"]
+__all__ = ["BUFFER_BYTES", "seeded_buffers", "seeded_test", "seeded_examples", "reported_example"]
 
-_PINNED: Callable[[], Constants] | None = None     # the replacement, once installed
+_T = TypeVar("_T")
 
-
-def pin_local_constants() -> bool:
-    """Make Hypothesis' local-constant pool empty in this process (module docstring); idempotent.
-
-    Returns True when the pool is pinned, False when this Hypothesis has no such pool (versions before
-    it harvested local constants: their generation never depended on imports)."""
-    global _PINNED
-    if providers is None or not hasattr(providers, "_get_local_constants"):
-        return False
-    if providers._get_local_constants is not _PINNED:
-        empty = Constants()
-
-        def no_local_constants() -> Constants:
-            return empty
-        providers._get_local_constants = no_local_constants  # type: ignore[attr-defined]  # a module: typeshed has no setter
-        _PINNED = no_local_constants
-        cache = getattr(providers, "CONSTANTS_CACHE", None)
-        if cache is not None:                     # constants already chosen from the old pool
-            cache.cache.clear()
-    return True
+#: Bytes offered per drawn example: a kernel-sized case takes under a hundred at the default max_len (its
+#: block tables are drawn); a draw that needs more than this is invalid and the next buffer is tried.
+BUFFER_BYTES = 1 << 16
+# Buffers offered per example asked for, before giving up on a strategy that rejects most of them.
+_TRIES_PER_EXAMPLE = 10
 
 
-def local_constants_pinned() -> bool:
-    """Whether :func:`pin_local_constants` is in force in this process."""
-    if providers is None:      # pragma: no cover
-        return False
-    return _PINNED is not None and getattr(providers, "_get_local_constants", None) is _PINNED
+def seeded_buffers(seed: int, count: int) -> Iterator[bytes]:
+    """The byte strings that drive the draws of ``seed`` for ``count`` examples, in order (ten per example
+    at most: a caller stops once it has its examples): the one source of randomness of seeded generation,
+    the same in every process and Python version."""
+    positive_int(seed, "seed", minimum=0)
+    positive_int(count, "count", minimum=0)
+    rng = random.Random(seed)
+    for _ in range(_TRIES_PER_EXAMPLE * count):
+        yield rng.randbytes(BUFFER_BYTES)
+
+
+def seeded_test(strategy: SearchStrategy[_T], body: Callable[[_T], None], *,
+                database: ExampleDatabase | None = None) -> Any:
+    """``body`` as a ``@given(strategy)`` test, to be driven by ``.hypothesis.fuzz_one_input`` (whose
+    failures go to ``database``) or run by Hypothesis under other settings (same body: same database key)."""
+    return settings(database=database, deadline=None, suppress_health_check=list(HealthCheck))(given(strategy)(body))
+
+
+def seeded_examples(strategy: SearchStrategy[_T], seed: int, count: int) -> list[_T]:
+    """Up to ``count`` examples of ``strategy`` drawn from :func:`seeded_buffers` of ``seed`` (draws the
+    strategy rejects are skipped, within ten buffers per example): the same list for the same strategy,
+    seed and Hypothesis version, whatever else the process imported."""
+    found: list[_T] = []
+
+    def collect(example: _T) -> None:
+        found.append(example)
+    fuzz = seeded_test(strategy, collect).hypothesis.fuzz_one_input
+    for buffer in seeded_buffers(seed, count):
+        if len(found) >= count:
+            break
+        fuzz(buffer)
+    return found
 
 
 def reported_example() -> bool:

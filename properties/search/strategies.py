@@ -42,10 +42,6 @@ from pfa_verify.golden.paging import blocks_needed, positive_int
 from pfa_verify.kernels import Skip
 from pfa_verify.kernels.backends import unsupported_shape
 from pfa_verify.properties.rule.case import Case
-from pfa_verify.properties.search.generation import pin_local_constants
-
-# The same seed gives the same cases whatever else the process imports (properties/search/generation.py).
-pin_local_constants()
 
 __all__ = ["MAX_LEN_ENV", "MAX_LEN_LIMIT", "max_len", "DISTRIBUTIONS", "GARBAGE", "CUSTOM_SOFTMAX_SCALES",
            "SOFTMAX_SCALES", "Dims", "BlockTable", "dims", "kv_act_seqs",
