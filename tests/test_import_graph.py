@@ -54,7 +54,7 @@ def test_a_planted_upward_import_breaks_the_contracts(tmp_path):
     _plant(tmp_path / "golden" / "quant.py", "from pfa_verify.cases.reporting import report")     # golden -> cases
     _plant(tmp_path / "cases" / "data" / "catalog.py", "from pfa_verify.cases.reporting import html_report")
     _plant(tmp_path / "golden" / "paging.py", "from pfa_verify.golden import attention")  # attention imports paging
-    _plant(tmp_path / "properties" / "search" / "laws.py", "from pfa_verify.properties.diagnosis.diagnosis import diagnosis")
+    _plant(tmp_path / "properties" / "search" / "laws.py", "from pfa_verify.properties.diagnosis import diagnosis")
     done = lint_imports(tmp_path)
     out = done.stdout
     assert done.returncode == 1 and "Contracts: 0 kept, 4 broken." in out, out + done.stderr
@@ -63,7 +63,7 @@ def test_a_planted_upward_import_breaks_the_contracts(tmp_path):
     assert "pfa_verify.golden.quant -> pfa_verify.cases.reporting.report" in flat, out
     assert "pfa_verify.cases.data is not allowed to import pfa_verify.cases.reporting:" in flat, out
     assert "pfa_verify.cases.data.catalog -> pfa_verify.cases.reporting.html_report" in flat, out
-    assert "pfa_verify.properties.search is not allowed to import pfa_verify.properties.diagnosis.diagnosis:" in flat, out
+    assert "pfa_verify.properties.search is not allowed to import pfa_verify.properties.diagnosis:" in flat, out
     assert "pfa_verify.properties.search.laws -> pfa_verify.properties.diagnosis.diagnosis" in flat, out
     cycles = flat.split("no import cycle")[-1]
     assert "No cycles are allowed in pfa_verify.golden." in cycles and "- .paging -> .attention (1 import)" in cycles
