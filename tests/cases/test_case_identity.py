@@ -122,9 +122,9 @@ def test_a_tampered_case_file_is_refused_with_its_reason_and_never_replayed(tmp_
     with pytest.raises(ValueError) as refused:
         regressions.load(rid, directory=tmp_path)
     assert reason in str(refused.value) and "\n" not in str(refused.value)
-    assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 1
+    assert cli.main(["cases", "--regressions", str(tmp_path), "list"]) == 1
     assert f"{rid}  unreadable: {refused.value}" in capsys.readouterr().out.splitlines()
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 2      # refused before the backend starts
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", rid]) == 2      # refused before the backend starts
     out, err = capsys.readouterr()
     assert out == "" and err == f"pfa-verify: error: {refused.value}\n"
 

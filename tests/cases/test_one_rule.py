@@ -38,9 +38,9 @@ def test_the_same_verdict_in_run_replay_prune_and_pytest(tmp_path, capsys, monke
     assert [r["reference"] for r in results] == ["spec", "pypto-0.2.0-calculator"]
     assert results[0]["verdict"] == "fail" and results[0]["counts"] is (which == "logic bug")
 
-    verdicts["replay"] = "pass" if cli.main(["cases", "--dir", str(folder), "replay", reg.id]) == 0 else "fail"
+    verdicts["replay"] = "pass" if cli.main(["cases", "--regressions", str(folder), "replay", reg.id]) == 0 else "fail"
     capsys.readouterr()
-    cli.main(["cases", "--dir", str(folder), "prune", "--dry-run"])
+    cli.main(["cases", "--regressions", str(folder), "prune", "--dry-run"])
     verdicts["prune"] = "pass" if f"would remove {reg.id}" in capsys.readouterr().out else "fail"
 
     monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(folder))

@@ -48,7 +48,7 @@ def test_json_of_a_failing_run_validates_against_the_schema(failing_run, tmp_pat
     assert data["summary"]["exit_status"] == 1 == report.summarize(failing_run).exit_status
     assert {"pfa-verify", "torch", "pypto", "platform"} <= set(data["versions"])
     fails = [r for r in data["results"] if r["verdict"] == "fail"]
-    assert fails and all(r["replay"].startswith("pfa-verify cases --dir ") and " replay " in r["replay"] for r in fails)
+    assert fails and all(r["replay"].startswith("pfa-verify cases --regressions ") and " replay " in r["replay"] for r in fails)
 
 
 def test_json_of_a_two_codec_run_validates(codec_run):
@@ -99,7 +99,7 @@ def test_table_has_the_columns_and_verdicts(failing_run):
         assert column in text
     assert "fail: kernel logic" in text and "(0, 1, 3)" in text
     assert "-> FAILED" in text.splitlines()[-1]
-    assert text.count("Replay: pfa-verify cases --dir ") == report.summarize(failing_run).counts["failing_cases"]
+    assert text.count("Replay: pfa-verify cases --regressions ") == report.summarize(failing_run).counts["failing_cases"]
 
 
 @pytest.mark.parametrize("which", ["failing_run", "codec_run"])
