@@ -205,7 +205,7 @@ def test_run_replays_a_capture_marked_nondeterministic_as_often_as_prune_asks(tm
     racy = _capture(tmp_path, RACY)
     assert regressions.mark_nondeterministic(racy, "a test", directory=tmp_path)
     report = tmp_path / "report.json"
-    done = _cli("run", "--backend", RACY, "--cases", "regressions", "--examples", "0", "--regressions",
+    done = _cli("run", "--backend", RACY, "--cases", racy, "--examples", "0", "--regressions",
                 str(tmp_path), "--no-capture", "--json", str(report))
     rows = json.loads(report.read_text())["results"]
     assert [r["name"] for r in rows] == [racy] + [f"{racy}#{k}" for k in range(2, regressions.PASSING_REPLAYS + 1)]
