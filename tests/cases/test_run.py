@@ -275,7 +275,7 @@ def test_a_backend_no_worker_can_load_cannot_start(tmp_path, capsys):
 
 
 def test_an_empty_selection_checks_nothing_and_fails(tmp_path):
-    status, data = _run(tmp_path, backend="golden", cases="regressions", examples=0)
+    status, data = _run(tmp_path, backend="golden", cases="generated", examples=0)
     assert status == 1 and "no case was selected" in data["summary"]["verdict"]
 
 
@@ -394,8 +394,9 @@ def test_captures_are_read_before_the_backend_starts_and_their_loss_fails_the_ru
     status, _ = _run(tmp_path, backend=PERTURB)
     assert status == 1 and len(regressions.list_ids(directory=tmp_path / "regs")) == 2
     monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(tmp_path / "regs"))
+    captured = regressions.list_ids(directory=tmp_path / "regs")
     status, data = _run(tmp_path, backend="tests/kernels/hostile_kernels.py:deletes_the_captures",
-                        cases="regressions")
+                        cases=",".join(captured))
     assert regressions.list_ids(directory=tmp_path / "regs") == []          # the factory did what it says
     assert [r["source"] for r in data["results"]] == ["regression", "regression"]
     assert {r["verdict"] for r in data["results"]} == {"pass"}              # replayed: the golden passes them
