@@ -37,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "npu: needs an Ascend 950 and torch_npu")
     config.addinivalue_line("markers", "sim: needs pypto 0.2.0 (SIM mode on the CPU)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
-    config.addinivalue_line("markers", "regression: replays a captured case from cases/regressions (runs first)")
+    config.addinivalue_line("markers", "regression: replays a captured case, shipped or the user's (runs first)")
     config.addinivalue_line("markers", "cluster: needs Ray (the ray extra) and starts a local Ray; run by tox -e cluster")
 
 
@@ -54,7 +54,7 @@ def suite_pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    # its laws capture into its own folder, never into the checkout's cases/regressions/
+    # its laws capture into its own folder, never into the checkout's folder
     monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(pytester.path / "regressions"))
     pytester.makeconftest("from tests.conftest import *  # noqa: F401,F403\n")
     return pytester

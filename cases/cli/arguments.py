@@ -18,7 +18,7 @@ from pfa_verify.properties.rule.coverage import bin_names
 
 __all__ = ["count", "fraction", "byte_count", "skip_kinds", "distributions", "add_cluster_argument", "cluster_refused",
            "coverage_bins", "RUN_EXAMPLES", "SEARCH_EXAMPLES", "MATRIX_EXAMPLES", "SEARCH_TASKS", "SHRINK_SECONDS",
-           "RUN_SECONDS", "BENCH_REPEATS", "BENCH_CASES", "TIGHTNESS_CASES", "worker_bound"]
+           "RUN_SECONDS", "REGRESSIONS_HELP", "BENCH_REPEATS", "BENCH_CASES", "TIGHTNESS_CASES", "worker_bound"]
 
 # The upper bounds of the count options. Each lies well above the largest run the project makes (tox,
 # the nightly profile, the docs' cluster runs) and within what finishes in about a day; over it is a typo
@@ -30,10 +30,15 @@ SEARCH_EXAMPLES = 100_000   # search's examples per law, split over its tasks: 5
 MATRIX_EXAMPLES = 2_000     # mutants/conforming, per law and mutant (times some 20 mutants x 10 laws): the nightly's
 SEARCH_TASKS = 1_000        # tasks per law, each a process or Ray task with its own start: more than a cluster's cores
 SHRINK_SECONDS = 3_600      # per kind of failure: Hypothesis's shrinks settle in seconds to minutes
-RUN_SECONDS = 86_400        # --budget and --max-seconds: a day, longer than any night's run
+RUN_SECONDS = 86_400        # --budget and --case-timeout: a day, longer than any night's run
 BENCH_REPEATS = 100         # bench's timed repetitions (the best is kept: 3 is the default)
 BENCH_CASES = 100_000       # bench's workloads (200 small, 20 kernel-sized by default)
 TIGHTNESS_CASES = 1_000     # kernel-sized cases per distribution, each with a full envelope (20 by default)
+
+# --regressions of every command: the user's folder, read and written; the shipped captures are read beside it.
+REGRESSIONS_HELP = ("your captures folder: failures are captured there, and replayed from there beside the captures "
+                    "shipped with pfa-verify (default ./pfa-verify-regressions, created by the first capture, or "
+                    "$PFA_VERIFY_REGRESSIONS)")
 
 
 def worker_bound() -> int:

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from pfa_verify.cases.cli import preflight
-from pfa_verify.cases.cli.arguments import byte_count, count
+from pfa_verify.cases.cli.arguments import REGRESSIONS_HELP, byte_count, count
 from pfa_verify.cases.data import capture_identity, regressions
 from pfa_verify.cases.running.replays import replay_times
 from pfa_verify.cases.running.run import open_backend
@@ -25,31 +25,35 @@ __all__ = ["add_arguments"]
 
 def _cmd_list(args) -> int:
     preflight.check_command(args)
-    ids = regressions.list_ids(directory=args.dir)
-    if not ids:
-        print(f"no captured regressions in {printable(regressions.directory(args.dir), one_line=True)}")
+    folder = regressions.directory(args.regressions)
+    ids = [] if regressions.is_shipped(folder) else regressions.list_ids(directory=args.regressions)
+    shipped = regressions.shipped_ids()
     unreadable = 0
-    for rid in ids:
+    # The shipped captures first, marked: every run replays them, and nothing here writes or prunes them.
+    for rid, mark in [(r, True) for r in shipped] + [(r, False) for r in ids if r not in shipped]:
         try:
-            print(printable(regressions.load(rid, directory=args.dir).summary(), one_line=True))
+            print(printable(regressions.load(rid, directory=args.regressions).summary(shipped=mark), one_line=True))
         except UsageError as exc:   # damaged, half-written by an older writer, or not a case file at all
             unreadable += 1
-            print(printable(f"{rid}  unreadable: {exc}", one_line=True))
-    stale, young = regressions.leftovers(args.dir)
+            print(printable(f"{rid}  unreadable{' [shipped]' if mark else ''}: {exc}", one_line=True))
+    if not ids:
+        print(f"no captured regressions in {printable(folder, one_line=True)}"
+              + (f" (the {len(shipped)} above are shipped with pfa-verify)" if shipped else ""))
+    stale, young = ([], []) if regressions.is_shipped(folder) else regressions.leftovers(args.regressions)
     for item in stale:
         print(f"leftover {printable(item.name, one_line=True)}: {item.why} (`pfa-verify cases prune` removes it)")
     for item in young:
         print(f"leftover {printable(item.name, one_line=True)}: {item.why}")
     if unreadable:
         # Damaged evidence is a finding, not a listing detail: a script that checks the folder must see it.
-        print(f"{unreadable} of {len(ids)} case files unreadable")
+        print(f"{unreadable} of {len(set(ids) | set(shipped))} case files unreadable")
         return 1
     return 0
 
 
 def _cmd_show(args) -> int:
     preflight.check_command(args)
-    reg = regressions.load(args.id, directory=args.dir)
+    reg = regressions.load(args.id, directory=args.regressions)
     data = reg.to_json()
     message = data.pop("message")
     print(json.dumps(data, indent=2))
@@ -68,7 +72,7 @@ def _cmd_replay(args) -> int:
     preflight.check_command(args)
     if args.times < 1:
         raise UsageError(f"--times {args.times} must be at least 1")
-    reg = regressions.load(args.id, directory=args.dir)
+    reg = regressions.load(args.id, directory=args.regressions)
     name = args.backend or reg.backend
     # The kernel runs under a supervisor (kernels/backends/supervisor.py): whatever it does, this process decides.
     backend, supervisor, _, _ = open_backend(name, in_process=args.in_process, case_timeout=args.case_timeout or None)
@@ -93,7 +97,7 @@ def _replayed(args, reg, name: str, backend) -> int:
         print(f"covers {len(singles)} bins and {len(hit) - len(singles)} crosses (properties/rule/coverage.py): "
               + ", ".join(sorted(hit)))
     each = (lambda k, outcome: print(f"replay {k + 1} of {times}: {outcome.upper()}")) if times > 1 else None
-    seen = replay_times(reg, backend, times, directory=args.dir, stop=lambda: args.interruption.signal, each=each)
+    seen = replay_times(reg, backend, times, directory=args.regressions, stop=lambda: args.interruption.signal, each=each)
     if args.interruption.signal:      # a KeyboardInterrupt lost in a garbage-collection callback
         return args.interruption.exit_status
     if seen.error is not None:
@@ -103,7 +107,7 @@ def _replayed(args, reg, name: str, backend) -> int:
     unsteady = seen.nondeterministic()
     if unsteady:
         # Both outcomes, or other bits for the same inputs: never a pass, and the capture is kept for good.
-        said = (_marked(args.dir, reg, f"cases replay --times {times}: {unsteady}") if name == reg.backend else
+        said = (_marked(args.regressions, reg, f"cases replay --times {times}: {unsteady}") if name == reg.backend else
                 f"not marked: replayed on {printable(name)}, captured on {printable(reg.backend)}")
         print(f"NONDETERMINISTIC: {unsteady} ({said})")
         return 1
@@ -141,7 +145,7 @@ def _cmd_prune(args) -> int:
     preflight.check_command(args)
     if args.replays < 1:
         raise UsageError(f"--replays {args.replays} must be at least 1")
-    folder = regressions.directory(args.dir)
+    folder = regressions.directory(args.regressions)
     backends: dict = {}
     try:
         return _pruned(args, folder, backends)
@@ -153,9 +157,9 @@ def _cmd_prune(args) -> int:
 
 def _pruned(args, folder, backends: dict) -> int:
     removed, verb = 0, "would remove" if args.dry_run else "removed"
-    for rid in regressions.list_ids(directory=args.dir):
+    for rid in regressions.list_ids(directory=args.regressions):
         try:
-            reg = regressions.load(rid, directory=args.dir)
+            reg = regressions.load(rid, directory=args.regressions)
         except UsageError as exc:
             print(printable(f"kept {rid}: unreadable ({exc})", one_line=True))
             continue
@@ -182,7 +186,7 @@ def _pruned(args, folder, backends: dict) -> int:
         seen = replay_times(reg, backend, args.replays, until_not_passing=True)
         unsteady = seen.nondeterministic()
         if unsteady:
-            said = "not marked: --dry-run" if args.dry_run else _marked(args.dir, reg, f"cases prune: {unsteady}")
+            said = "not marked: --dry-run" if args.dry_run else _marked(args.regressions, reg, f"cases prune: {unsteady}")
             print(f"kept {rid}: nondeterministic (seen {unsteady}; {said})")
         elif seen.error is not None:      # a case the backend crashes on is kept, and said so
             print(f"kept {rid}: the {printable(reg.backend)} backend raised ({printable(describe_failure(seen.error))})")
@@ -190,10 +194,10 @@ def _pruned(args, folder, backends: dict) -> int:
             print(f"kept {rid}: still fails on {printable(reg.backend)}")
         else:
             if not args.dry_run:
-                _changing(folder, regressions.remove, rid, directory=args.dir)
+                _changing(folder, regressions.remove, rid, directory=args.regressions)
             print(f"{verb} {rid} (passes {args.replays} of {args.replays} replays on {printable(reg.backend)})")
             removed += 1
-    stale, young = _changing(folder, regressions.remove_leftovers, args.dir, dry_run=args.dry_run)
+    stale, young = _changing(folder, regressions.remove_leftovers, args.regressions, dry_run=args.dry_run)
     for item in stale:
         print(f"{verb} leftover {printable(item.name, one_line=True)} ({item.why})")
     for item in young:
@@ -213,12 +217,11 @@ def _changing(folder, action, *args, **kwargs):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``cases`` subcommand's options and its four actions (set as each action's ``func``)."""
-    parser.add_argument("--dir", default=None, help="regressions folder (default: cases/regressions, "
-                                                    "or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--regressions", metavar="DIR", default=None, help=REGRESSIONS_HELP)
     parser.add_argument("--max-bytes", type=byte_count, default=None, metavar="BYTES",
                         help="largest case to load (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
     sub = parser.add_subparsers(dest="action", required=True)
-    listed = sub.add_parser("list", help="one line per captured case")
+    listed = sub.add_parser("list", help="one line per captured case: the shipped ones (marked), then yours")
     listed.set_defaults(func=_cmd_list)
     show = sub.add_parser("show", help="the record of one captured case")
     show.add_argument("id")
@@ -227,8 +230,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     replay.add_argument("id")
     replay.add_argument("--backend", default=None, help="backend to replay on (default: the captured one)")
     replay.add_argument("--case-timeout", type=count(at_most=86_400), default=None, metavar="SECONDS",
-                        help="end the replay when a kernel call has not returned after SECONDS (its worker process is "
-                             "killed; an error, exit 1; default: no limit)")
+                        help="one kernel call's time, as in run: a call that has not returned after SECONDS is ended "
+                             "(its worker process is killed; an error, exit 1; default: no limit)")
     replay.add_argument("--in-process", action="store_true",
                         help="run the kernel in this process, not in a supervised worker process (for a debugger)")
     replay.add_argument("--times", type=count(at_most=10_000), default=1, metavar="N",
@@ -236,7 +239,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "same inputs with other bits, is NONDETERMINISTIC (exit 1, never a pass; the case file "
                              "is marked so and prune keeps it)")
     replay.set_defaults(func=_cmd_replay)
-    prune = sub.add_parser("prune", help=f"delete captured cases that pass now on the backend they were captured on, "
+    prune = sub.add_parser("prune", help=f"delete captured cases of your folder (never a shipped one) that pass now "
+                                         f"on the backend they were captured on, "
                                          f"{PRUNE_REPLAYS} replays out of {PRUNE_REPLAYS} by default (cases marked "
                                          "nondeterministic and ledger entries are kept), and leftovers: temporary "
                                          "files older than an hour and .npz files no case names")
@@ -248,5 +252,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "inputs, mark the case nondeterministic, and it is never removed")
     prune.add_argument("--dry-run", action="store_true")
     prune.set_defaults(func=_cmd_prune)
-    for action in (listed, show, replay, prune):    # --dir before or after the action: the same folder
-        action.add_argument("--dir", default=argparse.SUPPRESS, help="regressions folder (as before the action)")
+    for action in (listed, show, replay, prune):    # --regressions before or after the action: the same folder
+        action.add_argument("--regressions", metavar="DIR", default=argparse.SUPPRESS,
+                            help="your captures folder (as before the action)")

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pfa_verify.cases.cli import preflight
 from pfa_verify.cases.cli.arguments import (
+    REGRESSIONS_HELP,
     SEARCH_EXAMPLES,
     SEARCH_TASKS,
     SHRINK_SECONDS,
@@ -92,8 +93,7 @@ def add_search(parser) -> None:
     parser.add_argument("--shrink-seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
                         help="time to shrink the first failure of each signature, on the driver (default 60, at "
                              f"most {SHRINK_SECONDS:,})")
-    parser.add_argument("--regressions", metavar="DIR", default=None,
-                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--regressions", metavar="DIR", default=None, help=REGRESSIONS_HELP)
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
     parser.add_argument("--json", metavar="PATH", help="write the search report as JSON")
     parser.add_argument("--verbose", action="store_true", help="one line per task as it finishes")
@@ -197,7 +197,8 @@ def add_laws(parser) -> None:
                         help=f"examples per law (default 200, at most {SEARCH_EXAMPLES:,})")
     add_min_examples(parser, "its search")
     parser.add_argument("--seconds", type=count(at_most=SHRINK_SECONDS), default=60, metavar="S",
-                        help="time per law for its examples: the search stops there and says it was cut; a law cut "
+                        help="each law's search time (a law, not the command: the laws are searched one after "
+                             "another, --workers at a time): the search stops there and says it was cut; a law cut "
                              "before --min-examples has too few examples (default 60)")
     parser.add_argument("-x", "--fail-fast", action="store_true",
                         help="stop after the first law that fails or ends in an error: no other law starts, those "
@@ -207,8 +208,7 @@ def add_laws(parser) -> None:
     parser.add_argument("--workers", type=count(at_most=worker_bound()), default=1,
                         help=f"laws searched at once, each in a process (default 1, at most {worker_bound()} here)")
     parser.add_argument("--seed", type=count, default=0, help="seed of the searches (default 0: reproducible)")
-    parser.add_argument("--regressions", metavar="DIR", default=None,
-                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--regressions", metavar="DIR", default=None, help=REGRESSIONS_HELP)
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.set_defaults(func=_cmd_laws)

@@ -213,9 +213,6 @@ def add_bench(parser: argparse.ArgumentParser) -> None:
                         help=f"size of the kernel-sized workload (default 20, at most {BENCH_CASES:,})")
     parser.add_argument("--stages", action="store_true",
                         help="add the suite's cost per example, stage by stage on one core, beside its budget")
-    parser.add_argument("--tightness", type=count(at_most=TIGHTNESS_CASES), default=0, metavar="N",
-                        help="the old spelling of 'pfa-verify tightness --cases N' (the envelope's tightness per "
-                             f"value distribution), added after the bench (at most {TIGHTNESS_CASES:,})")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.set_defaults(func=_cmd_bench)
 
@@ -223,13 +220,13 @@ def add_bench(parser: argparse.ArgumentParser) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     preflight.check_command(args)
     return bench.main(workload=args.workload, repeat=args.repeat, small_cases=args.small_cases,
-                      kernel_cases=args.kernel_cases, stages=args.stages, tightness=args.tightness, json_path=args.json)
+                      kernel_cases=args.kernel_cases, stages=args.stages, json_path=args.json)
 
 
 def add_tightness(parser) -> None:
     """The options of ``pfa-verify tightness``."""
-    parser.add_argument("--cases", type=count(at_most=TIGHTNESS_CASES), default=20, metavar="N",
-                        help=f"kernel-sized cases per distribution (default 20, at most {TIGHTNESS_CASES:,})")
+    parser.add_argument("--examples", type=count(at_most=TIGHTNESS_CASES), default=20, metavar="N",
+                        help=f"generated kernel-sized cases per distribution (default 20, at most {TIGHTNESS_CASES:,})")
     parser.add_argument("--seed", type=count, default=0, help="seed of the derandomized draws (default 0)")
     parser.add_argument("--record", action="store_true",
                         help="measure 4 cases per distribution and rewrite cases/tightness.json (what "
@@ -241,12 +238,12 @@ def _cmd_tightness(args) -> int:
     """``pfa-verify tightness``: the table, or with ``--record`` the recorded shares rewritten."""
     preflight.check_command(args)
     preflight.check_output_file("--record", tightness.RECORDED if args.record else None)
-    if args.cases < 1:
-        raise UsageError(f"--cases {args.cases}: expected at least 1 case per distribution")
+    if args.examples < 1:
+        raise UsageError(f"--examples {args.examples}: expected at least 1 case per distribution")
     if args.record:
         print(json.dumps(record(seed=args.seed), indent=1))
         return 0
 
-    terminal.console(width=160, markup=True).print(render_table([measure(d, args.cases, args.seed)
+    terminal.console(width=160, markup=True).print(render_table([measure(d, args.examples, args.seed)
                                                                  for d in golden.DISTRIBUTIONS]))
     return 0

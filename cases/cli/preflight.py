@@ -17,7 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from pfa_verify.cases.data.regressions import REGRESSIONS_ENV, directory
+from pfa_verify.cases.data.regressions import REGRESSIONS_ENV, directory, refuse_shipped
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.golden.inputs import memory_limit
 from pfa_verify.kernels.pypto_workarounds import CACHE_ENV
@@ -36,18 +36,19 @@ MIN_FREE_BYTES = 16 * 2**20
 
 def check_command(args: argparse.Namespace) -> None:
     """Everything the parsed command ``args`` needs from outside, checked before it runs anything: the
-    environment, the files of its --json and --html, and the regressions folder of ``run`` and ``search``
-    (--regressions, written unless --no-capture) and of ``cases`` (--dir, written by ``prune`` unless
-    --dry-run). A UsageError names the first problem."""
+    environment, the files of its --json and --html, and the regressions folder of ``run``, ``laws`` and
+    ``search`` (--regressions, written unless --no-capture) and of ``cases`` (--regressions, written by
+    ``prune`` unless --dry-run; ``prune`` never acts on the shipped captures, even dry). A UsageError names
+    the first problem."""
     check_environment()
     for option in ("json", "html"):
         check_output_file(f"--{option}", getattr(args, option, None))
-    if hasattr(args, "regressions"):
-        check_regressions_folder(args.regressions, option="--regressions", writes=not args.no_capture,
-                                 instead="--no-capture")
-    elif hasattr(args, "dir"):
-        prunes = getattr(args, "action", None) == "prune" and not args.dry_run
-        check_regressions_folder(args.dir, option="--dir", writes=prunes, instead="--dry-run")
+    if hasattr(args, "no_capture"):
+        check_regressions_folder(args.regressions, writes=not args.no_capture, instead="--no-capture")
+    elif hasattr(args, "regressions"):
+        prunes = getattr(args, "action", None) == "prune"
+        check_regressions_folder(args.regressions, writes=prunes and not args.dry_run, instead="--dry-run",
+                                 shipped=not prunes)
 
 
 def check_environment() -> None:
@@ -95,11 +96,12 @@ def check_output_file(option: str, path) -> None:
 
 
 def check_regressions_folder(path=None, *, option: str = "--regressions", writes: bool = True,
-                             instead: str = "--no-capture") -> None:
+                             instead: str = "--no-capture", shipped: bool | None = None) -> None:
     """The regressions folder a command uses: ``path`` given as ``option``, else ``$PFA_VERIFY_REGRESSIONS``,
-    else cases/regressions (cases.data.regressions.directory). Not under /proc, /sys or /dev, a folder
+    else ./pfa-verify-regressions (cases.data.regressions.directory). Not under /proc, /sys or /dev, a folder
     (readable) or not there yet; where the command ``writes`` (captures, prune), writable and with
-    :data:`MIN_FREE_BYTES` free. ``instead`` is the option that spares the writes, named in the fix."""
+    :data:`MIN_FREE_BYTES` free, and not the shipped captures' folder unless ``shipped`` (default: where it
+    does not write). ``instead`` is the option that spares the writes, named in the fix."""
     folder = directory(path)
     env = os.environ.get(REGRESSIONS_ENV)
     if path is not None:
@@ -108,6 +110,9 @@ def check_regressions_folder(path=None, *, option: str = "--regressions", writes
         shown, fix = f"{REGRESSIONS_ENV}={env}", f"set {REGRESSIONS_ENV} to another folder, or give {option} DIR"
     else:
         shown, fix = f"the default regressions folder {folder}", f"give {option} DIR (or set {REGRESSIONS_ENV})"
+    shipped_allowed = not writes if shipped is None else shipped
+    if not shipped_allowed:
+        refuse_shipped(folder, shown=shown)
     _check_folder(shown, folder, writes=writes, fix=fix, spare=instead)
 
 

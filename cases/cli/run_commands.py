@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pfa_verify.cases.cli import preflight
 from pfa_verify.cases.cli.arguments import (
+    REGRESSIONS_HELP,
     RUN_EXAMPLES,
     RUN_SECONDS,
     SHRINK_SECONDS,
@@ -22,7 +23,7 @@ from pfa_verify.cases.cli.arguments import (
     skip_kinds,
     worker_bound,
 )
-from pfa_verify.cases.data.collect import SOURCES, aimed, shipped_left_out
+from pfa_verify.cases.data.collect import SOURCES, aimed
 from pfa_verify.cases.reporting import html_report, report, terminal
 from pfa_verify.cases.reporting.report import result_rows
 from pfa_verify.cases.reporting.report_compare import compare, load_report, print_comparison, write_html
@@ -97,13 +98,8 @@ def _cmd_run(args) -> int:
     def announce(items, note):
         progress.total = len(items)
         console.print(shown(note))
-        left_out = shipped_left_out(args.cases, args.regressions)
         console.print(shown(f"{len(items)} cases: " + ", ".join(
             f"{sum(i.source == s for i in items)} {s}" for s in SOURCES) + _aimed(items)))
-        if left_out:
-            console.print(shown(f"--regressions {args.regressions}: the {len(left_out)} regressions shipped in "
-                                f"cases/regressions are left out ({', '.join(left_out)}); --cases all without "
-                                "--regressions runs them"))
 
     stop = args.interruption.stop
     try:
@@ -183,12 +179,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                              f"at most 4 per CPU and 256: {worker_bound()} here)")
     add_cluster_argument(parser, "the cases")
     parser.add_argument("--budget", type=count(at_most=RUN_SECONDS), default=None, metavar="SECONDS",
-                        help="do not start a case that the backend estimates would end after this many seconds "
-                             "of the run (0: no limit; default: the backend's, 600 on sim, else no limit; at most "
-                             f"{RUN_SECONDS:,}, a day)")
-    parser.add_argument("--max-seconds", type=count(at_most=RUN_SECONDS), default=None, metavar="S",
-                        help="sim: skip cases the backend's cost model estimates over S seconds (0: no limit; "
-                             f"default: no limit; at most {RUN_SECONDS:,}, a day)")
+                        help="the whole run's time: a case the backend estimates would end after SECONDS of the run is "
+                             "not started (skipped, kind budget; 0: no limit; default: the backend's, 600 on sim, else "
+                             f"no limit; at most {RUN_SECONDS:,}, a day)")
     parser.add_argument("--allow-skips", type=skip_kinds, default=(), metavar="KIND,...",
                         help=f"skips of these kinds do not fail the run: {', '.join(SKIP_KINDS)}, or all "
                              "(default: none; every case asked for must be checked)")
@@ -196,16 +189,16 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                         help="with --backend auto, a fall back to the golden (no kernel here) does not fail the run")
     parser.add_argument("--max-bytes", type=byte_count, default=None, metavar="BYTES",
                         help="largest case to build (default: $PFA_VERIFY_MAX_BYTES, else half the machine's memory)")
-    parser.add_argument("--regressions", metavar="DIR", default=None,
-                        help="regressions folder (default cases/regressions or $PFA_VERIFY_REGRESSIONS)")
+    parser.add_argument("--regressions", metavar="DIR", default=None, help=REGRESSIONS_HELP)
     parser.add_argument("--no-capture", action="store_true", help="do not write failures to the regressions folder")
     parser.add_argument("--coverage", type=coverage_bins, default=(), metavar="all|BIN,...",
                         help="fail the run when one of these coverage bins (properties/rule/coverage.py; 'all': every "
                              "single bin) is hit by no checked case, naming the holes in one line")
     parser.add_argument("--case-timeout", type=count(at_most=RUN_SECONDS), default=None, metavar="SECONDS",
-                        help="end a case whose kernel call has not returned after SECONDS (its worker process is killed; "
-                             "the case is an error; 0: no limit; default: none, except where the backend has a cost "
-                             f"model: {runner_limit_text()})")
+                        help="one case's time: a case the backend estimates over SECONDS is not started (skipped, kind "
+                             "limit), and a kernel call that has not returned after SECONDS is ended (its worker process "
+                             "is killed; the case is an error); 0: no limit; default: no skip, and a call is ended "
+                             f"only where the backend has a cost model, after {runner_limit_text()}")
     parser.add_argument("--in-process", action="store_true",
                         help="run the kernel in the command's process, not in supervised worker processes (for a "
                              "debugger). Its exceptions, sys.exit, os._exit and posix._exit are still errors; what it "

@@ -105,9 +105,10 @@ class Regression:
     def to_case(self):
         return case_from_dict(self.case, self.explicit)
 
-    def summary(self) -> str:
+    def summary(self, *, shipped: bool = False) -> str:
+        """One line for ``cases list``: id, law, backend, marks (``shipped``: one of the package's), message."""
         first = self.message.splitlines()[0] if self.message else ""
-        said = "[nondeterministic] " if self.nondeterministic else ""
+        said = ("[shipped] " if shipped else "") + ("[nondeterministic] " if self.nondeterministic else "")
         return f"{self.id}  {self.law:<22} {self.backend:<12} {said}{first}"
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from pfa_verify.cases.data import regressions
@@ -28,7 +27,7 @@ from pfa_verify.properties.rule.coverage import classify
 from pfa_verify.properties.search.directed import Aim, directed_cases, draw, plain_draws
 
 __all__ = ["SOURCES", "Item", "generated_cases", "catalog_coverage", "collect_items", "chosen_items", "with_generated",
-           "shipped_left_out", "aimed",
+           "aimed",
            "case_record", "fingerprint", "selection"]
 
 SOURCES = ("regression", "catalog", "generated")
@@ -87,12 +86,14 @@ def chosen_items(selection: str = "all", *, regressions_dir=None) -> list:
     """The captured and catalog items of ``selection``, in run order, each capture read and verified now.
 
     ``selection``: ``all`` (regressions + catalog), ``catalog``, ``regressions``, ``generated`` (the generated
-    cases alone), or a comma-separated list of catalog names and regression ids. A run reads them before
+    cases alone), or a comma-separated list of catalog names and regression ids. The regressions are the
+    shipped captures and those of the user's folder ``regressions_dir`` (regressions.replayed_ids). A run reads them before
     its backend starts: nothing the backend's code does can change what was captured before it ran.
     """
     catalog = load_catalog()
-    ids = regressions.list_ids(directory=regressions_dir)
-    ledger.check(regression_ids=ids, where=str(regressions.directory(regressions_dir)))   # a known failure must exist
+    ids = regressions.replayed_ids(regressions_dir)
+    where = f"{regressions.directory(regressions_dir)} or the shipped captures ({regressions.SHIPPED})"
+    ledger.check(regression_ids=ids, where=where)   # a known failure must exist
     if selection == "generated":
         want_regs, want_cat = [], []
     elif selection in ("all", "catalog", "regressions"):
@@ -170,11 +171,3 @@ def selection(items: list, *, cases: str, examples: int, seed: int, supported: d
                         "supported_shapes": {k: list(v) for k, v in supported.items()} if supported else None,
                         "distributions": list(distributions) if distributions else None}}
 
-
-def shipped_left_out(selection: str, regressions_dir) -> list[str]:
-    """The ids of the regressions shipped with the package (cases/regressions) that ``--cases all`` leaves
-    out because ``regressions_dir`` names another folder; [] when it names none or that one."""
-    shipped = regressions.FOLDER / "regressions"
-    if selection != "all" or regressions_dir is None or Path(regressions_dir).resolve() == shipped.resolve():
-        return []
-    return regressions.list_ids(directory=shipped)

@@ -51,25 +51,36 @@ def catalog_fingerprint() -> dict:
     return {"path": "cases/catalog.json", "sha256": _sha256(CATALOG_PATH)}
 
 
+#: How the shipped captures' files are named among :func:`capture_digests`' keys.
+SHIPPED_PREFIX = "shipped/"
+
+
 def capture_digests(directory=None) -> dict[str, str]:
-    """{name: sha256 or "unreadable"} of every .json and .npz file of a captured-regressions folder, read
-    as the captures are (cases/data/capture_files.py): only regular files, within their size limits, so a
-    FIFO or a link to /dev/zero can neither hang the run's start nor go unnoticed."""
+    """{name: sha256 or "unreadable"} of every .json and .npz file of the user's captured-regressions folder
+    and, named ``shipped/NAME``, of the shipped captures (both are replayed), read as the captures are
+    (cases/data/capture_files.py): only regular files, within their size limits, so a FIFO or a link to
+    /dev/zero can neither hang the run's start nor go unnoticed."""
     folder = regressions.directory(directory)
+    digests = _digests(folder, "")
+    return digests if regressions.is_shipped(folder) else {**digests, **_digests(regressions.SHIPPED, SHIPPED_PREFIX)}
+
+
+def _digests(folder: Path, prefix: str) -> dict[str, str]:
     names = sorted(p.name for p in folder.iterdir() if p.suffix in (".json", ".npz")
                    and capture_files.is_plain_name(p.name)) if folder.is_dir() else []
     digests = {}
     for name in names:
         limit = regressions.MAX_FILE_BYTES if name.endswith(".json") else regressions.MAX_NPZ_BYTES
         try:
-            digests[name] = hashlib.sha256(capture_files.read_regular(folder / name, limit)).hexdigest()
+            digests[prefix + name] = hashlib.sha256(capture_files.read_regular(folder / name, limit)).hexdigest()
         except UsageError:
-            digests[name] = "unreadable"
+            digests[prefix + name] = "unreadable"
     return digests
 
 
 def regressions_fingerprint(directory=None, digests: dict[str, str] | None = None) -> dict:
-    """``{"directory", "cases", "fingerprint"}`` of a captured-regressions folder: ``fingerprint`` is
+    """``{"directory", "cases", "fingerprint"}`` of the user's captured-regressions folder and the shipped
+    captures (``directory`` names the user's): ``fingerprint`` is
     ``sha256:`` of one line ``name sha256`` per .json and .npz file (:func:`capture_digests`, or ``digests``
     read before), sorted by name (an empty or missing folder has the fingerprint of nothing)."""
     digests = capture_digests(directory) if digests is None else digests

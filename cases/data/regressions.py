@@ -1,4 +1,4 @@
-"""Captured failures: cases/regressions/<id>.json (+ <id>-<sha12>.npz), written before a failure is reported.
+"""Captured failures: <folder>/<id>.json (+ <id>-<sha12>.npz), written before a failure is reported.
 
 This module is the one writer of regression files. :func:`check` runs a law of
 :mod:`properties.search.laws` by name and, when it fails, captures the case and re-raises with the replay
@@ -32,8 +32,15 @@ which also holds the tolerance to the law's of this version and the config to th
 (capture_tensors.check_agreement); capturing the same failure twice rewrites the same file. A capture
 whose kernel answered the same inputs differently is marked ``nondeterministic`` (:func:`mark_nondeterministic`,
 a field the id does not cover; a re-capture keeps it), and ``cases prune`` never removes it.
-Hypothesis's database is a cache; this folder is the record. The folder is
-cases/regressions/ unless ``PFA_VERIFY_REGRESSIONS`` names another (tests use a temporary one).
+Hypothesis's database is a cache; this folder is the record.
+
+Two folders, two roles. The user's (:func:`directory`: ``--regressions DIR``, else ``$PFA_VERIFY_REGRESSIONS``,
+else ``./pfa-verify-regressions`` of the working directory, created by the first capture) is the one
+written, marked and pruned. The package's own (:data:`SHIPPED`, cases/regressions/) is read-only data
+that every run replays beside the user's (:func:`replayed_ids`); :func:`save`, :func:`mark_nondeterministic`,
+:func:`remove` and :func:`remove_leftovers` refuse it (:func:`refuse_shipped`), so nothing is ever written
+into an installed package. :func:`load` finds an id in the user's folder, else among the shipped captures
+(cases/data/capture_folders.py says which folder is which).
 """
 from __future__ import annotations
 
@@ -47,8 +54,20 @@ import time
 from pathlib import Path
 
 from pfa_verify import golden
-from pfa_verify.cases.data import FOLDER, capture_files, capture_identity, capture_tensors, schemas
+from pfa_verify.cases.data import capture_files, capture_identity, capture_tensors, schemas
 from pfa_verify.cases.data.capture_files import MAX_JSON_DEPTH, STALE_TEMPORARY_SECONDS, CaptureWriteError, Leftover
+from pfa_verify.cases.data.capture_folders import (
+    DEFAULT_FOLDER,
+    REGRESSIONS_ENV,
+    SHIPPED,
+    directory,
+    holding,
+    is_shipped,
+    list_ids,
+    refuse_shipped,
+    replayed_ids,
+    shipped_ids,
+)
 from pfa_verify.cases.data.capture_record import FORMAT_VERSION, TENSOR_BUDGET, Regression, case_from_dict, mark, stored
 from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.cases.data.schemas import check_written
@@ -59,12 +78,12 @@ from pfa_verify.properties.search import laws
 from pfa_verify.properties.search.generation import reported_example
 from pfa_verify.properties.search.laws import LAWS
 
-__all__ = ["REGRESSIONS_ENV", "Regression", "directory", "save", "load", "list_ids", "should_capture", "capture", "check",
+__all__ = ["REGRESSIONS_ENV", "DEFAULT_FOLDER", "SHIPPED", "Regression", "directory", "is_shipped", "refuse_shipped",
+           "shipped_ids", "replayed_ids", "save", "load", "list_ids", "should_capture", "capture", "check",
            "replay", "replay_command", "kernel_raised", "remove", "leftovers", "remove_leftovers", "mark_nondeterministic",
            "CaptureWriteError", "Leftover", "FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_NPZ_BYTES", "MAX_JSON_DEPTH",
            "STALE_TEMPORARY_SECONDS", "PASSING_REPLAYS"]
 
-REGRESSIONS_ENV = "PFA_VERIFY_REGRESSIONS"   # another regressions folder than cases/regressions/
 MAX_FILE_BYTES = 4 * 2**20   # a case's JSON holds a config and a message: anything bigger is not one
 MAX_NPZ_BYTES = TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy headers, markers and zip directory
 
@@ -74,13 +93,6 @@ MAX_NPZ_BYTES = TENSOR_BUDGET + 2**20   # the stored tensors plus their .npy hea
 #: many times. A failure that shows on a fraction p of a kernel's calls (a race) survives N passing replays
 #: with probability (1 - p)^N: for N = 10, 1/1024 at p = 1/2 and 5.6% at p = 1/4.
 PASSING_REPLAYS = 10
-
-
-def directory(path=None) -> Path:
-    if path is not None:
-        return Path(path)
-    env = os.environ.get(REGRESSIONS_ENV)
-    return Path(env) if env else FOLDER / "regressions"
 
 
 def save(reg: Regression, *, directory=None) -> Path:
@@ -104,6 +116,7 @@ def save(reg: Regression, *, directory=None) -> Path:
         raise RuntimeError(f"regression {reg.id}: its content hashes to id {derived}: a Regression is made by "
                            "Regression.from_failure, never edited (a bug of ours)")
     folder = globals()["directory"](directory)
+    refuse_shipped(folder)
     path = folder / f"{reg.id}.json"
 
     def text(replaced: bytes | None) -> bytes:
@@ -141,7 +154,8 @@ def mark_nondeterministic(regression_id: str, seen: str, *, directory=None) -> b
     lock, its id and tensors unchanged (the id does not cover the mark). A record that does not load is a
     UsageError (:func:`load`); False when it was marked already (the first sighting is kept) or is gone."""
     load(regression_id, directory=directory)          # only a case file that is what its id says is marked
-    folder = globals()["directory"](directory)
+    folder = holding(regression_id, directory)
+    refuse_shipped(folder, shown=f"capture {regression_id}")
 
     def update(current: bytes) -> bytes | None:
         data = capture_files.parse_json(current, f"{regression_id}.json")
@@ -162,6 +176,7 @@ def remove(regression_id: str, *, directory=None) -> list[str]:
     """Delete a capture (its record first, then the .npz it names), under the folder's lock; the names
     removed. A missing capture removes nothing."""
     folder = globals()["directory"](directory)
+    refuse_shipped(folder)
     if not capture_files.is_plain_name(regression_id) or not folder.is_dir():
         return []
     return capture_files.discard(folder, f"{regression_id}.json", record_limit=MAX_FILE_BYTES)
@@ -178,6 +193,7 @@ def remove_leftovers(directory=None, *, dry_run: bool = False,
                      min_age: float = STALE_TEMPORARY_SECONDS) -> tuple[list[Leftover], list[Leftover]]:
     """Remove :func:`leftovers` (unless ``dry_run``), under the folder's lock so that no capture is
     writing meanwhile; ``(removed or to remove, kept)``."""
+    refuse_shipped(globals()["directory"](directory))
     return capture_files.sweep(globals()["directory"](directory), MAX_FILE_BYTES, dry_run=dry_run, min_age=min_age)
 
 
@@ -230,7 +246,8 @@ class _Recaptured(Exception):
 
 
 def load(id_or_path, *, directory=None) -> Regression:
-    """Read a regression by id (in the folder) or by path. A UsageError naming the file for anything
+    """Read a regression by id (in the user's folder, else among the shipped captures) or by path. A
+    UsageError naming the file for anything
     that is not a well-formed case: unknown or missing fields, bad JSON, a config the golden rejects,
     a case over the memory limit (golden.check_size), tensors that do not load (the module docstring)."""
     p = Path(id_or_path)
@@ -238,7 +255,7 @@ def load(id_or_path, *, directory=None) -> Regression:
         if not capture_files.is_plain_name(str(id_or_path)):
             raise UsageError(f"regression {id_or_path!r}: not an id (the name of a case file in the folder, "
                              "as `pfa-verify cases list` shows it) nor a path to a .json file")
-        p = globals()["directory"](directory) / f"{id_or_path}.json"
+        p = holding(str(id_or_path), directory) / f"{id_or_path}.json"
     # A capture swaps the record and its tensors in two renames: a read between them finds the tensors
     # the record names gone and reads again. Writers in a tight loop can win a few times in a row (seen
     # with three under load), so the reads back off, for at most RECAPTURE_WAIT_S in all.
@@ -290,17 +307,6 @@ def _load_record(p: Path, id_or_path) -> Regression:
     return reg
 
 
-def list_ids(*, directory=None) -> list[str]:
-    """The ids of the folder's records (``<id>.json``, not hidden), from its entries alone: nothing is
-    opened, so a record that is a FIFO or a link is listed, and :func:`load` says why it is refused."""
-    folder = globals()["directory"](directory)
-    if not folder.is_dir():
-        return []
-    with os.scandir(folder) as entries:
-        names = [e.name for e in entries]
-    return sorted(n.removesuffix(".json") for n in names if n.endswith(".json") and capture_files.is_plain_name(n))
-
-
 def should_capture() -> bool:
     """Capture outside hypothesis, and inside it only on the final run of the shrunk example."""
     return reported_example()
@@ -308,13 +314,11 @@ def should_capture() -> bool:
 
 def replay_command(regression_id: str, directory=None) -> str:
     """The one command that replays a captured case, naming the folder when it is not the default:
-    ``directory`` when given, else $PFA_VERIFY_REGRESSIONS when set to another folder (pytest's
-    capture), so the line works pasted into a shell without that variable."""
+    ``directory`` when given, else $PFA_VERIFY_REGRESSIONS when set (pytest's capture), so the line works
+    pasted into a shell without that variable, from another working directory too."""
     if directory is None:
-        env = os.environ.get(REGRESSIONS_ENV)
-        default = FOLDER / "regressions"
-        directory = env if env and Path(env).resolve() != default else None
-    where = f" --dir {directory}" if directory is not None else ""
+        directory = os.environ.get(REGRESSIONS_ENV) or None
+    where = f" --regressions {directory}" if directory is not None else ""
     return f"pfa-verify cases{where} replay {regression_id}"
 
 

@@ -4,7 +4,7 @@
 schema file                what it describes                                        read / written by
 =========================  =======================================================  ===================
 catalog.schema.json        cases/catalog.json (SPEC §5 names, defaults, edge cases)  cases/data/catalog.py
-regression.schema.json     a captured case, cases/regressions/<id>.json              cases/data/regressions.py
+regression.schema.json     a captured case, <folder>/<id>.json                       cases/data/regressions.py
 mutants.schema.json        the kill matrix of ``pfa-verify mutants --json``          cases/measuring/mutants.py
 report.schema.json         the report of ``pfa-verify run --json``                   cases/reporting/report.py
 =========================  =======================================================  ===================

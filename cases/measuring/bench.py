@@ -28,13 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from rich.console import Console
 
-from pfa_verify import golden
 from pfa_verify.cases.data.catalog import SPEC_CASE_NAMES, load_catalog
 from pfa_verify.cases.data.collect import generated_cases
 from pfa_verify.cases.measuring import bench_stages as bs
-from pfa_verify.cases.measuring import tightness as tightness_module
 from pfa_verify.cases.measuring.bench_stages import conforming_workload
 from pfa_verify.golden import (
     DISTRIBUTIONS,
@@ -225,10 +222,10 @@ def _format_row(row: BenchRow) -> str:
 
 
 def main(*, workload: str = "all", repeat: int = 3, small_cases: int = 200, kernel_cases: int = 20, stages: bool = False,
-         tightness: int = 0, json_path: str | None = None) -> int:
+         json_path: str | None = None) -> int:
     """``pfa-verify bench`` (its options in cases/cli/measure_commands.py): print the rows, write them as JSON;
     exit 1 when the two goldens disagree or a row is not finite."""
-    if repeat < 1 or small_cases < 1 or kernel_cases < 1 or tightness < 0:
+    if repeat < 1 or small_cases < 1 or kernel_cases < 1:
         raise SystemExit("pfa-verify bench: --repeat, --small-cases and --kernel-cases must be >= 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {repeat}")
     print(_HEADER)
@@ -238,19 +235,12 @@ def main(*, workload: str = "all", repeat: int = 3, small_cases: int = 200, kern
     if stages:
         print(f"\nThe suite's cost per example, on one core (torch 1 thread), best of {repeat} per stage and case:")
         stage_list, codecs = run_stages(workload, repeat=repeat, small_cases=small_cases, kernel_cases=kernel_cases)
-    tight = []
-    if tightness:
-        print("pfa-verify: note: 'bench --tightness N' is now 'pfa-verify tightness --cases N'", file=sys.stderr)
-
-        tight = [tightness_module.measure(d, tightness) for d in golden.DISTRIBUTIONS]
-        Console(width=160).print(tightness_module.render_table(tight))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
             goldens: list[dict[str, Any]] = [r.to_dict() for r in rows]
             data: list[dict[str, Any]] | dict[str, list[dict[str, Any]]] = goldens
-            if stages or tight:
-                data = {"goldens": goldens, "stages": [r.to_dict() for r in stage_list], "codecs": [r.to_dict() for r in codecs],
-                        "tightness": [r.to_dict() for r in tight]}
+            if stages:
+                data = {"goldens": goldens, "stages": [r.to_dict() for r in stage_list], "codecs": [r.to_dict() for r in codecs]}
             json.dump(data, f, indent=2)
     disagree = sum(r.non_identical for r in rows)
     not_finite = [r.name for r in rows if not r.finite]

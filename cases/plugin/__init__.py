@@ -26,8 +26,8 @@ Options
                    or hangs (--case-timeout) fails the test that called it (a KernelFault, which the
                    laws report as a failure) and can never end the session with a pass.
   --case-timeout S     the time limit of one kernel call of a supervised backend (default: none).
-  --regressions DIR    where a law's failure is captured (default cases/regressions, or
-                   $PFA_VERIFY_REGRESSIONS).
+  --regressions DIR    where a law's failure is captured (default ./pfa-verify-regressions,
+                   or $PFA_VERIFY_REGRESSIONS; never the captures shipped in the package).
 
 Hypothesis profiles (``--hypothesis-profile NAME``): ci (derandomized, 20 examples a law), dev (random,
 20), nightly (2000), npu and sim (kernel-sized, few). A session that runs the laws and names none gets
@@ -76,7 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--case-timeout", type=float, default=None,
                     help="seconds one kernel call of a supervised backend may take (default: no limit)")
     group.addoption("--regressions", metavar="DIR", default=None,
-                    help="the folder a law's failure is captured in (default cases/regressions or "
+                    help="the folder a law's failure is captured in (default ./pfa-verify-regressions or "
                          "$PFA_VERIFY_REGRESSIONS)")
 
 

@@ -65,6 +65,12 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = config.getoption("--regressions")
     if folder is not None:
         os.environ[regressions.REGRESSIONS_ENV] = str(folder)
+    try:        # a law's failure is captured there: never into the package's own shipped captures
+        regressions.refuse_shipped(regressions.directory(), shown="--regressions" if folder is not None
+                                   else f"${regressions.REGRESSIONS_ENV}" if os.environ.get(regressions.REGRESSIONS_ENV)
+                                   else None)
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -146,7 +152,7 @@ def examples_for(backend):
 @pytest.fixture(scope="session")
 def check_law(backend, request: pytest.FixtureRequest):
     """``check_law(name, case, **params)``: law ``name`` on the backend under test; a failure is
-    captured in cases/regressions (named so that a fresh process rebuilds the backend) before it is
+    captured in the user's folder (--regressions; named so that a fresh process rebuilds the backend) before it is
     reported, and the message ends with the replay command."""
 
     option = request.config.getoption("--backend")

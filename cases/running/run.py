@@ -41,7 +41,7 @@ from pfa_verify import kernels
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.collect import Item, chosen_items, selection, with_generated
 from pfa_verify.cases.data.diagnosed import diagnosis_of
-from pfa_verify.cases.data.provenance import capture_digests, lost_captures, run_provenance
+from pfa_verify.cases.data.provenance import SHIPPED_PREFIX, capture_digests, lost_captures, run_provenance
 from pfa_verify.cases.running.capture import write_failure
 from pfa_verify.cases.running.groups import group_failures
 from pfa_verify.cases.running.pool import Pool, task_resources, worker_backend
@@ -91,9 +91,10 @@ class RunOptions:
     device: int | None = None
     workers: int = 1
     cluster: str | None = None
-    budget: int | None = None
-    max_seconds: int | None = None
-    case_timeout: float | None = None     # None: from the backend's cost model where it has one; 0: no limit
+    budget: int | None = None             # the whole run's seconds (None: the backend's default_budget_s)
+    # A case's seconds: one estimated longer is skipped, one running longer is ended. None: the limit
+    # comes from the backend's cost model where it has one, and no case is skipped for it; 0: no limit.
+    case_timeout: float | None = None
     in_process: bool = False              # the kernel in this process (a debugger): no supervisor
     allow_skips: tuple[str, ...] = ()
     allow_fallback: bool = False
@@ -102,6 +103,13 @@ class RunOptions:
     shrink_seconds: int = 60
     coverage: tuple[str, ...] = ()        # bins (or "all") that must be hit, else the run fails
     command: str = "pfa-verify run"       # how the run was asked for, as the report quotes it
+
+
+def _where(name: str, regressions_dir) -> str:
+    """A capture file of :func:`capture_digests` as a run's failure names it: its name and folder."""
+    if name.startswith(SHIPPED_PREFIX):
+        return f"{name.removeprefix(SHIPPED_PREFIX)} shipped in {regressions.SHIPPED}"
+    return f"{name} in {regressions.directory(regressions_dir)}"
 
 
 # --- the backend ---------------------------------------------------------------------------------
@@ -491,7 +499,7 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     chosen = chosen_items(options.cases, regressions_dir=options.regressions)
     digests = capture_digests(options.regressions)
     backend, supervisor, name, why = open_backend(
-        options.backend, device=options.device, max_seconds=options.max_seconds,
+        options.backend, device=options.device, max_seconds=options.case_timeout,
         workers=1 if cluster else max(1, options.workers), case_timeout=options.case_timeout,
         in_process=options.in_process)
     with contextlib.ExitStack() as stack:
@@ -519,7 +527,7 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
         capture = not options.no_capture
         common = dict(capture=capture, regressions_dir=options.regressions, deadline=deadline, progress=progress)
         if cluster:
-            done = _run_cluster(backend, name, items, pool, device=options.device, max_seconds=options.max_seconds,
+            done = _run_cluster(backend, name, items, pool, device=options.device, max_seconds=options.case_timeout,
                                 **common)
         elif supervisor is None:
             done = _run_here(backend, name, items, stop=stop, **common)
@@ -553,7 +561,7 @@ def execute(options: RunOptions, *, progress=None, on_items=None, stop: Callable
     errored = [config for config, v in paged if v.error is not None and v.error.kind != "case file"]
     failures = tuple(f for v in results if v.capture is not None and (f := write_failure(v.capture)))
     rewritten = {v.capture.regression for v in results if v.capture is not None and v.capture.regression}
-    failures += tuple(f"the captured case file {name} in {regressions.directory(options.regressions)} was removed or "
+    failures += tuple(f"the captured case file {_where(name, options.regressions)} was removed or "
                       "changed while the run ran, by something other than the run (its kernel?)"
                       for name in lost_captures(digests, options.regressions, rewritten=rewritten))
     return RunResult(backend=backend.name, backend_note=why, codec=backend.capabilities.codec,

@@ -133,7 +133,7 @@ class SimBackend(PyptoBackend):
             return unsupported
         cost = self.estimate(config)
         if self.max_seconds and cost.seconds > self.max_seconds:
-            return Skip("limit", f"estimated {cost.describe()} on the sim backend, over --max-seconds "
+            return Skip("limit", f"estimated {cost.describe()} on the sim backend, over --case-timeout "
                                  f"{self.max_seconds:g}; run it with a larger limit or --backend npu")
         return None
 

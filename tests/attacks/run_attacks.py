@@ -338,10 +338,10 @@ def attack_c(kit: Kit) -> None:
     rid = ids[0]
     shutil.copytree(reg, s / "reg-before-prune")
     for n in (1, 2, 3):
-        kit.step("c", f"c{1 + n}-replay{n}", f"pfa-verify cases --dir {reg} replay {rid}", s,
+        kit.step("c", f"c{1 + n}-replay{n}", f"pfa-verify cases --regressions {reg} replay {rid}", s,
                  what=what + f": replay {n} of the capture {rid}",
                  expect="FAIL, or 'nondeterministic' once both outcomes were seen; never a plain PASS")
-    kit.step("c", "c5-prune", f"pfa-verify cases --dir {reg} prune", s, what=what + ": prune",
+    kit.step("c", "c5-prune", f"pfa-verify cases --regressions {reg} prune", s, what=what + ": prune",
              expect="the capture of a real failure is kept",
              post=lambda ctx: [f"ids left in reg after prune: {_ids(reg)} (before: {ids})"])
 
@@ -387,14 +387,14 @@ def attack_d(kit: Kit) -> None:
         return
     rid = ids[0]
     (s / "edit.py").write_text(_EDIT)
-    kit.step("d", "d2-replay-unedited", f"pfa-verify cases --dir {captured} replay {rid}", s,
+    kit.step("d", "d2-replay-unedited", f"pfa-verify cases --regressions {captured} replay {rid}", s,
              what=f"control: replay the capture {rid} as written", expect="FAIL, exit 1")
     for sid, what, edit in (("d3-edit-law", "its law field edited to outputs_finite", "law"),
                             ("d4-edit-kv_act_seqs", "its config's kv_act_seqs edited to [1, 128] (arrays keep [1, 129])", "kv"),
                             ("d5-edit-tolerance", "its tolerance edited to rtol=atol=10", "tolerance")):
         folder = s / f"reg-{edit}"
         shutil.copytree(captured, folder)
-        kit.step("d", sid, f"python3 {s}/edit.py {folder}/{rid}.json {edit} && pfa-verify cases --dir {folder} "
+        kit.step("d", sid, f"python3 {s}/edit.py {folder}/{rid}.json {edit} && pfa-verify cases --regressions {folder} "
                  f"replay {rid}", s, what=f"the capture {rid} with {what}, replayed",
                  expect="refused: 'unreadable' (the id is re-derived from the content), exit != 0; never PASS")
 

@@ -88,7 +88,7 @@ def _steps(tmp_path, first: bool) -> list:
 
 def _listing_is_honest(folder, capsys):
     """``cases list``: a summary line only for a capture that loads; every leftover said."""
-    status = cli.main(["cases", "--dir", str(folder), "list"])
+    status = cli.main(["cases", "--regressions", str(folder), "list"])
     out = capsys.readouterr().out
     unreadable = 0
     for rid in regressions.list_ids(directory=folder):

@@ -122,9 +122,9 @@ def test_a_tampered_case_file_is_refused_with_its_reason_and_never_replayed(tmp_
     with pytest.raises(ValueError) as refused:
         regressions.load(rid, directory=tmp_path)
     assert reason in str(refused.value) and "\n" not in str(refused.value)
-    assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 1
+    assert cli.main(["cases", "--regressions", str(tmp_path), "list"]) == 1
     assert f"{rid}  unreadable: {refused.value}" in capsys.readouterr().out.splitlines()
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 2      # refused before the backend starts
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", rid]) == 2      # refused before the backend starts
     out, err = capsys.readouterr()
     assert out == "" and err == f"pfa-verify: error: {refused.value}\n"
 
@@ -166,7 +166,7 @@ def test_a_run_reports_each_tampered_case_as_an_error_and_replays_none(tmp_path)
     assert results[intact.id]["verdict"] == "fail"
     for rid, reason in reasons.items():
         assert results[rid]["verdict"] == "error" and reason in results[rid]["message"], results[rid]
-    assert len(results) == 4
+    assert set(results) == {intact.id, *reasons, *regressions.shipped_ids()}     # the shipped ones replay too
 
 
 @pytest.mark.parametrize("edit, reason", [
@@ -178,7 +178,7 @@ def test_a_run_reports_each_tampered_case_as_an_error_and_replays_none(tmp_path)
 def test_a_shipped_capture_edited_is_refused(tmp_path, edit, reason):
     """The captures shipped in cases/regressions/, copied and edited: refused (their id re-derived by their
     format's rule), and each as shipped loads."""
-    shipped = regressions.FOLDER / "regressions"
+    shipped = regressions.SHIPPED
     for path in shipped.iterdir():
         shutil.copy(path, tmp_path / path.name)
     for rid in regressions.list_ids(directory=tmp_path):
@@ -194,7 +194,7 @@ def test_a_shipped_capture_edited_is_refused(tmp_path, edit, reason):
 
 
 def test_a_shipped_capture_whose_npz_lost_one_bit_is_refused(tmp_path):
-    shipped = regressions.FOLDER / "regressions"
+    shipped = regressions.SHIPPED
     rid = next(r for r in regressions.list_ids(directory=shipped)
                if json.loads((shipped / f"{r}.json").read_text())["tensors"])
     data = json.loads((shipped / f"{rid}.json").read_text())

@@ -32,31 +32,31 @@ def _capture(folder, backend="golden"):
 
 def test_cases_subcommands(tmp_path, capsys):
     rid = _capture(tmp_path)
-    assert cli.main(["cases", "--dir", str(tmp_path), "list"]) == 0
+    assert cli.main(["cases", "--regressions", str(tmp_path), "list"]) == 0
     assert rid in capsys.readouterr().out
-    assert cli.main(["cases", "--dir", str(tmp_path), "show", rid]) == 0
+    assert cli.main(["cases", "--regressions", str(tmp_path), "show", rid]) == 0
     assert '"law": "acceptance"' in capsys.readouterr().out
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 0   # golden vs golden passes
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", rid]) == 0   # golden vs golden passes
     out = capsys.readouterr().out
     assert "PASS" in out
     # the coverage of a replay is the replayed case's (issue 30): S1 = 1, one KV head, a row of 20 tokens
     covers = out.split("(properties/rule/coverage.py): ", 1)[1].splitlines()[0].split(", ")
     assert set(covers) == set(classify(CASE.config)) and {"s1_1", "nkv_1", "two_tile_row"} <= set(covers)
-    assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--dry-run"]) == 0
+    assert cli.main(["cases", "--regressions", str(tmp_path), "prune", "--dry-run"]) == 0
     assert regressions.list_ids(directory=tmp_path) == [rid]
-    assert cli.main(["cases", "--dir", str(tmp_path), "prune"]) == 0
+    assert cli.main(["cases", "--regressions", str(tmp_path), "prune"]) == 0
     assert regressions.list_ids(directory=tmp_path) == [] and not list(tmp_path.glob("*.npz"))
 
 
 def test_replay_of_a_failing_capture_exits_1(tmp_path, capsys):
     rid = _capture(tmp_path, backend="tests/properties/doubles.py:WritesToInputs")
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 1
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", rid]) == 1
     out = capsys.readouterr().out
-    assert "FAIL" in out and out.rstrip().endswith(f"Replay: pfa-verify cases --dir {tmp_path} replay {rid}")
+    assert "FAIL" in out and out.rstrip().endswith(f"Replay: pfa-verify cases --regressions {tmp_path} replay {rid}")
 
 
 def test_unknown_id_is_an_error(tmp_path, capsys):
-    assert cli.main(["cases", "--dir", str(tmp_path), "show", "nope"]) == 2
+    assert cli.main(["cases", "--regressions", str(tmp_path), "show", "nope"]) == 2
     assert "no file" in capsys.readouterr().err
 
 
@@ -122,7 +122,7 @@ def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
 
 def test_prune_keeps_cases_captured_on_another_backend(tmp_path, capsys):
     rid = _capture(tmp_path, backend="sim")
-    assert cli.main(["cases", "--dir", str(tmp_path), "prune", "--backend", "golden"]) == 0
+    assert cli.main(["cases", "--regressions", str(tmp_path), "prune", "--backend", "golden"]) == 0
     assert f"kept {rid}: captured on sim, not golden" in capsys.readouterr().out
     assert regressions.list_ids(directory=tmp_path) == [rid]
 
@@ -135,7 +135,7 @@ def test_oversized_case_file_is_rejected_before_anything_is_allocated(tmp_path, 
     data["case"]["config"].update(batch=4096, s2=1048576, nq=64, nkv=8, head_dim=128, block_size=128,
                                   s2_tile=128, kv_act_seqs=None, max_blocks=None, num_blocks=None)
     path.write_text(json.dumps(data))
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 2
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", rid]) == 2
     err = capsys.readouterr().err
     assert f"{rid}.json: case '{rid}' (B=4096 S1=1 S2=1048576 NQ=64 NKV=8 D=128) needs about" in err
     assert "over the limit of" in err and "--max-bytes" in err
@@ -144,17 +144,17 @@ def test_oversized_case_file_is_rejected_before_anything_is_allocated(tmp_path, 
 @pytest.mark.parametrize("text", ["{", "[]", '{"format": 1}'], ids=["bad json", "not an object", "missing fields"])
 def test_malformed_case_files_are_a_usage_error(tmp_path, capsys, text):
     (tmp_path / "abc.json").write_text(text)
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", "abc"]) == 2
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", "abc"]) == 2
     assert "abc.json" in capsys.readouterr().err
 
 
 def test_a_kernel_that_writes_nothing_is_an_error_everywhere(tmp_path, capsys):
     backend = "tests/cases/run_doubles.py:WritesNothing"
     rid = _capture(tmp_path, backend=backend)
-    assert cli.main(["cases", "--dir", str(tmp_path), "replay", rid]) == 1
+    assert cli.main(["cases", "--regressions", str(tmp_path), "replay", rid]) == 1
     out = capsys.readouterr().out
     assert f"ERROR: the {backend} backend raised on this case: KernelRunError: the kernel left 32 of 32" in out
-    assert cli.main(["cases", "--dir", str(tmp_path), "prune"]) == 0
+    assert cli.main(["cases", "--regressions", str(tmp_path), "prune"]) == 0
     assert f"kept {rid}: the {backend} backend raised (KernelRunError" in capsys.readouterr().out
     report = tmp_path / "r.json"
     assert cli.main(["run", "--backend", backend, "--cases", "edge_causal_s1_3_short", "--examples", "0",
@@ -181,16 +181,15 @@ def test_pytest_backend_help_lists_pypto_gym(suite_pytester):
 
 @pytest.mark.parametrize("env, directory, expected", [
     (None, None, "pfa-verify cases replay abc"),
-    ("{tmp}", None, "pfa-verify cases --dir {tmp} replay abc"),
-    ("{default}", None, "pfa-verify cases replay abc"),
-    ("{tmp}", "elsewhere", "pfa-verify cases --dir elsewhere replay abc"),
-], ids=["default folder", "PFA_VERIFY_REGRESSIONS", "variable naming the default", "--dir wins"])
+    ("{tmp}", None, "pfa-verify cases --regressions {tmp} replay abc"),
+    ("", None, "pfa-verify cases replay abc"),
+    ("{tmp}", "elsewhere", "pfa-verify cases --regressions elsewhere replay abc"),
+], ids=["default folder", "PFA_VERIFY_REGRESSIONS", "variable empty", "--regressions wins"])
 def test_replay_line_names_the_folder_it_needs(monkeypatch, tmp_path, env, directory, expected):
-    default = str(REPO_ROOT / "cases" / "regressions")
     if env is None:
         monkeypatch.delenv("PFA_VERIFY_REGRESSIONS", raising=False)
     else:
-        monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", env.format(tmp=tmp_path, default=default))
+        monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", env.format(tmp=tmp_path))
     assert regressions.replay_command("abc", directory) == expected.format(tmp=tmp_path)
 
 

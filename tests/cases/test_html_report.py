@@ -38,7 +38,7 @@ def test_one_table_and_a_picture_per_failure(failing_html):
     results = text.split('<table class="results"', 1)[1].split("</table>", 1)[0]
     rows = re.findall(r"<tr class=\"", results)
     assert len(rows) == len(table_rows(run))
-    assert "kernel logic" in text and "pfa-verify cases --dir " in text
+    assert "kernel logic" in text and "pfa-verify cases --regressions " in text
 
 
 def test_self_contained(failing_html):

@@ -57,7 +57,7 @@ def test_prune_keeps_the_capture_of_a_kernel_wrong_on_every_second_call(tmp_path
     still fails and is kept; the golden's passes 10 of 10 and is removed."""
     racy, buggy, passing = _capture(tmp_path, RACY), _capture(tmp_path, BUGGY), _capture(tmp_path, "golden")
     before = _record(tmp_path, racy)
-    done = _cli("cases", "--dir", str(tmp_path), "prune")
+    done = _cli("cases", "--regressions", str(tmp_path), "prune")
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert (f"kept {racy}: nondeterministic (seen 1 of 2 replays failed and 1 passed; the kernel answered output "
@@ -73,16 +73,16 @@ def test_prune_keeps_the_capture_of_a_kernel_wrong_on_every_second_call(tmp_path
            {k: v for k, v in before.items() if k != "nondeterministic"}
     assert regressions.load(racy, directory=tmp_path).nondeterministic == after["nondeterministic"]
     # marked: kept without a replay, and listed as such
-    again = _cli("cases", "--dir", str(tmp_path), "prune", "--backend", RACY)
+    again = _cli("cases", "--regressions", str(tmp_path), "prune", "--backend", RACY)
     assert f"kept {racy}: nondeterministic (seen cases prune: 1 of 2 replays failed and 1 passed" in again.stdout
-    listed = _cli("cases", "--dir", str(tmp_path), "list")
+    listed = _cli("cases", "--regressions", str(tmp_path), "list")
     assert any(line.startswith(racy) and "[nondeterministic]" in line for line in listed.stdout.splitlines())
 
 
 def test_a_dry_run_prune_says_nondeterministic_and_writes_nothing(tmp_path):
     racy = _capture(tmp_path, RACY)
     before = (tmp_path / f"{racy}.json").read_bytes()
-    done = _cli("cases", "--dir", str(tmp_path), "prune", "--dry-run")
+    done = _cli("cases", "--regressions", str(tmp_path), "prune", "--dry-run")
     assert f"kept {racy}: nondeterministic (seen 1 of 2 replays failed and 1 passed" in done.stdout
     assert "; not marked: --dry-run)" in done.stdout
     assert (tmp_path / f"{racy}.json").read_bytes() == before
@@ -90,7 +90,7 @@ def test_a_dry_run_prune_says_nondeterministic_and_writes_nothing(tmp_path):
 
 def test_replay_times_says_nondeterministic_and_never_passes(tmp_path):
     racy, buggy = _capture(tmp_path, RACY), _capture(tmp_path, BUGGY)
-    done = _cli("cases", "--dir", str(tmp_path), "replay", racy, "--times", "3")
+    done = _cli("cases", "--regressions", str(tmp_path), "replay", racy, "--times", "3")
     lines = done.stdout.splitlines()
     assert done.returncode == 1, done.stdout + done.stderr
     # the first call is right, the second wrong; later ones as the failing replays' probes shift the count
@@ -102,7 +102,7 @@ def test_replay_times_says_nondeterministic_and_never_passes(tmp_path):
     assert "PASS: the captured failure" not in done.stdout
     assert _record(tmp_path, racy)["nondeterministic"]["seen"].startswith(f"cases replay --times 3: {said}")
     # a deterministic failure, replayed three times: FAIL, not nondeterministic, not marked
-    done = _cli("cases", "--dir", str(tmp_path), "replay", buggy, "--times", "3")
+    done = _cli("cases", "--regressions", str(tmp_path), "replay", buggy, "--times", "3")
     assert done.returncode == 1 and "NONDETERMINISTIC" not in done.stdout
     assert done.stdout.count(": FAIL") == 3 and "\nFAIL\nKernel output vs golden not close" in done.stdout
     assert _record(tmp_path, buggy)["nondeterministic"] is None
@@ -121,7 +121,7 @@ def test_a_run_marks_the_captures_of_a_racy_kernel_found_while_shrinking(tmp_pat
     for rid in ids:
         seen = _record(regs, rid)["nondeterministic"]["seen"]
         assert " in the run), then output " in seen and "(while shrinking) on the same inputs" in seen, seen
-    pruned = _cli("cases", "--dir", str(regs), "prune")
+    pruned = _cli("cases", "--regressions", str(regs), "prune")
     assert all(f"kept {rid}: nondeterministic (seen output " in pruned.stdout for rid in ids), pruned.stdout
     assert regressions.list_ids(directory=regs) == ids
 
@@ -129,7 +129,7 @@ def test_a_run_marks_the_captures_of_a_racy_kernel_found_while_shrinking(tmp_pat
 @pytest.mark.parametrize("argv, message", [(["replay", "x", "--times", "0"], "--times 0 must be at least 1"),
                                            (["prune", "--replays", "0"], "--replays 0 must be at least 1")])
 def test_zero_replays_is_a_usage_error(tmp_path, capsys, argv, message):
-    assert cli.main(["cases", "--dir", str(tmp_path), *argv]) == 2
+    assert cli.main(["cases", "--regressions", str(tmp_path), *argv]) == 2
     assert capsys.readouterr().err == f"pfa-verify: error: {message}\n"
 
 
@@ -207,7 +207,7 @@ def test_run_replays_a_capture_marked_nondeterministic_as_often_as_prune_asks(tm
     racy = _capture(tmp_path, RACY)
     assert regressions.mark_nondeterministic(racy, "a test", directory=tmp_path)
     report = tmp_path / "report.json"
-    done = _cli("run", "--backend", RACY, "--cases", "regressions", "--examples", "0", "--regressions",
+    done = _cli("run", "--backend", RACY, "--cases", racy, "--examples", "0", "--regressions",
                 str(tmp_path), "--no-capture", "--json", str(report))
     rows = json.loads(report.read_text())["results"]
     assert [r["name"] for r in rows] == [racy] + [f"{racy}#{k}" for k in range(2, regressions.PASSING_REPLAYS + 1)]

@@ -73,10 +73,11 @@ BAD_INPUTS = {
                             {}, "--json {tmp}: is a folder"),
     "compare --html folder": (["compare", "{tmp}/a.json", "{tmp}/b.json", "--html", "{tmp}"], {},
                               "--html {tmp}: is a folder"),
-    "cases list --dir a file": (["cases", "--dir", "{file}", "list"], {}, "--dir {file}: is a file"),
-    "cases show --dir /proc": (["cases", "--dir", "/proc/x", "show", "abc"], {}, "--dir /proc/x: /proc is"),
-    "cases replay --dir a file": (["cases", "--dir", "{file}", "replay", "abc"], {}, "--dir {file}: is a file"),
-    "cases prune --dir read-only": (["cases", "--dir", "{ro}", "prune"], {}, "--dir {ro}: cannot write in {ro}"),
+    "cases list --regressions a file": (["cases", "--regressions", "{file}", "list"], {}, "--regressions {file}: is a file"),
+    "cases show --regressions /proc": (["cases", "--regressions", "/proc/x", "show", "abc"], {},
+                                       "--regressions /proc/x: /proc is"),
+    "cases replay --regressions a file": (["cases", "--regressions", "{file}", "replay", "abc"], {}, "--regressions {file}: is a file"),
+    "cases prune --regressions read-only": (["cases", "--regressions", "{ro}", "prune"], {}, "--regressions {ro}: cannot write in {ro}"),
     "cases list REGRESSIONS /proc": (["cases", "list"], {"PFA_VERIFY_REGRESSIONS": "/proc/x"},
                                      "PFA_VERIFY_REGRESSIONS=/proc/x: /proc is"),
 }
@@ -203,7 +204,7 @@ BOUNDS = [
     (RUN, "--examples", arguments.RUN_EXAMPLES),
     (RUN, "--workers", arguments.worker_bound()),
     (RUN, "--budget", arguments.RUN_SECONDS),
-    (RUN, "--max-seconds", arguments.RUN_SECONDS),
+    (RUN, "--case-timeout", arguments.RUN_SECONDS),
     (RUN, "--shrink-seconds", arguments.SHRINK_SECONDS),
     (SEARCH, "--examples", arguments.SEARCH_EXAMPLES),
     (SEARCH, "--tasks", arguments.SEARCH_TASKS),
@@ -216,8 +217,7 @@ BOUNDS = [
     (["bench"], "--repeat", arguments.BENCH_REPEATS),
     (["bench"], "--small-cases", arguments.BENCH_CASES),
     (["bench"], "--kernel-cases", arguments.BENCH_CASES),
-    (["bench"], "--tightness", arguments.TIGHTNESS_CASES),
-    (["tightness"], "--cases", arguments.TIGHTNESS_CASES),
+    (["tightness"], "--examples", arguments.TIGHTNESS_CASES),
 ]
 
 

@@ -1,5 +1,5 @@
-"""Every run replays the captured regressions (cases/regressions/*.json) first, on the backend under
-test, under the rule they were captured under. Known failures come from the ledger (properties/rule/ledger.py,
+"""Every run replays the captured regressions first (the shipped cases/regressions/*.json, then the user's
+folder: ./pfa-verify-regressions or $PFA_VERIFY_REGRESSIONS), on the backend under test, under the rule they were captured under. Known failures come from the ledger (properties/rule/ledger.py,
 re-exported by cases/ledger.py; an entry naming no captured file is an error): tolerated
 ones are strict xfails (one that starts passing fails, so its entry is removed); quarantined ones are
 not launched, and fail the session (the case is not checked) unless --allow-quarantined, as in
@@ -13,9 +13,10 @@ from pfa_verify.properties.rule import ledger
 
 
 def _params():
-    ledger.check(regression_ids=regressions.list_ids(), where=str(regressions.directory()))
+    ids = regressions.replayed_ids()
+    ledger.check(regression_ids=ids, where=f"{regressions.directory()} or the shipped captures ({regressions.SHIPPED})")
     out = []
-    for rid in regressions.list_ids():
+    for rid in ids:
         out.append(pytest.param(rid, id=rid, marks=[pytest.mark.regression]))
     return out or [pytest.param(None, id="none-captured", marks=[pytest.mark.regression])]
 

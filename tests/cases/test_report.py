@@ -48,7 +48,7 @@ def test_json_of_a_failing_run_validates_against_the_schema(failing_run, tmp_pat
     assert data["summary"]["exit_status"] == 1 == report.summarize(failing_run).exit_status
     assert {"pfa-verify", "torch", "pypto", "platform"} <= set(data["versions"])
     fails = [r for r in data["results"] if r["verdict"] == "fail"]
-    assert fails and all(r["replay"].startswith("pfa-verify cases --dir ") and " replay " in r["replay"] for r in fails)
+    assert fails and all(r["replay"].startswith("pfa-verify cases --regressions ") and " replay " in r["replay"] for r in fails)
 
 
 def test_json_of_a_two_codec_run_validates(codec_run):
@@ -99,7 +99,7 @@ def test_table_has_the_columns_and_verdicts(failing_run):
         assert column in text
     assert "fail: kernel logic" in text and "(0, 1, 3)" in text
     assert "-> FAILED" in text.splitlines()[-1]
-    assert text.count("Replay: pfa-verify cases --dir ") == report.summarize(failing_run).counts["failing_cases"]
+    assert text.count("Replay: pfa-verify cases --regressions ") == report.summarize(failing_run).counts["failing_cases"]
 
 
 @pytest.mark.parametrize("which", ["failing_run", "codec_run"])
@@ -127,7 +127,7 @@ def test_uncounted_codec_difference_is_shown(codec_run):
     assert "fail (not counted): backend codec" in cells and "-> OK" in text
 
 
-def test_report_names_what_it_checked_by_content(failing_run):
+def test_report_names_what_it_checked_by_content(failing_run, tmp_path):
     """Provenance (issue 20): the kernel file by sha256 and function, the catalog's sha256, the
     regressions as the run found them (before its own captures), the selection's fingerprint."""
 
@@ -140,7 +140,9 @@ def test_report_names_what_it_checked_by_content(failing_run):
     assert data["backend"]["model"]["describe"] == golden.EXACT_MODEL.describe()
     assert data["inputs"]["catalog"]["sha256"] == hashlib.sha256(CATALOG_PATH.read_bytes()).hexdigest()
     regs = data["inputs"]["regressions"]
-    assert regs["cases"] == 0 and regs["fingerprint"] == "sha256:" + hashlib.sha256(b"").hexdigest()
+    # the shipped captures alone (the run's folder was empty when it started)
+    assert regs["cases"] == len(regressions.shipped_ids())
+    assert regs["fingerprint"] == regressions_fingerprint(tmp_path / "empty")["fingerprint"]
     assert regressions.list_ids(directory=regs["directory"])                     # captured by this run, after
     assert data["project"]["version"] == data["versions"]["pfa-verify"]
     # The selection's fingerprint covers exactly the cases in results, whatever their verdicts.
@@ -194,12 +196,13 @@ def test_the_selection_fingerprint_follows_the_selection(tmp_path, change, same)
 
 def test_regressions_fingerprint_is_over_the_files(tmp_path):
     empty = regressions_fingerprint(tmp_path / "none")
-    assert empty["cases"] == 0
+    shipped = len(regressions.shipped_ids())                 # every run replays them: they are fingerprinted too
+    assert empty["cases"] == shipped
     (tmp_path / "abc.json").write_text("{}")
     one = regressions_fingerprint(tmp_path)
     (tmp_path / "abc.json").write_text("{} ")
     changed = regressions_fingerprint(tmp_path)
-    assert one["cases"] == changed["cases"] == 1 and len({empty["fingerprint"], one["fingerprint"],
+    assert one["cases"] == changed["cases"] == 1 + shipped and len({empty["fingerprint"], one["fingerprint"],
                                                           changed["fingerprint"]}) == 3
 
 

@@ -51,13 +51,13 @@ def test_failing_backend_exits_1_captures_and_prints_the_replay(tmp_path, capsys
     ids = regressions.list_ids(directory=tmp_path / "regs")
     assert len(ids) == 2
     for rid in ids:
-        assert f"Replay: pfa-verify cases --dir {tmp_path / 'regs'} replay {rid}" in out
+        assert f"Replay: pfa-verify cases --regressions {tmp_path / 'regs'} replay {rid}" in out
     r = data["results"][0]
     assert r["verdict"] == "fail" and r["mismatched"] == 1 and r["attribution"] == "kernel logic"
     assert r["worst_index"] == {"row": 0, "b": 0, "i": 0, "head": 1, "d": 3}
     assert r["message"].endswith(r["replay"])
     # the capture replays in the cases CLI and fails the same way
-    assert cli.main(["cases", "--dir", str(tmp_path / "regs"), "replay", ids[0]]) == 1
+    assert cli.main(["cases", "--regressions", str(tmp_path / "regs"), "replay", ids[0]]) == 1
 
 
 def test_backend_codec_gives_two_comparisons_and_only_the_codec_one_counts(tmp_path):
@@ -104,11 +104,11 @@ def test_the_generated_cases_alone_are_a_selection(tmp_path, capsys):
     assert "3 cases: 0 regression, 0 catalog, 3 generated" in capsys.readouterr().out
 
 
-def test_another_regressions_folder_says_the_shipped_captures_are_left_out(tmp_path):
-    shipped = regressions.list_ids(directory=regressions.FOLDER / "regressions")
-    assert shipped and collect.shipped_left_out("all", tmp_path) == shipped
-    assert collect.shipped_left_out("all", None) == [] == collect.shipped_left_out("catalog", tmp_path)
-    assert collect.shipped_left_out("all", regressions.FOLDER / "regressions") == []
+def test_the_shipped_captures_are_replayed_beside_another_regressions_folder(tmp_path):
+    shipped = regressions.shipped_ids()
+    assert shipped and [i.regression for i in collect.chosen_items("regressions", regressions_dir=tmp_path)] == shipped
+    assert [i.source for i in collect.chosen_items("all", regressions_dir=tmp_path)][:len(shipped)] == ["regression"] * len(shipped)
+    assert collect.chosen_items("catalog", regressions_dir=tmp_path)[0].source == "catalog"
 
 
 def test_generated_cases_repeat_for_a_seed():
@@ -128,7 +128,7 @@ def test_sim_backend_owns_its_limits():
     assert sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config) is None        # no limit by default
     sim.max_seconds = 1
     skip = sim.skip_reason(cat["pfa_fp8_b16_s1_1_s2_8195_nkv_2"].config)
-    assert skip.kind == "limit" and skip.reason.startswith("estimated about ") and "over --max-seconds 1" in skip.reason
+    assert skip.kind == "limit" and skip.reason.startswith("estimated about ") and "over --case-timeout 1" in skip.reason
     assert GoldenBackend().skip_reason(cat["pfa_fp8_b16_s1_1_s2_8k_nkv_1"].config) is None
 
 
@@ -275,7 +275,7 @@ def test_a_backend_no_worker_can_load_cannot_start(tmp_path, capsys):
 
 
 def test_an_empty_selection_checks_nothing_and_fails(tmp_path):
-    status, data = _run(tmp_path, backend="golden", cases="regressions", examples=0)
+    status, data = _run(tmp_path, backend="golden", cases="generated", examples=0)
     assert status == 1 and "no case was selected" in data["summary"]["verdict"]
 
 
@@ -368,7 +368,7 @@ def test_one_call_is_queued_ahead_unless_two_cases_would_pass_the_memory_limit(t
 def test_a_captured_case_of_another_law_outside_the_backends_shapes_is_skipped_not_replayed(tmp_path):
     """A law replay passes the checks every kernel call passes: a shape the backend says it is not built for
     is a skip (unsupported), as for a paged case, never a replay of the kernel outside its contract."""
-    paged = {r: regs.load(r).to_case() for r in regs.list_ids() if regs.load(r).law != "acceptance"}
+    paged = {r: regs.load(r).to_case() for r in regs.shipped_ids() if regs.load(r).law != "acceptance"}
     rids = [r for r, case in paged.items() if getattr(case, "config", None) is not None and case.config.head_dim != 128]
     assert rids, "the shipped captures hold a law case of another head_dim (cases/regressions/)"
     report = tmp_path / "law.json"
@@ -381,7 +381,7 @@ def test_a_captured_case_of_another_law_outside_the_backends_shapes_is_skipped_n
 def test_a_captured_case_of_another_law_names_that_law_as_its_reference(tmp_path):
     """A captured case of a law other than acceptance is checked by that law (two calls of the backend, not a
     golden under some codec): its row says so ('law NAME'), under any backend's codec."""
-    (rid,) = [r for r in regs.list_ids() if regs.load(r).law != "acceptance"][:1]
+    (rid,) = [r for r in regs.shipped_ids() if regs.load(r).law != "acceptance"][:1]
     law = regs.load(rid).law
     report = tmp_path / "law.json"
     assert cli.main(["run", "--backend", "tests/cases/run_doubles.py:CalculatorCodec", "--cases", rid,
@@ -396,8 +396,9 @@ def test_captures_are_read_before_the_backend_starts_and_their_loss_fails_the_ru
     status, _ = _run(tmp_path, backend=PERTURB)
     assert status == 1 and len(regressions.list_ids(directory=tmp_path / "regs")) == 2
     monkeypatch.setenv("PFA_VERIFY_REGRESSIONS", str(tmp_path / "regs"))
+    captured = regressions.list_ids(directory=tmp_path / "regs")
     status, data = _run(tmp_path, backend="tests/kernels/hostile_kernels.py:deletes_the_captures",
-                        cases="regressions")
+                        cases=",".join(captured))
     assert regressions.list_ids(directory=tmp_path / "regs") == []          # the factory did what it says
     assert [r["source"] for r in data["results"]] == ["regression", "regression"]
     assert {r["verdict"] for r in data["results"]} == {"pass"}              # replayed: the golden passes them

@@ -109,7 +109,7 @@ def test_cases_list_show_and_replay_show_a_case_file_s_text_as_text(tmp_path, ca
         captured, strict = sys.stdout, io.TextIOWrapper(io.BytesIO(), encoding="utf-8")   # as a UTF-8 terminal's
         sys.stdout = strict
         try:
-            status = cli.main(["cases", "--dir", str(folder), *argv])
+            status = cli.main(["cases", "--regressions", str(folder), *argv])
         finally:
             sys.stdout = captured
         strict.seek(0)

@@ -39,7 +39,7 @@ def test_wrong_backend_is_caught_captured_and_replayed(drop_last_tile_backend, r
     assert len(files) == 1, "exactly one capture: the shrunk example, not every failure met while shrinking"
     rid = files[0].stem
     # The folder is named: PFA_VERIFY_REGRESSIONS (the fixture's) is not set where the line is pasted.
-    assert f"Replay: pfa-verify cases --dir {regressions_dir} replay {rid}" in message
+    assert f"Replay: pfa-verify cases --regressions {regressions_dir} replay {rid}" in message
     record = json.loads(files[0].read_text())
     assert record["law"] == "acceptance" and record["backend"] == drop_last_tile_backend.name
     assert record["tolerance"] == {"kind": "attention", "rtol": 1 / 128, "atol": 1e-4}
@@ -55,7 +55,7 @@ def test_wrong_backend_is_caught_captured_and_replayed(drop_last_tile_backend, r
     replayed = result.stdout.split("FAIL\n", 1)[1].strip()
     # The same failure: the same header, counts and worst element, and the same replay line.
     assert replayed.splitlines()[:3] == record["message"].splitlines()[:3]
-    assert replayed.splitlines()[-1] == f"Replay: pfa-verify cases --dir {regressions_dir} replay {rid}"
+    assert replayed.splitlines()[-1] == f"Replay: pfa-verify cases --regressions {regressions_dir} replay {rid}"
 
 
 def test_a_backend_that_writes_to_its_inputs_fails_the_unchanged_check(regressions_dir):

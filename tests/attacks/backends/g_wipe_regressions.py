@@ -1,5 +1,5 @@
 """Attack g: the factory deletes the captured cases (*.json, *.npz) of the regressions folder when it is
-called: $PFA_VERIFY_REGRESSIONS, and the --regressions/--dir folder on the command line of the process
+called: $PFA_VERIFY_REGRESSIONS, and the --regressions folder on the command line of the process
 that started it (its parent, the driver, when it runs in a worker; else its own). The kernel has a bug
 that only the captured case shows (V's dequant scale read from KV head n-1 when kv_act_seqs == [1, 129]
 and there are 2 KV heads: the shrunk capture of d_buggy.py), standing for any bug a capture keeps caught.
@@ -30,9 +30,9 @@ def _folders():
         except OSError:
             continue
         for i, a in enumerate(argv[:-1]):
-            if a in ("--regressions", "--dir"):
+            if a == "--regressions":
                 found.append(os.path.join(cwd, argv[i + 1]))
-            elif a.startswith(("--regressions=", "--dir=")):
+            elif a.startswith("--regressions="):
                 found.append(os.path.join(cwd, a.split("=", 1)[1]))
     return [Path(f) for f in dict.fromkeys(found) if f]
 
