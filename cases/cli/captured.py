@@ -15,7 +15,7 @@ from pfa_verify.cases.running.replays import replay_times
 from pfa_verify.cases.running.run import open_backend
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import BackendUnavailable
-from pfa_verify.kernels.backends.supervisor import KernelFault, describe_failure
+from pfa_verify.kernels.backends.faults import KernelFault, describe_failure
 from pfa_verify.kernels.backends.text import printable
 from pfa_verify.properties.rule import ledger
 from pfa_verify.properties.rule.coverage import BINS, classify

@@ -1,7 +1,7 @@
 """``--in-process``: the kernel in the command's own process (for a debugger), the command watched by a parent.
 
 A kernel run in the process that judges it can end that process: ``os._exit`` and ``posix._exit`` raise
-while it runs (kernels.backends.supervisor.GuardedBackend), but a name it saved before, a signal or a
+while it runs (kernels.backends.guarded.GuardedBackend), but a name it saved before, a signal or a
 crash ends the process with whatever status it chose, 0 included, and no summary. Nothing inside the
 process can guard against that, so ``pfa-verify ... --in-process`` runs as two processes:
 

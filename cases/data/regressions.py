@@ -73,7 +73,7 @@ from pfa_verify.cases.data.diagnosed import explain
 from pfa_verify.cases.data.schemas import check_written
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import KernelRunError, get_backend
-from pfa_verify.kernels.backends.supervisor import KernelRaised, describe_failure
+from pfa_verify.kernels.backends.faults import KernelRaised, describe_failure
 from pfa_verify.properties.search import laws
 from pfa_verify.properties.search.generation import reported_example
 from pfa_verify.properties.search.laws import LAWS

@@ -18,8 +18,11 @@ from pfa_verify.cases.data import regressions
 from pfa_verify.cases.data.versions import versions
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends.contract import implements, shrink_budget
-from pfa_verify.kernels.backends.supervisor import BackendSpec, GuardedBackend, SupervisedBackend, Supervisor
+from pfa_verify.kernels.backends.guarded import GuardedBackend
+from pfa_verify.kernels.backends.supervised import SupervisedBackend
+from pfa_verify.kernels.backends.supervisor import Supervisor
 from pfa_verify.kernels.backends.text import printable
+from pfa_verify.kernels.backends.worker_process import BackendSpec
 from pfa_verify.properties.rule.coverage import Coverage, classify
 from pfa_verify.properties.search import law_examples
 from pfa_verify.properties.search.generation import reported_example

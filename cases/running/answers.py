@@ -7,7 +7,7 @@ the kernel raised. A deterministic kernel gives the same bits to the same questi
 are a race on a device, state kept between calls, or uninitialized memory, whatever the verdicts said.
 :class:`Recorded` is a backend that tells its :class:`Answers` of every call of the backend it wraps, and
 delegates everything else; a call that did not come back (its worker ended or timed out:
-``kernels.backends.supervisor.KernelFault``) is no answer. The digests are taken in this process, from
+``kernels.backends.faults.KernelFault``) is no answer. The digests are taken in this process, from
 the tensors as the driver handed them over and the output as it came back.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pfa_verify.kernels.backends.supervisor import KernelFault
+from pfa_verify.kernels.backends.faults import KernelFault
 
 __all__ = ["Answers", "Recorded", "question", "answer", "raised"]
 

@@ -18,7 +18,9 @@ import torch
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends import runs_on_npu
 from pfa_verify.kernels.backends.sandbox import die_with_parent
-from pfa_verify.kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+from pfa_verify.kernels.backends.supervised import SupervisedBackend
+from pfa_verify.kernels.backends.supervisor import Supervisor
+from pfa_verify.kernels.backends.worker_process import BackendSpec
 from pfa_verify.kernels.pypto_workarounds import spoiled
 
 __all__ = ["worker_setup", "worker_slot", "worker_backend"]
@@ -44,7 +46,7 @@ _BACKENDS: dict = {}
 
 def worker_backend(name: str, *, device=None, max_seconds: float | None = None):
     """The backend ``name`` of this process under a supervisor of its own (a
-    kernels.backends.supervisor.SupervisedBackend: the kernel runs in a worker process this one owns),
+    kernels.backends.supervised.SupervisedBackend: the kernel runs in a worker process this one owns),
     built once and kept for its later tasks (the sim's traced graphs and calculator stay loaded in that
     worker). The npu backends get their device here: in a local pool worker k takes NPU ``device + k``;
     a Ray task takes the one device Ray made visible (ASCEND_RT_VISIBLE_DEVICES,

@@ -52,17 +52,12 @@ from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import BackendUnavailable, Skip
 from pfa_verify.kernels.backends import limit_time, use_backend_threads
 from pfa_verify.kernels.backends.contract import capabilities_of, implements
+from pfa_verify.kernels.backends.faults import KernelFault, describe_failure
+from pfa_verify.kernels.backends.guarded import GuardedBackend
 from pfa_verify.kernels.backends.loader import pin_source
-from pfa_verify.kernels.backends.supervisor import (
-    BackendSpec,
-    GuardedBackend,
-    KernelFault,
-    Reply,
-    SupervisedBackend,
-    Supervisor,
-    describe_failure,
-    driver_kernel_source,
-)
+from pfa_verify.kernels.backends.supervised import SupervisedBackend
+from pfa_verify.kernels.backends.supervisor import Reply, Supervisor
+from pfa_verify.kernels.backends.worker_process import BackendSpec, driver_kernel_source
 from pfa_verify.properties.diagnosis.separation import separate
 from pfa_verify.properties.rule import ledger
 from pfa_verify.properties.rule.acceptance import InputsModified, check_unchanged, hold, split_bundle
@@ -118,7 +113,7 @@ def open_backend(name: str, *, device=None, max_seconds: float | None = None, wo
                  case_timeout: float | None = None, in_process: bool = False):
     """``(backend, supervisor or None, name to replay it by, one line saying what was chosen and why)``.
 
-    ``backend`` is a kernels.backends.supervisor.SupervisedBackend on a supervisor of ``workers``
+    ``backend`` is a kernels.backends.supervised.SupervisedBackend on a supervisor of ``workers``
     processes (or, ``in_process``, the backend itself behind a GuardedBackend). ``auto`` is
     kernels.get_backend's: npu, else sim, else the golden (``fallback``). Raises kernels.BackendUnavailable
     or golden.errors.UsageError (one line) when the backend cannot start or breaks the contract."""

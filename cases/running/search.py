@@ -41,7 +41,7 @@ from pfa_verify.cases.running.search_channel import Channel, TaskChannel, watch
 from pfa_verify.cases.running.shrink import hunt, nondeterminism
 from pfa_verify.golden.errors import UsageError, check_known
 from pfa_verify.kernels.backends.contract import implements, shrink_budget
-from pfa_verify.kernels.backends.supervisor import describe_failure
+from pfa_verify.kernels.backends.faults import describe_failure
 from pfa_verify.properties.rule.coverage import Coverage, classify
 from pfa_verify.properties.search import law_examples, laws
 from pfa_verify.properties.search.law_examples import AT12_LAWS, BACKEND_LAWS, PAGED_LAWS, operator_of

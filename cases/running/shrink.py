@@ -31,7 +31,7 @@ from pfa_verify.cases.data.diagnosed import diagnosis_of
 from pfa_verify.cases.running.answers import Answers, answer, raised
 from pfa_verify.cases.running.verdict import Exemplar
 from pfa_verify.kernels.backends.contract import shrink_budget
-from pfa_verify.kernels.backends.supervisor import KernelFault
+from pfa_verify.kernels.backends.faults import KernelFault
 from pfa_verify.properties.diagnosis.diagnosis import Probe
 from pfa_verify.properties.diagnosis.error_probes import probe_error
 from pfa_verify.properties.diagnosis.probes import probe

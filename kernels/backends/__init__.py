@@ -421,7 +421,7 @@ def user_kernel_file(name: str) -> tuple[bool, Path | None, str | None]:
 
 def _worker_path() -> list[str]:
     """Where a worker process's imports look: its working directory, the project root, then this
-    process's own path (kernels/backends/supervisor.py starts workers so)."""
+    process's own path (kernels/backends/worker_process.py starts workers so)."""
     return [os.getcwd(), str(IMPORT_ROOT), *sys.path[1:]]
 
 

@@ -1,6 +1,6 @@
 """The kernel's own process: ``python -m kernels.backends.sandbox --requests FD --replies FD --parent PID``.
 
-kernels/backends/supervisor.py starts it; it loads one backend and runs its calls, one at a time, and
+kernels/backends/worker_process.py starts it; it loads one backend and runs its calls, one at a time, and
 nothing else. It never judges: what a call returns (its output's bits, the inputs it changed, what it
 raised) goes back as data (kernels/backends/wire.py) to the supervisor's process, which decides.
 

@@ -9,7 +9,7 @@ be encoded at all. :func:`printable` writes each such character as a visible esc
 whatever renders the text (rich, jinja) must be told it is text (``markup=False``, ``rich.text.Text``,
 autoescape), never parse it.
 
-The suite applies it where such text enters a record of its own (kernels/backends/supervisor.py: what
+The suite applies it where such text enters a record of its own (kernels/backends/supervisor.py and worker_process.py: what
 a worker sends) and where the command line prints text it did not write (paths, names, case files).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The messages between the supervisor and a kernel's worker process (kernels/backends/supervisor.py):
+"""The messages between the supervisor and a kernel's worker process (kernels/backends/worker_process.py):
 data only, never pickle, so nothing a kernel sends can run code in the process that judges it.
 
 A message is one frame on a pipe:

@@ -16,7 +16,8 @@ import pytest
 from pfa_verify.cases import cli
 from pfa_verify.cases.cli.in_process import ENDED_EARLY
 from pfa_verify.kernels.backends.contract import capabilities_of
-from pfa_verify.kernels.backends.supervisor import GuardedBackend, KernelRaised
+from pfa_verify.kernels.backends.faults import KernelRaised
+from pfa_verify.kernels.backends.guarded import GuardedBackend
 from tests.cases.ends_the_driver import PosixExit
 
 ROOT = Path(__file__).resolve().parents[2]

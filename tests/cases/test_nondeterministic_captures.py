@@ -20,7 +20,7 @@ from pfa_verify.cases import cli
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.running.answers import Answers, Recorded
 from pfa_verify.cases.running.shrink import Hunt, hunt, nondeterminism
-from pfa_verify.kernels.backends.supervisor import KernelFault
+from pfa_verify.kernels.backends.faults import KernelFault
 from pfa_verify.properties.rule.case import Case
 from tests.checkout import REPO_ROOT
 

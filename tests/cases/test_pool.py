@@ -24,7 +24,9 @@ from pfa_verify.cases.cli.arguments import count as count_argument
 from pfa_verify.cases.data import regressions
 from pfa_verify.cases.running.pool import Pool, _death, parse_cluster, task_resources, worker_slot
 from pfa_verify.kernels import KernelRunError
-from pfa_verify.kernels.backends.supervisor import BackendSpec, SupervisedBackend, Supervisor
+from pfa_verify.kernels.backends.supervised import SupervisedBackend
+from pfa_verify.kernels.backends.supervisor import Supervisor
+from pfa_verify.kernels.backends.worker_process import BackendSpec
 from pfa_verify.properties.rule.acceptance import judge
 from pfa_verify.properties.rule.case import Case
 

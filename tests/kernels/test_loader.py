@@ -15,8 +15,8 @@ from pfa_verify import kernels
 from pfa_verify.cases import cli
 from pfa_verify.cases.measuring import mutants as matrix
 from pfa_verify.kernels import mutants
+from pfa_verify.kernels.backends.guarded import GuardedBackend
 from pfa_verify.kernels.backends.loader import import_named_module, load_file_module
-from pfa_verify.kernels.backends.supervisor import GuardedBackend
 from pfa_verify.kernels.backends.upstream import load_kernel
 from pfa_verify.kernels.mutants import kernel_level
 from tests.checkout import REPO_ROOT

@@ -1,4 +1,4 @@
-"""kernels/backends/supervisor.py, sandbox.py and wire.py: the kernel under a supervisor.
+"""kernels/backends/supervisor.py, supervised.py, worker_process.py, sandbox.py and wire.py: the kernel under a supervisor.
 
 Every hostile kernel of tests/kernels/hostile_kernels.py against the one rule through a supervised
 backend: none passes, each ends as the failure it is, and the next call gets a working process."""
@@ -19,15 +19,10 @@ from pfa_verify.cases.data.catalog import load_catalog
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels import BackendUnavailable, KernelRunError
 from pfa_verify.kernels.backends import wire
-from pfa_verify.kernels.backends.supervisor import (
-    LOG_DIR_PREFIX,
-    BackendSpec,
-    KernelFault,
-    KernelRaised,
-    SupervisedBackend,
-    Supervisor,
-    remove_orphaned_logs,
-)
+from pfa_verify.kernels.backends.faults import KernelFault, KernelRaised
+from pfa_verify.kernels.backends.supervised import SupervisedBackend
+from pfa_verify.kernels.backends.supervisor import Supervisor
+from pfa_verify.kernels.backends.worker_process import LOG_DIR_PREFIX, BackendSpec, remove_orphaned_logs
 from pfa_verify.properties.rule.acceptance import InputsModified, judge, split_bundle
 
 HOSTILE = "tests/kernels/hostile_kernels.py"
@@ -310,7 +305,8 @@ def test_the_logs_of_a_driver_killed_with_sigkill_are_removed_by_the_next_one(tm
     """SIGKILL leaves no time to clean up: the next supervisor removes a folder whose driver is gone, and
     keeps a live driver's and one whose owner its name does not tell."""
     program = ("import time\n"
-               "from kernels.backends.supervisor import BackendSpec, Supervisor\n"
+               "from kernels.backends.supervisor import Supervisor\n"
+               "from kernels.backends.worker_process import BackendSpec\n"
                "s = Supervisor(BackendSpec(name='golden')); s.start()\n"
                "print(s._log_dir, flush=True); time.sleep(600)")
     driver = subprocess.Popen(
