@@ -64,7 +64,8 @@ class _Progress:
         else:
             self.console.print(shown(f"[{self.done:>{width}}/{self.total}] {item.name} ({item.source}): "
                                      f"{verdicts} {result.seconds:.1f} s"))
-        if self.done in {(self.total * k + 3) // 4 for k in (1, 2, 3, 4)}:
+        marks = {(self.total * k + 3) // 4 for k in (1, 2, 3)} if self.total >= 8 else set()
+        if self.done in marks | {self.total}:
             self.console.print(f"[{self.done:>{width}}/{self.total}] done, {self.passed} passed")
 
 

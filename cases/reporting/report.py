@@ -354,15 +354,21 @@ def render_table(run, *, verbose: bool = False, width: int = 100):
     table.add_column("reference", no_wrap=True)
     for col in ("max abs", "mismatched", "s"):
         table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("verdict", ratio=1, overflow="fold")       # the one column that wraps
+    # the one column that wraps; 100 columns keep "fail: kernel logic" on one line
+    table.add_column("verdict", ratio=1, overflow="fold", min_width=len("fail: kernel logic") if width >= 100 else None)
     passing: dict[tuple[str, str], list[ResultRow]] = {}
+
+    def pass_key(row: ResultRow) -> tuple[str, str]:
+        # passing captured regressions are one row whatever their laws: each law would be a row of its own
+        return (row.case.source, "laws" if row.case.source == "regression" and row.reference.startswith("law ")
+                else row.reference)
     for row in table_rows(run):
         if row.verdict == "pass":
-            passing.setdefault((row.case.source, row.reference), []).append(row)
+            passing.setdefault(pass_key(row), []).append(row)
     shown_groups: set[tuple[str, str]] = set()
     several = len({c.group.number for c in run.results if c.group is not None}) > 1
     for row in table_rows(run):
-        key = (row.case.source, row.reference)
+        key = pass_key(row)
         if row.verdict == "pass":
             if key in shown_groups:
                 continue
@@ -372,7 +378,7 @@ def render_table(run, *, verbose: bool = False, width: int = 100):
                         default=None)
             seconds = sum(r.case.seconds for r in group if r.first)
             name = f"{len(group)} {key[0]} case{'s' if len(group) != 1 else ''}"
-            table.add_row(shown(name), shown(row.reference), _fmt(worst), "-", f"{seconds:.1f}",
+            table.add_row(shown(name), shown(key[1]), _fmt(worst), "-", f"{seconds:.1f}",
                           shown("pass", _STYLE["pass"]))
             continue
         c = cells(row)

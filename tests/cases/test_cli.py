@@ -194,8 +194,8 @@ def test_replay_line_names_the_folder_it_needs(monkeypatch, tmp_path, env, direc
 
 
 def test_progress_off_a_terminal_names_the_cases_that_do_not_pass_and_counts_the_rest(monkeypatch):
-    """A log (no terminal) gets a line for each case that does not pass and a count at each quarter, not a
-    line per passing case: the table after the run lists every case."""
+    """A log (no terminal) gets a line for each case that does not pass and a count at each quarter (of a run
+    of 8 cases or more; else at its end), not a line per passing case: the table after the run lists every case."""
     out = io.StringIO()
     progress = run_commands._Progress(Console(file=out, width=100))
     progress.total = 8
@@ -208,3 +208,11 @@ def test_progress_off_a_terminal_names_the_cases_that_do_not_pass_and_counts_the
     assert out.getvalue().splitlines() == ["[2/8] done, 2 passed", "[3/8] case_2 (catalog): fail 0.5 s",
                                            "[4/8] done, 3 passed", "[6/8] case_5 (catalog): error 0.5 s",
                                            "[6/8] done, 4 passed", "[8/8] done, 6 passed"]
+    out.truncate(0)
+    out.seek(0)
+    small = run_commands._Progress(Console(file=out, width=100))
+    small.total = 3
+    for k, verdict in enumerate(["pass", "fail", "pass"]):
+        item = types.SimpleNamespace(name=f"case_{k}", source="generated")
+        small("done", item, types.SimpleNamespace(verdict=verdict, seconds=0.5))
+    assert out.getvalue().splitlines() == ["[2/3] case_1 (generated): fail 0.5 s", "[3/3] done, 2 passed"]

@@ -152,15 +152,19 @@ def test_a_case_whose_worker_dies_every_time_is_an_error_and_fails_the_run(tmp_p
 
 
 def test_failures_are_captured_by_the_driver_once(tmp_path, monkeypatch):
-    """The workers judge; the one writer (cases/data/regressions.py) runs in this process, once per case."""
+    """The workers judge; the one writer (cases/data/regressions.py) runs in this process, once per group of
+    cases that fail alike (three failing cases, two groups)."""
     saved = []
     real = regressions.save
     monkeypatch.setattr(regressions, "save", lambda reg, **kw: saved.append((os.getpid(), reg.id)) or real(reg, **kw))
     status, data = _run(tmp_path, "--workers", "2", backend="tests/cases/run_doubles.py:PerturbOne")
     ids = regressions.list_ids(directory=tmp_path / "regs")
-    assert status == 1 and sorted(i for _, i in saved) == sorted(ids) and len(ids) == 3
+    assert status == 1 and sorted(i for _, i in saved) == sorted(ids) and len(ids) == len(data["groups"]) == 2
     assert {pid for pid, _ in saved} == {os.getpid()}
-    assert sorted(r["replay"].rsplit(" ", 1)[1] for r in data["results"]) == sorted(ids)
+    # every failing case names its group's one capture
+    replay_of = {g["group"]: g["replay"] for g in data["groups"]}
+    assert all(r["replay"] == replay_of[r["group"]] for r in data["results"])
+    assert {r["replay"].rsplit(" ", 1)[1] for r in data["results"]} == set(ids)
 
 
 def test_task_resources_follow_the_backend():

@@ -13,7 +13,7 @@ from pfa_verify.cases import cli
 from pfa_verify.golden.errors import UsageError
 from pfa_verify.kernels.backends import Backend
 from pfa_verify.kernels.backends.contract import PASSED_ARGUMENTS, KernelBackend, capabilities_of, signature_problems
-from pfa_verify.properties.rule.case import REPO_ROOT
+from tests.checkout import REPO_ROOT
 
 TENSORS = "q, q_scale, k_cache, k_scale, v_cache, v_scale, block_table, kv_act_seqs"
 

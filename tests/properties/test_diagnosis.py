@@ -29,7 +29,14 @@ _SMALL = sorted(load_catalog().values(), key=lambda c: c.config.batch * c.config
 #: Two batches whose lengths need the same number of blocks, so that a model moving one batch's length to
 #: another (lengths_of_batch_b-1) fits the other's table row; drawn cases rarely have that.
 _SAME_BLOCKS = Case(golden.PagedAttentionConfig(batch=2, s1=1, s2=100, nq=4, nkv=2, kv_act_seqs=(100, 37)), 0)
-_CASES = _SMALL + generated_cases(40, 0) + [_SAME_BLOCKS]
+#: Scores of the 'wide' distribution far below 0 in a row's first tile: an online state started at m = 0
+#: (online_max_starts_at_zero) underflows there; drawn cases rarely have that either.
+_WIDE_SCORES = Case(golden.PagedAttentionConfig(
+    batch=4, s1=1, s2=640, nq=1, nkv=1, head_dim=64, block_size=64, s2_tile=192, kv_act_seqs=(248, 640, 1, 546),
+    max_blocks=11, num_blocks=27, softmax_scale=0.05, distribution="wide",
+    block_table=((8, 9, 3, 0, -1, -1, -1, -1, -1, -1, -1), (2, 19, 12, 6, 21, 25, 17, 11, 26, 14, -1),
+                 (15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1), (5, 20, 4, 1, 16, 13, 7, 24, 22, -1, -1))), 608749)
+_CASES = _SMALL + generated_cases(40, 0) + [_SAME_BLOCKS, _WIDE_SCORES]
 _MUTANTS = [n for n, m in MUTANTS.items() if m.level == "golden" and m.equivalent is None
             and n not in ledger.survivors("golden")]
 
