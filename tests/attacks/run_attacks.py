@@ -305,7 +305,7 @@ def attack_a(kit: Kit) -> None:
     s = kit.scratch("a")
     be = f"{B}/a_unavailable.py:make"
     what = "a kernel that raises BackendUnavailable mid-call on head_dim != 128 and is wrong elsewhere"
-    kit.step("a", "a1-pytest", f"pytest --pyargs cases.laws --backend {be} -p no:cacheprovider --hypothesis-profile ci "
+    kit.step("a", "a1-pytest", f"pytest -p pfa_verify.cases.plugin --pyargs pfa_verify.cases.laws --backend {be} -p no:cacheprovider --hypothesis-profile ci "
              f"--regressions {s}/reg -q -rs", s, timeout=300, what=what + " (pytest plugin)",
              expect="non-zero exit: a kernel call's exception is an error, never a skip")
     kit.step("a", "a2-run", f"pfa-verify run --backend {be} --cases {UP} --examples 3 --regressions {s}/reg", s,
@@ -536,7 +536,7 @@ def attack_k(kit: Kit) -> None:
     kit.step("k", "k6-message-markup-laws", f"pfa-verify laws --backend {B}/k3_message_markup.py:make "
              f"--laws acceptance,at12_acceptance --examples 3 --seconds 5 --regressions {s}/reg-k6", s,
              what="exception message with '[/x]' (laws)", expect="exit 1; no MarkupError")
-    kit.step("k", "k7-name-markup-pytest", f"pytest --pyargs cases.laws --backend {B}/k1_name_markup.py:make "
+    kit.step("k", "k7-name-markup-pytest", f"pytest -p pfa_verify.cases.plugin --pyargs pfa_verify.cases.laws --backend {B}/k1_name_markup.py:make "
              f"-p no:cacheprovider --hypothesis-profile ci --regressions {s}/reg-k7 -q -x -k acceptance", s,
              what="backend name '[bold]x[/' (pytest plugin)", expect="exit 1 (a failing law); no MarkupError")
 
