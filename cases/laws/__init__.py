@@ -1,8 +1,9 @@
-"""The laws of SPEC §2-§6 as pytest tests, shipped in the package: ``pytest --pyargs cases.laws --backend NAME``.
+"""The laws of SPEC §2-§6 as pytest tests, shipped in the package:
+``pytest -p pfa_verify.cases.plugin --pyargs pfa_verify.cases.laws --backend NAME``.
 
 Each test states its law; the law lives in properties/search/laws.py and its examples in
 properties/search/law_examples.py (its domain: every example can make it fail). The fixtures and options are
-the plugin's (cases/plugin/, loaded by the package's pytest11 entry point). ``pfa-verify laws`` runs
+the plugin's (cases/plugin/, loaded by name with ``-p``: no entry point). ``pfa-verify laws`` runs
 the same laws as one search each, with a budget of examples and seconds and a table of verdicts.
 """
 from __future__ import annotations

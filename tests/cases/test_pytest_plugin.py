@@ -3,7 +3,6 @@ the checkout, and no trace of it in a session of other tests (no profile, no tor
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ def outside(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 
 
 def _plugin_args() -> tuple[str, ...]:
-    installed = any(ep.value == "pfa_verify.cases.plugin" for ep in entry_points(group="pytest11"))
-    return ("-p", "no:cacheprovider") + (() if installed else ("-p", "pfa_verify.cases.plugin"))
+    return ("-p", "no:cacheprovider", "-p", "pfa_verify.cases.plugin")     # by name, as a user loads it
 
 
 def test_the_laws_run_from_the_package_against_a_named_backend(outside):
